@@ -1,0 +1,2 @@
+//! The `lazaret` command.
+fn main() {}

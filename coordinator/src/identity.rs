@@ -1,0 +1,1 @@
+//! Developer, workspace and Domain identity (being written).

@@ -1,0 +1,1 @@
+//! lazaret-mounts (skeleton; filled in by its own work).

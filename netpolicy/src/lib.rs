@@ -1,0 +1,1 @@
+//! lazaret-netpolicy (skeleton; filled in by its own work).

@@ -1,0 +1,1 @@
+//! lazaret-oci (skeleton; filled in by its own work).

@@ -1,0 +1,1 @@
+//! lazaret-protocol (skeleton; filled in by its own work).

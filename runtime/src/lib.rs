@@ -1,0 +1,1 @@
+//! lazaret-runtime (skeleton; filled in by its own work).

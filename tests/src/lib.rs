@@ -1,0 +1,1 @@
+//! lazaret-tests (skeleton; filled in by its own work).
