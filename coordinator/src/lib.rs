@@ -1,5 +1,18 @@
 //! Lazaret's coordinator: owns a Domain's host configuration, identity and
-//! resources, and drives them through the protocol state machine.
+//! resources, and drives them through their lifecycle.
+//!
+//! - [`config`]: the host configuration file, its validation, fingerprint and
+//!   ConfigurationConfinement.
+//! - [`identity`]: the developer, the workspace, Domain IDs and state paths.
+//! - [`context`]: resolving all of the above for one invocation.
+//! - [`launch`]: `lazaret run`.
+//! - [`images`]: `lazaret image ...`.
+//! - [`doctor`]: `lazaret doctor`.
 
+pub mod cgroup;
 pub mod config;
+pub mod context;
+pub mod doctor;
 pub mod identity;
+pub mod launch;
+pub mod lock;

@@ -1,1 +1,29 @@
-//! lazaret-protocol (skeleton; filled in by its own work).
+//! The Lazaret protocol model.
+//!
+//! `protocol/Lazaret.tla` specifies the application protocol (Domain start-up
+//! and teardown, Client Sessions, host escalation, result delivery, terminal
+//! routing). This crate is the same state machine in Rust and the one place
+//! where its transitions are defined:
+//!
+//! - [`model`]: constants ([`Config`]), variables ([`State`]), actions
+//!   ([`Action`]) with [`step`] / [`enabled`], invariants and liveness
+//!   properties, all named as in the TLA+ text;
+//! - [`checker`]: an explicit-state checker that explores every reachable
+//!   state of a configuration and checks invariants and, under the weak
+//!   fairness the specification assumes, liveness;
+//! - [`journal`]: the [`Machine`] a coordinator drives before each real
+//!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
+//!   which checks a journal against the model.
+
+pub mod checker;
+pub mod journal;
+pub mod model;
+
+pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};
+pub use journal::{
+    ConformanceError, Event, JournalEntry, Machine, TransitionError, replay, replay_reader,
+};
+pub use model::{
+    Action, Config, Invariant, LivenessProperty, Mutation, Refused, State, check_invariants,
+    enabled, step,
+};

@@ -1,1 +1,38 @@
-//! lazaret-runtime (skeleton; filled in by its own work).
+//! Lazaret's runsc driver.
+//!
+//! Everything that talks to `runsc` lives here: finding it and checking that
+//! it is new enough ([`Runsc::locate`]), the container lifecycle with the same
+//! global flags on every call ([`Runsc`]), collecting the sandbox's exit status
+//! as a child subreaper ([`reaper`]) instead of `runsc wait` (which takes ~2 s),
+//! and putting the developer's terminal into raw mode behind a guard that
+//! restores it on every exit path ([`terminal`]).
+//!
+//! The crate knows nothing about profiles, Domains or images: the coordinator
+//! hands it a bundle directory and a container ID.
+
+pub mod attach;
+pub mod console;
+pub mod pidns;
+pub mod reaper;
+pub mod runsc;
+mod sys;
+pub mod terminal;
+
+pub use runsc::{NetworkMode, Platform, Runsc, RunscError, RunscInfo, RunscOptions};
+
+/// Exit status of a container's or process's main program, as a shell would
+/// report it: the exit code, or 128 + N for death by signal N.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitStatus(pub i32);
+
+impl ExitStatus {
+    /// From a `waitpid` result (exit code, or 128 + signal).
+    pub fn from_wait(status: nix::sys::wait::WaitStatus) -> Option<ExitStatus> {
+        use nix::sys::wait::WaitStatus;
+        match status {
+            WaitStatus::Exited(_, code) => Some(ExitStatus(code)),
+            WaitStatus::Signaled(_, sig, _) => Some(ExitStatus(128 + sig as i32)),
+            _ => None,
+        }
+    }
+}

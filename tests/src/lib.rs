@@ -1,1 +1,359 @@
-//! lazaret-tests (skeleton; filled in by its own work).
+//! Harness for Lazaret's privileged end-to-end tests.
+//!
+//! Each test builds a [`TestEnv`]: its own git workspace, configuration file
+//! (outside the workspace), runtime directory and Domain, sharing one cached
+//! image store (`/var/cache/lazaret/test-storage`, with the test image
+//! imported once). Dropping the env removes everything the test created,
+//! also when the test failed: runsc containers under its runtime directory,
+//! its directories and its Domain Roots. [`TestEnv::assert_nothing_left`]
+//! checks the host for leftovers explicitly.
+//!
+//! Prerequisites are never skipped silently: a missing one fails the test
+//! with a message naming it and the script that installs it.
+
+use std::ffi::OsStr;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Where the shared test image store lives (outside the repository).
+pub const TEST_STORAGE: &str = "/var/cache/lazaret/test-storage";
+/// The name of the test image in that store.
+pub const TEST_IMAGE: &str = "test";
+/// Parent of every test's runtime directory.
+pub const TEST_RUNTIME_PARENT: &str = "/run/lazaret-test";
+/// The non-root developer the ownership tests use (created by scripts/test.sh).
+pub const TEST_USER: &str = "lazaret-test";
+/// Exit code of the in-sandbox probe when every assertion held.
+pub const PROBE_PASS: i32 = 42;
+/// How long any single lazaret invocation may take before the test kills it.
+pub const COMMAND_LIMIT: Duration = Duration::from_secs(120);
+
+/// Fails the test unless it runs as root.
+pub fn require_root() {
+    assert!(nix::unistd::geteuid().is_root(), "these end-to-end tests need root (namespaces, mounts, runsc): run scripts/test.sh as root");
+}
+
+/// The `lazaret` binary under test: `$LAZARET_BIN`, else target/debug.
+pub fn lazaret_bin() -> PathBuf {
+    let p = std::env::var_os("LAZARET_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/lazaret"));
+    assert!(p.is_file(), "lazaret binary missing at {}: build it with `cargo build -p lazaret-cli` (scripts/test.sh does)", p.display());
+    p
+}
+
+/// The probe binary, built next to the test executables (cargo builds a
+/// package's binaries before its integration tests).
+pub fn probe_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let p = exe.parent().and_then(Path::parent).map(|d| d.join("lazaret-probe")).unwrap_or_default();
+    assert!(p.is_file(), "probe binary missing at {}: cargo test -p lazaret-tests builds it", p.display());
+    p
+}
+
+/// The cached test rootfs tarball built by scripts/build-image.sh.
+pub fn test_image_tarball() -> PathBuf {
+    let p = std::env::var_os("LAZARET_TEST_IMAGE_TARBALL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/lazaret/images/bookworm-minbase-git.tar.zst"));
+    assert!(p.is_file(), "test image {} missing: build it with scripts/build-image.sh (scripts/test.sh does)", p.display());
+    p
+}
+
+/// The host's kernel release (to tell gVisor's apart).
+pub fn host_kernel_release() -> String {
+    fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()
+}
+
+/// uid and gid of [`TEST_USER`]; fails naming the fix when it is missing.
+pub fn test_user() -> (u32, u32) {
+    let user = nix::unistd::User::from_name(TEST_USER)
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("user {TEST_USER} missing: scripts/test.sh creates it (useradd --system --create-home {TEST_USER})"));
+    (user.uid.as_raw(), user.gid.as_raw())
+}
+
+fn random_suffix() -> String {
+    let mut b = [0u8; 6];
+    if let Ok(mut f) = fs::File::open("/dev/urandom") {
+        let _ = f.read_exact(&mut b);
+    }
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+/// Imports the test image into the shared store once per machine (a flock
+/// serialises test processes).
+fn ensure_test_image() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let tarball = test_image_tarball();
+        fs::create_dir_all("/var/cache/lazaret").expect("creating /var/cache/lazaret");
+        let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open("/var/cache/lazaret/test-storage.lock").expect("lock file");
+        let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).expect("flock");
+        let cfg = Path::new("/var/cache/lazaret/test-storage.toml");
+        write_config(cfg, &format!("storage_root = \"{TEST_STORAGE}\"\n[profiles.test]\nimage = \"{TEST_IMAGE}\"\n"));
+        let ls = Command::new(lazaret_bin()).arg("--config").arg(cfg).args(["image", "ls"]).output().expect("lazaret image ls");
+        assert!(ls.status.success(), "lazaret image ls failed: {}", String::from_utf8_lossy(&ls.stderr));
+        let listed = String::from_utf8_lossy(&ls.stdout).lines().skip(1).any(|l| l.split_whitespace().next() == Some(TEST_IMAGE));
+        if !listed {
+            let out = Command::new(lazaret_bin()).arg("--config").arg(cfg).args(["image", "import", TEST_IMAGE]).arg(&tarball).output().expect("lazaret image import");
+            assert!(out.status.success(), "importing the test image failed: {}", String::from_utf8_lossy(&out.stderr));
+        }
+    });
+}
+
+fn write_config(path: &Path, text: &str) {
+    fs::write(path, text).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644)).expect("chmod config");
+}
+
+/// One test's world: a git workspace, a configuration, a runtime directory.
+pub struct TestEnv {
+    /// Scratch directory holding everything below (removed on drop).
+    pub scratch: PathBuf,
+    /// The git workspace (canonical path).
+    pub workspace: PathBuf,
+    /// The configuration file (outside the workspace).
+    pub config: PathBuf,
+    /// This test's runtime directory.
+    pub runtime_dir: PathBuf,
+    /// Environment variables added to every lazaret invocation.
+    pub env: Vec<(String, String)>,
+}
+
+impl TestEnv {
+    /// A workspace with one commit and a configuration with profile `test`
+    /// (the test image, `/bin/sh`, as root).
+    pub fn new() -> TestEnv {
+        Self::with_profile("user = \"root\"\n")
+    }
+
+    /// Like [`TestEnv::new`], with extra keys for `[profiles.test]`.
+    pub fn with_profile(extra: &str) -> TestEnv {
+        require_root();
+        ensure_test_image();
+        let scratch = PathBuf::from(format!("/tmp/lazaret-e2e-{}", random_suffix()));
+        fs::create_dir_all(scratch.join("ws")).expect("scratch");
+        fs::set_permissions(&scratch, fs::Permissions::from_mode(0o755)).expect("chmod scratch");
+        let workspace = fs::canonicalize(scratch.join("ws")).expect("canonical workspace");
+        git(&workspace, &["init", "-q", "-b", "main"]);
+        fs::write(workspace.join("README"), "test workspace\n").expect("README");
+        git(&workspace, &["add", "README"]);
+        git(&workspace, &["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init"]);
+        fs::create_dir_all(TEST_RUNTIME_PARENT).expect("runtime parent");
+        let runtime_dir = Path::new(TEST_RUNTIME_PARENT).join(random_suffix());
+        let config = scratch.join("config.toml");
+        let env = TestEnv { scratch, workspace, config, runtime_dir, env: Vec::new() };
+        env.write_config(extra);
+        env
+    }
+
+    /// Rewrites the configuration with `extra` keys for `[profiles.test]`.
+    pub fn write_config(&self, extra: &str) {
+        let text = format!(
+            "storage_root = \"{TEST_STORAGE}\"\nruntime_dir = \"{}\"\n\n[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{extra}",
+            self.runtime_dir.display()
+        );
+        write_config(&self.config, &text);
+    }
+
+    /// A `lazaret` command with this env's configuration, run in the workspace.
+    pub fn lazaret<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut cmd = Command::new(lazaret_bin());
+        cmd.arg("--config").arg(&self.config).args(args).current_dir(&self.workspace).stdin(Stdio::null());
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        cmd
+    }
+
+    /// Runs `lazaret ARGS` to completion (killing it after
+    /// [`COMMAND_LIMIT`]) and returns its output.
+    pub fn run<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let child = self.lazaret(args).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning lazaret");
+        wait_output(child)
+    }
+
+    /// Copies the probe into the workspace (so the sandbox sees it at the
+    /// same path) and returns that path.
+    pub fn install_probe(&self) -> PathBuf {
+        let dest = self.workspace.join(".probe");
+        fs::copy(probe_bin(), &dest).expect("copying the probe");
+        fs::set_permissions(&dest, fs::Permissions::from_mode(0o755)).expect("chmod probe");
+        dest
+    }
+
+    /// runsc containers still known under this env's runtime directory.
+    pub fn leftover_containers(&self) -> Vec<String> {
+        let mut found = Vec::new();
+        for state in self.runsc_state_roots() {
+            if let Ok(out) = Command::new("runsc").arg("--root").arg(&state).args(["list", "-quiet"]).output() {
+                found.extend(String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.trim().is_empty()).map(String::from));
+            }
+        }
+        found
+    }
+
+    fn runsc_state_roots(&self) -> Vec<PathBuf> {
+        let mut roots = Vec::new();
+        if let Ok(entries) = fs::read_dir(&self.runtime_dir) {
+            for e in entries.flatten() {
+                let r = e.path().join("runsc");
+                if r.is_dir() {
+                    roots.push(r);
+                }
+            }
+        }
+        roots
+    }
+
+    /// Domain IDs that have a directory under this env's runtime directory.
+    pub fn domain_ids(&self) -> Vec<String> {
+        fs::read_dir(&self.runtime_dir)
+            .map(|rd| rd.flatten().filter(|e| e.path().is_dir()).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Asserts that no runsc container, run directory, cgroup, host mount or
+    /// process of this env is left.
+    pub fn assert_nothing_left(&self) {
+        assert_eq!(self.leftover_containers(), Vec::<String>::new(), "runsc containers left behind");
+        for id in self.domain_ids() {
+            let dir = self.runtime_dir.join(&id);
+            let runs: Vec<_> = fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("run-")).collect()).unwrap_or_default();
+            assert!(runs.is_empty(), "run directories left in {}: {runs:?}", dir.display());
+            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
+                let cg = hierarchy.join("lazaret").join(&id);
+                assert!(!cg.exists(), "cgroup left behind: {}", cg.display());
+            }
+        }
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        let needle = self.runtime_dir.to_string_lossy().into_owned();
+        assert!(!mountinfo.contains(&needle), "host mount table mentions {needle}");
+        assert!(!mountinfo.contains(&*self.workspace.to_string_lossy()), "host mount table mentions the workspace");
+        let procs = processes_mentioning(&needle);
+        assert!(procs.is_empty(), "processes left behind: {procs:?}");
+    }
+}
+
+impl Default for TestEnv {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        // Guards, not hope: whatever the test did, take down what it made.
+        // runsc's state holds PIDs of the sandbox's own PID namespace, so it
+        // is never asked to delete from here: the processes this test
+        // started (found by their command line naming its runtime
+        // directory) are killed by host PID, and the state removed with the
+        // directory.
+        let needle = self.runtime_dir.to_string_lossy().into_owned();
+        for p in processes_mentioning(&needle) {
+            if let Some(pid) = p.split(':').next().and_then(|n| n.parse::<i32>().ok()) {
+                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            }
+        }
+        for id in self.domain_ids() {
+            let _ = fs::remove_dir_all(Path::new(TEST_STORAGE).join("domains").join(&id));
+            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
+                let _ = fs::remove_dir(hierarchy.join("lazaret").join(&id));
+            }
+        }
+        let _ = fs::remove_dir_all(&self.runtime_dir);
+        let _ = fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// PIDs (with command lines) of processes whose command line contains `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in fs::read_dir("/proc").map(|rd| rd.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(format!("{name}: {cmd}"));
+            }
+        }
+    }
+    found
+}
+
+/// Runs git in `dir` and fails the test if it fails.
+pub fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git").arg("-C").arg(dir).args(args).output().expect("running git");
+    assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Waits for a child with [`COMMAND_LIMIT`], killing it (by its PID) if it
+/// runs over, and collects its output.
+pub fn wait_output(mut child: Child) -> Output {
+    let mut stdout = child.stdout.take();
+    let mut stderr = child.stderr.take();
+    let out_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stdout.as_mut() {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let err_reader = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(s) = stderr.as_mut() {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    let status = wait_with_limit(&mut child);
+    let stdout = out_reader.join().unwrap_or_default();
+    let stderr = err_reader.join().unwrap_or_default();
+    Output { status, stdout, stderr }
+}
+
+/// Waits for `child` up to [`COMMAND_LIMIT`]; kills it by PID and fails the
+/// test if it takes longer.
+pub fn wait_with_limit(child: &mut Child) -> ExitStatus {
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        if let Some(status) = child.try_wait().expect("waiting for lazaret") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("lazaret (pid {}) did not finish within {COMMAND_LIMIT:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Text of an output stream, for assertions and failure messages.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Writes `data` to a writer and flushes, failing the test on error.
+pub fn send(w: &mut impl Write, data: &[u8]) {
+    w.write_all(data).and_then(|_| w.flush()).expect("writing to lazaret");
+}

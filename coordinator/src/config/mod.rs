@@ -1,1 +1,449 @@
-//! Host configuration (being written).
+//! Host configuration: discovery, parsing, validation, fingerprint and
+//! confinement.
+//!
+//! The configuration is a TOML file read only by host Lazaret processes. It is
+//! found at `--config FILE`, else `$LAZARET_CONFIG`, else
+//! `$XDG_CONFIG_HOME/lazaret/config.toml` of the developer (default
+//! `~/.config/lazaret/config.toml`); see [`config_path`]. [`Config::load`]
+//! parses and validates it, reporting every problem as
+//! `FILE:LINE:COLUMN: message` plus a `hint:` line. `docs/config.example.toml`
+//! documents every key.
+//!
+//! Order of list elements: `command`, `volumes` and `dns` keep their order
+//! (argv order, mount order and resolver preference mean something);
+//! `persistent_dirs`, `allow_egress` and `deny_egress` are sets (duplicates are
+//! rejected, order does not change the [`Fingerprint`]).
+
+mod confine;
+mod diag;
+mod discover;
+mod fingerprint;
+mod net;
+mod parse;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::fmt;
+use std::io::Read;
+use std::net::IpAddr;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+
+use serde::{Serialize, Serializer};
+
+use crate::identity::Developer;
+
+pub use confine::{ConfinementError, check_confinement};
+pub use diag::{ConfigError, Diagnostic};
+pub use discover::{ConfigPathSource, config_path, config_path_with_source};
+pub use fingerprint::Fingerprint;
+pub use net::{IpPrefix, PrefixError};
+
+/// Default Storage Root when the configuration does not set `storage_root`.
+pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/lazaret";
+
+/// Parent of the default per-developer runtime directories
+/// (`/run/lazaret/<uid>`).
+pub const DEFAULT_RUNTIME_PARENT: &str = "/run/lazaret";
+
+/// The agent command of a profile that does not set `command`: a login shell.
+pub const DEFAULT_COMMAND: [&str; 2] = ["/bin/bash", "-l"];
+
+/// The validated, resolved host configuration.
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    /// The file the configuration was read from (as given to the loader).
+    #[serde(skip)]
+    pub file: PathBuf,
+    /// Trusted directory holding Domain Roots and images.
+    pub storage_root: PathBuf,
+    /// Override of the developer's runtime directory (see
+    /// [`Config::runtime_dir`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub runtime_dir: Option<PathBuf>,
+    /// How to run `runsc`.
+    pub runsc: RunscSettings,
+    /// DNS resolvers of every profile that does not set its own `dns`.
+    pub dns: Vec<IpAddr>,
+    /// Host escalation settings.
+    pub escalation: EscalationSettings,
+    /// Profile used when none is named on the command line.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub default_profile: Option<String>,
+    /// The Agent Profiles by name.
+    pub profiles: BTreeMap<String, Profile>,
+}
+
+/// The `[runsc]` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RunscSettings {
+    /// Absolute path of the runsc binary; `None` means search `PATH`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<PathBuf>,
+    /// The gVisor platform.
+    pub platform: Platform,
+    /// Directory for runsc debug logs; `None` disables them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub debug_log_dir: Option<PathBuf>,
+}
+
+impl Default for RunscSettings {
+    fn default() -> Self {
+        Self {
+            path: None,
+            platform: Platform::Systrap,
+            debug_log_dir: None,
+        }
+    }
+}
+
+/// gVisor platform (`runsc --platform`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    /// Default: seccomp-trap based, works without virtualisation.
+    Systrap,
+    /// ptrace based; slowest to start, widely compatible.
+    Ptrace,
+    /// KVM based; needs /dev/kvm (hangs on nested-virtualisation VMs).
+    Kvm,
+}
+
+impl Platform {
+    /// The value passed to `runsc --platform`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Platform::Systrap => "systrap",
+            Platform::Ptrace => "ptrace",
+            Platform::Kvm => "kvm",
+        }
+    }
+}
+
+/// The `[escalation]` table.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct EscalationSettings {
+    /// Auto-approval rules, in file order.
+    pub rules: Vec<EscalationRule>,
+}
+
+/// One `[[escalation.rules]]` entry: a host command approved without asking.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct EscalationRule {
+    /// Unique rule name (shown in prompts and logs).
+    pub name: String,
+    /// The complete argument vector the rule approves.
+    pub command: Vec<String>,
+    /// When true, any further trailing arguments are approved too.
+    pub allow_extra_args: bool,
+    /// Absolute host directory the command runs in; `None` means the
+    /// workspace root.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<PathBuf>,
+    /// Where the rule was written, `FILE:LINE:COLUMN`.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+/// One `[profiles.NAME]` table: an Agent Profile with defaults applied.
+///
+/// `==` also compares source locations (`origin`s); compare
+/// [`Config::fingerprint`]s to compare meaning.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Profile {
+    /// The profile's name (the `NAME` of `[profiles.NAME]`).
+    #[serde(skip)]
+    pub name: String,
+    /// Image name (as in `lazaret image import NAME`) or registry reference.
+    pub image: String,
+    /// The agent's argv; default [`DEFAULT_COMMAND`].
+    pub command: Vec<String>,
+    /// Whether git-ignored workspace paths get Ignored Workspace State
+    /// (default true; FR-9).
+    pub isolate_gitignored: bool,
+    /// Sandbox paths kept in the State Anchor across restarts (default none).
+    pub persistent_dirs: Vec<PathBuf>,
+    /// Destination prefixes opened in addition to the defaults.
+    pub allow_egress: Vec<IpPrefix>,
+    /// Destination prefixes closed in addition to the defaults.
+    pub deny_egress: Vec<IpPrefix>,
+    /// IPv6 on or off; `None` leaves the choice to the network policy.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ipv6: Option<bool>,
+    /// Per-profile DNS resolvers; `None` uses the top-level `dns`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dns: Option<Vec<IpAddr>>,
+    /// Environment variables of the agent.
+    pub env: BTreeMap<String, EnvValue>,
+    /// Extra host directories bound into the sandbox, in mount order.
+    pub volumes: Vec<Volume>,
+    /// Which user the agent runs as.
+    pub user: UserChoice,
+    /// Sandbox hostname; `None` lets the launcher choose.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Memory limit in bytes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory_limit: Option<u64>,
+    /// Maximum number of processes.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pids_limit: Option<u64>,
+    /// Where the profile table starts, `FILE:LINE:COLUMN`.
+    #[serde(skip)]
+    pub origin: String,
+}
+
+/// The value of one `env` entry.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EnvValue {
+    /// A value written in the configuration.
+    Literal(String),
+    /// `"env:NAME"`: taken from the launching session's environment.
+    FromHost(String),
+}
+
+impl EnvValue {
+    /// The value for the sandbox, looking `FromHost` names up with `lookup`;
+    /// `None` when the host variable is unset.
+    pub fn resolve(&self, lookup: &dyn Fn(&str) -> Option<OsString>) -> Option<OsString> {
+        match self {
+            EnvValue::Literal(value) => Some(OsString::from(value)),
+            EnvValue::FromHost(name) => lookup(name),
+        }
+    }
+}
+
+impl fmt::Display for EnvValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EnvValue::Literal(value) => f.write_str(value),
+            EnvValue::FromHost(name) => write!(f, "env:{name}"),
+        }
+    }
+}
+
+impl Serialize for EnvValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// One `volumes` entry: a host directory or file bound into the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Volume {
+    /// Absolute host path (`~/` already replaced by the developer's home).
+    pub host: PathBuf,
+    /// Absolute path inside the sandbox.
+    pub sandbox: PathBuf,
+    /// Mounted read-only (`:ro`).
+    pub readonly: bool,
+    /// The entry as written, e.g. `~/.claude:/root/.claude`.
+    pub written: String,
+    /// Where the entry was written, `FILE:LINE:COLUMN`.
+    pub origin: String,
+}
+
+impl fmt::Display for Volume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host.display(), self.sandbox.display())?;
+        if self.readonly {
+            f.write_str(":ro")?;
+        }
+        Ok(())
+    }
+}
+
+impl Serialize for Volume {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// The `user` key: which uid/gid the agent runs as inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UserChoice {
+    /// The developer's own uid/gid (default), so workspace files keep their
+    /// owner.
+    Developer,
+    /// uid 0 inside the sandbox.
+    Root,
+    /// An explicit `"UID:GID"`.
+    Id {
+        /// User id.
+        uid: u32,
+        /// Group id.
+        gid: u32,
+    },
+}
+
+impl UserChoice {
+    /// The numeric uid/gid for `developer`.
+    pub fn ids(self, developer: &Developer) -> (u32, u32) {
+        match self {
+            UserChoice::Developer => (developer.uid, developer.gid),
+            UserChoice::Root => (0, 0),
+            UserChoice::Id { uid, gid } => (uid, gid),
+        }
+    }
+}
+
+impl fmt::Display for UserChoice {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            UserChoice::Developer => f.write_str("developer"),
+            UserChoice::Root => f.write_str("root"),
+            UserChoice::Id { uid, gid } => write!(f, "{uid}:{gid}"),
+        }
+    }
+}
+
+impl Serialize for UserChoice {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl Profile {
+    /// DNS resolvers of this profile: its own `dns`, else the top-level one.
+    pub fn effective_dns<'a>(&'a self, config: &'a Config) -> &'a [IpAddr] {
+        self.dns.as_deref().unwrap_or(&config.dns)
+    }
+
+    /// Every host path this profile mounts into the sandbox, labelled for
+    /// error messages: the workspace first, then each volume. Feed this to
+    /// [`check_confinement`].
+    pub fn host_mounts(&self, workspace: &Path) -> Vec<(String, PathBuf)> {
+        let mut mounts = vec![("workspace".to_string(), workspace.to_path_buf())];
+        for volume in &self.volumes {
+            mounts.push((
+                format!("volume {} ({})", volume.written, volume.origin),
+                volume.host.clone(),
+            ));
+        }
+        mounts
+    }
+}
+
+impl Config {
+    /// Reads and validates the configuration at `path`. `~/` in volumes is
+    /// the developer's home.
+    ///
+    /// Refuses a file that is not a regular file, or that someone other than
+    /// root or the developer could modify (it decides what gets mounted into
+    /// a sandbox started by root).
+    pub fn load(path: &Path, developer: &Developer) -> Result<Config, ConfigError> {
+        // One open, then fstat: the checked file is the file that is read.
+        // O_NONBLOCK: opening a FIFO planted at the path must not hang.
+        let opened = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(path);
+        let mut file = match opened {
+            Ok(file) => file,
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ConfigError::NotFound {
+                    path: path.to_path_buf(),
+                    source_of_path: "the given path".to_string(),
+                });
+            }
+            Err(source) => {
+                return Err(ConfigError::Read {
+                    path: path.to_path_buf(),
+                    source,
+                });
+            }
+        };
+        let read_error = |source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        };
+        let metadata = file.metadata().map_err(read_error)?;
+        if !metadata.is_file() {
+            return Err(ConfigError::Insecure {
+                path: path.to_path_buf(),
+                reason: "not a regular file".to_string(),
+                hint: "point --config or $LAZARET_CONFIG at a TOML file".to_string(),
+            });
+        }
+        if metadata.uid() != 0 && metadata.uid() != developer.uid {
+            return Err(ConfigError::Insecure {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "owned by uid {}, neither root nor the developer (uid {})",
+                    metadata.uid(),
+                    developer.uid
+                ),
+                hint: format!("chown {} {}", developer.uid, path.display()),
+            });
+        }
+        if metadata.mode() & 0o022 != 0 {
+            return Err(ConfigError::Insecure {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "writable by group or others (mode {:o})",
+                    metadata.mode() & 0o7777
+                ),
+                hint: format!("chmod go-w {}", path.display()),
+            });
+        }
+        let mut text = String::new();
+        file.read_to_string(&mut text).map_err(read_error)?;
+        Config::parse(&text, path, &developer.home)
+    }
+
+    /// Parses and validates configuration text. `file` is used in error
+    /// locations and kept in [`Config::file`]; `home` replaces `~/` in volumes.
+    pub fn parse(text: &str, file: &Path, home: &Path) -> Result<Config, ConfigError> {
+        parse::parse(text, file, home)
+    }
+
+    /// The profile called `name`.
+    pub fn profile(&self, name: &str) -> Result<&Profile, ConfigError> {
+        self.profiles
+            .get(name)
+            .ok_or_else(|| ConfigError::UnknownProfile {
+                name: name.to_string(),
+                known: self.profiles.keys().cloned().collect(),
+            })
+    }
+
+    /// The profile named on the command line, else `default_profile`, else
+    /// the only profile if there is exactly one.
+    pub fn select_profile(&self, requested: Option<&str>) -> Result<&Profile, ConfigError> {
+        if let Some(name) = requested.or(self.default_profile.as_deref()) {
+            return self.profile(name);
+        }
+        match self.profiles.values().next() {
+            Some(only) if self.profiles.len() == 1 => Ok(only),
+            _ => Err(ConfigError::NoProfileSelected {
+                known: self.profiles.keys().cloned().collect(),
+            }),
+        }
+    }
+
+    /// The developer's host-private runtime directory: `runtime_dir` if
+    /// configured, else `/run/lazaret/<uid>`.
+    pub fn runtime_dir(&self, developer: &Developer) -> PathBuf {
+        self.runtime_dir
+            .clone()
+            .unwrap_or_else(|| Path::new(DEFAULT_RUNTIME_PARENT).join(developer.uid.to_string()))
+    }
+
+    /// The Configuration Fingerprint of a Domain using `profile`: SHA-256 over
+    /// the canonical form of the global settings plus that profile only.
+    pub fn fingerprint(&self, profile: &str) -> Result<Fingerprint, ConfigError> {
+        fingerprint::fingerprint(self, self.profile(profile)?)
+    }
+
+    /// The validated configuration as TOML, defaults filled in (for
+    /// `lazaret config show`). `env:` references are shown as references.
+    pub fn render_toml(&self) -> Result<String, ConfigError> {
+        fingerprint::render_toml(self)
+    }
+
+    /// The validated configuration as pretty JSON (for
+    /// `lazaret config show --json`).
+    pub fn render_json(&self) -> Result<String, ConfigError> {
+        fingerprint::render_json(self)
+    }
+}

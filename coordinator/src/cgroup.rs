@@ -1,0 +1,52 @@
+//! Removing the cgroups runsc creates at a container's `cgroupsPath`.
+//! runsc leaves them behind after failed starts (PLATFORM.md), so every run
+//! removes its own, leaf first, in every mounted hierarchy (v1 controllers
+//! and the v2 `unified` tree alike).
+
+use std::path::Path;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Removes `path` (e.g. `/lazaret/<domain>/<container>`) and then its
+/// parents up to, not including, the hierarchy root, wherever they are
+/// empty. Missing or busy directories are left alone.
+pub fn remove(path: &str) {
+    let rel = path.trim_start_matches('/');
+    if rel.is_empty() || rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return;
+    }
+    let Ok(hierarchies) = std::fs::read_dir(CGROUP_ROOT) else { return };
+    let mut roots: Vec<std::path::PathBuf> = vec![Path::new(CGROUP_ROOT).to_path_buf()];
+    roots.extend(hierarchies.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    for root in roots {
+        let mut current = Path::new(rel);
+        loop {
+            // rmdir of a cgroup works only when it has no tasks and children.
+            let _ = std::fs::remove_dir(root.join(current));
+            match current.parent() {
+                Some(p) if !p.as_os_str().is_empty() => current = p,
+                _ => break,
+            }
+        }
+    }
+}
+
+/// The cgroup directories that exist for `path` in any hierarchy (for tests
+/// and `lazaret doctor`).
+pub fn existing(path: &str) -> Vec<std::path::PathBuf> {
+    let rel = path.trim_start_matches('/');
+    let mut found = Vec::new();
+    let root = Path::new(CGROUP_ROOT);
+    if root.join(rel).is_dir() {
+        found.push(root.join(rel));
+    }
+    if let Ok(entries) = std::fs::read_dir(root) {
+        for e in entries.flatten() {
+            let p = e.path().join(rel);
+            if p.is_dir() {
+                found.push(p);
+            }
+        }
+    }
+    found
+}

@@ -1,0 +1,1186 @@
+//! Walks the spanned TOML tree, validating every key and collecting every
+//! problem with its location.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Component, Path, PathBuf};
+
+use toml::Spanned;
+use toml::de::{DeArray, DeTable, DeValue};
+
+use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
+use super::{
+    Config, DEFAULT_COMMAND, DEFAULT_STORAGE_ROOT, EnvValue, EscalationRule, EscalationSettings,
+    IpPrefix, Platform, Profile, RunscSettings, UserChoice, Volume,
+};
+
+type Value<'i> = Spanned<DeValue<'i>>;
+
+const TOP_KEYS: &[&str] = &[
+    "storage_root",
+    "runtime_dir",
+    "runsc",
+    "dns",
+    "escalation",
+    "default_profile",
+    "profiles",
+];
+const RUNSC_KEYS: &[&str] = &["path", "platform", "debug_log_dir"];
+const ESCALATION_KEYS: &[&str] = &["rules"];
+const RULE_KEYS: &[&str] = &["name", "command", "allow_extra_args", "cwd"];
+const PROFILE_KEYS: &[&str] = &[
+    "image",
+    "command",
+    "isolate_gitignored",
+    "persistent_dirs",
+    "allow_egress",
+    "deny_egress",
+    "ipv6",
+    "dns",
+    "env",
+    "volumes",
+    "user",
+    "hostname",
+    "memory_limit",
+    "pids_limit",
+];
+
+/// Parses `text` (the content of `file`) into a validated [`Config`].
+pub(crate) fn parse(text: &str, file: &Path, home: &Path) -> Result<Config, ConfigError> {
+    let map = SourceMap::new(file.display().to_string(), text);
+    let (document, syntax_errors) = DeTable::parse_recoverable(text);
+    if !syntax_errors.is_empty() {
+        let diagnostics = syntax_errors
+            .iter()
+            .map(|error| {
+                let span = error.span().unwrap_or(0..0);
+                map.diagnostic(
+                    &span,
+                    format!("TOML syntax error: {}", error.message().trim_end()),
+                    Some("see https://toml.io for the syntax; docs/config.example.toml shows every Lazaret key".to_string()),
+                )
+            })
+            .collect();
+        return Err(ConfigError::Invalid { diagnostics });
+    }
+    let mut walker = Walker {
+        map,
+        home,
+        diagnostics: Vec::new(),
+    };
+    let config = walker.document(file, document.get_ref(), &document.span());
+    let mut diagnostics = walker.diagnostics;
+    diagnostics.sort_by_key(|d| (d.line, d.column));
+    match config {
+        Some(config) if diagnostics.is_empty() => Ok(config),
+        _ => Err(ConfigError::Invalid { diagnostics }),
+    }
+}
+
+struct Walker<'a> {
+    map: SourceMap<'a>,
+    home: &'a Path,
+    diagnostics: Vec<Diagnostic>,
+}
+
+/// The known entries of one table, looked up by key.
+struct Entries<'t, 'i> {
+    table: &'t DeTable<'i>,
+}
+
+impl<'t, 'i> Entries<'t, 'i> {
+    fn get(&self, key: &str) -> Option<&'t Value<'i>> {
+        self.table.get(key)
+    }
+}
+
+impl<'a> Walker<'a> {
+    fn error(&mut self, span: &Range<usize>, message: impl Into<String>, hint: impl Into<String>) {
+        let hint = hint.into();
+        let hint = if hint.is_empty() { None } else { Some(hint) };
+        let diagnostic = self.map.diagnostic(span, message, hint);
+        self.diagnostics.push(diagnostic);
+    }
+
+    /// Reports an error at a location previously recorded as an origin.
+    fn error_at_origin(&mut self, origin: &str, message: String, hint: &str) {
+        let (line, column) = parse_origin_position(origin).unwrap_or((1, 1));
+        self.diagnostics.push(Diagnostic {
+            file: self.map.file().to_string(),
+            line,
+            column,
+            message,
+            hint: Some(hint.to_string()),
+        });
+    }
+
+    /// Reports keys that are not in `allowed` and returns the table for
+    /// lookups.
+    fn entries<'t, 'i>(
+        &mut self,
+        table: &'t DeTable<'i>,
+        allowed: &[&str],
+        what: &str,
+    ) -> Entries<'t, 'i> {
+        for key in table.keys() {
+            let name: &str = key.get_ref();
+            if allowed.contains(&name) {
+                continue;
+            }
+            let hint = match nearest(name, allowed) {
+                Some(candidate) => format!(
+                    "did you mean `{candidate}`? valid keys: {}",
+                    allowed.join(", ")
+                ),
+                None => format!("valid keys: {}", allowed.join(", ")),
+            };
+            self.error(&key.span(), format!("unknown key `{name}` in {what}"), hint);
+        }
+        Entries { table }
+    }
+
+    fn type_error(&mut self, value: &Value<'_>, key: &str, expected: &str, example: &str) {
+        let found = value.get_ref().type_str();
+        self.error(
+            &value.span(),
+            format!("`{key}` must be {expected}, found {found}"),
+            format!("for example: {key} = {example}"),
+        );
+    }
+
+    fn table<'t, 'i>(
+        &mut self,
+        value: &'t Value<'i>,
+        key: &str,
+        example: &str,
+    ) -> Option<&'t DeTable<'i>> {
+        match value.get_ref() {
+            DeValue::Table(table) => Some(table),
+            _ => {
+                self.type_error(value, key, "a table", example);
+                None
+            }
+        }
+    }
+
+    fn string<'t>(&mut self, value: &'t Value<'_>, key: &str, example: &str) -> Option<&'t str> {
+        match value.get_ref() {
+            DeValue::String(text) => {
+                if text.contains('\0') {
+                    self.error(
+                        &value.span(),
+                        format!("`{key}` contains a NUL character"),
+                        "",
+                    );
+                    return None;
+                }
+                Some(text)
+            }
+            _ => {
+                self.type_error(value, key, "a string", example);
+                None
+            }
+        }
+    }
+
+    fn boolean(&mut self, value: &Value<'_>, key: &str) -> Option<bool> {
+        match value.get_ref() {
+            DeValue::Boolean(flag) => Some(*flag),
+            _ => {
+                self.type_error(value, key, "true or false", "true");
+                None
+            }
+        }
+    }
+
+    fn array<'t, 'i>(
+        &mut self,
+        value: &'t Value<'i>,
+        key: &str,
+        example: &str,
+    ) -> Option<&'t DeArray<'i>> {
+        match value.get_ref() {
+            DeValue::Array(array) => Some(array),
+            _ => {
+                self.type_error(value, key, "an array", example);
+                None
+            }
+        }
+    }
+
+    /// An array of strings; elements of the wrong type are reported and
+    /// skipped.
+    fn strings<'t>(
+        &mut self,
+        value: &'t Value<'_>,
+        key: &str,
+        example: &str,
+    ) -> Option<Vec<(&'t str, Range<usize>)>> {
+        let array = self.array(value, key, example)?;
+        let mut out = Vec::new();
+        for element in array.iter() {
+            match element.get_ref() {
+                DeValue::String(text) if !text.contains('\0') => {
+                    out.push((&**text, element.span()))
+                }
+                DeValue::String(_) => self.error(
+                    &element.span(),
+                    format!("an element of `{key}` contains a NUL character"),
+                    "",
+                ),
+                other => {
+                    let found = other.type_str();
+                    self.error(
+                        &element.span(),
+                        format!("elements of `{key}` must be strings, found {found}"),
+                        format!("for example: {key} = {example}"),
+                    );
+                }
+            }
+        }
+        Some(out)
+    }
+
+    /// A positive integer, or a string such as "4G" when `sizes` is set.
+    fn positive(&mut self, value: &Value<'_>, key: &str, sizes: bool) -> Option<u64> {
+        let example = if sizes { "\"4G\"" } else { "4096" };
+        match value.get_ref() {
+            DeValue::Integer(integer) => {
+                let parsed =
+                    i64::from_str_radix(&integer.as_str().replace('_', ""), integer.radix())
+                        .ok()
+                        .and_then(|n| u64::try_from(n).ok())
+                        .filter(|n| *n > 0);
+                if parsed.is_none() {
+                    self.error(
+                        &value.span(),
+                        format!("`{key}` must be a positive integer"),
+                        format!("for example: {key} = {example}"),
+                    );
+                }
+                parsed
+            }
+            DeValue::String(text) if sizes => {
+                let parsed = parse_size(text);
+                if parsed.is_none() {
+                    self.error(
+                        &value.span(),
+                        format!("`{key}` = {text:?} is not a size"),
+                        "write a number of bytes or a number followed by K, M, G or T (powers of 1024), e.g. \"512M\"",
+                    );
+                }
+                parsed
+            }
+            _ => {
+                let expected = if sizes {
+                    "a positive integer (bytes) or a size string"
+                } else {
+                    "a positive integer"
+                };
+                self.type_error(value, key, expected, example);
+                None
+            }
+        }
+    }
+
+    /// An absolute, normalised path without `..`, other than `/` itself.
+    fn absolute_path(
+        &mut self,
+        text: &str,
+        span: &Range<usize>,
+        key: &str,
+        example: &str,
+    ) -> Option<PathBuf> {
+        match normalise_absolute(text) {
+            Err(PathProblem::Relative) => {
+                self.error(
+                    span,
+                    format!("`{key}`: {text:?} is a relative path"),
+                    format!("use an absolute path, e.g. {example}"),
+                );
+                None
+            }
+            Err(PathProblem::DotDot) => {
+                self.error(
+                    span,
+                    format!("`{key}`: {text:?} contains `..`"),
+                    format!("write the path without `..`, e.g. {example}"),
+                );
+                None
+            }
+            Err(PathProblem::Empty) => {
+                self.error(
+                    span,
+                    format!("`{key}` is empty"),
+                    format!("use an absolute path, e.g. {example}"),
+                );
+                None
+            }
+            Ok(path) if path == Path::new("/") => {
+                self.error(
+                    span,
+                    format!("`{key}` may not be `/`"),
+                    format!("name a directory below `/`, e.g. {example}"),
+                );
+                None
+            }
+            Ok(path) => Some(path),
+        }
+    }
+
+    fn path_value(&mut self, value: &Value<'_>, key: &str, example: &str) -> Option<PathBuf> {
+        let text = self.string(value, key, &format!("\"{example}\""))?;
+        self.absolute_path(text, &value.span(), key, example)
+    }
+
+    fn document(
+        &mut self,
+        file: &Path,
+        root: &DeTable<'_>,
+        root_span: &Range<usize>,
+    ) -> Option<Config> {
+        let top = self.entries(root, TOP_KEYS, "the top level");
+        let storage_root = match top.get("storage_root") {
+            Some(value) => self.path_value(value, "storage_root", DEFAULT_STORAGE_ROOT),
+            None => Some(PathBuf::from(DEFAULT_STORAGE_ROOT)),
+        };
+        let runtime_dir = match top.get("runtime_dir") {
+            Some(value) => self
+                .path_value(value, "runtime_dir", "/run/lazaret/1000")
+                .map(Some),
+            None => Some(None),
+        };
+        let runsc = match top.get("runsc") {
+            Some(value) => self.runsc(value),
+            None => Some(RunscSettings::default()),
+        };
+        let dns = match top.get("dns") {
+            Some(value) => self.dns(value, "dns"),
+            None => Some(Vec::new()),
+        };
+        let escalation = match top.get("escalation") {
+            Some(value) => self.escalation(value),
+            None => Some(EscalationSettings::default()),
+        };
+        let default_profile = top.get("default_profile").map(|value| {
+            (
+                self.string(value, "default_profile", "\"claude\"")
+                    .map(str::to_string),
+                value.span(),
+            )
+        });
+
+        let mut profiles = BTreeMap::new();
+        let mut profiles_ok = true;
+        match top.get("profiles") {
+            Some(value) => match self.table(value, "profiles", "{ shell = { image = \"debian-bookworm\" } }") {
+                Some(table) => {
+                    for (name, profile_value) in table.iter() {
+                        match self.profile(name, profile_value) {
+                            Some(profile) => {
+                                profiles.insert(profile.name.clone(), profile);
+                            }
+                            None => profiles_ok = false,
+                        }
+                    }
+                    if table.is_empty() {
+                        self.error(&value.span(), "`profiles` defines no profile", "add a table such as [profiles.shell] with at least `image`");
+                    }
+                }
+                None => profiles_ok = false,
+            },
+            None => self.error(
+                &(root_span.start..root_span.start),
+                "the configuration defines no profile",
+                "add a table such as [profiles.shell] with at least `image = \"debian-bookworm\"`; see docs/config.example.toml",
+            ),
+        }
+
+        let default_profile = match default_profile {
+            None => None,
+            Some((None, _)) => return None,
+            Some((Some(name), span)) => {
+                if profiles_ok && !profiles.contains_key(&name) {
+                    let known: Vec<&str> = profiles.keys().map(String::as_str).collect();
+                    let hint = match nearest(&name, &known) {
+                        Some(candidate) => format!(
+                            "did you mean {candidate:?}? defined profiles: {}",
+                            known.join(", ")
+                        ),
+                        None => format!("defined profiles: {}", known.join(", ")),
+                    };
+                    self.error(
+                        &span,
+                        format!("`default_profile` names {name:?}, which is not defined"),
+                        hint,
+                    );
+                }
+                Some(name)
+            }
+        };
+
+        Some(Config {
+            file: file.to_path_buf(),
+            storage_root: storage_root?,
+            runtime_dir: runtime_dir?,
+            runsc: runsc?,
+            dns: dns?,
+            escalation: escalation?,
+            default_profile,
+            profiles,
+        })
+        .filter(|_| profiles_ok)
+    }
+
+    fn runsc(&mut self, value: &Value<'_>) -> Option<RunscSettings> {
+        let table = self.table(value, "runsc", "{ platform = \"systrap\" }")?;
+        let keys = self.entries(table, RUNSC_KEYS, "[runsc]");
+        let mut ok = true;
+        let path = match keys.get("path") {
+            Some(value) => {
+                let path = self.path_value(value, "runsc.path", "/usr/bin/runsc");
+                ok &= path.is_some();
+                path
+            }
+            None => None,
+        };
+        let debug_log_dir = match keys.get("debug_log_dir") {
+            Some(value) => {
+                let path = self.path_value(value, "runsc.debug_log_dir", "/var/log/lazaret/runsc");
+                ok &= path.is_some();
+                path
+            }
+            None => None,
+        };
+        let platform = match keys.get("platform") {
+            None => Platform::Systrap,
+            Some(value) => match self.string(value, "runsc.platform", "\"systrap\"") {
+                Some("systrap") => Platform::Systrap,
+                Some("ptrace") => Platform::Ptrace,
+                Some("kvm") => Platform::Kvm,
+                Some(other) => {
+                    self.error(
+                        &value.span(),
+                        format!("unknown runsc platform {other:?}"),
+                        "use \"systrap\" (default), \"ptrace\" or \"kvm\"",
+                    );
+                    return None;
+                }
+                None => return None,
+            },
+        };
+        ok.then_some(RunscSettings {
+            path,
+            platform,
+            debug_log_dir,
+        })
+    }
+
+    fn dns(&mut self, value: &Value<'_>, key: &str) -> Option<Vec<IpAddr>> {
+        let example = "[\"1.1.1.1\", \"2606:4700:4700::1111\"]";
+        let items = self.strings(value, key, example)?;
+        let mut ok = items.len() == self.array(value, key, example).map_or(0, |a| a.len());
+        let mut seen: Vec<(IpAddr, Range<usize>)> = Vec::new();
+        for (text, span) in items {
+            match text.parse::<IpAddr>() {
+                Ok(address) => {
+                    if let Some((_, first)) = seen.iter().find(|(a, _)| *a == address) {
+                        let first = short_origin(&self.map.origin(first));
+                        self.error(
+                            &span,
+                            format!("DNS server {address} is listed twice"),
+                            format!("remove one; the first is at {first}"),
+                        );
+                        ok = false;
+                    } else {
+                        seen.push((address, span));
+                    }
+                }
+                Err(_) => {
+                    self.error(
+                        &span,
+                        format!("{text:?} is not an IP address"),
+                        "DNS servers are IPv4 or IPv6 addresses without port, e.g. \"1.1.1.1\"",
+                    );
+                    ok = false;
+                }
+            }
+        }
+        ok.then(|| seen.into_iter().map(|(a, _)| a).collect())
+    }
+
+    fn escalation(&mut self, value: &Value<'_>) -> Option<EscalationSettings> {
+        let table = self.table(value, "escalation", "{ rules = [] }")?;
+        let keys = self.entries(table, ESCALATION_KEYS, "[escalation]");
+        let Some(rules_value) = keys.get("rules") else {
+            return Some(EscalationSettings::default());
+        };
+        let example = "[{ name = \"push\", command = [\"git\", \"push\"] }]";
+        let array = self.array(rules_value, "escalation.rules", example)?;
+        let mut rules: Vec<EscalationRule> = Vec::new();
+        let mut ok = true;
+        for element in array.iter() {
+            match self.rule(element) {
+                Some(rule) => {
+                    if let Some(first) = rules.iter().find(|r| r.name == rule.name) {
+                        self.error(
+                            &element.span(),
+                            format!("escalation rule name {:?} is used twice", rule.name),
+                            format!(
+                                "rule names must be unique; the first is at {}",
+                                short_origin(&first.origin)
+                            ),
+                        );
+                        ok = false;
+                    } else {
+                        rules.push(rule);
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(EscalationSettings { rules })
+    }
+
+    fn rule(&mut self, value: &Value<'_>) -> Option<EscalationRule> {
+        let table = self.table(
+            value,
+            "escalation.rules[..]",
+            "{ name = \"push\", command = [\"git\", \"push\"] }",
+        )?;
+        let keys = self.entries(table, RULE_KEYS, "an [[escalation.rules]] entry");
+        let origin = self.map.origin(&value.span());
+        let name = match keys.get("name") {
+            Some(v) => self.string(v, "name", "\"git-push\"").and_then(|name| {
+                if valid_name(name) {
+                    Some(name.to_string())
+                } else {
+                    self.error(
+                        &v.span(),
+                        format!("rule name {name:?} is not valid"),
+                        NAME_HINT,
+                    );
+                    None
+                }
+            }),
+            None => {
+                self.error(
+                    &value.span(),
+                    "escalation rule has no `name`",
+                    "add e.g. name = \"git-push\"",
+                );
+                None
+            }
+        };
+        let command = match keys.get("command") {
+            Some(v) => self.argv(v, "command", "[\"git\", \"push\"]"),
+            None => {
+                self.error(
+                    &value.span(),
+                    "escalation rule has no `command`",
+                    "add the complete argument vector, e.g. command = [\"git\", \"push\"]",
+                );
+                None
+            }
+        };
+        let allow_extra_args = match keys.get("allow_extra_args") {
+            Some(v) => self.boolean(v, "allow_extra_args"),
+            None => Some(false),
+        };
+        let cwd = match keys.get("cwd") {
+            Some(v) => Some(self.path_value(v, "cwd", "/home/me/src/project")?),
+            None => None,
+        };
+        Some(EscalationRule {
+            name: name?,
+            command: command?,
+            allow_extra_args: allow_extra_args?,
+            cwd,
+            origin,
+        })
+    }
+
+    /// A non-empty array of non-empty strings.
+    fn argv(&mut self, value: &Value<'_>, key: &str, example: &str) -> Option<Vec<String>> {
+        let items = self.strings(value, key, example)?;
+        let total = self.array(value, key, example).map_or(0, |a| a.len());
+        if total == 0 {
+            self.error(
+                &value.span(),
+                format!("`{key}` is empty"),
+                format!("give the program and its arguments, e.g. {key} = {example}"),
+            );
+            return None;
+        }
+        let mut ok = items.len() == total;
+        if let Some((first, span)) = items.first()
+            && first.is_empty()
+        {
+            self.error(
+                span,
+                format!("`{key}` starts with an empty program name"),
+                format!("e.g. {key} = {example}"),
+            );
+            ok = false;
+        }
+        ok.then(|| items.into_iter().map(|(s, _)| s.to_string()).collect())
+    }
+
+    fn profile(
+        &mut self,
+        name: &Spanned<std::borrow::Cow<'_, str>>,
+        value: &Value<'_>,
+    ) -> Option<Profile> {
+        let name_text: &str = name.get_ref();
+        let mut ok = true;
+        if !valid_name(name_text) {
+            self.error(
+                &name.span(),
+                format!("profile name {name_text:?} is not valid"),
+                NAME_HINT,
+            );
+            ok = false;
+        }
+        let context = format!("[profiles.{name_text}]");
+        let table = self.table(
+            value,
+            &format!("profiles.{name_text}"),
+            "{ image = \"debian-bookworm\" }",
+        )?;
+        let keys = self.entries(table, PROFILE_KEYS, &context);
+        // A header `[profiles.x]` spans the header; point "missing key" errors there.
+        let origin = self.map.origin(&value.span());
+
+        let image = match keys.get("image") {
+            Some(v) => self
+                .string(v, "image", "\"debian-bookworm\"")
+                .and_then(|image| self.image(image, &v.span())),
+            None => {
+                self.error(&value.span(), format!("{context} has no `image`"), "add e.g. image = \"debian-bookworm\" (a name imported with `lazaret image import NAME`) or a registry reference such as \"docker.io/library/debian:trixie\"");
+                None
+            }
+        };
+        let command = match keys.get("command") {
+            Some(v) => self.argv(v, "command", "[\"claude\"]"),
+            None => Some(DEFAULT_COMMAND.iter().map(|s| s.to_string()).collect()),
+        };
+        let isolate_gitignored = match keys.get("isolate_gitignored") {
+            Some(v) => self.boolean(v, "isolate_gitignored"),
+            None => Some(true),
+        };
+        let persistent_dirs = match keys.get("persistent_dirs") {
+            Some(v) => self.persistent_dirs(v),
+            None => Some(Vec::new()),
+        };
+        let ipv6 = match keys.get("ipv6") {
+            Some(v) => self.boolean(v, "ipv6").map(Some),
+            None => Some(None),
+        };
+        // Conflicts are checked on the valid elements even when a list also
+        // has bad ones, so one run reports both kinds of mistakes.
+        let (allow, allow_ok) = match keys.get("allow_egress") {
+            Some(v) => self.prefixes(v, "allow_egress"),
+            None => (Vec::new(), true),
+        };
+        let (deny, deny_ok) = match keys.get("deny_egress") {
+            Some(v) => self.prefixes(v, "deny_egress"),
+            None => (Vec::new(), true),
+        };
+        ok &= allow_ok && deny_ok;
+        for denied in &deny {
+            if let Some(allowed) = allow.iter().find(|a| *a == denied) {
+                let message = format!(
+                    "{denied} is both allowed (allow_egress at {}) and denied (deny_egress at {})",
+                    short_origin(&allowed.origin),
+                    short_origin(&denied.origin)
+                );
+                self.error_at_origin(&denied.origin, message, "an equal prefix cannot be both allowed and denied; remove one of the two entries");
+                ok = false;
+            }
+        }
+        if ipv6 == Some(Some(false)) {
+            for prefix in allow.iter().chain(&deny).filter(|p| !p.is_ipv4()) {
+                let message = format!("IPv6 prefix {prefix} given while `ipv6 = false`");
+                self.error_at_origin(
+                    &prefix.origin,
+                    message,
+                    "remove the IPv6 prefix or set ipv6 = true",
+                );
+                ok = false;
+            }
+        }
+        let allow_egress = Some(allow);
+        let deny_egress = Some(deny);
+        let dns = match keys.get("dns") {
+            Some(v) => self.dns(v, "dns").map(Some),
+            None => Some(None),
+        };
+        let env = match keys.get("env") {
+            Some(v) => self.env(v),
+            None => Some(BTreeMap::new()),
+        };
+        let volumes = match keys.get("volumes") {
+            Some(v) => self.volumes(v),
+            None => Some(Vec::new()),
+        };
+        let user = match keys.get("user") {
+            Some(v) => self.string(v, "user", "\"developer\"").and_then(|text| {
+                let parsed = parse_user(text);
+                if parsed.is_none() {
+                    self.error(&v.span(), format!("`user` = {text:?} is not valid"), "use \"developer\" (default: your uid/gid), \"root\" or numeric \"UID:GID\" such as \"1000:1000\"");
+                }
+                parsed
+            }),
+            None => Some(UserChoice::Developer),
+        };
+        let hostname = match keys.get("hostname") {
+            Some(v) => self.string(v, "hostname", "\"lazaret\"").and_then(|text| {
+                if valid_hostname(text) {
+                    Some(Some(text.to_string()))
+                } else {
+                    self.error(&v.span(), format!("`hostname` = {text:?} is not a valid host name"), "use letters, digits and `-` in dot-separated labels of at most 63 characters, not starting or ending with `-`, e.g. \"agent-box\"");
+                    None
+                }
+            }),
+            None => Some(None),
+        };
+        let memory_limit = match keys.get("memory_limit") {
+            Some(v) => self.positive(v, "memory_limit", true).map(Some),
+            None => Some(None),
+        };
+        let pids_limit = match keys.get("pids_limit") {
+            Some(v) => self.positive(v, "pids_limit", false).map(Some),
+            None => Some(None),
+        };
+        if !ok {
+            return None;
+        }
+        Some(Profile {
+            name: name_text.to_string(),
+            image: image?,
+            command: command?,
+            isolate_gitignored: isolate_gitignored?,
+            persistent_dirs: persistent_dirs?,
+            allow_egress: allow_egress?,
+            deny_egress: deny_egress?,
+            ipv6: ipv6?,
+            dns: dns?,
+            env: env?,
+            volumes: volumes?,
+            user: user?,
+            hostname: hostname?,
+            memory_limit: memory_limit?,
+            pids_limit: pids_limit?,
+            origin,
+        })
+    }
+
+    fn image(&mut self, image: &str, span: &Range<usize>) -> Option<String> {
+        let valid = !image.is_empty()
+            && image.len() <= 255
+            && !image.starts_with(['-', '.', '/', ':', '@'])
+            && image
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-/:@+".contains(c));
+        if valid {
+            Some(image.to_string())
+        } else {
+            self.error(span, format!("`image` = {image:?} is not an image name or reference"), "use a name imported with `lazaret image import NAME` (e.g. \"debian-bookworm\") or a registry reference (e.g. \"docker.io/library/debian:trixie\")");
+            None
+        }
+    }
+
+    fn persistent_dirs(&mut self, value: &Value<'_>) -> Option<Vec<PathBuf>> {
+        let example = "[\"/root\", \"/usr\", \"/var\", \"/etc\", \"/opt\"]";
+        let items = self.strings(value, "persistent_dirs", example)?;
+        let mut ok = items.len()
+            == self
+                .array(value, "persistent_dirs", example)
+                .map_or(0, |a| a.len());
+        let mut dirs: Vec<(PathBuf, Range<usize>)> = Vec::new();
+        for (text, span) in items {
+            let Some(path) = self.absolute_path(text, &span, "persistent_dirs", "\"/opt\"") else {
+                ok = false;
+                continue;
+            };
+            if let Some((first, first_span)) = dirs
+                .iter()
+                .find(|(d, _)| path.starts_with(d) || d.starts_with(&path))
+            {
+                let first_origin = short_origin(&self.map.origin(first_span));
+                let message = if *first == path {
+                    format!("persistent directory {} is listed twice", path.display())
+                } else {
+                    format!(
+                        "persistent directories {} and {} overlap",
+                        first.display(),
+                        path.display()
+                    )
+                };
+                self.error(
+                    &span,
+                    message,
+                    format!("keep only the outer directory; the other entry is at {first_origin}"),
+                );
+                ok = false;
+                continue;
+            }
+            dirs.push((path, span));
+        }
+        ok.then(|| dirs.into_iter().map(|(d, _)| d).collect())
+    }
+
+    /// The valid prefixes of a list, and whether every element was valid.
+    fn prefixes(&mut self, value: &Value<'_>, key: &str) -> (Vec<IpPrefix>, bool) {
+        let example = "[\"10.222.0.0/16\", \"fd00:1::/64\"]";
+        let Some(items) = self.strings(value, key, example) else {
+            return (Vec::new(), false);
+        };
+        let mut ok = items.len() == self.array(value, key, example).map_or(0, |a| a.len());
+        let mut prefixes: Vec<IpPrefix> = Vec::new();
+        for (text, span) in items {
+            match text.parse::<IpPrefix>() {
+                Ok(mut prefix) => {
+                    prefix.origin = self.map.origin(&span);
+                    if let Some(first) = prefixes.iter().find(|p| **p == prefix) {
+                        self.error(
+                            &span,
+                            format!("{prefix} is listed twice in `{key}`"),
+                            format!(
+                                "remove one; the first is at {}",
+                                short_origin(&first.origin)
+                            ),
+                        );
+                        ok = false;
+                    } else {
+                        prefixes.push(prefix);
+                    }
+                }
+                Err(error) => {
+                    self.error(&span, format!("`{key}`: {error}"), error.hint());
+                    ok = false;
+                }
+            }
+        }
+        (prefixes, ok)
+    }
+
+    fn env(&mut self, value: &Value<'_>) -> Option<BTreeMap<String, EnvValue>> {
+        let table = self.table(
+            value,
+            "env",
+            "{ ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\" }",
+        )?;
+        let mut ok = true;
+        let mut env = BTreeMap::new();
+        for (name, entry) in table.iter() {
+            let name_text: &str = name.get_ref();
+            if !valid_env_name(name_text) {
+                self.error(&name.span(), format!("{name_text:?} is not a valid environment variable name"), "use letters, digits and `_`, not starting with a digit, e.g. ANTHROPIC_API_KEY");
+                ok = false;
+                continue;
+            }
+            let Some(text) = self.string(
+                entry,
+                &format!("env.{name_text}"),
+                "\"env:NAME\" or \"literal value\"",
+            ) else {
+                ok = false;
+                continue;
+            };
+            let parsed = match text.strip_prefix("env:") {
+                Some(host_name) if valid_env_name(host_name) => {
+                    EnvValue::FromHost(host_name.to_string())
+                }
+                Some(host_name) => {
+                    self.error(&entry.span(), format!("{host_name:?} is not a valid environment variable name"), format!("\"env:NAME\" takes NAME from the launching session's environment, e.g. \"env:{name_text}\""));
+                    ok = false;
+                    continue;
+                }
+                None => EnvValue::Literal(text.to_string()),
+            };
+            env.insert(name_text.to_string(), parsed);
+        }
+        ok.then_some(env)
+    }
+
+    fn volumes(&mut self, value: &Value<'_>) -> Option<Vec<Volume>> {
+        let example = "[\"~/.claude:/root/.claude\", \"/srv/data:/data:ro\"]";
+        let items = self.strings(value, "volumes", example)?;
+        let mut ok = items.len() == self.array(value, "volumes", example).map_or(0, |a| a.len());
+        let mut volumes: Vec<Volume> = Vec::new();
+        for (text, span) in items {
+            match self.volume(text, &span) {
+                Some(volume) => {
+                    if let Some(first) = volumes.iter().find(|v| v.sandbox == volume.sandbox) {
+                        self.error(
+                            &span,
+                            format!(
+                                "sandbox path {} is the target of two volumes",
+                                volume.sandbox.display()
+                            ),
+                            format!("the other volume is at {}", short_origin(&first.origin)),
+                        );
+                        ok = false;
+                    } else {
+                        volumes.push(volume);
+                    }
+                }
+                None => ok = false,
+            }
+        }
+        ok.then_some(volumes)
+    }
+
+    fn volume(&mut self, text: &str, span: &Range<usize>) -> Option<Volume> {
+        const HINT: &str = "write \"HOST:SANDBOX\" or \"HOST:SANDBOX:ro\", HOST absolute or starting with ~/ (your home), SANDBOX absolute, e.g. \"~/.claude:/root/.claude\"";
+        let parts: Vec<&str> = text.split(':').collect();
+        let (host, sandbox, readonly) = match parts.as_slice() {
+            [host, sandbox] => (*host, *sandbox, false),
+            [host, sandbox, "ro"] => (*host, *sandbox, true),
+            [host, sandbox, "rw"] => (*host, *sandbox, false),
+            [_, _, option] => {
+                self.error(
+                    span,
+                    format!("volume {text:?} has unknown option {option:?}"),
+                    "the only options are `ro` (read-only) and `rw` (default)",
+                );
+                return None;
+            }
+            _ => {
+                self.error(
+                    span,
+                    format!("volume {text:?} is not HOST:SANDBOX[:ro]"),
+                    HINT,
+                );
+                return None;
+            }
+        };
+        let host_path = if host == "~" || host.starts_with("~/") {
+            let rest = host.trim_start_matches('~').trim_start_matches('/');
+            if rest.split('/').any(|part| part == "..") {
+                self.error(
+                    span,
+                    format!("volume host path {host:?} contains `..`"),
+                    HINT,
+                );
+                return None;
+            }
+            let joined = self.home.join(rest);
+            self.absolute_path(
+                &joined.to_string_lossy(),
+                span,
+                "volumes (host side)",
+                "\"~/.claude:/root/.claude\"",
+            )?
+        } else if host.starts_with('~') {
+            self.error(
+                span,
+                format!("volume host path {host:?}: only ~/ (the developer's home) is supported"),
+                HINT,
+            );
+            return None;
+        } else {
+            self.absolute_path(
+                host,
+                span,
+                "volumes (host side)",
+                "\"/srv/data:/data\" or \"~/.claude:/root/.claude\"",
+            )?
+        };
+        let sandbox_path = self.absolute_path(
+            sandbox,
+            span,
+            "volumes (sandbox side)",
+            "\"~/.claude:/root/.claude\"",
+        )?;
+        Some(Volume {
+            host: host_path,
+            sandbox: sandbox_path,
+            readonly,
+            written: text.to_string(),
+            origin: self.map.origin(span),
+        })
+    }
+}
+
+const NAME_HINT: &str = "names use letters, digits, `-` and `_`, start with a letter or digit, and have at most 32 characters";
+
+/// Profile and rule names: they end up in directory and kernel object names.
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 32
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn valid_env_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+fn valid_hostname(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+                && label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+        })
+}
+
+fn parse_user(text: &str) -> Option<UserChoice> {
+    match text {
+        "developer" => Some(UserChoice::Developer),
+        "root" => Some(UserChoice::Root),
+        _ => {
+            let (uid, gid) = text.split_once(':')?;
+            let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            if !digits(uid) || !digits(gid) {
+                return None;
+            }
+            Some(UserChoice::Id {
+                uid: uid.parse().ok()?,
+                gid: gid.parse().ok()?,
+            })
+        }
+    }
+}
+
+fn parse_size(text: &str) -> Option<u64> {
+    let digits_end = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(digits_end);
+    if number.is_empty() {
+        return None;
+    }
+    let shift = match unit {
+        "" | "B" => 0,
+        "K" | "KiB" => 10,
+        "M" | "MiB" => 20,
+        "G" | "GiB" => 30,
+        "T" | "TiB" => 40,
+        _ => return None,
+    };
+    number
+        .parse::<u64>()
+        .ok()?
+        .checked_mul(1u64 << shift)
+        // TOML integers are i64: keep every limit representable in `config show`.
+        .filter(|n| *n > 0 && i64::try_from(*n).is_ok())
+}
+
+/// `line L column C` of an origin, for messages about the same file.
+fn short_origin(origin: &str) -> String {
+    match parse_origin_position(origin) {
+        Some((line, column)) => format!("line {line} column {column}"),
+        None => origin.to_string(),
+    }
+}
+
+/// Recovers (line, column) from an `origin` string `FILE:LINE:COLUMN`.
+fn parse_origin_position(origin: &str) -> Option<(usize, usize)> {
+    let mut parts = origin.rsplitn(3, ':');
+    let column = parts.next()?.parse().ok()?;
+    let line = parts.next()?.parse().ok()?;
+    Some((line, column))
+}
+
+enum PathProblem {
+    Empty,
+    Relative,
+    DotDot,
+}
+
+/// Absolute path with `.` and repeated `/` removed; `..` is refused rather
+/// than resolved (resolving it lexically can be wrong under symlinks).
+fn normalise_absolute(text: &str) -> Result<PathBuf, PathProblem> {
+    if text.is_empty() {
+        return Err(PathProblem::Empty);
+    }
+    if !text.starts_with('/') {
+        return Err(PathProblem::Relative);
+    }
+    let mut out = PathBuf::from("/");
+    for component in Path::new(text).components() {
+        match component {
+            Component::RootDir | Component::CurDir => {}
+            Component::ParentDir => return Err(PathProblem::DotDot),
+            Component::Normal(part) => out.push(part),
+            Component::Prefix(_) => return Err(PathProblem::Relative),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512M"), Some(512 << 20));
+        assert_eq!(parse_size("4GiB"), Some(4 << 30));
+        assert_eq!(parse_size("100"), Some(100));
+        assert_eq!(parse_size("0"), None);
+        assert_eq!(parse_size("4 G"), None);
+        assert_eq!(parse_size("G"), None);
+        assert_eq!(parse_size("99999999999T"), None);
+    }
+
+    #[test]
+    fn users() {
+        assert_eq!(parse_user("developer"), Some(UserChoice::Developer));
+        assert_eq!(parse_user("root"), Some(UserChoice::Root));
+        assert_eq!(
+            parse_user("1000:100"),
+            Some(UserChoice::Id {
+                uid: 1000,
+                gid: 100
+            })
+        );
+        assert_eq!(parse_user("1000"), None);
+        assert_eq!(parse_user("bob:1"), None);
+        assert_eq!(parse_user("-1:1"), None);
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_name("claude"));
+        assert!(valid_name("my_agent-2"));
+        assert!(!valid_name("-x"));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name(""));
+        assert!(valid_env_name("_X1"));
+        assert!(!valid_env_name("1X"));
+        assert!(!valid_env_name("A-B"));
+        assert!(valid_hostname("agent-box.local"));
+        assert!(!valid_hostname("-bad"));
+        assert!(!valid_hostname("a..b"));
+    }
+
+    #[test]
+    fn paths_are_normalised() {
+        assert_eq!(
+            normalise_absolute("/usr//local/./bin/").ok(),
+            Some(PathBuf::from("/usr/local/bin"))
+        );
+        assert!(matches!(
+            normalise_absolute("usr"),
+            Err(PathProblem::Relative)
+        ));
+        assert!(matches!(
+            normalise_absolute("/usr/../etc"),
+            Err(PathProblem::DotDot)
+        ));
+        assert_eq!(parse_origin_position("/a:b/c.toml:12:5"), Some((12, 5)));
+    }
+}

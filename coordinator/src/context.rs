@@ -1,0 +1,238 @@
+//! Everything a command needs to know before it touches a sandbox: who the
+//! developer is, which configuration and profile, which workspace and Domain,
+//! where state lives, which image. Resolving it has no side effects beyond
+//! creating Lazaret's own state directories.
+
+use std::ffi::OsString;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
+use lazaret_oci::{ImageRecord, ImageStore};
+use lazaret_runtime::Platform;
+
+use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
+use crate::identity::{self, Developer, DomainId, IdentityError, StatePaths, Workspace};
+
+/// Why the context could not be resolved. Each message names the cause and
+/// the fix.
+#[derive(Debug, thiserror::Error)]
+pub enum ContextError {
+    /// Lazaret is not running as root.
+    #[error("lazaret must run as root (it creates namespaces, mounts and gVisor sandboxes); run it with sudo")]
+    NotRoot,
+    /// Configuration problems.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The configuration would be visible inside the sandbox.
+    #[error(transparent)]
+    Confinement(#[from] ConfinementError),
+    /// Developer, workspace or state directories.
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    /// The image store.
+    #[error(transparent)]
+    Image(#[from] lazaret_oci::ImageError),
+    /// The profile's image is not in the store.
+    #[error("image {image:?} of profile {profile:?} is not in the image store ({store})\n  hint: import it with `lazaret image import {image} SOURCE` (a rootfs directory or tarball, an OCI layout or an oci-archive); registry pulls are not supported yet")]
+    ImageMissing {
+        /// The profile.
+        profile: String,
+        /// The image name.
+        image: String,
+        /// The store directory.
+        store: PathBuf,
+    },
+    /// A host directory Lazaret manages could not be prepared.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+/// Refuses to go on unless the effective uid is 0.
+pub fn require_root() -> Result<(), ContextError> {
+    if nix::unistd::geteuid().is_root() { Ok(()) } else { Err(ContextError::NotRoot) }
+}
+
+/// The resolved facts of one invocation.
+pub struct Context {
+    /// Who asked.
+    pub developer: Developer,
+    /// The validated configuration.
+    pub config: Config,
+    /// The selected profile.
+    pub profile: Profile,
+    /// The workspace (canonical git top level).
+    pub workspace: Workspace,
+    /// The Domain of (profile, workspace).
+    pub domain_id: DomainId,
+    /// Storage Root and runtime directory.
+    pub paths: StatePaths,
+}
+
+impl Context {
+    /// Resolves developer, configuration, profile, workspace and Domain, and
+    /// checks ConfigurationConfinement.
+    pub fn resolve(config_path: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<Context, ContextError> {
+        let developer = Developer::from_process()?;
+        let config = load_config(config_path, &developer)?;
+        let profile = config.select_profile(profile)?.clone();
+        let workspace = Workspace::discover(dir)?;
+        config::check_confinement(&config.file, &profile.host_mounts(workspace.root()))?;
+        let domain_id = DomainId::new(&profile.name, &workspace);
+        let paths = StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
+        Ok(Context { developer, config, profile, workspace, domain_id, paths })
+    }
+
+    /// The image store under the Storage Root.
+    pub fn image_store(config: &Config) -> Result<ImageStore, ContextError> {
+        identity::ensure_storage_root(&config.storage_root)?;
+        Ok(ImageStore::open(&config.storage_root.join("images"))?)
+    }
+
+    /// The profile's image, or an error saying how to get it.
+    pub fn image(&self) -> Result<ImageRecord, ContextError> {
+        let store = Self::image_store(&self.config)?;
+        store.get(&self.profile.image)?.ok_or_else(|| ContextError::ImageMissing {
+            profile: self.profile.name.clone(),
+            image: self.profile.image.clone(),
+            store: self.config.storage_root.join("images"),
+        })
+    }
+
+    /// Creates (or verifies) the developer's runtime directory and this
+    /// Domain's directory inside it, and returns the latter.
+    pub fn domain_runtime_dir(&self) -> Result<PathBuf, ContextError> {
+        identity::ensure_runtime_dir(&self.paths.runtime_dir, &self.developer)?;
+        let dir = self.paths.domain_runtime_dir(&self.domain_id);
+        identity::ensure_private_dir(&dir, 0, 0)?;
+        Ok(dir)
+    }
+
+    /// The gVisor platform from the configuration.
+    pub fn runsc_platform(&self) -> Platform {
+        match self.config.runsc.platform {
+            config::Platform::Systrap => Platform::Systrap,
+            config::Platform::Ptrace => Platform::Ptrace,
+            config::Platform::Kvm => Platform::Kvm,
+        }
+    }
+
+    /// The uid and gid the agent runs as.
+    pub fn agent_ids(&self) -> (u32, u32) {
+        self.profile.user.ids(&self.developer)
+    }
+
+    /// The agent's working directory: where the developer stands if that is
+    /// inside the workspace, else the workspace root.
+    pub fn agent_cwd(&self) -> PathBuf {
+        self.workspace.root().join(self.workspace.subdir())
+    }
+
+    /// The agent's home directory inside the sandbox.
+    pub fn agent_home(&self) -> PathBuf {
+        let (uid, _) = self.agent_ids();
+        if uid == 0 { PathBuf::from("/root") } else { PathBuf::from("/home").join(&self.developer.name) }
+    }
+
+    /// For a non-root agent, a persistent home directory in the Domain Root,
+    /// owned by the agent, bound at [`Context::agent_home`]. Root's home is
+    /// the image's /root.
+    pub fn prepare_home(&self, uid: u32, gid: u32) -> Result<Option<BindMount>, ContextError> {
+        if uid == 0 {
+            return Ok(None);
+        }
+        self.paths.ensure_storage()?;
+        let root = self.paths.ensure_domain_root(&self.domain_id)?;
+        let home = root.join("home");
+        match std::fs::symlink_metadata(&home) {
+            Ok(m) if m.is_dir() && m.uid() == uid => {}
+            Ok(_) => {
+                return Err(ContextError::Io {
+                    context: format!("{} is not a directory owned by uid {uid}", home.display()),
+                    source: std::io::Error::other("remove it to get a fresh home"),
+                })
+            }
+            Err(_) => {
+                std::fs::DirBuilder::new().mode(0o700).create(&home).map_err(|source| ContextError::Io { context: format!("creating {}", home.display()), source })?;
+                nix::unistd::chown(&home, Some(uid.into()), Some(gid.into())).map_err(|e| ContextError::Io { context: format!("chown {}", home.display()), source: e.into() })?;
+            }
+        }
+        Ok(Some(BindMount { source: home, destination: self.agent_home(), readonly: false }))
+    }
+
+    /// The environment of the agent: the image's, then Lazaret's defaults,
+    /// then the profile's (`env:NAME` values taken from `host_env`; a missing
+    /// one is left out with a warning on stderr).
+    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Vec<(String, String)> {
+        let mut env: Vec<(String, String)> = Vec::new();
+        let mut set = |k: &str, v: String| {
+            env.retain(|(key, _)| key != k);
+            env.push((k.to_string(), v));
+        };
+        for kv in &image.config.env {
+            if let Some((k, v)) = kv.split_once('=') {
+                set(k, v.to_string());
+            }
+        }
+        if !image.config.env.iter().any(|kv| kv.starts_with("PATH=")) {
+            set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+        }
+        set("HOME", self.agent_home().to_string_lossy().into_owned());
+        set("USER", if self.agent_ids().0 == 0 { "root".into() } else { self.developer.name.clone() });
+        set("LAZARET_PROFILE", self.profile.name.clone());
+        set("LAZARET_DOMAIN", self.domain_id.to_string());
+        if tty {
+            let term = host_env("TERM").map(|t| t.to_string_lossy().into_owned()).unwrap_or_else(|| "xterm".into());
+            set("TERM", term);
+        }
+        for (name, value) in &self.profile.env {
+            match value.resolve(host_env) {
+                Some(v) => set(name, v.to_string_lossy().into_owned()),
+                None => eprintln!("lazaret: warning: {name} is not set in your environment, so profile {:?} runs without it (under sudo, pass it with `sudo --preserve-env={name}`)", self.profile.name),
+            }
+        }
+        env
+    }
+
+    /// The OCI bundle description for the agent. The caller fills in the
+    /// rootfs and cgroups path of this particular run.
+    pub fn bundle_spec(&self, image: &ImageRecord, args: &[String], tty: bool) -> Result<BundleSpec, ContextError> {
+        let (uid, gid) = self.agent_ids();
+        let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
+        let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
+        for v in &self.profile.volumes {
+            mounts.push(BindMount { source: v.host.clone(), destination: v.sandbox.clone(), readonly: v.readonly });
+        }
+        let lookup = |name: &str| std::env::var_os(name);
+        Ok(BundleSpec {
+            args: argv,
+            env: self.agent_env(image, &lookup, tty),
+            cwd: self.agent_cwd(),
+            uid,
+            gid,
+            additional_gids: Vec::new(),
+            hostname: self.profile.hostname.clone().unwrap_or_else(|| format!("lazaret-{}", self.profile.name)),
+            terminal: tty,
+            rootfs: PathBuf::new(),
+            mounts,
+            network_namespace: None,
+            cgroups_path: String::new(),
+            capabilities: if uid == 0 { CapabilityPolicy::DefaultRoot } else { CapabilityPolicy::None },
+            rlimits: Vec::new(),
+            memory_limit: self.profile.memory_limit.map(|m| m as i64),
+            pids_limit: self.profile.pids_limit.map(|m| m as i64),
+        })
+    }
+}
+
+/// Finds and loads the configuration (`--config`, `$LAZARET_CONFIG`, the
+/// developer's XDG config).
+pub fn load_config(cli: Option<&Path>, developer: &Developer) -> Result<Config, ConfigError> {
+    let lookup = |name: &str| std::env::var_os(name);
+    Config::discover(cli, &lookup, developer)
+}

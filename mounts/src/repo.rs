@@ -1,0 +1,234 @@
+//! Locating a repository's git directories from inside a hostile workspace.
+//!
+//! A `.git` directory is used in place. A `.git` *file* (`gitdir: PATH`, used
+//! by submodules and linked worktrees) is followed only when its target is
+//! inside the workspace, or, when it is outside, only if it is a genuine
+//! linked worktree: the target's own `gitdir` back-link (written by `git
+//! worktree add`, outside the workspace and so out of the agent's reach)
+//! names exactly this workspace's `.git` file. Anything else is refused.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
+
+use crate::error::MountError;
+use crate::gitconfig::GitConfig;
+use crate::safe_path::{self, FileKind};
+
+/// Largest config / pointer file Lazaret reads (git's own files are tiny).
+pub(crate) const SMALL_FILE_LIMIT: u64 = 1 << 20;
+
+/// Where a git directory lives.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum GitDirPath {
+    /// Inside the workspace, relative to the workspace root.
+    Inside(PathBuf),
+    /// Outside the workspace (a validated linked worktree), absolute.
+    Outside(PathBuf),
+}
+
+impl GitDirPath {
+    /// Opens this directory (`O_PATH`) without following symlinks: relative
+    /// to the workspace when inside, relative to `/` when outside.
+    pub fn open(&self, workspace: BorrowedFd<'_>) -> Result<OwnedFd, MountError> {
+        match self {
+            GitDirPath::Inside(rel) => safe_path::open_dir_beneath(workspace, rel),
+            GitDirPath::Outside(abs) => open_absolute_dir(abs),
+        }
+    }
+
+    /// The path itself (workspace-relative or absolute), for messages.
+    pub fn display_path(&self) -> &Path {
+        match self {
+            GitDirPath::Inside(p) | GitDirPath::Outside(p) => p,
+        }
+    }
+
+    /// Reads the small regular file `name` in this directory (`None` if
+    /// missing); errors name the full path.
+    pub fn read_file(&self, workspace: BorrowedFd<'_>, name: &str) -> Result<Option<Vec<u8>>, MountError> {
+        let dir = self.open(workspace)?;
+        safe_path::read_beneath(dir.as_fd(), Path::new(name), SMALL_FILE_LIMIT)
+            .map_err(|e| safe_path::rename_error_path(e, &self.display_path().join(name)))
+    }
+
+    /// The path of `name` inside this directory (for messages and plans).
+    pub fn join(&self, name: impl AsRef<Path>) -> GitDirPath {
+        match self {
+            GitDirPath::Inside(p) => GitDirPath::Inside(p.join(name)),
+            GitDirPath::Outside(p) => GitDirPath::Outside(p.join(name)),
+        }
+    }
+}
+
+/// A repository found at some directory of the workspace.
+#[derive(Debug, Clone)]
+pub struct RepoLocation {
+    /// The work tree root, relative to the workspace root ("" = workspace).
+    pub worktree: PathBuf,
+    /// The per-worktree git directory (`$GIT_DIR`).
+    pub git_dir: GitDirPath,
+    /// The common directory (`$GIT_COMMON_DIR`; same as `git_dir` unless
+    /// this is a linked worktree).
+    pub common_dir: GitDirPath,
+    /// True when the work tree's `.git` is a file (`gitdir:` indirection).
+    pub dot_git_is_file: bool,
+}
+
+/// Opens an absolute host path (outside the workspace) as a directory,
+/// refusing symlinks in any component.
+pub(crate) fn open_absolute_dir(abs: &Path) -> Result<OwnedFd, MountError> {
+    let root = safe_path::open_root_dir(Path::new("/"))?;
+    let rel = abs.strip_prefix("/").map_err(|_| MountError::refused(abs, "expected an absolute path"))?;
+    safe_path::open_dir_beneath(root.as_fd(), rel).map_err(|e| match e {
+        MountError::Refused { reason, .. } => MountError::refused(abs, reason),
+        other => other,
+    })
+}
+
+/// Lexically normalises `path` (no filesystem access): removes `.`, applies
+/// `..`. Returns `None` if `..` climbs above the start of a relative path.
+pub(crate) fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            Component::RootDir => out.push("/"),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::Normal(name) => out.push(name),
+            Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// Finds the repository whose work tree is `worktree` (relative to the
+/// workspace), if `worktree/.git` exists. `workspace_abs` is the canonical
+/// absolute workspace path (to interpret absolute `gitdir:` values).
+pub fn locate(
+    workspace: BorrowedFd<'_>,
+    workspace_abs: &Path,
+    worktree: &Path,
+) -> Result<Option<RepoLocation>, MountError> {
+    let dot_git = worktree.join(".git");
+    let Some(fd) = safe_path::open_path_beneath(workspace, &dot_git)? else {
+        return Ok(None);
+    };
+    match safe_path::file_kind(fd.as_fd())? {
+        FileKind::Directory => {
+            // git honours `$GIT_DIR/commondir` in any git dir; in a main
+            // repository's `.git` it can only have been planted, and would
+            // redirect git (config, hooks) to an unprotected place.
+            if safe_path::open_path_beneath(fd.as_fd(), Path::new("commondir"))?.is_some() {
+                return Err(MountError::refused(
+                    dot_git.join("commondir"),
+                    "a repository's own .git directory must not contain `commondir` (it redirects git to another config); remove it",
+                ));
+            }
+            let git_dir = GitDirPath::Inside(dot_git);
+            Ok(Some(RepoLocation { worktree: worktree.to_owned(), common_dir: git_dir.clone(), git_dir, dot_git_is_file: false }))
+        }
+        FileKind::Symlink => Err(MountError::refused(
+            &dot_git,
+            "the .git entry is a symlink; Lazaret cannot protect a git directory reached through a symlink (replace it with the real directory or a `gitdir:` file)",
+        )),
+        FileKind::Regular => {
+            let contents = safe_path::read_beneath(workspace, &dot_git, SMALL_FILE_LIMIT)?.unwrap_or_default();
+            let text = String::from_utf8_lossy(&contents);
+            let target = text
+                .lines()
+                .next()
+                .and_then(|l| l.strip_prefix("gitdir:"))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .ok_or_else(|| MountError::refused(&dot_git, "a .git file must start with `gitdir: PATH`"))?;
+            let git_dir = resolve_gitdir_pointer(workspace_abs, worktree, Path::new(target))
+                .ok_or_else(|| MountError::refused(&dot_git, format!("cannot resolve gitdir {target:?}")))?;
+            if let GitDirPath::Outside(abs) = &git_dir {
+                validate_linked_worktree(abs, &workspace_abs.join(&dot_git))?;
+            }
+            let common_dir = common_dir_of(workspace, &git_dir)?;
+            Ok(Some(RepoLocation { worktree: worktree.to_owned(), git_dir, common_dir, dot_git_is_file: true }))
+        }
+        FileKind::Other => Err(MountError::refused(&dot_git, "the .git entry is neither a directory nor a file")),
+    }
+}
+
+/// Turns a `gitdir:` value into a path inside or outside the workspace.
+fn resolve_gitdir_pointer(workspace_abs: &Path, worktree: &Path, target: &Path) -> Option<GitDirPath> {
+    let absolute = if target.is_absolute() {
+        normalize(target)?
+    } else {
+        normalize(&workspace_abs.join(worktree).join(target))?
+    };
+    match absolute.strip_prefix(workspace_abs) {
+        Ok(rel) => Some(GitDirPath::Inside(rel.to_owned())),
+        Err(_) => Some(GitDirPath::Outside(absolute)),
+    }
+}
+
+/// A git directory outside the workspace is accepted only if its `gitdir`
+/// back-link names our `.git` file, as `git worktree add` writes it.
+fn validate_linked_worktree(git_dir: &Path, dot_git_abs: &Path) -> Result<(), MountError> {
+    let dir = open_absolute_dir(git_dir)?;
+    let back = safe_path::read_beneath(dir.as_fd(), Path::new("gitdir"), SMALL_FILE_LIMIT)?
+        .ok_or_else(|| {
+            MountError::refused(git_dir, "points outside the workspace but is not a linked worktree directory (no `gitdir` back-link)")
+        })?;
+    let back = String::from_utf8_lossy(&back);
+    if normalize(Path::new(back.trim())).as_deref() != Some(dot_git_abs) {
+        return Err(MountError::refused(
+            git_dir,
+            format!(
+                "its `gitdir` back-link names {:?}, not this workspace's {}; refusing to mount a git directory the workspace merely points at",
+                back.trim(),
+                dot_git_abs.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `$GIT_COMMON_DIR`: the `commondir` file of a git dir (linked worktrees),
+/// else the git dir itself.
+fn common_dir_of(workspace: BorrowedFd<'_>, git_dir: &GitDirPath) -> Result<GitDirPath, MountError> {
+    let Some(raw) = git_dir.read_file(workspace, "commondir")? else {
+        return Ok(git_dir.clone());
+    };
+    let text = String::from_utf8_lossy(&raw);
+    let value = Path::new(text.trim());
+    let combined = match git_dir {
+        GitDirPath::Inside(rel) => {
+            if value.is_absolute() {
+                return Err(MountError::refused(rel.join("commondir"), "absolute commondir inside the workspace is not supported"));
+            }
+            let joined = normalize(&rel.join(value))
+                .filter(|p| !p.starts_with(".."))
+                .ok_or_else(|| MountError::refused(rel.join("commondir"), "commondir escapes the workspace"))?;
+            GitDirPath::Inside(joined)
+        }
+        GitDirPath::Outside(abs) => {
+            let joined = normalize(&abs.join(value))
+                .ok_or_else(|| MountError::refused(abs.join("commondir"), "invalid commondir"))?;
+            GitDirPath::Outside(joined)
+        }
+    };
+    // It must exist and be a real directory.
+    combined.open(workspace)?;
+    Ok(combined)
+}
+
+/// Reads the repository's effective config: `common_dir/config`, then
+/// `git_dir/config.worktree` when `extensions.worktreeConfig` is set.
+pub fn read_repo_config(workspace: BorrowedFd<'_>, repo: &RepoLocation) -> Result<GitConfig, MountError> {
+    let mut config = GitConfig::parse(&repo.common_dir.read_file(workspace, "config")?.unwrap_or_default());
+    if config.get_bool("extensions", "worktreeConfig") == Some(true) {
+        if let Some(raw) = repo.git_dir.read_file(workspace, "config.worktree")? {
+            config.merge(GitConfig::parse(&raw));
+        }
+    }
+    Ok(config)
+}

@@ -1,0 +1,268 @@
+//! The syscall layer: the only place in this crate that talks to the kernel's
+//! mount machinery, and the only place with `unsafe` code.
+//!
+//! Every function here works on the *calling thread's* mount namespace. Call
+//! [`enter_private_mount_namespace`] first (on the coordinator's main thread,
+//! before spawning threads; threads spawned afterwards inherit it) so that no
+//! mount made by Lazaret is visible in the host's mount table and every one of
+//! them disappears when the process exits.
+//!
+//! Mounts from file descriptors ([`bind_mount_fd`]) use the new mount API
+//! (`open_tree(OPEN_TREE_CLONE)` + `mount_setattr` + `move_mount`, Linux >=
+//! 5.12): the clone is made read-only *before* it is attached, so a read-only
+//! bind is never writable, not even briefly, and no path is resolved again
+//! after the fds were opened.
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use nix::errno::Errno;
+use nix::mount::{MntFlags, MsFlags};
+use nix::sched::CloneFlags;
+
+use crate::error::MountError;
+
+/// `open_tree(2)` flag: make a detached copy of the mount (include/uapi/linux/mount.h).
+const OPEN_TREE_CLONE: libc::c_uint = 1;
+/// `move_mount(2)` flag: the source is the fd itself (empty path).
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x04;
+/// `move_mount(2)` flag: the target is the fd itself (empty path).
+const MOVE_MOUNT_T_EMPTY_PATH: libc::c_uint = 0x40;
+/// `mount_setattr(2)` attribute: read-only.
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// `struct mount_attr` from include/uapi/linux/mount.h (`MOUNT_ATTR_SIZE_VER0`).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Moves the calling thread into a new mount namespace whose mounts are all
+/// private (`unshare(CLONE_NEWNS)` then `mount("", "/", MS_REC|MS_PRIVATE)`).
+///
+/// Only the calling thread changes namespace; threads it spawns later inherit
+/// the new one. Call it while the process is single-threaded (or on a
+/// dedicated thread that does all mount work). Nothing mounted afterwards
+/// propagates to the host, and the kernel drops every such mount when the
+/// last thread of the namespace exits.
+pub fn enter_private_mount_namespace() -> Result<(), MountError> {
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS)
+        .map_err(|e| MountError::sys("unshare(CLONE_NEWNS)", "/", e))?;
+    nix::mount::mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| MountError::sys("mount(MS_REC|MS_PRIVATE)", "/", e))
+}
+
+/// Mounts an overlayfs at `target` with the given lower layers (first one is
+/// the top-most lower layer), upper and work directories.
+///
+/// Paths containing `,`, `:` or `\` (the separators of overlayfs' option
+/// string) are refused rather than escaped: every path given here is made by
+/// Lazaret itself under trusted directories, so such a character means a
+/// misconfigured storage or image path. `index=off` is passed so that an
+/// upper layer made over an older image can still be mounted over a new one
+/// (State Anchor's keep-on-digest-change behaviour).
+pub fn mount_overlay(
+    lower: &[&Path],
+    upper: &Path,
+    work: &Path,
+    target: &Path,
+) -> Result<(), MountError> {
+    if lower.is_empty() {
+        return Err(MountError::refused(
+            target,
+            "an overlay needs at least one lower directory",
+        ));
+    }
+    let mut lowerdir = Vec::new();
+    for (index, layer) in lower.iter().enumerate() {
+        if index > 0 {
+            lowerdir.push(b':');
+        }
+        lowerdir.extend_from_slice(overlay_option_path(layer)?);
+    }
+    let mut options = b"lowerdir=".to_vec();
+    options.extend_from_slice(&lowerdir);
+    options.extend_from_slice(b",upperdir=");
+    options.extend_from_slice(overlay_option_path(upper)?);
+    options.extend_from_slice(b",workdir=");
+    options.extend_from_slice(overlay_option_path(work)?);
+    options.extend_from_slice(b",index=off");
+    nix::mount::mount(
+        Some("overlay"),
+        target,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(OsStr::from_bytes(&options)),
+    )
+    .map_err(|e| MountError::sys("mount overlay", target, e))
+}
+
+/// Returns the bytes of `path` if it can appear in an overlayfs option string.
+fn overlay_option_path(path: &Path) -> Result<&[u8], MountError> {
+    let bytes = path.as_os_str().as_bytes();
+    if !path.is_absolute() {
+        return Err(MountError::refused(
+            path,
+            "overlay layer paths must be absolute",
+        ));
+    }
+    if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
+        return Err(MountError::refused(
+            path,
+            "overlay layer paths may not contain ',', ':' or '\\'; move the storage root or image to a plainer path",
+        ));
+    }
+    Ok(bytes)
+}
+
+/// Bind-mounts `source` onto `target` (non-recursive `MS_BIND`), then, when
+/// `readonly`, remounts it `MS_BIND|MS_REMOUNT|MS_RDONLY`.
+///
+/// Both paths are resolved by the kernel with the usual symlink following:
+/// use it only for trusted paths (run directory, Domain Root). For anything
+/// inside a workspace use [`bind_mount_fd`].
+pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<(), MountError> {
+    nix::mount::mount(
+        Some(source),
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND,
+        None::<&str>,
+    )
+    .map_err(|e| MountError::sys("bind mount", target, e))?;
+    if readonly {
+        let remount = nix::mount::mount(
+            None::<&str>,
+            target,
+            None::<&str>,
+            MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY,
+            None::<&str>,
+        );
+        if let Err(errno) = remount {
+            // Never leave a writable bind behind when a read-only one was asked for.
+            let _ = nix::mount::umount2(target, MntFlags::MNT_DETACH);
+            return Err(MountError::sys("read-only remount", target, errno));
+        }
+    }
+    Ok(())
+}
+
+/// Bind-mounts the file or directory `source` refers to onto the one `target`
+/// refers to, both given as (typically `O_PATH | O_NOFOLLOW`) fds.
+///
+/// Uses the new mount API: `open_tree(source, OPEN_TREE_CLONE)` makes a
+/// detached, non-recursive copy of the source, `mount_setattr` makes it
+/// read-only when asked (before it is visible anywhere), and `move_mount`
+/// attaches it on top of `target`. No path is resolved, so a workspace that
+/// changes under our feet cannot redirect the mount.
+pub fn bind_mount_fd(
+    source: BorrowedFd<'_>,
+    target: BorrowedFd<'_>,
+    readonly: bool,
+) -> Result<(), MountError> {
+    let tree = open_tree_clone(source)?;
+    if readonly {
+        set_mount_readonly(tree.as_fd())?;
+    }
+    move_mount_onto(tree.as_fd(), target)
+}
+
+/// Unmounts `target` (never following a symlink at its last component);
+/// `detach` makes it a lazy unmount (`MNT_DETACH`).
+pub fn unmount(target: &Path, detach: bool) -> Result<(), MountError> {
+    let mut flags = MntFlags::UMOUNT_NOFOLLOW;
+    if detach {
+        flags |= MntFlags::MNT_DETACH;
+    }
+    nix::mount::umount2(target, flags).map_err(|e| MountError::sys("umount", target, e))
+}
+
+/// The empty path used with `AT_EMPTY_PATH`-style flags.
+const EMPTY_PATH: &CStr = c"";
+
+/// `open_tree(fd, "", OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | AT_EMPTY_PATH)`.
+fn open_tree_clone(source: BorrowedFd<'_>) -> Result<OwnedFd, MountError> {
+    let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
+    // SAFETY: open_tree takes an fd, a NUL-terminated path (a static empty C
+    // string here) and flags; it reads nothing else from our memory.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_open_tree,
+            source.as_raw_fd(),
+            EMPTY_PATH.as_ptr(),
+            flags,
+        )
+    };
+    if ret < 0 {
+        return Err(MountError::sys("open_tree", fd_path(source), Errno::last()));
+    }
+    let raw = libc::c_int::try_from(ret)
+        .map_err(|_| MountError::sys("open_tree", fd_path(source), Errno::EBADF))?;
+    // SAFETY: on success open_tree returns a new fd that nothing else owns.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw) })
+}
+
+/// `mount_setattr(tree, "", AT_EMPTY_PATH, {attr_set: MOUNT_ATTR_RDONLY})`.
+fn set_mount_readonly(tree: BorrowedFd<'_>) -> Result<(), MountError> {
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: `attr` is a valid, initialised `struct mount_attr` that lives
+    // for the whole call and whose exact size is passed; the path is a static
+    // empty C string.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            tree.as_raw_fd(),
+            EMPTY_PATH.as_ptr(),
+            libc::AT_EMPTY_PATH as libc::c_uint,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
+    };
+    if ret < 0 {
+        return Err(MountError::sys("mount_setattr(RDONLY)", fd_path(tree), Errno::last()));
+    }
+    Ok(())
+}
+
+/// `move_mount(tree, "", target, "", MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH)`.
+fn move_mount_onto(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), MountError> {
+    // SAFETY: move_mount takes two fds, two NUL-terminated paths (static
+    // empty C strings) and flags; it keeps no pointer after returning.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_move_mount,
+            tree.as_raw_fd(),
+            EMPTY_PATH.as_ptr(),
+            target.as_raw_fd(),
+            EMPTY_PATH.as_ptr(),
+            MOVE_MOUNT_F_EMPTY_PATH | MOVE_MOUNT_T_EMPTY_PATH,
+        )
+    };
+    if ret < 0 {
+        return Err(MountError::sys("move_mount", fd_path(target), Errno::last()));
+    }
+    Ok(())
+}
+
+/// The path the kernel currently reports for an fd (for error messages only:
+/// never resolved again).
+pub(crate) fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .unwrap_or_else(|_| format!("fd {}", fd.as_raw_fd()).into())
+}

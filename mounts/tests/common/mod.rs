@@ -1,0 +1,55 @@
+//! Helpers shared by the privileged tests: every test that mounts does so on
+//! a dedicated thread that first enters its own private mount namespace, so
+//! nothing reaches the host's mount table, and the kernel drops the mounts
+//! when that thread ends (even if the test panics).
+
+#![allow(dead_code)]
+
+use std::path::Path;
+
+/// Runs `f` on a fresh thread inside a new private mount namespace and
+/// returns its result (a panic in `f` is re-raised here).
+pub fn in_private_mount_ns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    std::thread::scope(|scope| {
+        let handle = scope.spawn(|| {
+            lazaret_mounts::enter_private_mount_namespace().expect("enter private mount namespace (are we root?)");
+            f()
+        });
+        match handle.join() {
+            Ok(value) => value,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    })
+}
+
+/// The mount points (field 5) of a mountinfo file.
+pub fn mount_points(mountinfo: &str) -> Vec<String> {
+    let text = std::fs::read_to_string(mountinfo).expect("read mountinfo");
+    text.lines()
+        .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
+        .collect()
+}
+
+/// True if any mount point of the *host* namespace (the test process's main
+/// thread, which never unshares) lies at or beneath `path`.
+pub fn host_has_mount_under(path: &Path) -> bool {
+    let prefix = path.to_string_lossy().into_owned();
+    mount_points("/proc/self/mountinfo")
+        .iter()
+        .any(|mp| mp == &prefix || mp.starts_with(&format!("{prefix}/")))
+}
+
+/// True if the calling thread's own namespace has a mount exactly at `path`.
+pub fn thread_has_mount_at(path: &Path) -> bool {
+    let wanted = path.to_string_lossy().into_owned();
+    mount_points("/proc/thread-self/mountinfo").iter().any(|mp| mp == &wanted)
+}
+
+/// Skips (by returning true) when not running as root.
+pub fn not_root() -> bool {
+    if !nix::unistd::Uid::effective().is_root() {
+        eprintln!("skipping: privileged test needs root");
+        return true;
+    }
+    false
+}

@@ -1,0 +1,45 @@
+//! Build and teardown time of one Domain's topology (median and p90 over 20
+//! runs), entirely inside a test host namespace this program creates.
+//! Needs root: `cargo run -p lazaret-netpolicy --example topology_bench`.
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use lazaret_netpolicy::policy::{PolicyInput, parse_prefixes};
+use lazaret_netpolicy::topology::{DomainNetwork, TopologyConfig};
+
+const RUNS: usize = 20;
+
+fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * fraction).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn main() {
+    let net = support::FakeInternet::new();
+    let config = TopologyConfig::new(net.state_file());
+    let input = PolicyInput {
+        allow: parse_prefixes(&[("10.222.0.0/16", "bench:1:1")]).expect("prefix"),
+        dns: vec![IpAddr::V4(support::RESOLVER)],
+        ..PolicyInput::default()
+    };
+    let mut builds = Vec::with_capacity(RUNS);
+    let mut teardowns = Vec::with_capacity(RUNS);
+    for run in 0..RUNS {
+        let start = Instant::now();
+        let domain = DomainNetwork::create(&net.host, &config, &input).unwrap_or_else(|e| panic!("run {run}: {e}"));
+        builds.push(start.elapsed());
+        let start = Instant::now();
+        domain.teardown().unwrap_or_else(|e| panic!("run {run}: teardown: {e}"));
+        teardowns.push(start.elapsed());
+    }
+    builds.sort();
+    teardowns.sort();
+    let rules = lazaret_netpolicy::policy::compile(&input).map(|p| p.rules().len()).unwrap_or(0);
+    println!("Domain topology, {RUNS} runs, policy of ~{rules} rules (+ host/transit/pool rules), includes read-back verification:");
+    println!("  build    median {:>8.2?}  p90 {:>8.2?}", percentile(&builds, 0.5), percentile(&builds, 0.9));
+    println!("  teardown median {:>8.2?}  p90 {:>8.2?}", percentile(&teardowns, 0.5), percentile(&teardowns, 0.9));
+}

@@ -1,0 +1,675 @@
+//! The egress policy compiler: configuration + defaults -> a longest-prefix table.
+//!
+//! # Semantics
+//!
+//! * Every destination is decided by the rule with the **longest prefix** that
+//!   contains it. Each family always has a `/0` rule, so every address gets a verdict.
+//! * IPv4 defaults: `0.0.0.0/0` allowed (public destinations); RFC 1918
+//!   (`10/8`, `172.16/12`, `192.168/16`) and link-local `169.254/16` (cloud
+//!   metadata) denied; the host's own addresses, the Domain's transit/uplink
+//!   addresses and other Domains' addresses denied.
+//! * IPv6, when enabled, gets the equivalent policy: `::/0` allowed; ULA
+//!   `fc00::/7`, link-local `fe80::/10` and IPv4-mapped `::ffff:0:0/96` denied;
+//!   host, transit and other-Domain addresses denied. When disabled the table
+//!   holds a single `::/0` deny, so no IPv6 traffic leaves.
+//! * Configuration rules (`allow_egress`, `deny_egress`) on a prefix **equal** to a
+//!   default replace that default: `allow 10.0.0.0/8` is the explicit allow that
+//!   opens RFC 1918's 10/8, `deny 0.0.0.0/0` turns the Domain into allow-list mode.
+//!   More-specific config rules simply win by longest prefix.
+//! * Two config rules on the same prefix are an error: allow+deny is a conflict
+//!   naming both locations; the same prefix listed twice is a duplicate error.
+//! * DNS resolvers get host routes (`/32`, `/128`) allowed, even inside denied
+//!   ranges, and beat a default deny on the same host prefix (e.g. a resolver that
+//!   is a host address). A config `deny` of exactly a resolver's host prefix is a
+//!   conflict error. The allowance is for the whole address, not just port 53:
+//!   routes cannot match ports, and Lazaret enforces with routes only.
+//! * Among defaults on an equal prefix, deny wins.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::IpAddr;
+
+use crate::prefix::{Prefix, PrefixError};
+
+/// What happens to traffic towards a prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Action {
+    /// Forwarded out of the Domain's uplink.
+    Allow,
+    /// Rejected in the sidecar (`unreachable` route).
+    Deny,
+}
+
+impl fmt::Display for Action {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Action::Allow => "allow",
+            Action::Deny => "deny",
+        })
+    }
+}
+
+/// Why a rule is in the table.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
+pub enum RuleOrigin {
+    /// A built-in default; the text names it (e.g. "RFC 1918").
+    Default(&'static str),
+    /// An `allow_egress` / `deny_egress` entry; the text is its config location.
+    Config(String),
+    /// Reachability for one of the Domain's DNS resolvers.
+    Dns,
+    /// One of the host's own addresses.
+    HostAddress,
+    /// The Domain's own transit or uplink addresses.
+    DomainTransit,
+    /// Address space of other Domains (the Lazaret address pool).
+    OtherDomain,
+    /// IPv6 is disabled for this Domain.
+    Ipv6Disabled,
+}
+
+impl fmt::Display for RuleOrigin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            RuleOrigin::Default(what) => write!(f, "default: {what}"),
+            RuleOrigin::Config(location) => write!(f, "config: {location}"),
+            RuleOrigin::Dns => f.write_str("DNS resolver"),
+            RuleOrigin::HostAddress => f.write_str("default: host address"),
+            RuleOrigin::DomainTransit => f.write_str("default: Domain transit/uplink address"),
+            RuleOrigin::OtherDomain => f.write_str("default: other Domains (Lazaret pool)"),
+            RuleOrigin::Ipv6Disabled => f.write_str("IPv6 disabled for this Domain (ipv6 = false)"),
+        }
+    }
+}
+
+/// One row of the compiled table.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Rule {
+    /// Destination prefix.
+    pub prefix: Prefix,
+    /// Verdict for destinations whose longest match is this rule.
+    pub action: Action,
+    /// Where the rule came from.
+    pub origin: RuleOrigin,
+}
+
+/// Everything the compiler needs. The config parser fills `allow`, `deny`,
+/// `dns` and `ipv6`; the topology fills the host/Domain address fields.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyInput {
+    /// `allow_egress` prefixes with their config locations ("file:line:col").
+    pub allow: Vec<(Prefix, String)>,
+    /// `deny_egress` prefixes with their config locations.
+    pub deny: Vec<(Prefix, String)>,
+    /// The Domain's DNS resolvers (see [`crate::dns`]).
+    pub dns: Vec<IpAddr>,
+    /// Whether IPv6 is policed (true) or disabled (false) for the Domain.
+    pub ipv6: bool,
+    /// The host's own addresses (denied unless explicitly allowed).
+    pub host_addresses: Vec<IpAddr>,
+    /// The Domain's own transit/uplink addresses that the sandbox must not reach.
+    pub own_addresses: Vec<Prefix>,
+    /// Address space of other Domains (typically the whole Lazaret pool).
+    pub other_domains: Vec<Prefix>,
+}
+
+/// One thing wrong with a policy input.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PolicyProblem {
+    /// A prefix in the configuration does not parse.
+    #[error("{location}: {error}")]
+    InvalidPrefix {
+        /// Config location of the entry.
+        location: String,
+        /// The parse error.
+        error: PrefixError,
+    },
+    /// The same prefix is both allowed and denied.
+    #[error("{prefix} is both allowed (allow_egress at {allow_location}) and denied (deny_egress at {deny_location}); remove one of them")]
+    Conflict {
+        /// The contested prefix.
+        prefix: Prefix,
+        /// Location of the allow entry.
+        allow_location: String,
+        /// Location of the deny entry.
+        deny_location: String,
+    },
+    /// The same prefix is listed twice in one list.
+    #[error("{prefix} is listed twice in {list} (at {first_location} and {second_location}); remove one of them")]
+    Duplicate {
+        /// The repeated prefix.
+        prefix: Prefix,
+        /// `allow_egress` or `deny_egress`.
+        list: &'static str,
+        /// Location of the first entry.
+        first_location: String,
+        /// Location of the second entry.
+        second_location: String,
+    },
+    /// An IPv6 allow entry while IPv6 is disabled for the Domain.
+    #[error("{location}: {prefix} is an IPv6 allow entry but IPv6 is disabled for this Domain (ipv6 = false); remove it or set ipv6 = true")]
+    FamilyDisabled {
+        /// The IPv6 prefix.
+        prefix: Prefix,
+        /// Its config location.
+        location: String,
+    },
+    /// A DNS resolver's exact host prefix is denied by configuration.
+    #[error("DNS resolver {resolver} is denied by deny_egress at {deny_location}; remove that entry or choose other resolvers in `dns`")]
+    ResolverDenied {
+        /// The resolver.
+        resolver: IpAddr,
+        /// Location of the deny entry.
+        deny_location: String,
+    },
+    /// A DNS resolver the sandbox cannot use.
+    #[error("DNS resolver {resolver} cannot be used by the sandbox: {reason}")]
+    ResolverUnusable {
+        /// The resolver.
+        resolver: IpAddr,
+        /// Why.
+        reason: &'static str,
+    },
+}
+
+/// All the problems found in one policy input (never empty).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid egress policy:{}", .problems.iter().map(|p| format!("\n  - {p}")).collect::<String>())]
+pub struct PolicyError {
+    /// Every problem, in input order.
+    pub problems: Vec<PolicyProblem>,
+}
+
+/// Parses config prefix strings, collecting every invalid one with its location.
+///
+/// `entries` are `(text, location)` pairs as read from the configuration.
+pub fn parse_prefixes(entries: &[(&str, &str)]) -> Result<Vec<(Prefix, String)>, PolicyError> {
+    let mut parsed = Vec::new();
+    let mut problems = Vec::new();
+    for (text, location) in entries {
+        match text.parse::<Prefix>() {
+            Ok(prefix) => parsed.push((prefix, (*location).to_string())),
+            Err(error) => problems.push(PolicyProblem::InvalidPrefix {
+                location: (*location).to_string(),
+                error,
+            }),
+        }
+    }
+    if problems.is_empty() { Ok(parsed) } else { Err(PolicyError { problems }) }
+}
+
+/// The verdict for one destination and the rule that decided it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// Allow or deny.
+    pub action: Action,
+    /// The longest-prefix rule that matched.
+    pub rule: Rule,
+}
+
+impl fmt::Display for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} (rule {} {}, {})", self.action, self.rule.action, self.rule.prefix, self.rule.origin)
+    }
+}
+
+/// The compiled, conflict-free table: at most one rule per prefix.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct CompiledPolicy {
+    /// Rules sorted IPv4 first, then by descending prefix length, then address.
+    rules: Vec<Rule>,
+    /// The DNS resolvers the sandbox's resolv.conf names.
+    resolvers: Vec<IpAddr>,
+    /// Whether IPv6 is policed (true) or disabled (false).
+    ipv6: bool,
+}
+
+fn default_rules(input: &PolicyInput) -> Vec<Rule> {
+    let fixed = |text: &str, action, what: &'static str| {
+        text.parse::<Prefix>().ok().map(|prefix| Rule { prefix, action, origin: RuleOrigin::Default(what) })
+    };
+    let mut rules: Vec<Rule> = [
+        ("0.0.0.0/0", Action::Allow, "public IPv4"),
+        ("10.0.0.0/8", Action::Deny, "RFC 1918"),
+        ("172.16.0.0/12", Action::Deny, "RFC 1918"),
+        ("192.168.0.0/16", Action::Deny, "RFC 1918"),
+        ("169.254.0.0/16", Action::Deny, "link-local / cloud metadata"),
+    ]
+    .into_iter()
+    .filter_map(|(text, action, what)| fixed(text, action, what))
+    .collect();
+    if input.ipv6 {
+        rules.extend(
+            [
+                ("::/0", Action::Allow, "public IPv6"),
+                ("fc00::/7", Action::Deny, "IPv6 unique local (ULA)"),
+                ("fe80::/10", Action::Deny, "IPv6 link-local"),
+                ("::ffff:0:0/96", Action::Deny, "IPv4-mapped IPv6"),
+            ]
+            .into_iter()
+            .filter_map(|(text, action, what)| fixed(text, action, what)),
+        );
+    } else {
+        rules.push(Rule { prefix: Prefix::any(false), action: Action::Deny, origin: RuleOrigin::Ipv6Disabled });
+    }
+    let policed = |prefix: &Prefix| input.ipv6 || prefix.is_v4();
+    for address in &input.host_addresses {
+        let prefix = Prefix::host(*address);
+        if policed(&prefix) {
+            rules.push(Rule { prefix, action: Action::Deny, origin: RuleOrigin::HostAddress });
+        }
+    }
+    for prefix in input.own_addresses.iter().filter(|p| policed(p)) {
+        rules.push(Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::DomainTransit });
+    }
+    for prefix in input.other_domains.iter().filter(|p| policed(p)) {
+        rules.push(Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::OtherDomain });
+    }
+    rules
+}
+
+/// Compiles configuration and defaults into a table; reports every problem at once.
+pub fn compile(input: &PolicyInput) -> Result<CompiledPolicy, PolicyError> {
+    let mut problems = Vec::new();
+
+    // Config rules: at most one per prefix; allow+deny is a conflict.
+    let mut config: BTreeMap<Prefix, (Action, String)> = BTreeMap::new();
+    let lists = [(Action::Allow, "allow_egress", &input.allow), (Action::Deny, "deny_egress", &input.deny)];
+    for (action, list, entries) in lists {
+        for (prefix, location) in entries.iter() {
+            if action == Action::Allow && !input.ipv6 && !prefix.is_v4() {
+                problems.push(PolicyProblem::FamilyDisabled { prefix: *prefix, location: location.clone() });
+                continue;
+            }
+            match config.get(prefix) {
+                None => {
+                    config.insert(*prefix, (action, location.clone()));
+                }
+                Some((existing, first)) if *existing == action => problems.push(PolicyProblem::Duplicate {
+                    prefix: *prefix,
+                    list,
+                    first_location: first.clone(),
+                    second_location: location.clone(),
+                }),
+                Some((_, allow_location)) => problems.push(PolicyProblem::Conflict {
+                    prefix: *prefix,
+                    allow_location: allow_location.clone(),
+                    deny_location: location.clone(),
+                }),
+            }
+        }
+    }
+
+    // DNS resolvers: host routes, allowed.
+    let mut resolvers: Vec<IpAddr> = Vec::new();
+    for resolver in &input.dns {
+        let unusable = |reason| PolicyProblem::ResolverUnusable { resolver: *resolver, reason };
+        if resolver.is_loopback() {
+            problems.push(unusable("a loopback address is the sandbox's own, not the host's; set `dns` to the upstream resolvers"));
+        } else if resolver.is_unspecified() || resolver.is_multicast() {
+            problems.push(unusable("not a unicast address"));
+        } else if resolver.is_ipv6() && !input.ipv6 {
+            problems.push(unusable("IPv6 is disabled for this Domain (ipv6 = false); use IPv4 resolvers in `dns` or set ipv6 = true"));
+        } else if let Some((Action::Deny, location)) = config.get(&Prefix::host(*resolver)) {
+            problems.push(PolicyProblem::ResolverDenied { resolver: *resolver, deny_location: location.clone() });
+        } else if !resolvers.contains(resolver) {
+            resolvers.push(*resolver);
+        }
+    }
+    if !problems.is_empty() {
+        return Err(PolicyError { problems });
+    }
+
+    // Precedence on an equal prefix: config > DNS > defaults (deny first among defaults).
+    let mut table: BTreeMap<Prefix, Rule> = BTreeMap::new();
+    for rule in default_rules(input) {
+        match table.get(&rule.prefix) {
+            Some(existing) if existing.action == Action::Deny || rule.action == Action::Allow => {}
+            _ => {
+                table.insert(rule.prefix, rule);
+            }
+        }
+    }
+    for resolver in &resolvers {
+        let prefix = Prefix::host(*resolver);
+        table.insert(prefix, Rule { prefix, action: Action::Allow, origin: RuleOrigin::Dns });
+    }
+    for (prefix, (action, location)) in config {
+        table.insert(prefix, Rule { prefix, action, origin: RuleOrigin::Config(location) });
+    }
+
+    let mut rules: Vec<Rule> = table.into_values().collect();
+    rules.sort_by(|a, b| {
+        (!a.prefix.is_v4(), std::cmp::Reverse(a.prefix.prefix_len()), a.prefix.network())
+            .cmp(&(!b.prefix.is_v4(), std::cmp::Reverse(b.prefix.prefix_len()), b.prefix.network()))
+    });
+    Ok(CompiledPolicy { rules, resolvers, ipv6: input.ipv6 })
+}
+
+/// How the sidecar routes one prefix.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RouteKind {
+    /// Via the uplink gateway.
+    Uplink,
+    /// An `unreachable` route (no output interface).
+    Unreachable,
+}
+
+/// One route the sidecar must carry in its main table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PolicyRoute {
+    /// Destination.
+    pub prefix: Prefix,
+    /// Where it goes.
+    pub kind: RouteKind,
+}
+
+impl CompiledPolicy {
+    /// All rules, IPv4 first, longest prefix first.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The resolvers the sandbox may use, in order, without duplicates.
+    pub fn resolvers(&self) -> &[IpAddr] {
+        &self.resolvers
+    }
+
+    /// Whether IPv6 is policed (true) or disabled entirely (false).
+    pub fn ipv6_enabled(&self) -> bool {
+        self.ipv6
+    }
+
+    /// The longest-prefix verdict for `address`.
+    pub fn decide(&self, address: IpAddr) -> Verdict {
+        // Rules are sorted longest first per family, so the first hit is the longest.
+        let rule = self.rules.iter().find(|rule| rule.prefix.contains(address)).cloned().unwrap_or_else(|| {
+            // Unreachable by construction (each family has a /0 rule); fail closed anyway.
+            Rule { prefix: Prefix::any(address.is_ipv4()), action: Action::Deny, origin: RuleOrigin::Default("no rule") }
+        });
+        Verdict { action: rule.action, rule }
+    }
+
+    /// The routes the sidecar needs, one per rule, sorted.
+    pub fn routes(&self) -> Vec<PolicyRoute> {
+        let mut routes: Vec<PolicyRoute> = self
+            .rules
+            .iter()
+            .map(|rule| PolicyRoute {
+                prefix: rule.prefix,
+                kind: match rule.action {
+                    Action::Allow => RouteKind::Uplink,
+                    Action::Deny => RouteKind::Unreachable,
+                },
+            })
+            .collect();
+        routes.sort();
+        routes
+    }
+
+    /// A human-readable table for `lazaret policy show`.
+    pub fn render_table(&self) -> String {
+        let width = self.rules.iter().map(|r| r.prefix.to_string().len()).max().unwrap_or(6).max(6);
+        let mut out = format!("{:<width$}  {:<6}  ORIGIN\n", "PREFIX", "ACTION");
+        for rule in &self.rules {
+            out.push_str(&format!("{:<width$}  {:<6}  {}\n", rule.prefix.to_string(), rule.action.to_string(), rule.origin));
+        }
+        let resolvers: Vec<String> = self.resolvers.iter().map(ToString::to_string).collect();
+        out.push_str(&format!(
+            "DNS resolvers: {}\nIPv6: {}\n",
+            if resolvers.is_empty() { "(none)".to_string() } else { resolvers.join(", ") },
+            if self.ipv6 { "policed" } else { "disabled (all of ::/0 denied)" }
+        ));
+        out
+    }
+
+    /// A one-line explanation for `lazaret policy explain`.
+    pub fn explain(&self, address: IpAddr) -> String {
+        let verdict = self.decide(address);
+        format!("{address}: {verdict}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(text: &str) -> Prefix {
+        text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap_or_else(|e| panic!("{text}: {e}"))
+    }
+    fn entries(list: &[(&str, &str)]) -> Vec<(Prefix, String)> {
+        list.iter().map(|(prefix, location)| (p(prefix), location.to_string())).collect()
+    }
+    fn base() -> PolicyInput {
+        PolicyInput { dns: vec![ip("10.0.2.3")], ..PolicyInput::default() }
+    }
+    fn verdict(policy: &CompiledPolicy, address: &str) -> (Action, RuleOrigin, Prefix) {
+        let v = policy.decide(ip(address));
+        assert_eq!(v.action, v.rule.action);
+        (v.action, v.rule.origin, v.rule.prefix)
+    }
+    fn compile_ok(input: &PolicyInput) -> CompiledPolicy {
+        compile(input).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn ipv4_defaults() {
+        let policy = compile_ok(&base());
+        assert_eq!(verdict(&policy, "198.51.100.1"), (Action::Allow, RuleOrigin::Default("public IPv4"), p("0.0.0.0/0")));
+        for (address, prefix) in [("10.1.1.1", "10.0.0.0/8"), ("172.20.0.1", "172.16.0.0/12"), ("192.168.1.1", "192.168.0.0/16")] {
+            assert_eq!(verdict(&policy, address), (Action::Deny, RuleOrigin::Default("RFC 1918"), p(prefix)));
+        }
+        assert_eq!(verdict(&policy, "169.254.169.254").0, Action::Deny);
+        assert_eq!(verdict(&policy, "172.32.0.1").0, Action::Allow);
+        assert_eq!(verdict(&policy, "11.0.0.1").0, Action::Allow);
+    }
+
+    #[test]
+    fn longest_prefix_decides_through_nested_rules() {
+        let mut input = base();
+        input.allow = entries(&[("10.222.0.0/16", "c.toml:3:17"), ("10.222.5.7/32", "c.toml:3:34")]);
+        input.deny = entries(&[("10.222.5.0/24", "c.toml:4:16"), ("203.0.113.0/24", "c.toml:4:33")]);
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "10.9.0.1").0, Action::Deny);
+        assert_eq!(verdict(&policy, "10.222.4.1"), (Action::Allow, RuleOrigin::Config("c.toml:3:17".into()), p("10.222.0.0/16")));
+        assert_eq!(verdict(&policy, "10.222.5.8"), (Action::Deny, RuleOrigin::Config("c.toml:4:16".into()), p("10.222.5.0/24")));
+        assert_eq!(verdict(&policy, "10.222.5.7"), (Action::Allow, RuleOrigin::Config("c.toml:3:34".into()), p("10.222.5.7/32")));
+        assert_eq!(verdict(&policy, "203.0.113.9").0, Action::Deny);
+        assert_eq!(verdict(&policy, "203.0.114.9").0, Action::Allow);
+    }
+
+    #[test]
+    fn explicit_allow_overrides_each_default() {
+        let mut input = base();
+        input.host_addresses = vec![ip("198.51.100.7")];
+        input.own_addresses = vec![p("100.96.0.3/32")];
+        input.other_domains = vec![p("100.96.0.0/16")];
+        let before = compile_ok(&input);
+        let cases = [
+            ("10.0.0.0/8", "10.4.4.4"),
+            ("169.254.169.254/32", "169.254.169.254"),
+            ("198.51.100.7/32", "198.51.100.7"),
+            ("100.96.0.3/32", "100.96.0.3"),
+            ("100.96.0.0/16", "100.96.9.9"),
+            ("172.16.0.0/12", "172.16.0.1"),
+        ];
+        for (allowed, probe) in cases {
+            assert_eq!(before.decide(ip(probe)).action, Action::Deny, "{probe} denied by default");
+            let mut with_allow = input.clone();
+            with_allow.allow = entries(&[(allowed, "c.toml:1:1")]);
+            let after = compile_ok(&with_allow);
+            let v = after.decide(ip(probe));
+            assert_eq!((v.action, v.rule.origin), (Action::Allow, RuleOrigin::Config("c.toml:1:1".into())), "{allowed}");
+            // The equal-prefix default is replaced, not duplicated.
+            assert_eq!(after.rules().iter().filter(|r| r.prefix == p(allowed)).count(), 1);
+        }
+    }
+
+    #[test]
+    fn config_deny_of_default_allow_is_fine() {
+        let mut input = base();
+        input.deny = entries(&[("0.0.0.0/0", "c.toml:2:1")]);
+        input.allow = entries(&[("198.51.100.0/24", "c.toml:1:1")]);
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "8.8.8.8"), (Action::Deny, RuleOrigin::Config("c.toml:2:1".into()), p("0.0.0.0/0")));
+        assert_eq!(verdict(&policy, "198.51.100.4").0, Action::Allow);
+        // DNS still reachable in allow-list mode.
+        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::Dns, p("10.0.2.3/32")));
+    }
+
+    #[test]
+    fn host_transit_and_other_domains_denied() {
+        let mut input = base();
+        input.host_addresses = vec![ip("203.0.113.5"), ip("2001:db8::5")];
+        input.own_addresses = vec![p("100.96.0.3/32")];
+        input.other_domains = vec![p("100.96.0.0/16")];
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "203.0.113.5"), (Action::Deny, RuleOrigin::HostAddress, p("203.0.113.5/32")));
+        assert_eq!(verdict(&policy, "203.0.113.6").0, Action::Allow);
+        assert_eq!(verdict(&policy, "100.96.0.3"), (Action::Deny, RuleOrigin::DomainTransit, p("100.96.0.3/32")));
+        assert_eq!(verdict(&policy, "100.96.7.1"), (Action::Deny, RuleOrigin::OtherDomain, p("100.96.0.0/16")));
+        // IPv6 disabled: the v6 host address adds nothing, ::/0 is denied.
+        assert_eq!(verdict(&policy, "2001:db8::5"), (Action::Deny, RuleOrigin::Ipv6Disabled, p("::/0")));
+    }
+
+    #[test]
+    fn conflicts_name_both_locations_and_all_are_reported() {
+        let mut input = base();
+        input.allow = entries(&[("10.1.0.0/16", "a.toml:3:10"), ("10.2.0.0/16", "a.toml:3:30"), ("10.3.0.0/16", "a.toml:3:50"), ("10.3.0.0/16", "a.toml:3:70")]);
+        input.deny = entries(&[("10.1.0.0/16", "a.toml:4:10"), ("10.2.0.0/16", "a.toml:4:30")]);
+        let error = compile(&input).expect_err("must be rejected");
+        assert_eq!(error.problems.len(), 3, "{error}");
+        assert_eq!(
+            error.problems[1],
+            PolicyProblem::Conflict { prefix: p("10.1.0.0/16"), allow_location: "a.toml:3:10".into(), deny_location: "a.toml:4:10".into() }
+        );
+        let message = error.to_string();
+        for needle in ["10.1.0.0/16", "a.toml:3:10", "a.toml:4:10", "10.2.0.0/16", "a.toml:3:30", "a.toml:4:30", "listed twice", "a.toml:3:50", "a.toml:3:70"] {
+            assert!(message.contains(needle), "missing {needle} in {message}");
+        }
+    }
+
+    #[test]
+    fn duplicate_deny_is_an_error() {
+        let mut input = base();
+        input.deny = entries(&[("203.0.113.0/24", "a:1:1"), ("203.0.113.0/24", "a:1:20")]);
+        let error = compile(&input).expect_err("must be rejected");
+        assert!(matches!(&error.problems[..], [PolicyProblem::Duplicate { list: "deny_egress", .. }]), "{error}");
+    }
+
+    #[test]
+    fn parse_prefixes_reports_every_bad_entry_with_location() {
+        let error = parse_prefixes(&[("10.0.0.1/8", "c.toml:5:3"), ("10.0.0.0/8", "c.toml:5:20"), ("nonsense", "c.toml:5:35"), ("10.0.0.0/40", "c.toml:5:50")]).expect_err("must be rejected");
+        assert_eq!(error.problems.len(), 3);
+        let message = error.to_string();
+        for needle in ["c.toml:5:3: `10.0.0.1/8` has host bits set; did you mean `10.0.0.0/8`?", "c.toml:5:35", "c.toml:5:50"] {
+            assert!(message.contains(needle), "missing {needle} in {message}");
+        }
+        let ok = parse_prefixes(&[("fd00::/8", "c:1:1")]).expect("valid test input");
+        assert_eq!(ok, vec![(p("fd00::/8"), "c:1:1".to_string())]);
+    }
+
+    #[test]
+    fn dns_reachable_inside_denied_ranges() {
+        let mut input = base();
+        input.dns = vec![ip("10.0.2.3"), ip("192.168.1.1"), ip("10.0.2.3")];
+        input.host_addresses = vec![ip("192.168.1.1")];
+        let policy = compile_ok(&input);
+        assert_eq!(policy.resolvers(), &[ip("10.0.2.3"), ip("192.168.1.1")]);
+        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::Dns, p("10.0.2.3/32")));
+        assert_eq!(verdict(&policy, "10.0.2.4").0, Action::Deny);
+        // A resolver that is also a host address: DNS wins over the default.
+        assert_eq!(verdict(&policy, "192.168.1.1"), (Action::Allow, RuleOrigin::Dns, p("192.168.1.1/32")));
+    }
+
+    #[test]
+    fn dns_problems() {
+        let mut input = base();
+        input.dns = vec![ip("127.0.0.53"), ip("2001:db8::53"), ip("10.0.2.3")];
+        input.deny = entries(&[("10.0.2.3/32", "c:9:9")]);
+        let error = compile(&input).expect_err("must be rejected");
+        assert_eq!(error.problems.len(), 3, "{error}");
+        assert!(matches!(error.problems[0], PolicyProblem::ResolverUnusable { .. }));
+        assert!(matches!(error.problems[1], PolicyProblem::ResolverUnusable { .. }));
+        assert_eq!(error.problems[2], PolicyProblem::ResolverDenied { resolver: ip("10.0.2.3"), deny_location: "c:9:9".into() });
+        // A wider deny around the resolver is fine: the host route wins.
+        input.dns = vec![ip("10.0.2.3")];
+        input.deny = entries(&[("10.0.2.0/24", "c:9:9")]);
+        assert_eq!(compile_ok(&input).decide(ip("10.0.2.3")).action, Action::Allow);
+    }
+
+    #[test]
+    fn ipv6_disabled_denies_everything_v6() {
+        let policy = compile_ok(&base());
+        assert!(!policy.ipv6_enabled());
+        let v6: Vec<&Rule> = policy.rules().iter().filter(|r| !r.prefix.is_v4()).collect();
+        assert_eq!(v6.len(), 1);
+        assert_eq!((v6[0].prefix, v6[0].action), (p("::/0"), Action::Deny));
+        for address in ["2001:db8::1", "2606:4700::1111", "fd00::1", "::ffff:8.8.8.8"] {
+            assert_eq!(policy.decide(ip(address)).action, Action::Deny, "{address}");
+        }
+        let mut input = base();
+        input.allow = entries(&[("2001:db8::/32", "c:1:1")]);
+        let error = compile(&input).expect_err("must be rejected");
+        assert!(matches!(&error.problems[..], [PolicyProblem::FamilyDisabled { .. }]), "{error}");
+        // A v6 deny while disabled is redundant but harmless.
+        let mut input = base();
+        input.deny = entries(&[("2001:db8::/32", "c:1:1")]);
+        assert_eq!(compile_ok(&input).decide(ip("2001:db8::1")).action, Action::Deny);
+    }
+
+    #[test]
+    fn ipv6_enabled_is_equivalent_to_ipv4() {
+        let mut input = base();
+        input.ipv6 = true;
+        input.dns.push(ip("fd00::53"));
+        input.host_addresses = vec![ip("2001:db8::5")];
+        input.allow = entries(&[("fd12:3456::/32", "c:1:1")]);
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "2606:4700::1111").0, Action::Allow);
+        assert_eq!(verdict(&policy, "fd00::1"), (Action::Deny, RuleOrigin::Default("IPv6 unique local (ULA)"), p("fc00::/7")));
+        assert_eq!(verdict(&policy, "fe80::1").0, Action::Deny);
+        assert_eq!(verdict(&policy, "::ffff:10.0.0.1").0, Action::Deny);
+        assert_eq!(verdict(&policy, "2001:db8::5"), (Action::Deny, RuleOrigin::HostAddress, p("2001:db8::5/128")));
+        assert_eq!(verdict(&policy, "fd12:3456::1").0, Action::Allow);
+        assert_eq!(verdict(&policy, "fd00::53"), (Action::Allow, RuleOrigin::Dns, p("fd00::53/128")));
+    }
+
+    #[test]
+    fn routes_match_rules() {
+        let mut input = base();
+        input.allow = entries(&[("10.222.0.0/16", "c:1:1")]);
+        let policy = compile_ok(&input);
+        let routes = policy.routes();
+        assert_eq!(routes.len(), policy.rules().len());
+        assert!(routes.contains(&PolicyRoute { prefix: p("10.222.0.0/16"), kind: RouteKind::Uplink }));
+        assert!(routes.contains(&PolicyRoute { prefix: p("10.0.0.0/8"), kind: RouteKind::Unreachable }));
+        assert!(routes.contains(&PolicyRoute { prefix: p("0.0.0.0/0"), kind: RouteKind::Uplink }));
+        assert!(routes.contains(&PolicyRoute { prefix: p("::/0"), kind: RouteKind::Unreachable }));
+        assert!(routes.contains(&PolicyRoute { prefix: p("10.0.2.3/32"), kind: RouteKind::Uplink }));
+    }
+
+    #[test]
+    fn renders_table_and_explanation() {
+        let mut input = base();
+        input.allow = entries(&[("10.222.0.0/16", "lazaret.toml:12:17")]);
+        let policy = compile_ok(&input);
+        let table = policy.render_table();
+        let lines: Vec<&str> = table.lines().collect();
+        assert!(lines[0].starts_with("PREFIX"), "{table}");
+        // IPv4 longest first: the /32 DNS route leads, 0.0.0.0/0 is the last IPv4 row.
+        assert!(lines[1].starts_with("10.0.2.3/32") && lines[1].contains("allow") && lines[1].contains("DNS resolver"), "{table}");
+        assert!(lines.iter().any(|l| l.starts_with("10.222.0.0/16") && l.contains("allow") && l.contains("config: lazaret.toml:12:17")));
+        assert!(lines.iter().any(|l| l.starts_with("::/0") && l.contains("deny")));
+        assert!(table.contains("DNS resolvers: 10.0.2.3"));
+        assert!(table.contains("IPv6: disabled"));
+        let explanation = policy.explain(ip("10.222.1.1"));
+        assert_eq!(explanation, "10.222.1.1: allow (rule allow 10.222.0.0/16, config: lazaret.toml:12:17)");
+        assert!(policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918)"));
+    }
+}

@@ -1,0 +1,874 @@
+//! The per-Domain network topology that enforces a [`CompiledPolicy`].
+//!
+//! ```text
+//!  sandbox netns            sidecar (router) netns                 host netns
+//!  eth0 S/31 ──veth── lzs0 G/31   [policy routes]   lzup0 Us/31 ──veth── lzh<ID> Uh/31 ── host routes
+//!  default via G              forwarding on              S/31 via Us, forwarding on lzh<ID>
+//! ```
+//!
+//! * Each Domain takes one /30 of the Lazaret pool: `S`,`G` (sandbox link) and
+//!   `Us`,`Uh` (uplink). The pool is checked against the host's routes.
+//! * The sidecar's main table (254) holds one route per policy rule: allowed
+//!   prefixes via `Uh` out of `lzup0` (`onlink`, because `Uh/32` itself is
+//!   denied), denied prefixes as `unreachable` routes. IPv4 forwarding is on in
+//!   the sidecar, IPv6 forwarding off, and IPv6 is always `::/0 unreachable`
+//!   (the IPv6-enabled topology is not implemented: [`TopologyError::Ipv6NotSupported`]).
+//!   The sidecar's ICMP rate limit is off, so every denied connection fails
+//!   at once with "No route to host" rather than timing out.
+//! * The sandbox's only routes are its link route and `default via G`; whatever
+//!   root inside does to its own netstack, packets still cross the sidecar.
+//! * Sidecar and sandbox namespaces are held only by descriptors in
+//!   [`DomainNetwork`]: if the coordinator dies they vanish with their veths.
+//!   The host-side veth end is named `lzh<SidecarId>` so leftovers of a
+//!   crashed run can be found by [`remove_stale`].
+//! * Host side: forwarding is enabled on `lzh<ID>` and on the host interfaces
+//!   that carry routes for allowed prefixes; their original values are kept in
+//!   the state file and restored when the last Lazaret uplink is gone.
+//! * Host side, source NAT: one nftables table per Domain (`ip lazaret-<ID>`,
+//!   see [`nat`]) masquerades the sandbox's address on the way out.
+
+mod forwarding;
+pub mod nat;
+pub mod netns;
+
+use std::fmt;
+use std::io::Read;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::fd::{AsFd, AsRawFd};
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+
+use futures_util::TryStreamExt;
+use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::link::LinkAttribute;
+use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
+use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+pub use netns::Netns;
+
+use crate::policy::{CompiledPolicy, PolicyError, PolicyInput, PolicyRoute, RouteKind, compile};
+use crate::prefix::Prefix;
+
+/// Name prefix of the host-side uplink veth ends Lazaret owns.
+pub const HOST_LINK_PREFIX: &str = "lzh";
+/// The sidecar's interface towards the sandbox.
+pub const SIDECAR_INNER_LINK: &str = "lzs0";
+/// The sidecar's interface towards the host.
+pub const SIDECAR_UPLINK: &str = "lzup0";
+/// The sandbox's interface.
+pub const SANDBOX_LINK: &str = "eth0";
+/// The default Lazaret address pool.
+pub const DEFAULT_POOL: &str = "100.96.0.0/16";
+const MAIN_TABLE: u32 = 254;
+
+/// Everything that can go wrong while building, checking or removing a topology.
+#[derive(Debug, thiserror::Error)]
+pub enum TopologyError {
+    /// A netlink request failed.
+    #[error("netlink: {action}: {source}")]
+    Netlink {
+        /// What was being done.
+        action: String,
+        /// The rtnetlink error.
+        source: rtnetlink::Error,
+    },
+    /// A namespace syscall failed.
+    #[error("{action}: {errno} (Lazaret needs root, or CAP_SYS_ADMIN and CAP_NET_ADMIN, for the Domain network)")]
+    Namespace {
+        /// The syscall.
+        action: &'static str,
+        /// The error number.
+        errno: nix::errno::Errno,
+    },
+    /// A file operation failed.
+    #[error("{action}: {source}")]
+    Io {
+        /// What was being done.
+        action: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// A worker thread panicked.
+    #[error("a network namespace worker thread panicked")]
+    ThreadPanicked,
+    /// The policy did not compile.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The pool overlaps a route of the host.
+    #[error("the Lazaret address pool {pool} collides with the host route {route} (dev {device}); configure another pool")]
+    PoolCollision {
+        /// The pool.
+        pool: Prefix,
+        /// The colliding route.
+        route: Prefix,
+        /// Its interface.
+        device: String,
+    },
+    /// Every /30 of the pool is in use.
+    #[error("the Lazaret address pool {pool} has no free /30 left; stop a Domain or configure a larger pool")]
+    PoolExhausted {
+        /// The pool.
+        pool: Prefix,
+    },
+    /// The pool is not usable.
+    #[error("the Lazaret address pool {pool} is invalid: {reason}")]
+    InvalidPool {
+        /// The pool.
+        pool: Prefix,
+        /// Why.
+        reason: &'static str,
+    },
+    /// Another Domain took the same /30 concurrently.
+    #[error("address slot {slot} was taken concurrently by another Domain")]
+    SlotTaken {
+        /// The /30.
+        slot: Prefix,
+    },
+    /// IPv6-enabled Domains are not implemented by the topology.
+    #[error("ipv6 = true is not supported by the sidecar topology yet; set ipv6 = false for this profile")]
+    Ipv6NotSupported,
+    /// An expected interface is missing.
+    #[error("interface {0} not found")]
+    LinkMissing(String),
+    /// An interface name that cannot be used in a /proc path.
+    #[error("refusing unusual interface name {0:?}")]
+    BadInterfaceName(String),
+    /// A route message the kernel accepted but we could not build.
+    #[error("cannot build route for {prefix}: {reason}")]
+    RouteBuild {
+        /// The destination.
+        prefix: Prefix,
+        /// The builder's complaint.
+        reason: String,
+    },
+    /// The forwarding state file is unreadable.
+    #[error("forwarding state file {path}: {reason}")]
+    StateFile {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// What is installed differs from the compiled policy.
+    #[error("installed network policy differs from the compiled one:{}", .differences.iter().map(|d| format!("\n  - {d}")).collect::<String>())]
+    Mismatch {
+        /// Each difference, human readable.
+        differences: Vec<String>,
+    },
+}
+
+fn netlink_error(action: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> TopologyError {
+    let action = action.into();
+    move |source| TopologyError::Netlink { action, source }
+}
+
+/// A random, runtime-unique identifier of one sidecar instance (40 bits,
+/// shown as 10 hex digits). It names the host-side veth `lzh<ID>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SidecarId(u64);
+
+impl SidecarId {
+    /// A fresh random ID from the kernel's random source.
+    pub fn random() -> Result<SidecarId, TopologyError> {
+        let mut bytes = [0u8; 8];
+        std::fs::File::open("/dev/urandom")
+            .and_then(|mut file| file.read_exact(&mut bytes[..5]))
+            .map_err(|source| TopologyError::Io { action: "read /dev/urandom".into(), source })?;
+        Ok(SidecarId(u64::from_le_bytes(bytes)))
+    }
+
+    /// The host-side uplink interface name, `lzh` + 10 hex digits (13 bytes).
+    pub fn host_link_name(&self) -> String {
+        format!("{HOST_LINK_PREFIX}{self}")
+    }
+
+    /// The ID encoded in a host-side interface name, if it is one of ours.
+    pub fn from_host_link_name(name: &str) -> Option<SidecarId> {
+        name.strip_prefix(HOST_LINK_PREFIX)?.parse().ok()
+    }
+}
+
+impl fmt::Display for SidecarId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:010x}", self.0)
+    }
+}
+
+/// Why a text is not a Sidecar ID.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not a Sidecar ID (10 lowercase hex digits)")]
+pub struct SidecarIdError(String);
+
+impl FromStr for SidecarId {
+    type Err = SidecarIdError;
+
+    fn from_str(text: &str) -> Result<SidecarId, SidecarIdError> {
+        if text.len() != 10 || !text.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+            return Err(SidecarIdError(text.to_string()));
+        }
+        u64::from_str_radix(text, 16).map(SidecarId).map_err(|_| SidecarIdError(text.to_string()))
+    }
+}
+
+/// Settings for building Domain topologies on one host.
+#[derive(Debug, Clone)]
+pub struct TopologyConfig {
+    /// The IPv4 pool Domains take their /30s from.
+    pub pool: Prefix,
+    /// Refuse a pool that overlaps host routes (other than Lazaret's own).
+    pub check_pool_collisions: bool,
+    /// Where the host's original forwarding values are recorded (a trusted,
+    /// host-private path, e.g. under the Storage Root).
+    pub forwarding_state_file: PathBuf,
+}
+
+impl TopologyConfig {
+    /// The default pool (100.96.0.0/16) with collision checks on.
+    pub fn new(forwarding_state_file: PathBuf) -> TopologyConfig {
+        TopologyConfig {
+            pool: Prefix::truncating(IpAddr::V4(Ipv4Addr::new(100, 96, 0, 0)), 16),
+            check_pool_collisions: true,
+            forwarding_state_file,
+        }
+    }
+}
+
+/// The four addresses of one Domain's /30.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DomainAddresses {
+    /// The /30 taken from the pool.
+    pub slot: Prefix,
+    /// The sandbox's address (`eth0`, /31 with `sidecar_inner`).
+    pub sandbox: Ipv4Addr,
+    /// The sidecar's address towards the sandbox: the sandbox's gateway.
+    pub sidecar_inner: Ipv4Addr,
+    /// The sidecar's uplink address.
+    pub sidecar_uplink: Ipv4Addr,
+    /// The host's end of the uplink: the sidecar's gateway.
+    pub host_uplink: Ipv4Addr,
+}
+
+impl DomainAddresses {
+    fn for_slot(slot: Prefix) -> Option<DomainAddresses> {
+        let nth = |i| match slot.nth(i) {
+            Some(IpAddr::V4(address)) => Some(address),
+            _ => None,
+        };
+        Some(DomainAddresses { slot, sandbox: nth(0)?, sidecar_inner: nth(1)?, sidecar_uplink: nth(2)?, host_uplink: nth(3)? })
+    }
+
+    /// The sandbox link (/31: sandbox + sidecar_inner).
+    pub fn sandbox_link(&self) -> Prefix {
+        Prefix::truncating(IpAddr::V4(self.sandbox), 31)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct HostRoute {
+    prefix: Prefix,
+    oif: Option<u32>,
+    table: u32,
+    protocol: RouteProtocol,
+    kind: RouteType,
+    gateway: Option<IpAddr>,
+}
+
+#[derive(Debug, Default)]
+struct NetView {
+    links: Vec<(u32, String)>,
+    addresses: Vec<(u32, IpAddr)>,
+    routes: Vec<HostRoute>,
+}
+
+impl NetView {
+    fn link_name(&self, index: u32) -> String {
+        self.links.iter().find(|(i, _)| *i == index).map(|(_, n)| n.clone()).unwrap_or_else(|| format!("#{index}"))
+    }
+    fn link_index(&self, name: &str) -> Option<u32> {
+        self.links.iter().find(|(_, n)| n == name).map(|(i, _)| *i)
+    }
+    fn is_lazaret_link(&self, index: u32) -> bool {
+        SidecarId::from_host_link_name(&self.link_name(index)).is_some()
+    }
+}
+
+fn route_address(address: &RouteAddress) -> Option<IpAddr> {
+    match address {
+        RouteAddress::Inet(a) => Some(IpAddr::V4(*a)),
+        RouteAddress::Inet6(a) => Some(IpAddr::V6(*a)),
+        _ => None,
+    }
+}
+
+fn parse_route(message: &RouteMessage) -> Option<HostRoute> {
+    let v4 = match message.header.address_family {
+        AddressFamily::Inet => true,
+        AddressFamily::Inet6 => false,
+        _ => return None,
+    };
+    let mut destination = None;
+    let mut oif = None;
+    let mut gateway = None;
+    let mut table = u32::from(message.header.table);
+    for attribute in &message.attributes {
+        match attribute {
+            RouteAttribute::Destination(address) => destination = route_address(address),
+            RouteAttribute::Oif(index) => oif = Some(*index),
+            RouteAttribute::Gateway(address) => gateway = route_address(address),
+            RouteAttribute::Table(id) => table = *id,
+            _ => {}
+        }
+    }
+    let network = destination.unwrap_or_else(|| Prefix::any(v4).network());
+    Some(HostRoute {
+        prefix: Prefix::truncating(network, message.header.destination_prefix_length),
+        oif,
+        table,
+        protocol: message.header.protocol,
+        kind: message.header.kind,
+        gateway,
+    })
+}
+
+async fn net_view(handle: &Handle) -> Result<NetView, TopologyError> {
+    let mut view = NetView::default();
+    let mut links = handle.link().get().execute();
+    while let Some(link) = links.try_next().await.map_err(netlink_error("list links"))? {
+        for attribute in &link.attributes {
+            if let LinkAttribute::IfName(name) = attribute {
+                view.links.push((link.header.index, name.clone()));
+            }
+        }
+    }
+    let mut addresses = handle.address().get().execute();
+    while let Some(address) = addresses.try_next().await.map_err(netlink_error("list addresses"))? {
+        let local = address.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Local(ip) => Some(*ip),
+            _ => None,
+        });
+        let plain = address.attributes.iter().find_map(|a| match a {
+            AddressAttribute::Address(ip) => Some(*ip),
+            _ => None,
+        });
+        if let Some(ip) = local.or(plain) {
+            view.addresses.push((address.header.index, ip));
+        }
+    }
+    for v4 in [true, false] {
+        let query = if v4 {
+            RouteMessageBuilder::<Ipv4Addr>::new().build()
+        } else {
+            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
+        };
+        let mut routes = handle.route().get(query).execute();
+        while let Some(route) = routes.try_next().await.map_err(netlink_error("list routes"))? {
+            if let Some(parsed) = parse_route(&route) {
+                view.routes.push(parsed);
+            }
+        }
+    }
+    Ok(view)
+}
+
+async fn link_index(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
+    net_view_links(handle).await?.into_iter().find(|(_, n)| n == name).map(|(i, _)| i).ok_or_else(|| TopologyError::LinkMissing(name.to_string()))
+}
+
+async fn net_view_links(handle: &Handle) -> Result<Vec<(u32, String)>, TopologyError> {
+    let mut found = Vec::new();
+    let mut links = handle.link().get().execute();
+    while let Some(link) = links.try_next().await.map_err(netlink_error("list links"))? {
+        for attribute in &link.attributes {
+            if let LinkAttribute::IfName(name) = attribute {
+                found.push((link.header.index, name.clone()));
+            }
+        }
+    }
+    Ok(found)
+}
+
+async fn link_up(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
+    let index = link_index(handle, name).await?;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(index).up().build())
+        .execute()
+        .await
+        .map_err(netlink_error(format!("set {name} up")))?;
+    Ok(index)
+}
+
+async fn add_veth(handle: &Handle, name: &str, peer: &str, peer_netns: i32) -> Result<(), TopologyError> {
+    handle
+        .link()
+        .add(LinkVeth::new(name, peer).build())
+        .execute()
+        .await
+        .map_err(netlink_error(format!("create veth {name}/{peer}")))?;
+    let peer_index = link_index(handle, peer).await?;
+    handle
+        .link()
+        .set(LinkUnspec::new_with_index(peer_index).setns_by_fd(peer_netns).build())
+        .execute()
+        .await
+        .map_err(netlink_error(format!("move {peer} to its namespace")))
+}
+
+async fn add_address(handle: &Handle, index: u32, name: &str, address: Ipv4Addr, len: u8) -> Result<(), TopologyError> {
+    handle
+        .address()
+        .add(index, IpAddr::V4(address), len)
+        .replace()
+        .execute()
+        .await
+        .map_err(netlink_error(format!("add {address}/{len} to {name}")))
+}
+
+fn route_message(route: &PolicyRoute, uplink: Option<(u32, Ipv4Addr)>) -> Result<RouteMessage, TopologyError> {
+    let build_error = |reason: String| TopologyError::RouteBuild { prefix: route.prefix, reason };
+    let builder = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(route.prefix.network(), route.prefix.prefix_len())
+        .map_err(|e| build_error(e.to_string()))?
+        .table_id(MAIN_TABLE);
+    let message = match (route.kind, uplink) {
+        (RouteKind::Unreachable, _) => builder.kind(RouteType::Unreachable).build(),
+        (RouteKind::Uplink, Some((index, gateway))) if route.prefix.is_v4() => builder
+            .gateway(IpAddr::V4(gateway))
+            .map_err(|e| build_error(e.to_string()))?
+            .output_interface(index)
+            .onlink()
+            .build(),
+        (RouteKind::Uplink, _) => return Err(TopologyError::Ipv6NotSupported),
+    };
+    Ok(message)
+}
+
+fn inner_rp_filter() -> PathBuf {
+    PathBuf::from(format!("/proc/sys/net/ipv4/conf/{SIDECAR_INNER_LINK}/rp_filter"))
+}
+
+/// Names of the interfaces in the calling thread's namespace (sync, via
+/// `/proc/thread-self/net/dev`, so it can run under the forwarding lock).
+fn interface_names_here() -> Result<Vec<String>, TopologyError> {
+    let text = std::fs::read_to_string("/proc/thread-self/net/dev")
+        .map_err(|source| TopologyError::Io { action: "read /proc/thread-self/net/dev".into(), source })?;
+    Ok(text.lines().skip(2).filter_map(|line| line.split(':').next()).map(|name| name.trim().to_string()).collect())
+}
+
+/// Restores host forwarding if no Lazaret uplink remains (checked under the
+/// state file's lock, so a Domain starting meanwhile is never undercut).
+/// Runs in the host namespace.
+fn restore_forwarding_if_unused(state_file: &Path) -> Result<(), TopologyError> {
+    forwarding::restore_unless(state_file, || {
+        Ok(interface_names_here()?.iter().any(|name| SidecarId::from_host_link_name(name).is_some()))
+    })
+}
+
+/// One Domain's sandbox + sidecar network, with its policy installed.
+/// Dropping it tears it down (best effort); prefer [`DomainNetwork::teardown`].
+#[derive(Debug)]
+pub struct DomainNetwork {
+    id: SidecarId,
+    host: Netns,
+    sidecar: Option<Netns>,
+    sandbox: Option<Netns>,
+    addresses: DomainAddresses,
+    policy: CompiledPolicy,
+    state_file: PathBuf,
+}
+
+impl DomainNetwork {
+    /// Builds the topology of one Domain with `host` as the host namespace,
+    /// installs `input`'s policy (completed with the host's addresses, the
+    /// Domain's uplink address and the pool), and verifies it by read-back.
+    pub fn create(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<DomainNetwork, TopologyError> {
+        if input.ipv6 {
+            return Err(TopologyError::Ipv6NotSupported);
+        }
+        let pool = config.pool;
+        if !pool.is_v4() || pool.prefix_len() > 30 {
+            return Err(TopologyError::InvalidPool { pool, reason: "it must be an IPv4 prefix of length /30 or shorter" });
+        }
+        let mut last_error = None;
+        for _attempt in 0..4 {
+            match DomainNetwork::try_create(host, config, input) {
+                Err(TopologyError::SlotTaken { slot }) => last_error = Some(TopologyError::SlotTaken { slot }),
+                other => return other,
+            }
+        }
+        Err(last_error.unwrap_or(TopologyError::PoolExhausted { pool }))
+    }
+
+    fn try_create(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<DomainNetwork, TopologyError> {
+        let pool = config.pool;
+        let view = host.netlink(async |handle| net_view(&handle).await)?;
+        if config.check_pool_collisions {
+            for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4() && r.prefix.prefix_len() > 0) {
+                let ours = route.oif.is_some_and(|oif| view.is_lazaret_link(oif));
+                if !ours && route.prefix.overlaps(&pool) {
+                    let device = route.oif.map(|oif| view.link_name(oif)).unwrap_or_else(|| "-".into());
+                    return Err(TopologyError::PoolCollision { pool, route: route.prefix, device });
+                }
+            }
+        }
+        let used: Vec<IpAddr> =
+            view.addresses.iter().filter(|(index, _)| view.is_lazaret_link(*index)).map(|(_, ip)| *ip).collect();
+        let slots = 1u128 << (30 - pool.prefix_len());
+        let slot = (0..slots)
+            .filter_map(|i| pool.subnet(30, i))
+            .find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
+            .ok_or(TopologyError::PoolExhausted { pool })?;
+        let addresses = DomainAddresses::for_slot(slot).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
+
+        let policy = compile(&complete_input(&view, pool, input, Some(addresses.host_uplink)))?;
+
+        let network = DomainNetwork {
+            id: SidecarId::random()?,
+            host: host.try_clone()?,
+            sidecar: Some(Netns::create()?),
+            sandbox: Some(Netns::create()?),
+            addresses,
+            policy,
+            state_file: config.forwarding_state_file.clone(),
+        };
+        // On any failure, `network` is dropped and its Drop tears down what exists.
+        network.build_sidecar()?;
+        network.readdress_sandbox()?;
+        network.build_host(&view)?;
+        network.verify_installed()?;
+        Ok(network)
+    }
+
+    fn namespaces(&self) -> Result<(&Netns, &Netns), TopologyError> {
+        match (&self.sidecar, &self.sandbox) {
+            (Some(sidecar), Some(sandbox)) => Ok((sidecar, sandbox)),
+            _ => Err(TopologyError::LinkMissing("(Domain network already torn down)".into())),
+        }
+    }
+
+    fn build_sidecar(&self) -> Result<(), TopologyError> {
+        let (sidecar, sandbox) = self.namespaces()?;
+        let sandbox_fd = sandbox.as_fd().as_raw_fd();
+        let host_fd = self.host.as_fd().as_raw_fd();
+        let host_link = self.id.host_link_name();
+        let addresses = self.addresses;
+        let routes = self.policy.routes();
+        sidecar.netlink(async move |handle| {
+            // Forwarding is per namespace: this thread is inside the sidecar.
+            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"), "1")?;
+            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv6/conf/all/forwarding"), "0")?;
+            // Answer every denied packet at once (ICMP host unreachable) instead of
+            // letting the per-peer rate limit turn denials into slow timeouts; the
+            // only peer of this router is its own sandbox.
+            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv4/icmp_ratelimit"), "0")?;
+            link_up(&handle, "lo").await?;
+            add_veth(&handle, SIDECAR_INNER_LINK, SANDBOX_LINK, sandbox_fd).await?;
+            add_veth(&handle, SIDECAR_UPLINK, &host_link, host_fd).await?;
+            let inner = link_index(&handle, SIDECAR_INNER_LINK).await?;
+            add_address(&handle, inner, SIDECAR_INNER_LINK, addresses.sidecar_inner, 31).await?;
+            link_up(&handle, SIDECAR_INNER_LINK).await?;
+            // Strict reverse-path filter: packets from the sandbox must carry its
+            // own source address, so no spoofed source leaves (SNAT matches S only).
+            forwarding::write_sysctl(&inner_rp_filter(), "1")?;
+            let uplink = link_index(&handle, SIDECAR_UPLINK).await?;
+            add_address(&handle, uplink, SIDECAR_UPLINK, addresses.sidecar_uplink, 31).await?;
+            link_up(&handle, SIDECAR_UPLINK).await?;
+            for route in &routes {
+                let message = route_message(route, Some((uplink, addresses.host_uplink)))?;
+                handle
+                    .route()
+                    .add(message)
+                    .execute()
+                    .await
+                    .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
+            }
+            Ok(())
+        })
+    }
+
+    /// (Re-)addresses the sandbox side: `eth0` up with its /31 and the default
+    /// route via the sidecar. runsc's netstack mode strips the addresses from the
+    /// namespace, so call this before every start of the sandbox.
+    pub fn readdress_sandbox(&self) -> Result<(), TopologyError> {
+        let (_, sandbox) = self.namespaces()?;
+        let addresses = self.addresses;
+        sandbox.netlink(async move |handle| {
+            link_up(&handle, "lo").await?;
+            let index = link_index(&handle, SANDBOX_LINK).await?;
+            add_address(&handle, index, SANDBOX_LINK, addresses.sandbox, 31).await?;
+            link_up(&handle, SANDBOX_LINK).await?;
+            let default = RouteMessageBuilder::<Ipv4Addr>::new()
+                .gateway(addresses.sidecar_inner)
+                .output_interface(index)
+                .build();
+            handle.route().add(default).replace().execute().await.map_err(netlink_error("add sandbox default route"))
+        })
+    }
+
+    fn build_host(&self, view: &NetView) -> Result<(), TopologyError> {
+        let host_link = self.id.host_link_name();
+        let addresses = self.addresses;
+        let state_file = self.state_file.clone();
+        // Forward out of every host interface that carries a route for an allowed prefix.
+        let allowed: Vec<Prefix> =
+            self.policy.routes().into_iter().filter(|r| r.kind == RouteKind::Uplink).map(|r| r.prefix).collect();
+        let mut egress: Vec<String> = view
+            .routes
+            .iter()
+            .filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4() && r.kind == RouteType::Unicast)
+            .filter(|r| allowed.iter().any(|a| a.overlaps(&r.prefix)))
+            .filter_map(|r| r.oif)
+            .map(|oif| view.link_name(oif))
+            .filter(|name| name != "lo" && SidecarId::from_host_link_name(name).is_none())
+            .collect();
+        egress.sort();
+        egress.dedup();
+        let slot = addresses.slot;
+        let id = self.id;
+        self.host.netlink(async move |handle| {
+            let index = link_index(&handle, &host_link).await?;
+            add_address(&handle, index, &host_link, addresses.host_uplink, 31).await?;
+            link_up(&handle, &host_link).await?;
+            // Another Domain may have picked the same /30 at the same moment.
+            let view = net_view(&handle).await?;
+            let clash = view.addresses.iter().any(|(i, ip)| *i != index && view.is_lazaret_link(*i) && slot.contains(*ip));
+            if clash {
+                return Err(TopologyError::SlotTaken { slot });
+            }
+            let sandbox_link = addresses.sandbox_link();
+            let back = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(Ipv4Addr::from_bits(u32::from(addresses.sandbox) & !1), sandbox_link.prefix_len())
+                .gateway(addresses.sidecar_uplink)
+                .output_interface(index)
+                .build();
+            handle.route().add(back).execute().await.map_err(netlink_error(format!("add host route {sandbox_link} via {host_link}")))?;
+            forwarding::enable_owned(&host_link)?;
+            forwarding::enable(&state_file, &egress)?;
+            nat::install(id, addresses.sandbox)
+        })
+    }
+
+    /// Dumps the sidecar's main routing table and the sandbox's routes over
+    /// netlink and checks them against the compiled policy; also checks that the
+    /// sidecar forwards IPv4 and not IPv6 and that the host's NAT table exists.
+    pub fn verify_installed(&self) -> Result<(), TopologyError> {
+        let (sidecar, sandbox) = self.namespaces()?;
+        let addresses = self.addresses;
+        let mut differences = Vec::new();
+        let (view, ipv4_forwarding, ipv6_forwarding, rp_filter) = sidecar.netlink(async |handle| {
+            let view = net_view(&handle).await?;
+            let v4 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"))?;
+            let v6 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv6/conf/all/forwarding"))?;
+            let rp_filter = forwarding::read_sysctl(&inner_rp_filter())?;
+            Ok((view, v4, v6, rp_filter))
+        })?;
+        if rp_filter != "1" {
+            differences.push(format!("sidecar {SIDECAR_INNER_LINK} rp_filter is {rp_filter}, expected 1"));
+        }
+        if ipv4_forwarding != "1" {
+            differences.push(format!("sidecar ip_forward is {ipv4_forwarding}, expected 1"));
+        }
+        if ipv6_forwarding != "0" {
+            differences.push(format!("sidecar IPv6 forwarding is {ipv6_forwarding}, expected 0"));
+        }
+        let uplink = view.link_index(SIDECAR_UPLINK);
+        let mut installed = Vec::new();
+        for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.protocol != RouteProtocol::Kernel) {
+            match route.kind {
+                RouteType::Unreachable => installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Unreachable }),
+                RouteType::Unicast
+                    if route.gateway == Some(IpAddr::V4(addresses.host_uplink)) && route.oif.is_some() && route.oif == uplink =>
+                {
+                    installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Uplink })
+                }
+                other => differences.push(format!(
+                    "unexpected sidecar route {} type {:?} via {:?} dev {}",
+                    route.prefix,
+                    other,
+                    route.gateway,
+                    route.oif.map(|i| view.link_name(i)).unwrap_or_else(|| "-".into())
+                )),
+            }
+        }
+        installed.sort();
+        let expected = self.policy.routes();
+        for route in &expected {
+            if !installed.contains(route) {
+                differences.push(format!("missing sidecar route {} {:?}", route.prefix, route.kind));
+            }
+        }
+        for route in &installed {
+            if !expected.contains(route) {
+                differences.push(format!("extra sidecar route {} {:?}", route.prefix, route.kind));
+            }
+        }
+        let sandbox_view = sandbox.netlink(async |handle| net_view(&handle).await)?;
+        for route in sandbox_view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4()) {
+            let link_route = route.protocol == RouteProtocol::Kernel && route.prefix == addresses.sandbox_link();
+            let default = route.prefix.prefix_len() == 0 && route.gateway == Some(IpAddr::V4(addresses.sidecar_inner));
+            if !link_route && !default {
+                differences.push(format!("unexpected sandbox route {} via {:?}", route.prefix, route.gateway));
+            }
+        }
+        if !sandbox_view.routes.iter().any(|r| r.prefix.prefix_len() == 0 && r.prefix.is_v4() && r.gateway == Some(IpAddr::V4(addresses.sidecar_inner))) {
+            differences.push(format!("sandbox has no default route via {}", addresses.sidecar_inner));
+        }
+        let id = self.id;
+        if !self.host.run(nat::owned_tables)?.contains(&id) {
+            differences.push(format!("host NAT table {} is missing", nat::table_name(id)));
+        }
+        if differences.is_empty() { Ok(()) } else { Err(TopologyError::Mismatch { differences }) }
+    }
+
+    /// This sidecar's runtime-unique ID (record it with the Domain).
+    pub fn sidecar_id(&self) -> SidecarId {
+        self.id
+    }
+
+    /// The Domain's addresses.
+    pub fn addresses(&self) -> DomainAddresses {
+        self.addresses
+    }
+
+    /// The installed policy (for `policy show`/`explain` of a running Domain).
+    pub fn policy(&self) -> &CompiledPolicy {
+        &self.policy
+    }
+
+    /// The sandbox namespace, for runsc (see [`Netns::proc_path`]).
+    pub fn sandbox_netns(&self) -> Option<&Netns> {
+        self.sandbox.as_ref()
+    }
+
+    /// The sidecar (router) namespace.
+    pub fn sidecar_netns(&self) -> Option<&Netns> {
+        self.sidecar.as_ref()
+    }
+
+    /// Removes exactly this Domain's resources: the uplink veth pair (with the
+    /// host route through it), its namespaces (once nothing else holds them),
+    /// and the host's forwarding changes if this was the last Domain.
+    pub fn teardown(mut self) -> Result<(), TopologyError> {
+        self.teardown_inner()
+    }
+
+    fn teardown_inner(&mut self) -> Result<(), TopologyError> {
+        let id = self.id;
+        let host_link = self.id.host_link_name();
+        let state_file = self.state_file.clone();
+        let result = self.host.netlink(async move |handle| {
+            let found = net_view_links(&handle).await?.into_iter().find(|(_, name)| *name == host_link);
+            let nat_result = nat::remove(id);
+            if let Some((index, _)) = found {
+                handle.link().del(index).execute().await.map_err(netlink_error(format!("delete {host_link}")))?;
+            }
+            nat_result?;
+            restore_forwarding_if_unused(&state_file)
+        });
+        // The namespaces go away with their last descriptor (and process).
+        self.sidecar = None;
+        self.sandbox = None;
+        result
+    }
+}
+
+impl Drop for DomainNetwork {
+    fn drop(&mut self) {
+        if self.sidecar.is_some() || self.sandbox.is_some() {
+            // Best effort: errors cannot be reported from Drop.
+            let _ = self.teardown_inner();
+        }
+    }
+}
+
+/// Removes Lazaret uplinks and NAT tables in `host` whose Sidecar ID is not in
+/// `alive` (leftovers of crashed runs), then restores host forwarding if no Lazaret
+/// uplink remains. Returns the IDs removed.
+pub fn remove_stale(host: &Netns, alive: &[SidecarId], forwarding_state_file: &Path) -> Result<Vec<SidecarId>, TopologyError> {
+    let alive = alive.to_vec();
+    let state_file = forwarding_state_file.to_path_buf();
+    host.netlink(async move |handle| {
+        let mut removed = Vec::new();
+        for (index, name) in net_view_links(&handle).await? {
+            if let Some(id) = SidecarId::from_host_link_name(&name) {
+                if !alive.contains(&id) {
+                    handle.link().del(index).execute().await.map_err(netlink_error(format!("delete stale {name}")))?;
+                    removed.push(id);
+                }
+            }
+        }
+        for id in nat::owned_tables()? {
+            if !alive.contains(&id) {
+                nat::remove(id)?;
+                if !removed.contains(&id) {
+                    removed.push(id);
+                }
+            }
+        }
+        restore_forwarding_if_unused(&state_file)?;
+        Ok(removed)
+    })
+}
+
+/// Sidecar IDs that own a Lazaret NAT table in `host` (diagnostics, tests).
+pub fn nat_tables(host: &Netns) -> Result<Vec<SidecarId>, TopologyError> {
+    host.run(nat::owned_tables)
+}
+
+/// Adds what the topology knows to the configured policy: the host's
+/// addresses, the pool (other Domains) and, when known, the Domain's uplink.
+fn complete_input(view: &NetView, pool: Prefix, input: &PolicyInput, host_uplink: Option<Ipv4Addr>) -> PolicyInput {
+    let mut full = input.clone();
+    full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
+    full.own_addresses.extend(host_uplink.map(|address| Prefix::host(IpAddr::V4(address))));
+    full.other_domains.push(pool);
+    full
+}
+
+/// The policy a Domain would get on `host` now (its host addresses and the
+/// pool included), for `lazaret policy show`/`explain` without a running
+/// Domain. `host` is normally [`Netns::of_current_thread`]. The running
+/// Domain's table additionally holds its uplink's /32 (inside the pool, so
+/// every verdict is the same).
+pub fn host_policy(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<CompiledPolicy, TopologyError> {
+    let view = host.netlink(async |handle| net_view(&handle).await)?;
+    Ok(compile(&complete_input(&view, config.pool, input, None))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sidecar_id_round_trip_and_link_names() {
+        let id = SidecarId(0x00ab_cdef_0123);
+        assert_eq!(id.to_string(), "abcdef0123");
+        assert_eq!(id.host_link_name(), "lzhabcdef0123");
+        assert!(id.host_link_name().len() <= 15);
+        assert_eq!(SidecarId::from_host_link_name("lzhabcdef0123"), Some(id));
+        assert_eq!(SidecarId::from_host_link_name("lzhABCDEF0123"), None);
+        assert_eq!(SidecarId::from_host_link_name("eth0"), None);
+        assert_eq!(SidecarId::from_host_link_name("lzh123"), None);
+        assert!("abcdef012".parse::<SidecarId>().is_err());
+    }
+
+    #[test]
+    fn random_ids_differ_and_fit_40_bits() {
+        let a = SidecarId::random().expect("valid test input");
+        let b = SidecarId::random().expect("valid test input");
+        assert_ne!(a, b);
+        assert!(a.0 < (1 << 40) && b.0 < (1 << 40));
+    }
+
+    #[test]
+    fn domain_addresses_from_slot() {
+        let slot: Prefix = "100.96.0.4/30".parse().expect("valid test input");
+        let addresses = DomainAddresses::for_slot(slot).expect("valid test input");
+        assert_eq!(addresses.sandbox, Ipv4Addr::new(100, 96, 0, 4));
+        assert_eq!(addresses.sidecar_inner, Ipv4Addr::new(100, 96, 0, 5));
+        assert_eq!(addresses.sidecar_uplink, Ipv4Addr::new(100, 96, 0, 6));
+        assert_eq!(addresses.host_uplink, Ipv4Addr::new(100, 96, 0, 7));
+        assert_eq!(addresses.sandbox_link().to_string(), "100.96.0.4/31");
+    }
+}

@@ -1,0 +1,507 @@
+//! Finding, checking and driving the `runsc` binary.
+//!
+//! Every call passes the same global flags (state root, platform, overlay,
+//! network), so that `create`, `start`, `kill` and `delete` of one container
+//! always agree about where its state lives and how it was built.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+/// The oldest runsc release Lazaret runs with. Debian 12's own package
+/// (0.0~20221219) cannot run bookworm's `ls` (statx returns EINVAL) and has a
+/// broken netstack; Debian 13's 0.0~20240729 is the one we test against.
+pub const MIN_RELEASE: u32 = 20240729;
+
+/// The gVisor platform (how the sandbox intercepts system calls).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Platform {
+    /// seccomp-based interception; the default and the fastest without KVM.
+    #[default]
+    Systrap,
+    /// ptrace-based interception; slow but works everywhere.
+    Ptrace,
+    /// KVM (hangs on nested-virtualisation hosts, see PLATFORM.md).
+    Kvm,
+}
+
+impl Platform {
+    /// The name runsc's `--platform` flag takes.
+    pub fn as_flag(self) -> &'static str {
+        match self {
+            Platform::Systrap => "systrap",
+            Platform::Ptrace => "ptrace",
+            Platform::Kvm => "kvm",
+        }
+    }
+}
+
+/// How the sandbox gets a network.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum NetworkMode {
+    /// Loopback only (`--network=none`).
+    #[default]
+    None,
+    /// gVisor's netstack over the interfaces of the network namespace named in
+    /// the bundle (`--network=sandbox`). Never `host`: root inside could then
+    /// change the real namespace.
+    Sandbox,
+}
+
+/// Errors from locating or running runsc.
+#[derive(Debug, thiserror::Error)]
+pub enum RunscError {
+    /// No runsc at the configured path or on PATH.
+    #[error("runsc not found (looked {searched}); install it with `scripts/install-runsc.sh` (Debian 13's runsc, which runs on Debian 12) or set `[runsc] path` in the configuration")]
+    NotFound {
+        /// Where we looked.
+        searched: String,
+    },
+    /// `runsc --version` printed something we cannot read.
+    #[error("cannot read the version of {path}: {output:?}; is this really runsc?")]
+    UnknownVersion {
+        /// The binary.
+        path: PathBuf,
+        /// What it printed.
+        output: String,
+    },
+    /// The runsc is older than [`MIN_RELEASE`].
+    #[error("{path} is runsc release {release}, too old to run modern images (Lazaret needs {min} or newer; Debian 12's own package is 20221219); install Debian 13's runsc with `scripts/install-runsc.sh` or set `[runsc] path`")]
+    TooOld {
+        /// The binary.
+        path: PathBuf,
+        /// Its release date.
+        release: u32,
+        /// The oldest we accept.
+        min: u32,
+    },
+    /// A flag Lazaret relies on is missing from this build.
+    #[error("{path} lacks the `--{flag}` flag that Lazaret needs; install a newer runsc with `scripts/install-runsc.sh`")]
+    MissingFeature {
+        /// The binary.
+        path: PathBuf,
+        /// The missing flag.
+        flag: &'static str,
+    },
+    /// A runsc subcommand exited non-zero.
+    #[error("`runsc {subcommand} {container}` failed ({status}): {stderr}")]
+    Failed {
+        /// Which subcommand.
+        subcommand: &'static str,
+        /// Which container.
+        container: String,
+        /// Its exit status.
+        status: std::process::ExitStatus,
+        /// What it printed on stderr (trimmed).
+        stderr: String,
+    },
+    /// An I/O error around a runsc call.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunscError {
+    let context = context.into();
+    move |source| RunscError::Io { context, source }
+}
+
+/// What a runsc binary is and can do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunscInfo {
+    /// The binary.
+    pub path: PathBuf,
+    /// First line of `runsc --version`.
+    pub version: String,
+    /// Release date as YYYYMMDD.
+    pub release: u32,
+    /// Has the systrap platform.
+    pub systrap: bool,
+    /// Has `--overlay2`.
+    pub overlay2: bool,
+    /// Has `--host-uds`.
+    pub host_uds: bool,
+    /// Has `--directfs`.
+    pub directfs: bool,
+}
+
+impl RunscInfo {
+    /// Whether `runsc start`/`run` with `--network=sandbox` must run with a
+    /// tmpfs over `/proc/sys/net`: releases up to 20240729 mistake any netns
+    /// for the root one on kernels >= 6 (gVisor issue 10704).
+    pub fn needs_netns_workaround(&self, kernel_major: u32) -> bool {
+        self.release <= 20240729 && kernel_major >= 6
+    }
+}
+
+/// Reads the release date out of `runsc --version` output. Accepts upstream
+/// (`runsc version release-20240729.0`) and Debian (`runsc version
+/// 0.0~20240729.0`) spellings.
+pub fn parse_release(version_output: &str) -> Option<u32> {
+    let line = version_output.lines().next()?;
+    let rest = line.strip_prefix("runsc version ")?.trim();
+    let rest = rest
+        .strip_prefix("release-")
+        .or_else(|| rest.strip_prefix("0.0~"))
+        .unwrap_or(rest);
+    let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
+    if digits.len() != 8 {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Settings that are the same for every runsc call of one Domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunscOptions {
+    /// The configured binary, if any; otherwise PATH is searched.
+    pub path: Option<PathBuf>,
+    /// runsc's `--root`: the Domain's container state directory.
+    pub state_root: PathBuf,
+    /// The platform.
+    pub platform: Platform,
+    /// The network mode.
+    pub network: NetworkMode,
+    /// Directory for runsc debug logs, if wanted.
+    pub debug_log_dir: Option<PathBuf>,
+}
+
+/// How the container's main process gets its stdio.
+#[derive(Debug)]
+pub enum ContainerStdio {
+    /// Inherit the caller's stdin, stdout and stderr (no terminal).
+    Inherit,
+    /// The bundle asks for a terminal: runsc hands the PTY master to this
+    /// unix socket; runsc's own messages go to the given log file.
+    Console {
+        /// Path of the listening console socket.
+        socket: PathBuf,
+        /// File that collects runsc's stderr during `create`.
+        log: PathBuf,
+    },
+}
+
+/// A located and checked runsc, with the global flags of one Domain.
+#[derive(Debug, Clone)]
+pub struct Runsc {
+    info: RunscInfo,
+    opts: RunscOptions,
+}
+
+impl Runsc {
+    /// Finds runsc: the configured path, else the first `runsc` on PATH.
+    pub fn locate(configured: Option<&Path>) -> Result<PathBuf, RunscError> {
+        if let Some(p) = configured {
+            return if is_executable(p) {
+                Ok(p.to_path_buf())
+            } else {
+                Err(RunscError::NotFound { searched: format!("at the configured path {}", p.display()) })
+            };
+        }
+        let path_var = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+        for dir in std::env::split_paths(&path_var) {
+            let candidate = dir.join("runsc");
+            if is_executable(&candidate) {
+                return Ok(candidate);
+            }
+        }
+        Err(RunscError::NotFound { searched: format!("on PATH={}", path_var.to_string_lossy()) })
+    }
+
+    /// Runs `runsc --version` and `runsc flags` to learn what a binary is.
+    pub fn probe(path: &Path) -> Result<RunscInfo, RunscError> {
+        let out = Command::new(path)
+            .arg("--version")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io_err(format!("running {} --version", path.display())))?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let release = parse_release(&text)
+            .ok_or_else(|| RunscError::UnknownVersion { path: path.to_path_buf(), output: text.clone() })?;
+        let flags = Command::new(path)
+            .arg("flags")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(io_err(format!("running {} flags", path.display())))?;
+        let flags = String::from_utf8_lossy(&flags.stdout).into_owned() + &String::from_utf8_lossy(&flags.stderr);
+        let has = |f: &str| flags.lines().any(|l| l.trim_start().starts_with(&format!("-{f} ")) || l.trim() == format!("-{f}"));
+        Ok(RunscInfo {
+            path: path.to_path_buf(),
+            version: text.lines().next().unwrap_or_default().to_string(),
+            release,
+            systrap: flags.contains("systrap"),
+            overlay2: has("overlay2"),
+            host_uds: has("host-uds"),
+            directfs: has("directfs"),
+        })
+    }
+
+    /// Locates and probes runsc and refuses one that is too old or lacks a
+    /// feature Lazaret relies on.
+    pub fn new(opts: RunscOptions) -> Result<Runsc, RunscError> {
+        let path = Self::locate(opts.path.as_deref())?;
+        let info = Self::probe(&path)?;
+        Self::check(&info, &opts)?;
+        Ok(Runsc { info, opts })
+    }
+
+    /// The acceptance rules, separate from probing so they can be tested.
+    pub fn check(info: &RunscInfo, opts: &RunscOptions) -> Result<(), RunscError> {
+        if info.release < MIN_RELEASE {
+            return Err(RunscError::TooOld { path: info.path.clone(), release: info.release, min: MIN_RELEASE });
+        }
+        if !info.overlay2 {
+            return Err(RunscError::MissingFeature { path: info.path.clone(), flag: "overlay2" });
+        }
+        if opts.platform == Platform::Systrap && !info.systrap {
+            return Err(RunscError::MissingFeature { path: info.path.clone(), flag: "platform=systrap" });
+        }
+        Ok(())
+    }
+
+    /// What was probed.
+    pub fn info(&self) -> &RunscInfo {
+        &self.info
+    }
+
+    /// The global flags, identical on every call.
+    pub fn global_args(&self) -> Vec<OsString> {
+        let mut args: Vec<OsString> = vec![
+            "--root".into(),
+            self.opts.state_root.clone().into_os_string(),
+            format!("--platform={}", self.opts.platform.as_flag()).into(),
+            // Rootfs writes stay in sandbox memory: the rootfs directory we
+            // hand over is a per-run overlay anyway, and `root:self` would
+            // leave a filestore that `delete` from another mount namespace
+            // cannot remove. Never `all:*`: it would swallow workspace writes.
+            "--overlay2=root:memory".into(),
+            match self.opts.network {
+                NetworkMode::None => "--network=none".into(),
+                NetworkMode::Sandbox => "--network=sandbox".into(),
+            },
+        ];
+        if self.info.host_uds {
+            args.push("--host-uds=none".into());
+        }
+        if let Some(dir) = &self.opts.debug_log_dir {
+            let mut d = dir.clone().into_os_string();
+            d.push("/");
+            args.push("--debug".into());
+            args.push("--debug-log".into());
+            args.push(d);
+        }
+        args
+    }
+
+    fn command(&self, subcommand: &str) -> Command {
+        let mut cmd = Command::new(&self.info.path);
+        cmd.args(self.global_args()).arg(subcommand).stdin(Stdio::null());
+        cmd
+    }
+
+    fn run_quiet(&self, mut cmd: Command, subcommand: &'static str, container: &str) -> Result<String, RunscError> {
+        let out = cmd
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .output()
+            .map_err(io_err(format!("running runsc {subcommand}")))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(RunscError::Failed {
+                subcommand,
+                container: container.to_string(),
+                status: out.status,
+                stderr: tail(&String::from_utf8_lossy(&out.stderr)),
+            })
+        }
+    }
+
+    /// `runsc create`: builds the sandbox, paused before the container's
+    /// first process runs. Writes the sandbox PID to `pid_file`.
+    pub fn create(&self, id: &str, bundle: &Path, pid_file: &Path, stdio: &ContainerStdio) -> Result<(), RunscError> {
+        let mut cmd = self.command("create");
+        cmd.arg("--bundle").arg(bundle).arg("--pid-file").arg(pid_file);
+        let log_path = match stdio {
+            ContainerStdio::Inherit => {
+                // The sandbox keeps these for the container's process; never
+                // pipe them to ourselves (reading to EOF would hang).
+                cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+                None
+            }
+            ContainerStdio::Console { socket, log } => {
+                cmd.arg("--console-socket").arg(socket);
+                let f = OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .mode(0o600)
+                    .open(log)
+                    .map_err(io_err(format!("opening {}", log.display())))?;
+                let f2 = f.try_clone().map_err(io_err("duplicating the runsc log fd"))?;
+                cmd.stdout(Stdio::from(f)).stderr(Stdio::from(f2));
+                Some(log.clone())
+            }
+        };
+        let status = cmd.arg(id).status().map_err(io_err("running runsc create"))?;
+        if status.success() {
+            return Ok(());
+        }
+        let stderr = match log_path {
+            Some(p) => read_tail(&p),
+            None => "see the messages above".to_string(),
+        };
+        Err(RunscError::Failed { subcommand: "create", container: id.to_string(), status, stderr })
+    }
+
+    /// `runsc start`. With `netns_workaround`, runs in a private mount
+    /// namespace of a dedicated thread with a tmpfs over `/proc/sys/net`.
+    pub fn start(&self, id: &str, netns_workaround: bool) -> Result<(), RunscError> {
+        let mut cmd = self.command("start");
+        cmd.arg(id);
+        if !netns_workaround {
+            return self.run_quiet(cmd, "start", id).map(|_| ());
+        }
+        let this = self.clone();
+        let id_owned = id.to_string();
+        std::thread::scope(|s| {
+            s.spawn(move || -> Result<(), RunscError> {
+                hide_proc_sys_net_on_this_thread().map_err(io_err("setting up the /proc/sys/net work-around"))?;
+                this.run_quiet(cmd, "start", &id_owned).map(|_| ())
+            })
+            .join()
+            .unwrap_or_else(|_| Err(RunscError::Io { context: "runsc start thread".into(), source: std::io::Error::other("panicked") }))
+        })
+    }
+
+    /// `runsc kill [--all] ID SIGNAL`.
+    pub fn kill(&self, id: &str, signal: i32, all: bool) -> Result<(), RunscError> {
+        let mut cmd = self.command("kill");
+        if all {
+            cmd.arg("--all");
+        }
+        cmd.arg(id).arg(signal.to_string());
+        self.run_quiet(cmd, "kill", id).map(|_| ())
+    }
+
+    /// `runsc delete --force ID`: stops whatever still runs and removes the
+    /// container's state. Deleting a container that does not exist is not an
+    /// error.
+    pub fn delete(&self, id: &str) -> Result<(), RunscError> {
+        let mut cmd = self.command("delete");
+        cmd.arg("--force").arg(id);
+        match self.run_quiet(cmd, "delete", id) {
+            Ok(_) => Ok(()),
+            Err(RunscError::Failed { ref stderr, .. }) if stderr.contains("does not exist") || stderr.contains("not found") => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// IDs of the containers under this state root.
+    pub fn list(&self) -> Result<Vec<String>, RunscError> {
+        if !self.opts.state_root.exists() {
+            return Ok(Vec::new());
+        }
+        let mut cmd = self.command("list");
+        cmd.arg("--quiet");
+        let out = self.run_quiet(cmd, "list", "")?;
+        Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
+    }
+}
+
+/// Enters a private mount namespace on the calling thread only and mounts a
+/// tmpfs over /proc/sys/net there (PLATFORM.md, gVisor issue 10704).
+fn hide_proc_sys_net_on_this_thread() -> std::io::Result<()> {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
+    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
+    mount(Some("tmpfs"), "/proc/sys/net", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=4k,mode=0555"))?;
+    Ok(())
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
+}
+
+fn tail(s: &str) -> String {
+    let lines: Vec<&str> = s.trim().lines().collect();
+    let start = lines.len().saturating_sub(6);
+    lines[start..].join("\n")
+}
+
+fn read_tail(p: &Path) -> String {
+    let mut s = String::new();
+    match File::open(p).and_then(|mut f| f.read_to_string(&mut s)) {
+        Ok(_) => tail(&s),
+        Err(e) => format!("(cannot read {}: {e})", p.display()),
+    }
+}
+
+/// The running kernel's major version, for [`RunscInfo::needs_netns_workaround`].
+pub fn kernel_major() -> u32 {
+    nix::sys::utsname::uname()
+        .ok()
+        .and_then(|u| u.release().to_str().and_then(|r| r.split('.').next()).and_then(|m| m.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_debian_and_upstream_versions() {
+        assert_eq!(parse_release("runsc version 0.0~20240729.0\nspec: 1.2.0\n"), Some(20240729));
+        assert_eq!(parse_release("runsc version release-20250310.0\nspec: 1.1.0"), Some(20250310));
+        assert_eq!(parse_release("runsc version 0.0~20221219.0"), Some(20221219));
+        assert_eq!(parse_release("runc version 1.1.5"), None);
+        assert_eq!(parse_release("runsc version 2024"), None);
+        assert_eq!(parse_release(""), None);
+    }
+
+    fn info(release: u32) -> RunscInfo {
+        RunscInfo { path: "/x/runsc".into(), version: String::new(), release, systrap: true, overlay2: true, host_uds: true, directfs: true }
+    }
+
+    fn opts() -> RunscOptions {
+        RunscOptions { path: None, state_root: "/run/x".into(), platform: Platform::Systrap, network: NetworkMode::None, debug_log_dir: None }
+    }
+
+    #[test]
+    fn refuses_debian_12_runsc_with_a_fix() {
+        let err = Runsc::check(&info(20221219), &opts()).unwrap_err();
+        assert!(matches!(err, RunscError::TooOld { release: 20221219, .. }));
+        assert!(err.to_string().contains("install-runsc.sh"), "{err}");
+        assert!(Runsc::check(&info(20240729), &opts()).is_ok());
+        let mut no_overlay = info(20250101);
+        no_overlay.overlay2 = false;
+        assert!(matches!(Runsc::check(&no_overlay, &opts()), Err(RunscError::MissingFeature { flag: "overlay2", .. })));
+    }
+
+    #[test]
+    fn workaround_only_for_old_builds_on_new_kernels() {
+        assert!(info(20240729).needs_netns_workaround(6));
+        assert!(!info(20240729).needs_netns_workaround(5));
+        assert!(!info(20250101).needs_netns_workaround(6));
+    }
+
+    #[test]
+    fn global_flags_are_explicit() {
+        let r = Runsc { info: info(20240729), opts: opts() };
+        let args: Vec<String> = r.global_args().iter().map(|a| a.to_string_lossy().into_owned()).collect();
+        assert_eq!(args, ["--root", "/run/x", "--platform=systrap", "--overlay2=root:memory", "--network=none", "--host-uds=none"]);
+    }
+
+    #[test]
+    fn locate_reports_a_missing_configured_path() {
+        let err = Runsc::locate(Some(Path::new("/nonexistent/runsc"))).unwrap_err();
+        assert!(err.to_string().contains("/nonexistent/runsc"));
+    }
+}

@@ -1,0 +1,124 @@
+//! The developer's terminal: raw mode behind a guard, and window sizes.
+//!
+//! Raw mode is undone on every way out: the guard's `Drop` (normal return,
+//! error, and signals, which Lazaret turns into ordinary events with a
+//! signalfd) and a panic hook. Only SIGKILL of Lazaret itself can leave the
+//! terminal raw, and nothing can help that.
+
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Mutex;
+
+use nix::sys::termios::{self, SetArg, Termios};
+
+/// The saved modes, for the panic hook. One terminal at a time.
+static SAVED: Mutex<Option<(RawFd, Termios)>> = Mutex::new(None);
+
+/// Puts a terminal into raw mode and restores its exact previous modes when
+/// dropped.
+pub struct RawModeGuard {
+    fd: RawFd,
+    saved: Termios,
+}
+
+impl RawModeGuard {
+    /// Saves the modes of `fd` and switches it to raw mode.
+    pub fn enter(fd: BorrowedFd<'_>) -> nix::Result<RawModeGuard> {
+        let saved = termios::tcgetattr(fd)?;
+        let mut raw = saved.clone();
+        termios::cfmakeraw(&mut raw);
+        install_panic_restore();
+        if let Ok(mut slot) = SAVED.lock() {
+            *slot = Some((fd.as_raw_fd(), saved.clone()));
+        }
+        termios::tcsetattr(fd, SetArg::TCSADRAIN, &raw)?;
+        Ok(RawModeGuard { fd: fd.as_raw_fd(), saved })
+    }
+}
+
+impl Drop for RawModeGuard {
+    fn drop(&mut self) {
+        let fd = borrow_terminal_fd(self.fd);
+        let _ = termios::tcsetattr(fd, SetArg::TCSADRAIN, &self.saved);
+        if let Ok(mut slot) = SAVED.lock() {
+            *slot = None;
+        }
+    }
+}
+
+/// Borrows a raw fd that the caller guarantees stays open (stdin, in
+/// practice). Kept in one place so the assumption is visible.
+fn borrow_terminal_fd(fd: RawFd) -> BorrowedFd<'static> {
+    // SAFETY: only used for the terminal fd that `RawModeGuard::enter`
+    // borrowed; the guard lives inside the scope where that fd is open
+    // (stdin for the whole process).
+    unsafe { BorrowedFd::borrow_raw(fd) }
+}
+
+fn install_panic_restore() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if let Ok(slot) = SAVED.lock() {
+                if let Some((fd, saved)) = slot.as_ref() {
+                    let _ = termios::tcsetattr(borrow_terminal_fd(*fd), SetArg::TCSADRAIN, saved);
+                }
+            }
+            previous(info);
+        }));
+    });
+}
+
+/// Whether `fd` is a terminal.
+pub fn is_terminal(fd: impl AsFd) -> bool {
+    nix::unistd::isatty(fd).unwrap_or(false)
+}
+
+/// A terminal window size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WindowSize {
+    /// Rows.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+/// Reads the window size of a terminal.
+pub fn window_size(fd: BorrowedFd<'_>) -> std::io::Result<WindowSize> {
+    let ws = crate::sys::get_winsize(fd)?;
+    Ok(WindowSize { rows: ws.ws_row, cols: ws.ws_col })
+}
+
+/// Sets the window size of a terminal (a PTY master).
+pub fn set_window_size(fd: BorrowedFd<'_>, size: WindowSize) -> std::io::Result<()> {
+    let ws = libc::winsize { ws_row: size.rows, ws_col: size.cols, ws_xpixel: 0, ws_ypixel: 0 };
+    crate::sys::set_winsize(fd, &ws)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::pty::openpty;
+
+    #[test]
+    fn raw_mode_is_restored_exactly() {
+        let pty = openpty(None, None).expect("openpty");
+        let before = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        {
+            let _guard = RawModeGuard::enter(pty.slave.as_fd()).expect("raw");
+            let during = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+            assert!(!during.local_flags.contains(termios::LocalFlags::ECHO));
+            assert!(!during.local_flags.contains(termios::LocalFlags::ICANON));
+        }
+        let after = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn window_size_round_trips_through_a_pty() {
+        let pty = openpty(None, None).expect("openpty");
+        set_window_size(pty.master.as_fd(), WindowSize { rows: 37, cols: 101 }).expect("set");
+        assert_eq!(window_size(pty.slave.as_fd()).expect("get"), WindowSize { rows: 37, cols: 101 });
+        assert!(is_terminal(pty.slave.as_fd()));
+    }
+}

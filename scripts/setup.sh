@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Sets up everything Lazaret needs on a Debian 12 machine, as root:
+# Debian packages, the supported runsc, a release build of `lazaret` in
+# /usr/local/bin, the default image (built once with debootstrap, cached in
+# /var/cache/lazaret) imported into the store, and a default configuration for
+# the developer if none exists. Safe to run again: each step is skipped when
+# already done.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+deps_only=0
+[ "${1:-}" = "--deps-only" ] && deps_only=1
+
+[ "$(id -u)" -eq 0 ] || { echo "setup: run as root (sudo $0)" >&2; exit 1; }
+
+# Rust: the toolchain must be 1.85+ (edition 2024); Debian 12's own rustc is
+# too old, so it has to come from rustup.
+if ! command -v cargo >/dev/null 2>&1; then
+  for d in "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)/.cargo/bin}" /root/.cargo/bin; do
+    [ -n "$d" ] && [ -x "$d/cargo" ] && export PATH="$d:$PATH" && break
+  done
+fi
+command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust 1.85 or newer with rustup (Debian 12's rustc is too old)" >&2; exit 1; }
+
+need=()
+for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  echo "setup: installing ${need[*]}" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+
+bash "$here/install-runsc.sh" >&2
+
+tarball=$(bash "$here/build-image.sh")
+if [ "$deps_only" -eq 1 ]; then
+  echo "setup: dependencies ready" >&2
+  exit 0
+fi
+
+echo "setup: building lazaret (release)" >&2
+( cd "$repo" && cargo build --locked --release -p lazaret-cli >&2 )
+install -m 0755 "$repo/target/release/lazaret" /usr/local/bin/lazaret
+
+# The developer: the user who called sudo, else root.
+dev_user=${SUDO_USER:-root}
+dev_home=$(getent passwd "$dev_user" | cut -d: -f6)
+cfg=${LAZARET_CONFIG:-$dev_home/.config/lazaret/config.toml}
+if [ ! -e "$cfg" ]; then
+  echo "setup: writing a default configuration to $cfg" >&2
+  install -d -m 0755 "$(dirname "$cfg")"
+  cp "$repo/docs/config.default.toml" "$cfg"
+  chmod 0644 "$cfg"
+  chown "$dev_user:" "$cfg" "$(dirname "$cfg")" 2>/dev/null || true
+fi
+
+if ! LAZARET_CONFIG="$cfg" lazaret image ls | awk 'NR>1 {print $1}' | grep -qx debian-bookworm; then
+  echo "setup: importing the default image" >&2
+  LAZARET_CONFIG="$cfg" lazaret image import debian-bookworm "$tarball" >&2
+fi
+echo "setup: done" >&2

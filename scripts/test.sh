@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# One command: set up what the tests need, then run the whole suite (unit
+# tests, privileged end-to-end tests in tests/, and the TLA+ check).
+# Expensive artefacts (the debootstrapped test rootfs, the runsc package) are
+# cached in /var/cache/lazaret, outside the repository.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(dirname "$here")
+cd "$repo"
+
+[ "$(id -u)" -eq 0 ] || { echo "test: the suite needs root (namespaces, mounts, runsc): sudo $0" >&2; exit 1; }
+if ! command -v cargo >/dev/null 2>&1 && [ -x /root/.cargo/bin/cargo ]; then export PATH="/root/.cargo/bin:$PATH"; fi
+
+bash "$here/setup.sh" --deps-only
+
+# A non-root developer for the ownership tests.
+if ! getent passwd lazaret-test >/dev/null; then
+  useradd --system --create-home --shell /usr/sbin/nologin lazaret-test
+fi
+
+export LAZARET_TEST_IMAGE_TARBALL=$(bash "$here/build-image.sh")
+export LAZARET_BIN="$repo/target/debug/lazaret"
+
+cargo build --locked --workspace --all-targets
+cargo test --locked --workspace -- --test-threads=2
+if [ -x protocol/check-tla.sh ]; then
+  bash protocol/check-tla.sh
+fi
