@@ -134,7 +134,7 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                 }
                 ConfigAction::Show { json } => {
                     if json {
-                        println!("{}", serde_json::to_string_pretty(&cfg)?);
+                        println!("{}", cfg.render_json()?);
                     } else {
                         print!("{}", cfg.render_toml()?);
                     }

@@ -4,8 +4,9 @@
 //! For every repository visible in the sandbox (the workspace's own, nested
 //! repositories, submodules under `.git/modules`, and the real git directory
 //! of a linked worktree), protected read-only: `config`, `hooks/`,
-//! `config.worktree` (per-worktree and common), and the `core.hooksPath`
-//! directory when it lies inside the workspace. Index, HEAD, refs, objects
+//! `config.worktree` (per-worktree and common), `worktrees/*/commondir` and
+//! `worktrees/*/config.worktree` (read by other linked worktrees), and the
+//! `core.hooksPath` directory when it lies inside the workspace. Index, HEAD, refs, objects
 //! and logs stay writable. Missing `hooks/` (and a missing
 //! `config.worktree` when `extensions.worktreeConfig` is on, or a missing
 //! in-workspace `core.hooksPath` directory) are created empty so that the
@@ -96,8 +97,39 @@ fn protect_repository(
     if let Some(hooks_path) = config.get("core", "hooksPath") {
         protect_hooks_path(workspace, workspace_abs, location, host, hooks_path, plan)?;
     }
+    protect_linked_worktree_dirs(workspace, &location.common_dir, &config, plan)?;
     // Submodules' git directories.
     protect_modules(workspace, &location.common_dir.join("modules"), 0, global, plan)
+}
+
+/// Every `worktrees/<name>/` of a common dir belongs to a linked worktree
+/// (possibly outside the workspace) whose git reads its `commondir` (which
+/// redirects it to another config) and `config.worktree`: both read-only.
+fn protect_linked_worktree_dirs(
+    workspace: BorrowedFd<'_>,
+    common_dir: &GitDirPath,
+    config: &GitConfig,
+    plan: &mut SentryPlan,
+) -> Result<(), MountError> {
+    let worktrees = common_dir.join("worktrees");
+    let dir = match worktrees.open(workspace) {
+        Ok(dir) => dir,
+        Err(MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    for name in subdirectories(dir.as_fd(), &worktrees)? {
+        let git_dir = worktrees.join(&name);
+        let fd = git_dir.open(workspace)?;
+        match existing_kind(fd.as_fd(), "commondir", &git_dir)? {
+            Some(FileKind::Regular) => {
+                plan.protected.push(ProtectedPath { path: git_dir.join("commondir"), kind: FileKind::Regular });
+            }
+            Some(_) => return Err(refused(&git_dir, "commondir", "must be a regular file")),
+            None => {}
+        }
+        protect_git_dir(workspace, &git_dir, config, false, plan)?;
+    }
+    Ok(())
 }
 
 /// Protects `config`, `hooks/` and `config.worktree` of one git directory.

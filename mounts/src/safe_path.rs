@@ -306,6 +306,47 @@ mod tests {
     }
 
     #[test]
+    fn swapping_a_directory_for_a_symlink_never_resolves_outside() {
+        let outside = tempfile::tempdir().expect("tempdir");
+        std::fs::write(outside.path().join("file"), b"outside").expect("write");
+        let (dir, root) = tree();
+        std::fs::write(dir.path().join("a/file"), b"inside").expect("write");
+        symlink(outside.path(), dir.path().join("decoy")).expect("symlink");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let swapper = {
+            let stop = std::sync::Arc::clone(&stop);
+            let (a, decoy) = (dir.path().join("a"), dir.path().join("decoy"));
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    nix::fcntl::renameat2(
+                        nix::fcntl::AT_FDCWD,
+                        &a,
+                        nix::fcntl::AT_FDCWD,
+                        &decoy,
+                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                    )
+                    .expect("exchange");
+                }
+            })
+        };
+        let (mut inside, mut refused) = (0, 0);
+        for _ in 0..5000 {
+            match read_beneath(root.as_fd(), Path::new("a/file"), 100) {
+                Ok(Some(contents)) => {
+                    assert_eq!(contents, b"inside", "resolution landed outside the root");
+                    inside += 1;
+                }
+                Ok(None) => {}
+                Err(MountError::Refused { .. }) => refused += 1,
+                Err(other) => panic!("unexpected error: {other}"),
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        swapper.join().expect("swapper");
+        assert!(inside + refused > 0);
+    }
+
+    #[test]
     fn refuses_special_files() {
         let (dir, root) = tree();
         nix::unistd::mkfifo(&dir.path().join("fifo"), Mode::from_bits_truncate(0o644)).expect("mkfifo");

@@ -168,7 +168,7 @@ mod tests {
         let hooks = ws.join(".git/hooks");
         let sentry_host = vec![hooks.clone()];
         let sentry_sandbox = vec![PathBuf::from("/workspace/.git/hooks")];
-        validate_volumes(&[v.clone()], &config, &sentry_host, &sentry_sandbox, &[]).expect("fine");
+        validate_volumes(std::slice::from_ref(&v), &config, &sentry_host, &sentry_sandbox, &[]).expect("fine");
         let whole_home = parse_volume("~:/home/dev", home.path()).expect("parse");
         let err = validate_volumes(&[whole_home], &config, &sentry_host, &sentry_sandbox, &[]).expect_err("config");
         assert!(err.to_string().contains("ConfigurationConfinement"), "{err}");

@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, symlink};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,6 +78,15 @@ fn emulate_runtime(ws: &Path, view: &Path, binds: &[BindMount]) {
     bind_mount(ws, &ws_view, false).expect("workspace bind");
     for bind in binds {
         let dest = view.join(bind.destination.strip_prefix("/").expect("absolute"));
+        // Like runsc, create a missing destination outside the workspace view.
+        if !dest.exists() {
+            if bind.source.is_dir() {
+                std::fs::create_dir_all(&dest).expect("mkdir destination");
+            } else {
+                std::fs::create_dir_all(dest.parent().expect("parent")).expect("mkdir");
+                std::fs::write(&dest, "").expect("create destination");
+            }
+        }
         bind_mount(&bind.source, &dest, bind.readonly).expect("bind");
     }
 }
@@ -187,16 +195,22 @@ fn hostile_layouts_are_refused_or_left_unmounted() {
     assert!(err.to_string().contains(".git/hooks"), "{err}");
     f.secret_untouched();
 
-    // An ignored directory replaced by a symlink to a host directory: it is
-    // reported and nothing is mounted there or from there.
+    // An ignored directory replaced by a symlink to a host directory (git no
+    // longer calls it ignored: `node_modules/` is dir-only), and an ignored
+    // file replaced by a symlink to a host file (reported): nothing is
+    // mounted there or from there.
     let f = Fixture::new();
     std::fs::remove_dir_all(f.ws().join("node_modules")).expect("rm");
     symlink(f.path("host-secret"), f.ws().join("node_modules")).expect("symlink");
+    std::fs::remove_file(f.ws().join("build.log")).expect("rm");
+    symlink(f.path("host-secret/marker"), f.ws().join("build.log")).expect("symlink");
     let plan = f.plan().expect("plan");
-    assert!(plan.warnings.iter().any(|w| w.contains("node_modules")), "{:?}", plan.warnings);
+    assert!(plan.warnings.iter().any(|w| w.contains("build.log")), "{:?}", plan.warnings);
+    assert!(plan.ignored.iter().all(|m| m.workspace_rel != Path::new("node_modules")));
     in_private_mount_ns(|| {
         let assembled = assemble(&plan, &f.path("run/staging")).expect("assemble");
         assert!(find(&assembled.binds, "/workspace/node_modules").is_none());
+        assert!(find(&assembled.binds, "/workspace/build.log").is_none());
         assert!(assembled.binds.iter().all(|b| !b.source.starts_with(f.path("host-secret"))));
     });
     f.secret_untouched();
@@ -282,4 +296,47 @@ fn swapping_hooks_for_a_symlink_during_assembly_never_exposes_the_host() {
     eprintln!("swap test: {successes} assemblies succeeded, {refusals} refused, {swaps} swaps");
     f.secret_untouched();
     assert!(!host_has_mount_under(f.dir.path()));
+}
+
+#[test]
+fn linked_worktree_git_dir_is_bound_with_its_config_read_only() {
+    if not_root() {
+        return;
+    }
+    let f = Fixture::new();
+    let git = |cwd: &Path, args: &[&str]| {
+        let status = Command::new("git")
+            .current_dir(cwd)
+            .env("HOME", f.path("home"))
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid"])
+            .args(args)
+            .status()
+            .expect("git");
+        assert!(status.success(), "git {args:?}");
+    };
+    // The fixture's ws becomes the main repository; the workspace is a linked worktree.
+    git(&f.ws(), &["add", ".gitignore", "src.txt"]);
+    git(&f.ws(), &["commit", "-qm", "c"]);
+    let linked = f.path("linked");
+    git(&f.ws(), &["worktree", "add", "-q", &linked.to_string_lossy()]);
+    let main_git = std::fs::canonicalize(f.ws().join(".git")).expect("canon");
+    let plan = plan_workspace(&linked, &f.path("domain"), &f.options()).expect("plan");
+    let view = f.path("run/view");
+    in_private_mount_ns(|| {
+        let assembled = assemble(&plan, &f.path("run/staging")).expect("assemble");
+        let gitdir = find(&assembled.binds, &main_git.to_string_lossy()).expect("git dir bound at its own path");
+        assert!(!gitdir.readonly);
+        let config = find(&assembled.binds, &main_git.join("config").to_string_lossy()).expect("config bind");
+        assert!(config.readonly);
+        emulate_runtime(&linked, &view, &assembled.binds);
+        let inner = view.join(main_git.strip_prefix("/").expect("absolute"));
+        let err = std::fs::write(inner.join("config"), "evil").expect_err("config read-only");
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+        let err = std::fs::write(inner.join("hooks/pre-commit"), "evil").expect_err("hooks read-only");
+        assert_eq!(err.raw_os_error(), Some(libc::EROFS));
+        std::fs::write(inner.join("description"), "writable").expect("objects/refs side writable");
+    });
+    assert!(!host_has_mount_under(f.dir.path()));
+    assert_eq!(std::fs::read_to_string(main_git.join("description")).expect("read"), "writable");
 }

@@ -78,7 +78,8 @@ fn plain_repository_protects_config_and_hooks() {
 
 #[test]
 fn refuses_unprotectable_layouts() {
-    let cases: &[(&str, fn(&Path))] = &[
+    type Breaker = fn(&Path);
+    let cases: &[(&str, Breaker)] = &[
         (".git", |ws| {
             std::fs::rename(ws.join(".git"), ws.join("real-git")).expect("mv");
             symlink(ws.join("real-git"), ws.join(".git")).expect("symlink");
@@ -170,6 +171,19 @@ fn linked_worktree_outside_git_dir_validated_by_back_link() {
         .collect();
     assert!(outside.contains(&main_git.join("config")), "{outside:?}");
     assert!(outside.contains(&main_git.join("hooks")), "{outside:?}");
+    let wt_name = std::fs::read_dir(main_git.join("worktrees")).expect("readdir").next().expect("one").expect("entry").file_name();
+    assert!(outside.contains(&main_git.join("worktrees").join(&wt_name).join("commondir")), "{outside:?}");
+
+    // Seen from the main work tree, the linked worktree's commondir is protected too.
+    let main_root = open_root_dir(&main).expect("open main");
+    let host = HostGitSettings { home: Some(f.home()), xdg_config_home: None, system_config: None };
+    let main_plan = discover(main_root.as_fd(), &std::fs::canonicalize(&main).expect("canon"), &[PathBuf::new()], &host)
+        .expect("discover main");
+    assert!(
+        inside(&main_plan).contains(&(Path::new(".git/worktrees").join(&wt_name).join("commondir"), FileKind::Regular)),
+        "{:?}",
+        inside(&main_plan)
+    );
 
     // A forged pointer to a directory without the back-link is refused.
     std::fs::write(f.ws().join(".git"), "gitdir: /etc\n").expect("forge");

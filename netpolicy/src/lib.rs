@@ -1,6 +1,22 @@
-//! Lazaret's egress policy: a pure compiler from configuration to a
-//! longest-prefix table ([`policy`]), DNS resolver selection ([`dns`]), and the
-//! per-Domain sidecar network topology that enforces the table ([`topology`]).
+//! Lazaret's egress policy and the sidecar network that enforces it.
+//!
+//! * [`policy`]: the pure compiler from `allow_egress`/`deny_egress`, DNS and
+//!   defaults to a longest-prefix table ([`compile`], [`CompiledPolicy::decide`],
+//!   [`CompiledPolicy::render_table`] for `lazaret policy show`,
+//!   [`CompiledPolicy::explain`] for `lazaret policy explain`).
+//! * [`dns`]: the Domain's resolvers from config or the host's resolv.conf, and
+//!   the sandbox's `/etc/resolv.conf`.
+//! * [`topology`]: per Domain a sandbox netns and a sidecar (router) netns with
+//!   the policy as routes, an uplink to the host, host-side forwarding and
+//!   source NAT over netlink, read-back verification and crash recovery.
+//!
+//! Start-up order for the coordinator (OrderedNetworkStartup):
+//! [`topology::remove_stale`] with the Sidecar IDs of Domains still alive →
+//! [`topology::DomainNetwork::create`] (builds, installs and verifies) → write
+//! [`sandbox_resolv_conf`] into the sandbox → before every runsc start
+//! [`topology::DomainNetwork::readdress_sandbox`] and
+//! [`topology::DomainNetwork::verify_installed`] → runsc with the sandbox
+//! namespace's [`topology::Netns::proc_path`] → [`topology::DomainNetwork::teardown`].
 
 pub mod dns;
 pub mod policy;

@@ -227,6 +227,19 @@ fn pool_colliding_with_a_host_route_is_refused() {
 #[test]
 fn ipv6_enabled_domains_are_refused_not_half_policed() {
     let net = FakeInternet::new();
+    // The fake host has no IPv6 route, so the config default would be ipv6 = false.
+    assert!(!lazaret_netpolicy::topology::host_has_global_ipv6_route(&net.host).expect("route dump"));
+    net.host
+        .netlink(async |handle| {
+            let wan = link_index_sync(&links(&handle).await?, "wan0");
+            let route = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
+                .gateway("fe80::2".parse().expect("address"))
+                .output_interface(wan)
+                .build();
+            handle.route().add(route).execute().await.map_err(nl("IPv6 default route"))
+        })
+        .expect("add IPv6 default route");
+    assert!(lazaret_netpolicy::topology::host_has_global_ipv6_route(&net.host).expect("route dump"));
     let mut policy = input();
     policy.ipv6 = true;
     let error = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect_err("refused");

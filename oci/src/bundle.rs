@@ -24,8 +24,9 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Capability, LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace, LinuxNamespaceType,
-    LinuxPids, LinuxResources, Mount, PosixRlimit, PosixRlimitBuilder, PosixRlimitType, Process, Root, Spec, User,
+    Capability, LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace,
+    LinuxNamespaceType, LinuxPids, LinuxResources, Mount, PosixRlimit, PosixRlimitBuilder,
+    PosixRlimitType, Process, Root, Spec, User,
 };
 
 /// Every `cgroupsPath` must lie under this Lazaret-owned parent.
@@ -192,7 +193,9 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
     user.set_uid(spec.uid)
         .set_gid(spec.gid)
         .set_umask(Some(0o022))
-        .set_additional_gids((!spec.additional_gids.is_empty()).then(|| spec.additional_gids.clone()))
+        .set_additional_gids(
+            (!spec.additional_gids.is_empty()).then(|| spec.additional_gids.clone()),
+        )
         .set_username(None);
 
     let caps: Vec<Capability> = match &spec.capabilities {
@@ -209,8 +212,16 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
         .set_inheritable(Some(Default::default()))
         .set_ambient(Some(Default::default()));
 
-    let mut rlimits = spec.rlimits.iter().map(to_posix_rlimit).collect::<Result<Vec<_>, _>>()?;
-    if !spec.rlimits.iter().any(|r| r.resource == PosixRlimitType::RlimitNofile) {
+    let mut rlimits = spec
+        .rlimits
+        .iter()
+        .map(to_posix_rlimit)
+        .collect::<Result<Vec<_>, _>>()?;
+    if !spec
+        .rlimits
+        .iter()
+        .any(|r| r.resource == PosixRlimitType::RlimitNofile)
+    {
         rlimits.push(to_posix_rlimit(&Rlimit {
             resource: PosixRlimitType::RlimitNofile,
             soft: DEFAULT_NOFILE,
@@ -225,7 +236,9 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
         .set_user(user)
         .set_args(Some(spec.args.clone()))
         .set_command_line(None)
-        .set_env(Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()))
+        .set_env(Some(
+            spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+        ))
         .set_cwd(spec.cwd.clone())
         .set_capabilities(Some(capabilities))
         .set_rlimits(Some(rlimits))
@@ -242,7 +255,12 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
 
     let mut mounts = system_mounts();
     for bind in &spec.mounts {
-        let mut options = vec!["rbind".to_string(), "rprivate".into(), "nosuid".into(), "nodev".into()];
+        let mut options = vec![
+            "rbind".to_string(),
+            "rprivate".into(),
+            "nosuid".into(),
+            "nodev".into(),
+        ];
         if bind.readonly {
             options.push("ro".into());
         }
@@ -352,7 +370,10 @@ pub fn render_spec(spec: &Spec) -> Result<String, BundleError> {
 pub fn write_bundle(dir: &Path, spec: &BundleSpec) -> Result<PathBuf, BundleError> {
     let text = render_spec(&build_spec(spec)?)?;
     let io_err = |context: String| move |source| BundleError::Io { context, source };
-    crate::fsutil::ensure_private_dir(dir, 0o700).map_err(io_err(format!("creating bundle directory {}", dir.display())))?;
+    crate::fsutil::ensure_private_dir(dir, 0o700).map_err(io_err(format!(
+        "creating bundle directory {}",
+        dir.display()
+    )))?;
     crate::fsutil::atomic_write(dir, "config.json", text.as_bytes(), 0o600)
         .map_err(io_err(format!("writing {}/config.json", dir.display())))?;
     Ok(dir.join("config.json"))
@@ -374,7 +395,13 @@ const MASKED_PATHS: [&str; 11] = [
 ];
 
 /// runc's default read-only paths.
-const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
+const READONLY_PATHS: [&str; 5] = [
+    "/proc/bus",
+    "/proc/fs",
+    "/proc/irq",
+    "/proc/sys",
+    "/proc/sysrq-trigger",
+];
 
 /// Destinations reserved for the system mounts.
 const RESERVED_DESTINATIONS: [&str; 3] = ["/proc", "/sys", "/dev"];
@@ -385,20 +412,52 @@ fn to_strings(list: &[&str]) -> Vec<String> {
 
 fn system_mounts() -> Vec<Mount> {
     let m = |dest: &str, kind: &str, source: &str, options: &[&str]| {
-        mount(Path::new(dest), kind, Path::new(source), &to_strings(options))
+        mount(
+            Path::new(dest),
+            kind,
+            Path::new(source),
+            &to_strings(options),
+        )
     };
     vec![
         m("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
-        m("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        m(
+            "/dev",
+            "tmpfs",
+            "tmpfs",
+            &["nosuid", "strictatime", "mode=755", "size=65536k"],
+        ),
         m(
             "/dev/pts",
             "devpts",
             "devpts",
-            &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"],
+            &[
+                "nosuid",
+                "noexec",
+                "newinstance",
+                "ptmxmode=0666",
+                "mode=0620",
+                "gid=5",
+            ],
         ),
-        m("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
-        m("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"]),
-        m("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"]),
+        m(
+            "/dev/shm",
+            "tmpfs",
+            "shm",
+            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
+        ),
+        m(
+            "/dev/mqueue",
+            "mqueue",
+            "mqueue",
+            &["nosuid", "noexec", "nodev"],
+        ),
+        m(
+            "/sys",
+            "sysfs",
+            "sysfs",
+            &["nosuid", "noexec", "nodev", "ro"],
+        ),
         m("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
     ]
 }
@@ -446,7 +505,9 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
             reason: reason.to_string(),
         };
         let mut chars = key.chars();
-        let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        let first_ok = chars
+            .next()
+            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
         if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(env_err("keys must match [A-Za-z_][A-Za-z0-9_]*"));
         }
@@ -460,7 +521,11 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     check_path("cwd", &spec.cwd)?;
     check_path("rootfs", &spec.rootfs)?;
     if spec.rootfs == Path::new("/") {
-        return Err(path_err("rootfs", &spec.rootfs, "the host root cannot be the container root"));
+        return Err(path_err(
+            "rootfs",
+            &spec.rootfs,
+            "the host root cannot be the container root",
+        ));
     }
     if let Some(netns) = &spec.network_namespace {
         check_path("network_namespace", netns)?;
@@ -473,13 +538,25 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
         check_path("mount destination", &bind.destination)?;
         let dest = &bind.destination;
         if dest == Path::new("/") {
-            return Err(path_err("mount destination", dest, "cannot mount over the container root"));
+            return Err(path_err(
+                "mount destination",
+                dest,
+                "cannot mount over the container root",
+            ));
         }
         if RESERVED_DESTINATIONS.iter().any(|r| dest.starts_with(r)) {
-            return Err(path_err("mount destination", dest, "/proc, /sys and /dev are reserved"));
+            return Err(path_err(
+                "mount destination",
+                dest,
+                "/proc, /sys and /dev are reserved",
+            ));
         }
         if !destinations.insert(dest.clone()) {
-            return Err(path_err("mount destination", dest, "mounted more than once"));
+            return Err(path_err(
+                "mount destination",
+                dest,
+                "mounted more than once",
+            ));
         }
     }
     if let CapabilityPolicy::Explicit(list) = &spec.capabilities
@@ -490,10 +567,16 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     let mut resources = Vec::new();
     for limit in &spec.rlimits {
         if limit.soft > limit.hard {
-            return Err(field("rlimits", format!("{:?}: soft limit above hard limit", limit.resource)));
+            return Err(field(
+                "rlimits",
+                format!("{:?}: soft limit above hard limit", limit.resource),
+            ));
         }
         if resources.contains(&limit.resource) {
-            return Err(field("rlimits", format!("{:?} given more than once", limit.resource)));
+            return Err(field(
+                "rlimits",
+                format!("{:?} given more than once", limit.resource),
+            ));
         }
         resources.push(limit.resource);
     }
@@ -524,7 +607,11 @@ fn check_path(field: &str, path: &Path) -> Result<(), BundleError> {
         return Err(path_err(field, path, "contains NUL"));
     }
     if bytes.split(|b| *b == b'/').any(|c| c == b".." || c == b".") {
-        return Err(path_err(field, path, "must not contain `.` or `..` components"));
+        return Err(path_err(
+            field,
+            path,
+            "must not contain `.` or `..` components",
+        ));
     }
     Ok(())
 }
@@ -556,7 +643,10 @@ fn validate_cgroups_path(path: &str) -> Result<(), BundleError> {
         field: "cgroups_path".into(),
         reason: format!("{path:?}: {reason}"),
     };
-    let Some(rest) = path.strip_prefix(CGROUP_PARENT).and_then(|r| r.strip_prefix('/')) else {
+    let Some(rest) = path
+        .strip_prefix(CGROUP_PARENT)
+        .and_then(|r| r.strip_prefix('/'))
+    else {
         return Err(bad(&format!("must lie under {CGROUP_PARENT}/")));
     };
     if rest.is_empty() {
@@ -566,10 +656,14 @@ fn validate_cgroups_path(path: &str) -> Result<(), BundleError> {
         if comp.is_empty() || comp == "." || comp == ".." {
             return Err(bad("empty, `.` or `..` component"));
         }
-        if !comp.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
-            return Err(bad("components may only use letters, digits, '_', '.', '-'"));
+        if !comp
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
+        {
+            return Err(bad(
+                "components may only use letters, digits, '_', '.', '-'",
+            ));
         }
     }
     Ok(())
 }
-

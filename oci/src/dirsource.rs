@@ -32,7 +32,10 @@ pub(crate) fn spawn_tar_of_dir(root: PathBuf) -> io::Result<(File, JoinHandle<io
             let root_meta = std::fs::symlink_metadata(&root)?;
             walker.append_dir(Path::new("."), &root_meta)?;
             walker.walk(&root, Path::new(""))?;
-            builder.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+            builder
+                .into_inner()?
+                .into_inner()
+                .map_err(|e| e.into_error())?;
             Ok(())
         })?;
     Ok((reader, handle))
@@ -90,7 +93,10 @@ impl<W: io::Write> Walker<'_, W> {
             .open(path)?;
         let opened = file.metadata()?;
         if (opened.dev(), opened.ino()) != key {
-            return Err(io::Error::other(format!("{} changed while importing", path.display())));
+            return Err(io::Error::other(format!(
+                "{} changed while importing",
+                path.display()
+            )));
         }
         let mut header = header_for(meta, tar::EntryType::Regular);
         header.set_size(meta.len());
@@ -127,10 +133,15 @@ impl Read for ExactLength {
         if self.remaining == 0 {
             return Ok(0);
         }
-        let want = buf.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        let want = buf
+            .len()
+            .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
         if n == 0 {
-            return Err(io::Error::other(format!("{} shrank while importing", self.path.display())));
+            return Err(io::Error::other(format!(
+                "{} shrank while importing",
+                self.path.display()
+            )));
         }
         self.remaining -= n as u64;
         Ok(n)

@@ -56,7 +56,10 @@ pub(crate) fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result
 }
 
 /// Removes every child of the directory `dir` for which `select(name)` is true.
-pub(crate) fn clear_dir(dir: BorrowedFd<'_>, mut select: impl FnMut(&OsStr) -> bool) -> io::Result<()> {
+pub(crate) fn clear_dir(
+    dir: BorrowedFd<'_>,
+    mut select: impl FnMut(&OsStr) -> bool,
+) -> io::Result<()> {
     for name in list_dir(dir)? {
         if select(&name) {
             remove_tree_at(dir, &name)?;
@@ -114,13 +117,21 @@ pub(crate) fn atomic_write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> i
 /// existing directory; refuses a symlink or a non-directory at `path`.
 pub(crate) fn ensure_private_dir(path: &Path, mode: u32) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)),
+        Ok(meta) if meta.is_dir() => {
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        }
         Ok(_) => Err(io::Error::new(
             io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a directory (or is a symlink)", path.display()),
+            format!(
+                "{} exists and is not a directory (or is a symlink)",
+                path.display()
+            ),
         )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new().recursive(true).mode(mode).create(path)?;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(mode)
+                .create(path)?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         }
         Err(e) => Err(e),

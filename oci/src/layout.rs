@@ -103,10 +103,18 @@ const CONFIG_TYPES: [&str; 2] = [
 /// Returns the hex part of a `sha256:<64 lowercase hex>` digest.
 pub(crate) fn sha256_hex(digest: &str) -> Result<&str, ImageError> {
     let hex = digest.strip_prefix("sha256:").ok_or_else(|| {
-        ImageError::InvalidImage(format!("unsupported digest {digest:?} (only sha256 is supported)"))
+        ImageError::InvalidImage(format!(
+            "unsupported digest {digest:?} (only sha256 is supported)"
+        ))
     })?;
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
-        return Err(ImageError::InvalidImage(format!("malformed digest {digest:?}")));
+    if hex.len() != 64
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    {
+        return Err(ImageError::InvalidImage(format!(
+            "malformed digest {digest:?}"
+        )));
     }
     Ok(hex)
 }
@@ -162,14 +170,17 @@ impl LayoutDir {
     }
 
     fn read_file(&self, name: &str, max: u64) -> Result<Vec<u8>, ImageError> {
-        let file = open_file_at(self.dir.as_fd(), OsStr::new(name))
-            .map_err(|e| ImageError::InvalidImage(format!("cannot open {name} in the layout: {e}")))?;
+        let file = open_file_at(self.dir.as_fd(), OsStr::new(name)).map_err(|e| {
+            ImageError::InvalidImage(format!("cannot open {name} in the layout: {e}"))
+        })?;
         let mut data = Vec::new();
         file.take(max + 1)
             .read_to_end(&mut data)
             .map_err(|e| ImageError::io(format!("reading {name}"), e))?;
         if data.len() as u64 > max {
-            return Err(ImageError::LimitExceeded(format!("{name} is larger than {max} bytes")));
+            return Err(ImageError::LimitExceeded(format!(
+                "{name} is larger than {max} bytes"
+            )));
         }
         Ok(data)
     }
@@ -184,7 +195,9 @@ impl LayoutDir {
             open_file_at(sha.as_fd(), OsStr::new(hex))
         };
         open().map_err(|e| match e {
-            Errno::ENOENT => ImageError::InvalidImage(format!("blob {digest} is missing from the layout")),
+            Errno::ENOENT => {
+                ImageError::InvalidImage(format!("blob {digest} is missing from the layout"))
+            }
             other => ImageError::InvalidImage(format!("cannot open blob {digest}: {other}")),
         })
     }
@@ -228,11 +241,16 @@ impl LayoutDir {
             let manifest: Manifest = parse_json(&bytes, &chosen.digest)?;
             return Ok((chosen, manifest));
         }
-        Err(ImageError::InvalidImage("image indexes nested too deeply".into()))
+        Err(ImageError::InvalidImage(
+            "image indexes nested too deeply".into(),
+        ))
     }
 
     /// Reads and checks the image configuration of `manifest`.
-    pub(crate) fn read_config(&self, manifest: &Manifest) -> Result<(Vec<u8>, ImageConfigFile), ImageError> {
+    pub(crate) fn read_config(
+        &self,
+        manifest: &Manifest,
+    ) -> Result<(Vec<u8>, ImageConfigFile), ImageError> {
         if !CONFIG_TYPES.contains(&manifest.config.media_type.as_str()) {
             return Err(ImageError::InvalidImage(format!(
                 "unsupported config media type {:?}",
@@ -244,7 +262,9 @@ impl LayoutDir {
         if let Some(os) = &config.os
             && os != "linux"
         {
-            return Err(ImageError::InvalidImage(format!("image is for {os:?}, not linux")));
+            return Err(ImageError::InvalidImage(format!(
+                "image is for {os:?}, not linux"
+            )));
         }
         if let Some(arch) = &config.architecture
             && arch != host_architecture()
@@ -281,10 +301,11 @@ fn choose_entry(entries: &[Descriptor]) -> Result<Descriptor, ImageError> {
         _ => {}
     }
     let arch = host_architecture();
-    if let Some(found) = entries
-        .iter()
-        .find(|d| d.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == arch))
-    {
+    if let Some(found) = entries.iter().find(|d| {
+        d.platform
+            .as_ref()
+            .is_some_and(|p| p.os == "linux" && p.architecture == arch)
+    }) {
         return Ok(found.clone());
     }
     let available: Vec<String> = entries
@@ -340,6 +361,9 @@ fn open_file_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> nix::Result<F
 }
 
 /// Parses JSON with an error that names the document.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, ImageError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, ImageError> {
     serde_json::from_slice(bytes).map_err(|e| ImageError::InvalidImage(format!("{what}: {e}")))
 }

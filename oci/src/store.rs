@@ -136,17 +136,20 @@ impl ImageStore {
             store.refs_dir(),
             store.tmp_dir(),
         ] {
-            ensure_private_dir(&dir, 0o700)
-                .map_err(|e| ImageError::io(format!("creating store directory {}", dir.display()), e))?;
+            ensure_private_dir(&dir, 0o700).map_err(|e| {
+                ImageError::io(format!("creating store directory {}", dir.display()), e)
+            })?;
         }
         // Clean stale work only when nobody else is importing right now.
         if let Ok(_exclusive) = Flock::lock(store.lock_file()?, FlockArg::LockExclusiveNonblock) {
             let entries = std::fs::read_dir(store.tmp_dir())
                 .map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
             for entry in entries {
-                let entry = entry.map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
-                remove_any(&entry.path())
-                    .map_err(|e| ImageError::io(format!("removing stale {}", entry.path().display()), e))?;
+                let entry =
+                    entry.map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
+                remove_any(&entry.path()).map_err(|e| {
+                    ImageError::io(format!("removing stale {}", entry.path().display()), e)
+                })?;
             }
         }
         Ok(store)
@@ -183,9 +186,12 @@ impl ImageStore {
         let record = self.commit(name, prepared)?;
         drop(work);
         drop(lock);
-        if previous.is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs) {
+        if previous
+            .is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs)
+        {
             // Reclaim what the replaced image alone used, if no one is busy.
-            if let Ok(_exclusive) = Flock::lock(self.lock_file()?, FlockArg::LockExclusiveNonblock) {
+            if let Ok(_exclusive) = Flock::lock(self.lock_file()?, FlockArg::LockExclusiveNonblock)
+            {
                 // Best effort: an unreadable ref only postpones collection.
                 let _ = self.collect_garbage();
             }
@@ -244,16 +250,21 @@ impl ImageStore {
             }
             // Move it out of the keyed namespace first, so an interrupted
             // deletion never leaves a partial rootfs under a valid key.
-            let doomed = self.tmp_dir().join(format!("gc-{entry}-{}", unique_suffix()));
+            let doomed = self
+                .tmp_dir()
+                .join(format!("gc-{entry}-{}", unique_suffix()));
             let from = self.rootfs_parent().join(&entry);
-            std::fs::rename(&from, &doomed)
-                .map_err(|e| ImageError::io(format!("moving {} for deletion", from.display()), e))?;
-            remove_any(&doomed).map_err(|e| ImageError::io(format!("deleting {}", doomed.display()), e))?;
+            std::fs::rename(&from, &doomed).map_err(|e| {
+                ImageError::io(format!("moving {} for deletion", from.display()), e)
+            })?;
+            remove_any(&doomed)
+                .map_err(|e| ImageError::io(format!("deleting {}", doomed.display()), e))?;
         }
         for entry in read_dir_names(&self.blobs_dir())? {
             if !blobs.contains(&entry) {
                 let path = self.blobs_dir().join(&entry);
-                remove_any(&path).map_err(|e| ImageError::io(format!("deleting {}", path.display()), e))?;
+                remove_any(&path)
+                    .map_err(|e| ImageError::io(format!("deleting {}", path.display()), e))?;
             }
         }
         Ok(())
@@ -263,13 +274,27 @@ impl ImageStore {
         let source = source
             .canonicalize()
             .map_err(|e| ImageError::io(format!("resolving {}", source.display()), e))?;
+        let store_root = self
+            .root
+            .canonicalize()
+            .map_err(|e| ImageError::io(format!("resolving {}", self.root.display()), e))?;
+        // Walking a tree that contains the store would copy the import into itself.
+        if store_root.starts_with(&source) || source.starts_with(&store_root) {
+            return Err(ImageError::BadSource {
+                path: source,
+                reason: format!("overlaps the image store at {}", store_root.display()),
+            });
+        }
         let rootfs = work.subdir("rootfs", 0o755)?;
         let (reader, producer) = crate::dirsource::spawn_tar_of_dir(source.clone())
             .map_err(|e| ImageError::io("starting directory reader", e))?;
         let unpacked = unpack_layer(reader, &rootfs, &self.limits);
-        let produced = producer
-            .join()
-            .map_err(|_| ImageError::io("reading source directory", io::Error::other("reader thread panicked")))?;
+        let produced = producer.join().map_err(|_| {
+            ImageError::io(
+                "reading source directory",
+                io::Error::other("reader thread panicked"),
+            )
+        })?;
         let stats = match (unpacked, produced) {
             (Ok(stats), Ok(())) => stats,
             // A producer failure other than "reader went away" is the cause.
@@ -277,9 +302,15 @@ impl ImageStore {
                 return Err(ImageError::io(format!("reading {}", source.display()), e));
             }
             (Err(e), _) => return Err(e),
-            (Ok(_), Err(e)) => return Err(ImageError::io(format!("reading {}", source.display()), e)),
+            (Ok(_), Err(e)) => {
+                return Err(ImageError::io(format!("reading {}", source.display()), e));
+            }
         };
-        Ok(rootfs_prepared(stats.diff_id, SourceKind::RootfsDir, rootfs))
+        Ok(rootfs_prepared(
+            stats.diff_id,
+            SourceKind::RootfsDir,
+            rootfs,
+        ))
     }
 
     fn prepare_tarball(&self, source: &Path, work: &WorkDir) -> Result<Prepared, ImageError> {
@@ -289,12 +320,13 @@ impl ImageStore {
         })?;
         let extract = work.subdir("extract", 0o755)?;
         let stats = unpack_layer(file, &extract, &self.limits).map_err(|e| match e {
-            ImageError::Io { context, source: err } if context.starts_with("reading archive") => {
-                ImageError::BadSource {
-                    path: source.to_path_buf(),
-                    reason: format!("not a readable tar archive ({context}: {err})"),
-                }
-            }
+            ImageError::Io {
+                context,
+                source: err,
+            } if context.starts_with("reading archive") => ImageError::BadSource {
+                path: source.to_path_buf(),
+                reason: format!("not a readable tar archive ({context}: {err})"),
+            },
             other => other,
         })?;
         if LayoutDir::is_layout(&extract) {
@@ -306,10 +338,19 @@ impl ImageStore {
                 reason: "the archive contains no files".into(),
             });
         }
-        Ok(rootfs_prepared(stats.diff_id, SourceKind::RootfsTar, extract))
+        Ok(rootfs_prepared(
+            stats.diff_id,
+            SourceKind::RootfsTar,
+            extract,
+        ))
     }
 
-    fn prepare_layout(&self, path: &Path, work: &WorkDir, kind: SourceKind) -> Result<Prepared, ImageError> {
+    fn prepare_layout(
+        &self,
+        path: &Path,
+        work: &WorkDir,
+        kind: SourceKind,
+    ) -> Result<Prepared, ImageError> {
         let layout = LayoutDir::open(path)?;
         let (manifest_desc, manifest) = layout.select_manifest()?;
         let (config_bytes, config) = layout.read_config(&manifest)?;
@@ -340,7 +381,8 @@ impl ImageStore {
             let mut used = 0u64;
             for (layer, diff_id) in manifest.layers.iter().zip(&diff_ids) {
                 let blob = self.blob_path(&layer.digest)?;
-                let file = File::open(&blob).map_err(|e| ImageError::io(format!("opening {}", blob.display()), e))?;
+                let file = File::open(&blob)
+                    .map_err(|e| ImageError::io(format!("opening {}", blob.display()), e))?;
                 let limits = UnpackLimits {
                     max_total_bytes: self.limits.max_total_bytes.saturating_sub(used),
                     ..self.limits.clone()
@@ -378,7 +420,12 @@ impl ImageStore {
 
     /// Copies a layout blob into `blobs/sha256`, verifying size and digest
     /// on the way; a blob already in the store is reused.
-    fn ingest_blob(&self, layout: &LayoutDir, desc: &Descriptor, work: &WorkDir) -> Result<(), ImageError> {
+    fn ingest_blob(
+        &self,
+        layout: &LayoutDir,
+        desc: &Descriptor,
+        work: &WorkDir,
+    ) -> Result<(), ImageError> {
         let target = self.blob_path(&desc.digest)?;
         if target.is_file() {
             return Ok(());
@@ -426,7 +473,12 @@ impl ImageStore {
         self.publish_blob(out, &temp, &target)
     }
 
-    fn store_blob_bytes(&self, digest: &str, bytes: &[u8], work: &WorkDir) -> Result<(), ImageError> {
+    fn store_blob_bytes(
+        &self,
+        digest: &str,
+        bytes: &[u8],
+        work: &WorkDir,
+    ) -> Result<(), ImageError> {
         let target = self.blob_path(digest)?;
         if target.is_file() {
             return Ok(());
@@ -456,15 +508,24 @@ impl ImageStore {
                 Ok(()) => {}
                 // Same content already published by a concurrent import.
                 Err(_) if final_path.is_dir() => {}
-                Err(e) => return Err(ImageError::io(format!("publishing rootfs {}", final_path.display()), e)),
+                Err(e) => {
+                    return Err(ImageError::io(
+                        format!("publishing rootfs {}", final_path.display()),
+                        e,
+                    ));
+                }
             }
         }
         if !final_path.is_dir() {
-            return Err(ImageError::Corrupt(format!("rootfs {} vanished during import", final_path.display())));
+            return Err(ImageError::Corrupt(format!(
+                "rootfs {} vanished during import",
+                final_path.display()
+            )));
         }
         let size = tree_size(&final_path)
             .map_err(|e| ImageError::io(format!("measuring {}", final_path.display()), e))?;
-        let root_dir = File::open(&self.root).map_err(|e| ImageError::io("opening store root", e))?;
+        let root_dir =
+            File::open(&self.root).map_err(|e| ImageError::io("opening store root", e))?;
         nix::unistd::syncfs(&root_dir).map_err(|e| ImageError::io("syncing the store", e))?;
         let ref_file = RefFile {
             schema: REF_SCHEMA,
@@ -516,7 +577,11 @@ impl ImageStore {
         };
         let parsed = parse_ref(&bytes, &path)?;
         if parsed.name != name {
-            return Err(ImageError::Corrupt(format!("{} names {:?}, not {name:?}", path.display(), parsed.name)));
+            return Err(ImageError::Corrupt(format!(
+                "{} names {:?}, not {name:?}",
+                path.display(),
+                parsed.name
+            )));
         }
         Ok(Some(parsed))
     }
@@ -528,7 +593,8 @@ impl ImageStore {
                 continue; // temp files of atomic_write
             }
             let path = self.refs_dir().join(&name);
-            let bytes = std::fs::read(&path).map_err(|e| ImageError::io(format!("reading {}", path.display()), e))?;
+            let bytes = std::fs::read(&path)
+                .map_err(|e| ImageError::io(format!("reading {}", path.display()), e))?;
             refs.push(parse_ref(&bytes, &path)?);
         }
         Ok(refs)
@@ -583,7 +649,11 @@ fn parse_ref(bytes: &[u8], path: &Path) -> Result<RefFile, ImageError> {
     let parsed: RefFile = serde_json::from_slice(bytes)
         .map_err(|e| ImageError::Corrupt(format!("{}: {e}", path.display())))?;
     if parsed.schema != REF_SCHEMA {
-        return Err(ImageError::Corrupt(format!("{}: unknown schema {}", path.display(), parsed.schema)));
+        return Err(ImageError::Corrupt(format!(
+            "{}: unknown schema {}",
+            path.display(),
+            parsed.schema
+        )));
     }
     sha256_hex(&format!("sha256:{}", parsed.rootfs_key))
         .map_err(|_| ImageError::Corrupt(format!("{}: bad rootfs key", path.display())))?;
@@ -630,7 +700,9 @@ fn validate_name(name: &str) -> Result<(), ImageError> {
         .chars()
         .find(|c| !(c.is_ascii_alphanumeric() || "._/:@+-".contains(*c)))
     {
-        return Err(invalid(&format!("character {bad:?} is not allowed (use letters, digits and ._/:@+-)")));
+        return Err(invalid(&format!(
+            "character {bad:?} is not allowed (use letters, digits and ._/:@+-)"
+        )));
     }
     Ok(())
 }
@@ -642,7 +714,11 @@ fn ref_file_name(name: &str) -> String {
 }
 
 fn unique_suffix() -> String {
-    format!("{}-{}", std::process::id(), WORK_COUNTER.fetch_add(1, Ordering::Relaxed))
+    format!(
+        "{}-{}",
+        std::process::id(),
+        WORK_COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 fn new_private_file(path: &Path) -> Result<File, ImageError> {
@@ -657,7 +733,8 @@ fn new_private_file(path: &Path) -> Result<File, ImageError> {
 
 fn read_dir_names(dir: &Path) -> Result<Vec<String>, ImageError> {
     let mut names = Vec::new();
-    let entries = std::fs::read_dir(dir).map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
     for entry in entries {
         let entry = entry.map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
         names.push(entry.file_name().to_string_lossy().into_owned());
@@ -687,7 +764,8 @@ fn tree_size(root: &Path) -> io::Result<u64> {
             let meta = entry.metadata()?; // DirEntry::metadata does not follow symlinks
             if meta.is_dir() {
                 stack.push(entry.path());
-            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino()))) {
+            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino())))
+            {
                 total += meta.len();
             }
         }
@@ -706,7 +784,9 @@ impl WorkDir {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
-            .map_err(|e| ImageError::io(format!("creating work directory {}", path.display()), e))?;
+            .map_err(|e| {
+                ImageError::io(format!("creating work directory {}", path.display()), e)
+            })?;
         Ok(WorkDir { path })
     }
 

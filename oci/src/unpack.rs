@@ -197,8 +197,14 @@ pub fn unpack_layer(
     }
     outcome?;
     let mut stats = extractor.stats;
-    stats.compressed_digest = format!("sha256:{}", hex::encode(state.raw_hasher.clone().finalize()));
-    stats.diff_id = format!("sha256:{}", hex::encode(state.tar_hasher.clone().finalize()));
+    stats.compressed_digest = format!(
+        "sha256:{}",
+        hex::encode(state.raw_hasher.clone().finalize())
+    );
+    stats.diff_id = format!(
+        "sha256:{}",
+        hex::encode(state.tar_hasher.clone().finalize())
+    );
     stats.compressed_bytes = state.raw_bytes;
     stats.uncompressed_bytes = state.tar_bytes;
     Ok(stats)
@@ -361,6 +367,12 @@ impl Extractor<'_> {
             }
             let extensions = std::mem::take(&mut pending);
             let meta = entry_meta(&header, extensions, declared)?;
+            // Pre-POSIX archives mark directories only by a trailing slash.
+            let kind = if matches!(kind, b'0' | b'\0') && meta.path.ends_with(b"/") {
+                b'5'
+            } else {
+                kind
+            };
             self.handle(kind, &meta, &mut entry)?;
         }
         if !pending.is_empty() {
@@ -371,7 +383,12 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    fn handle(&mut self, kind: u8, meta: &EntryMeta, data: &mut impl Read) -> Result<(), ImageError> {
+    fn handle(
+        &mut self,
+        kind: u8,
+        meta: &EntryMeta,
+        data: &mut impl Read,
+    ) -> Result<(), ImageError> {
         let shown = || String::from_utf8_lossy(&meta.path).into_owned();
         let comps = self.normalize(&meta.path)?;
         let Some((name, parent_comps)) = comps.split_last() else {
@@ -381,7 +398,10 @@ impl Extractor<'_> {
                 self.stats.directories += 1;
                 return Ok(());
             }
-            return Err(unsafe_entry(&shown(), "a non-directory entry names the root"));
+            return Err(unsafe_entry(
+                &shown(),
+                "a non-directory entry names the root",
+            ));
         };
         if let Some(target) = name.strip_prefix(b".wh.") {
             return self.whiteout(parent_comps, target, &shown());
@@ -474,7 +494,9 @@ impl Extractor<'_> {
                 Err(Errno::ENOENT) if create => {
                     match mkdirat(current.as_fd(), name, Mode::from_bits_truncate(0o755)) {
                         Ok(()) | Err(Errno::EEXIST) => {}
-                        Err(e) => return Err(ImageError::io(format!("creating parent of {shown}"), e)),
+                        Err(e) => {
+                            return Err(ImageError::io(format!("creating parent of {shown}"), e));
+                        }
                     }
                     open_dir_at(current.as_fd(), name)
                 }
@@ -509,7 +531,12 @@ impl Extractor<'_> {
         }
     }
 
-    fn whiteout(&mut self, parent_comps: &[Vec<u8>], target: &[u8], shown: &str) -> Result<(), ImageError> {
+    fn whiteout(
+        &mut self,
+        parent_comps: &[Vec<u8>],
+        target: &[u8],
+        shown: &str,
+    ) -> Result<(), ImageError> {
         self.stats.whiteouts += 1;
         let parent_key = parent_comps.join(&b'/');
         if target == b".wh..opq" {
@@ -559,26 +586,43 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    fn make_dir(&mut self, parent: BorrowedFd<'_>, name: &OsStr, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
+    fn make_dir(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: &EntryMeta,
+        shown: &str,
+    ) -> Result<(), ImageError> {
         let existing = fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW);
         let is_dir = matches!(&existing, Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR);
         if !is_dir {
             if existing.is_ok() {
-                remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+                remove_tree_at(parent, name)
+                    .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
             }
             mkdirat(parent, name, Mode::from_bits_truncate(0o700))
                 .map_err(|e| ImageError::io(format!("creating directory {shown}"), e))?;
         }
-        let dir = open_dir_at(parent, name).map_err(|e| ImageError::io(format!("opening directory {shown}"), e))?;
+        let dir = open_dir_at(parent, name)
+            .map_err(|e| ImageError::io(format!("opening directory {shown}"), e))?;
         self.set_dir_metadata(dir.as_fd(), meta, shown)?;
         self.stats.directories += 1;
         Ok(())
     }
 
-    fn set_dir_metadata(&self, dir: BorrowedFd<'_>, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
+    fn set_dir_metadata(
+        &self,
+        dir: BorrowedFd<'_>,
+        meta: &EntryMeta,
+        shown: &str,
+    ) -> Result<(), ImageError> {
         if self.chown {
-            fchown(dir, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
-                .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
+            fchown(
+                dir,
+                Some(Uid::from_raw(meta.uid)),
+                Some(Gid::from_raw(meta.gid)),
+            )
+            .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
         }
         fchmod(dir, Mode::from_bits_truncate(meta.mode & 0o7777))
             .map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))
@@ -592,15 +636,20 @@ impl Extractor<'_> {
         data: &mut impl Read,
         shown: &str,
     ) -> Result<(), ImageError> {
-        let budget = self.limits.max_total_bytes.saturating_sub(self.stats.file_bytes);
+        let budget = self
+            .limits
+            .max_total_bytes
+            .saturating_sub(self.stats.file_bytes);
         if meta.size > budget {
             return Err(ImageError::LimitExceeded(format!(
                 "file {shown:?} declares {} bytes; total content limit is {} bytes",
                 meta.size, self.limits.max_total_bytes
             )));
         }
-        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
-        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        remove_tree_at(parent, name)
+            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        let flags =
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let fd = openat(parent, name, flags, Mode::from_bits_truncate(0o600))
             .map_err(|e| ImageError::io(format!("creating file {shown}"), e))?;
         let mut file = File::from(fd);
@@ -614,28 +663,45 @@ impl Extractor<'_> {
         }
         self.stats.file_bytes += written;
         if self.chown {
-            fchown(&file, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
-                .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
+            fchown(
+                &file,
+                Some(Uid::from_raw(meta.uid)),
+                Some(Gid::from_raw(meta.gid)),
+            )
+            .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
         }
         // After chown, which clears setuid/setgid.
         fchmod(&file, Mode::from_bits_truncate(meta.mode & 0o7777))
             .map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))?;
         let time = TimeSpec::new(meta.mtime, 0);
-        futimens(&file, &time, &time).map_err(|e| ImageError::io(format!("setting mtime of {shown}"), e))?;
+        futimens(&file, &time, &time)
+            .map_err(|e| ImageError::io(format!("setting mtime of {shown}"), e))?;
         self.stats.files += 1;
         Ok(())
     }
 
-    fn make_symlink(&mut self, parent: BorrowedFd<'_>, name: &OsStr, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
+    fn make_symlink(
+        &mut self,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        meta: &EntryMeta,
+        shown: &str,
+    ) -> Result<(), ImageError> {
         let target = meta
             .link
             .as_deref()
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ImageError::InvalidArchive(format!("{shown}: symlink without a target")))?;
+            .ok_or_else(|| {
+                ImageError::InvalidArchive(format!("{shown}: symlink without a target"))
+            })?;
         if target.len() > self.limits.max_path_bytes || target.contains(&0) {
-            return Err(unsafe_entry(shown, "symlink target too long or contains NUL"));
+            return Err(unsafe_entry(
+                shown,
+                "symlink target too long or contains NUL",
+            ));
         }
-        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        remove_tree_at(parent, name)
+            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
         symlinkat(OsStr::from_bytes(target), parent, name)
             .map_err(|e| ImageError::io(format!("creating symlink {shown}"), e))?;
         if self.chown {
@@ -667,7 +733,9 @@ impl Extractor<'_> {
             .link
             .as_deref()
             .filter(|t| !t.is_empty())
-            .ok_or_else(|| ImageError::InvalidArchive(format!("{shown}: hard link without a target")))?;
+            .ok_or_else(|| {
+                ImageError::InvalidArchive(format!("{shown}: hard link without a target"))
+            })?;
         let target_comps = self.normalize(target)?;
         let Some((target_name, target_parent)) = target_comps.split_last() else {
             return Err(unsafe_entry(shown, "hard link to the root"));
@@ -677,22 +745,46 @@ impl Extractor<'_> {
         }
         let target_dir = self
             .open_parent(target_parent, false, shown)?
-            .ok_or_else(|| unsafe_entry(shown, "hard link target does not exist inside the destination"))?;
+            .ok_or_else(|| {
+                unsafe_entry(
+                    shown,
+                    "hard link target does not exist inside the destination",
+                )
+            })?;
         let target_name = OsStr::from_bytes(target_name);
-        match fstatat(target_dir.as_fd(), target_name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        match fstatat(
+            target_dir.as_fd(),
+            target_name,
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        ) {
             Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
                 return Err(unsafe_entry(shown, "hard link to a directory"));
             }
             Ok(_) => {}
             Err(Errno::ENOENT) => {
-                return Err(unsafe_entry(shown, "hard link target does not exist inside the destination"));
+                return Err(unsafe_entry(
+                    shown,
+                    "hard link target does not exist inside the destination",
+                ));
             }
-            Err(e) => return Err(ImageError::io(format!("inspecting hard link target of {shown}"), e)),
+            Err(e) => {
+                return Err(ImageError::io(
+                    format!("inspecting hard link target of {shown}"),
+                    e,
+                ));
+            }
         }
-        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        remove_tree_at(parent, name)
+            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
         // Flags empty: a symlink target is linked itself, never followed.
-        linkat(target_dir.as_fd(), target_name, parent, name, AtFlags::empty())
-            .map_err(|e| ImageError::io(format!("creating hard link {shown}"), e))?;
+        linkat(
+            target_dir.as_fd(),
+            target_name,
+            parent,
+            name,
+            AtFlags::empty(),
+        )
+        .map_err(|e| ImageError::io(format!("creating hard link {shown}"), e))?;
         self.stats.hardlinks += 1;
         Ok(())
     }
@@ -723,7 +815,12 @@ fn trim_nul(mut data: Vec<u8>) -> Vec<u8> {
     data
 }
 
-fn read_extension(entry: &mut impl Read, declared: u64, limit: u64, what: &str) -> Result<Vec<u8>, ImageError> {
+fn read_extension(
+    entry: &mut impl Read,
+    declared: u64,
+    limit: u64,
+    what: &str,
+) -> Result<Vec<u8>, ImageError> {
     if declared > limit {
         return Err(ImageError::LimitExceeded(format!(
             "{what} of {declared} bytes (limit {limit})"
@@ -735,17 +832,29 @@ fn read_extension(entry: &mut impl Read, declared: u64, limit: u64, what: &str) 
         .read_to_end(&mut data)
         .map_err(|e| ImageError::io(format!("reading {what}"), e))?;
     if data.len() as u64 != declared {
-        return Err(ImageError::InvalidArchive(format!("archive ends inside a {what}")));
+        return Err(ImageError::InvalidArchive(format!(
+            "archive ends inside a {what}"
+        )));
     }
     Ok(data)
 }
 
 /// Combines a raw header with its extension headers.
-fn entry_meta(header: &tar::Header, ext: PendingExtensions, declared: u64) -> Result<EntryMeta, ImageError> {
-    let bad = |what: &str, e: io::Error| ImageError::InvalidArchive(format!("bad {what} in entry header: {e}"));
+fn entry_meta(
+    header: &tar::Header,
+    ext: PendingExtensions,
+    declared: u64,
+) -> Result<EntryMeta, ImageError> {
+    let bad = |what: &str, e: io::Error| {
+        ImageError::InvalidArchive(format!("bad {what} in entry header: {e}"))
+    };
     let mut meta = EntryMeta {
-        path: ext.long_name.unwrap_or_else(|| header.path_bytes().into_owned()),
-        link: ext.long_link.or_else(|| header.link_name_bytes().map(|l| l.into_owned())),
+        path: ext
+            .long_name
+            .unwrap_or_else(|| header.path_bytes().into_owned()),
+        link: ext
+            .long_link
+            .or_else(|| header.link_name_bytes().map(|l| l.into_owned())),
         mode: header.mode().map_err(|e| bad("mode", e))?,
         uid: id_u32(header.uid().map_err(|e| bad("uid", e))?)?,
         gid: id_u32(header.gid().map_err(|e| bad("gid", e))?)?,
@@ -754,7 +863,8 @@ fn entry_meta(header: &tar::Header, ext: PendingExtensions, declared: u64) -> Re
     };
     if let Some(pax) = ext.pax {
         for record in tar::PaxExtensions::new(&pax) {
-            let record = record.map_err(|e| ImageError::InvalidArchive(format!("bad PAX record: {e}")))?;
+            let record =
+                record.map_err(|e| ImageError::InvalidArchive(format!("bad PAX record: {e}")))?;
             let value = record.value_bytes();
             let number = || -> Result<u64, ImageError> {
                 std::str::from_utf8(value)

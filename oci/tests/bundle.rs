@@ -7,7 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use lazaret_oci::bundle::{
-    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_spec, render_spec, write_bundle,
+    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_spec, render_spec,
+    write_bundle,
 };
 use oci_spec::runtime::{Capability, LinuxNamespaceType, PosixRlimitType};
 
@@ -93,7 +94,10 @@ fn root_spec() -> BundleSpec {
 /// An explicit capability list for a non-root user.
 fn explicit_caps_spec() -> BundleSpec {
     BundleSpec {
-        capabilities: CapabilityPolicy::Explicit(vec![Capability::NetBindService, Capability::Kill]),
+        capabilities: CapabilityPolicy::Explicit(vec![
+            Capability::NetBindService,
+            Capability::Kill,
+        ]),
         uid: 1500,
         gid: 1500,
         additional_gids: vec![1500],
@@ -104,14 +108,25 @@ fn explicit_caps_spec() -> BundleSpec {
 
 fn golden(name: &str, spec: &BundleSpec) {
     let rendered = render_spec(&build_spec(spec).expect("valid spec")).expect("render");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.json"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(format!("{name}.json"));
     if std::env::var_os("LAZARET_BLESS").is_some() {
         std::fs::write(&path, &rendered).expect("bless golden file");
         return;
     }
-    let expected = std::fs::read_to_string(&path)
-        .unwrap_or_else(|e| panic!("{}: {e} (run with LAZARET_BLESS=1 to create it)", path.display()));
-    assert_eq!(rendered, expected, "{name}: generated spec differs from {}", path.display());
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with LAZARET_BLESS=1 to create it)",
+            path.display()
+        )
+    });
+    assert_eq!(
+        rendered,
+        expected,
+        "{name}: generated spec differs from {}",
+        path.display()
+    );
 }
 
 #[test]
@@ -138,7 +153,13 @@ fn security_fields_are_explicit_whatever_the_input() {
         assert_eq!(process.no_new_privileges(), Some(true));
         assert_eq!(process.args().as_deref(), Some(spec.args.as_slice()));
         let caps = process.capabilities().as_ref().expect("capabilities");
-        for set in [caps.bounding(), caps.effective(), caps.permitted(), caps.inheritable(), caps.ambient()] {
+        for set in [
+            caps.bounding(),
+            caps.effective(),
+            caps.permitted(),
+            caps.inheritable(),
+            caps.ambient(),
+        ] {
             let set = set.as_ref().expect("every capability set is explicit");
             assert!(!set.contains(&Capability::NetAdmin) && !set.contains(&Capability::SysAdmin));
         }
@@ -168,18 +189,35 @@ fn security_fields_are_explicit_whatever_the_input() {
             if ns.typ() == LinuxNamespaceType::Network {
                 assert_eq!(ns.path(), &spec.network_namespace);
             } else {
-                assert!(ns.path().is_none(), "{:?} must be a new namespace", ns.typ());
+                assert!(
+                    ns.path().is_none(),
+                    "{:?} must be a new namespace",
+                    ns.typ()
+                );
             }
         }
-        assert!(linux.cgroups_path().as_ref().is_some_and(|p| p.starts_with("/lazaret/")));
+        assert!(
+            linux
+                .cgroups_path()
+                .as_ref()
+                .is_some_and(|p| p.starts_with("/lazaret/"))
+        );
         let mounts = built.mounts().as_ref().expect("mounts");
         let workspace = mounts
             .iter()
             .find(|m| m.destination() == &spec.mounts[0].destination)
             .expect("workspace mounted");
-        assert_eq!(workspace.source().as_ref(), Some(&spec.mounts[0].source), "same path inside and out");
+        assert_eq!(
+            workspace.source().as_ref(),
+            Some(&spec.mounts[0].source),
+            "same path inside and out"
+        );
         let rlimits = process.rlimits().as_ref().expect("rlimits");
-        assert!(rlimits.iter().any(|r| r.typ() == PosixRlimitType::RlimitNofile));
+        assert!(
+            rlimits
+                .iter()
+                .any(|r| r.typ() == PosixRlimitType::RlimitNofile)
+        );
     }
 }
 
@@ -192,16 +230,34 @@ fn expect_invalid(mutate: impl FnOnce(&mut BundleSpec)) -> BundleError {
 #[test]
 fn invalid_inputs_get_typed_errors() {
     use BundleError::*;
-    assert!(matches!(expect_invalid(|s| s.args.clear()), InvalidField { .. }));
-    assert!(matches!(expect_invalid(|s| s.args = vec!["a\0b".into()]), InvalidField { .. }));
-    assert!(matches!(expect_invalid(|s| s.cwd = "relative/dir".into()), InvalidPath { .. }));
-    assert!(matches!(expect_invalid(|s| s.cwd = "/a/../etc".into()), InvalidPath { .. }));
-    assert!(matches!(expect_invalid(|s| s.rootfs = "/".into()), InvalidPath { .. }));
+    assert!(matches!(
+        expect_invalid(|s| s.args.clear()),
+        InvalidField { .. }
+    ));
+    assert!(matches!(
+        expect_invalid(|s| s.args = vec!["a\0b".into()]),
+        InvalidField { .. }
+    ));
+    assert!(matches!(
+        expect_invalid(|s| s.cwd = "relative/dir".into()),
+        InvalidPath { .. }
+    ));
+    assert!(matches!(
+        expect_invalid(|s| s.cwd = "/a/../etc".into()),
+        InvalidPath { .. }
+    ));
+    assert!(matches!(
+        expect_invalid(|s| s.rootfs = "/".into()),
+        InvalidPath { .. }
+    ));
     assert!(matches!(
         expect_invalid(|s| s.env.push(("BAD=KEY".into(), "v".into()))),
         InvalidEnv { .. }
     ));
-    assert!(matches!(expect_invalid(|s| s.env.push(("".into(), "v".into()))), InvalidEnv { .. }));
+    assert!(matches!(
+        expect_invalid(|s| s.env.push(("".into(), "v".into()))),
+        InvalidEnv { .. }
+    ));
     assert!(matches!(
         expect_invalid(|s| s.env.push(("PATH".into(), "dup".into()))),
         InvalidEnv { .. }
@@ -215,7 +271,15 @@ fn invalid_inputs_get_typed_errors() {
         destination: PathBuf::from(dest),
         readonly: false,
     };
-    for dest in ["/", "relative", "/proc/sys", "/dev", "/sys/fs", "/x/../etc", "/home/dev/src/project"] {
+    for dest in [
+        "/",
+        "relative",
+        "/proc/sys",
+        "/dev",
+        "/sys/fs",
+        "/x/../etc",
+        "/home/dev/src/project",
+    ] {
         let err = expect_invalid(|s| s.mounts.push(bind(dest)));
         assert!(matches!(err, InvalidPath { .. }), "{dest}: {err}");
     }
@@ -231,20 +295,38 @@ fn invalid_inputs_get_typed_errors() {
         let err = expect_invalid(|s| s.hostname = hostname.to_string());
         assert!(matches!(err, InvalidField { .. }), "{hostname:?}: {err}");
     }
-    for path in ["/system.slice/x", "/lazaret", "/lazaret/", "/lazaret/../x", "relative"] {
+    for path in [
+        "/system.slice/x",
+        "/lazaret",
+        "/lazaret/",
+        "/lazaret/../x",
+        "relative",
+    ] {
         let err = expect_invalid(|s| s.cgroups_path = path.to_string());
         assert!(matches!(err, InvalidField { .. }), "{path}: {err}");
     }
     for cap in [Capability::NetAdmin, Capability::SysAdmin] {
-        let err = expect_invalid(|s| s.capabilities = CapabilityPolicy::Explicit(vec![Capability::Chown, cap]));
+        let err = expect_invalid(|s| {
+            s.capabilities = CapabilityPolicy::Explicit(vec![Capability::Chown, cap])
+        });
         assert!(matches!(err, ForbiddenCapability(_)), "{err}");
     }
     assert!(matches!(
-        expect_invalid(|s| s.rlimits = vec![Rlimit { resource: PosixRlimitType::RlimitNofile, soft: 10, hard: 5 }]),
+        expect_invalid(|s| s.rlimits = vec![Rlimit {
+            resource: PosixRlimitType::RlimitNofile,
+            soft: 10,
+            hard: 5
+        }]),
         InvalidField { .. }
     ));
-    assert!(matches!(expect_invalid(|s| s.memory_limit = Some(0)), InvalidField { .. }));
-    assert!(matches!(expect_invalid(|s| s.pids_limit = Some(-1)), InvalidField { .. }));
+    assert!(matches!(
+        expect_invalid(|s| s.memory_limit = Some(0)),
+        InvalidField { .. }
+    ));
+    assert!(matches!(
+        expect_invalid(|s| s.pids_limit = Some(-1)),
+        InvalidField { .. }
+    ));
     assert!(matches!(
         expect_invalid(|s| s.network_namespace = Some("netns".into())),
         InvalidPath { .. }
@@ -263,6 +345,10 @@ fn write_bundle_writes_the_rendered_spec() {
     let parsed = oci_spec::runtime::Spec::load(&path).expect("config.json parses back");
     assert_eq!(parsed.hostname().as_deref(), Some("sandbox.d2"));
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&bundle).expect("stat").permissions().mode() & 0o777;
+    let mode = std::fs::metadata(&bundle)
+        .expect("stat")
+        .permissions()
+        .mode()
+        & 0o777;
     assert_eq!(mode, 0o700);
 }

@@ -54,12 +54,16 @@ fn corpus(arena: &Arena) -> Vec<Case> {
     let mut cases = vec![
         Case {
             name: "dotdot file",
-            archive: RawTar::new().file("../../../../canary/pwned", b"x").finish(),
+            archive: RawTar::new()
+                .file("../../../../canary/pwned", b"x")
+                .finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "dotdot in the middle",
-            archive: RawTar::new().file("a/../../../../../canary/pwned", b"x").finish(),
+            archive: RawTar::new()
+                .file("a/../../../../../canary/pwned", b"x")
+                .finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
@@ -72,13 +76,18 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         Case {
             name: "dotdot via GNU long name",
             archive: RawTar::new()
-                .long_file(format!("{}/../../../../../canary/pwned", "d".repeat(150)).as_bytes(), b"x")
+                .long_file(
+                    format!("{}/../../../../../canary/pwned", "d".repeat(150)).as_bytes(),
+                    b"x",
+                )
                 .finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "absolute path is made relative",
-            archive: RawTar::new().file("/lazaret-hostile-abs/pwned", b"x").finish(),
+            archive: RawTar::new()
+                .file("/lazaret-hostile-abs/pwned", b"x")
+                .finish(),
             expect: Expect::Neutralised(|dest| {
                 assert!(dest.join("lazaret-hostile-abs/pwned").is_file());
                 assert!(!Path::new("/lazaret-hostile-abs").exists());
@@ -118,7 +127,10 @@ fn corpus(arena: &Arena) -> Vec<Case> {
                 .finish(),
             expect: Expect::Neutralised(|dest| {
                 let meta = std::fs::symlink_metadata(dest.join("escape")).expect("lstat");
-                assert!(meta.is_file(), "the symlink must have been replaced by a file");
+                assert!(
+                    meta.is_file(),
+                    "the symlink must have been replaced by a file"
+                );
             }),
         },
         Case {
@@ -129,7 +141,11 @@ fn corpus(arena: &Arena) -> Vec<Case> {
                 .file("d/pwned", b"x")
                 .finish(),
             expect: Expect::Neutralised(|dest| {
-                assert!(std::fs::symlink_metadata(dest.join("d")).expect("lstat").is_dir());
+                assert!(
+                    std::fs::symlink_metadata(dest.join("d"))
+                        .expect("lstat")
+                        .is_dir()
+                );
                 assert!(dest.join("d/pwned").is_file());
             }),
         },
@@ -140,7 +156,9 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "hard link with dotdot",
-            archive: RawTar::new().hardlink("secret", "../../../../canary/secret").finish(),
+            archive: RawTar::new()
+                .hardlink("secret", "../../../../canary/secret")
+                .finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
@@ -202,17 +220,23 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "path longer than the limit",
-            archive: RawTar::new().long_file("a/".repeat(2100).as_bytes(), b"x").finish(),
+            archive: RawTar::new()
+                .long_file("a/".repeat(2100).as_bytes(), b"x")
+                .finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
             name: "component longer than NAME_MAX",
-            archive: RawTar::new().long_file("n".repeat(300).as_bytes(), b"x").finish(),
+            archive: RawTar::new()
+                .long_file("n".repeat(300).as_bytes(), b"x")
+                .finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
             name: "deeper than the limit",
-            archive: RawTar::new().long_file("d/".repeat(40).as_bytes(), b"x").finish(),
+            archive: RawTar::new()
+                .long_file("d/".repeat(40).as_bytes(), b"x")
+                .finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
@@ -245,7 +269,9 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "PAX size disagreeing with the header",
-            archive: RawTar::new().pax_file(&[("size", "999")], "f", b"x").finish(),
+            archive: RawTar::new()
+                .pax_file(&[("size", "999")], "f", b"x")
+                .finish(),
             expect: Expect::Refused(is_invalid),
         },
         Case {
@@ -315,13 +341,22 @@ fn unpack_layer_refuses_or_neutralises_every_hostile_archive() {
         let result = unpack_layer(case.archive.as_slice(), &dest, &small_limits());
         match (&case.expect, result) {
             (Expect::Refused(accept), Err(e)) => {
-                assert!(accept(&e), "{}: refused with an unexpected error: {e}", case.name)
+                assert!(
+                    accept(&e),
+                    "{}: refused with an unexpected error: {e}",
+                    case.name
+                )
             }
             (Expect::Refused(_), Ok(stats)) => panic!("{}: accepted: {stats:?}", case.name),
             (Expect::Neutralised(check), Ok(_)) => check(&dest),
             (Expect::Neutralised(_), Err(e)) => panic!("{}: refused: {e}", case.name),
         }
-        assert_eq!(arena.outside(), before, "{}: something changed outside the store", case.name);
+        assert_eq!(
+            arena.outside(),
+            before,
+            "{}: something changed outside the store",
+            case.name
+        );
     }
     assert!(!Path::new("/canary").exists() && !Path::new("/pwned").exists());
 }
@@ -347,13 +382,32 @@ fn store_import_registers_nothing_for_refused_archives() {
             Err(e) => e,
         };
         assert!(!err.to_string().is_empty());
-        assert!(store.get("hostile").expect("get").is_none(), "{}: registered", case.name);
-        assert!(store.list().expect("list").is_empty(), "{}: listed", case.name);
+        assert!(
+            store.get("hostile").expect("get").is_none(),
+            "{}: registered",
+            case.name
+        );
+        assert!(
+            store.list().expect("list").is_empty(),
+            "{}: listed",
+            case.name
+        );
         for sub in ["rootfs/sha256", "tmp", "refs", "blobs/sha256"] {
-            let left: Vec<_> = std::fs::read_dir(arena.store().join(sub)).expect("readdir").collect();
-            assert!(left.is_empty(), "{}: {sub} not empty after a failed import", case.name);
+            let left: Vec<_> = std::fs::read_dir(arena.store().join(sub))
+                .expect("readdir")
+                .collect();
+            assert!(
+                left.is_empty(),
+                "{}: {sub} not empty after a failed import",
+                case.name
+            );
         }
-        assert_eq!(arena.outside(), before, "{}: something changed outside the store", case.name);
+        assert_eq!(
+            arena.outside(),
+            before,
+            "{}: something changed outside the store",
+            case.name
+        );
     }
 }
 
@@ -372,7 +426,10 @@ fn hostile_oci_archive_is_refused_without_registering() {
     let before = arena.outside();
     let store = ImageStore::open(&arena.store()).expect("open");
     let err = store.import("evil", &source).expect_err("must be refused");
-    assert!(matches!(err, ImageError::UnsafeEntry { .. }), "unexpected error {err}");
+    assert!(
+        matches!(err, ImageError::UnsafeEntry { .. }),
+        "unexpected error {err}"
+    );
     assert!(store.list().expect("list").is_empty());
     assert_eq!(arena.outside(), before);
 }

@@ -390,8 +390,8 @@ impl Graph<'_> {
 
         // The first trigger state (in BFS order: shortest prefix) that can
         // reach a fair component, and the shortest way there.
-        for start in 0..n {
-            if !reaches_fair[start] || !property.trigger(self.config, &self.states[start]) {
+        for (start, state) in self.states.iter().enumerate() {
+            if !reaches_fair[start] || !property.trigger(self.config, state) {
                 continue;
             }
             if let Some((path, end)) = self.path_to(start as u32, &in_region, |v| {

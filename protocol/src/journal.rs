@@ -7,9 +7,37 @@
 //! fresh [`Machine`], so the check of a journal and the coordinator's own
 //! checks are the same code.
 //!
+//! Obligations of a coordinator that follow from the model: a Session ID is
+//! used for one connection only (a Closed session never returns); a session
+//! has at most one accepted request at a time, so a second concurrent request
+//! must be refused before `VerifyRequest` (like one with a bad certificate,
+//! it is not journalled); closing a session kills its running host command;
+//! an event that lost a race (a host command exiting after its cancellation)
+//! is refused by [`Machine::apply`] and must then not be acted on. A journal
+//! covers whole coordinator runs from an absent Domain: after a crash, the
+//! next run starts a new journal (a crashed run's journal is a conformant
+//! prefix).
+//!
 //! Real identifiers (Domain IDs, Session IDs, Escalation Request IDs, command
 //! lines) are strings; the machine maps each to a model index the first time
 //! it appears and records the model constants the entry implies.
+//!
+//! ```
+//! use lazaret_protocol::journal::{Event, JournalEntry, Machine};
+//!
+//! let mut machine = Machine::new();
+//! let domain = "3f9c2a";
+//! let lock = JournalEntry::now(domain, Event::AcquireDomainLock {
+//!     session: "s-1".into(),
+//!     fingerprint: "sha256:ab".into(),
+//! });
+//! machine.apply(&lock)?; // then take the lock for real; write `lock.to_json_line()`
+//! machine.apply(&JournalEntry::now(domain, Event::MountStateAnchor))?;
+//! // The sandbox may not start before the sidecar: the model refuses.
+//! let early = JournalEntry::now(domain, Event::StartSandbox);
+//! assert!(machine.apply(&early).is_err());
+//! # Ok::<(), lazaret_protocol::journal::TransitionError>(())
+//! ```
 
 use std::collections::HashMap;
 use std::io::BufRead;
@@ -18,8 +46,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::{Deserialize, Serialize};
 
 use crate::model::{
-    Action, CommandId, Config, DomainId, DomainPhase, Invariant, Refused, RequestId, RequestState,
-    SessionId, SessionPhase, SessionState, State, check_invariants, step,
+    Action, CommandId, Config, DomainId, DomainPhase, DomainState, Invariant, Refused, RequestId,
+    RequestState, SessionId, SessionPhase, SessionState, State, check_invariants, step,
 };
 
 /// One protocol transition, with the real identifiers it concerns. The
@@ -360,6 +388,23 @@ impl Machine {
     /// The model index of a real Escalation Request ID, if it has appeared.
     pub fn request_index(&self, request: &str) -> Option<RequestId> {
         self.requests.get(request).copied()
+    }
+
+    /// The model variables of a real Domain, if it has appeared.
+    pub fn domain_state(&self, domain: &str) -> Option<&DomainState> {
+        self.domain_index(domain).map(|d| &self.state.domains[d.0])
+    }
+
+    /// The model variables of a real session, if it has appeared.
+    pub fn session_state(&self, session: &str) -> Option<&SessionState> {
+        self.session_index(session)
+            .map(|s| &self.state.sessions[s.0])
+    }
+
+    /// The model variables of a real request, if it has appeared.
+    pub fn request_state(&self, request: &str) -> Option<&RequestState> {
+        self.request_index(request)
+            .map(|r| &self.state.requests[r.0])
     }
 
     /// Whether the model would accept `entry` now, without applying it.

@@ -2,7 +2,10 @@
 //! on broken models.
 
 use lazaret_protocol::checker::{CheckOptions, CheckReport, Violation, check};
-use lazaret_protocol::model::{Action, Config, Invariant, Mutation, State, check_invariants, step};
+use lazaret_protocol::model::{
+    Action, Config, ConnectionState, Invariant, Mutation, RequestId, RequestPhase, State,
+    check_invariants, step, step_mutated,
+};
 
 fn report(label: &str, config: &Config, report: &CheckReport) {
     println!(
@@ -122,7 +125,7 @@ fn two_domain_fixture_keeps_domains_apart_and_refuses_unsafe_sandboxes() {
     );
 }
 
-fn assert_mutant_caught(mutation: Mutation, expected: &[Invariant]) {
+fn assert_mutant_caught(mutation: Mutation, expected: &[Invariant]) -> State {
     let config = Config::user_fixture();
     let result = check(
         &config,
@@ -149,6 +152,7 @@ fn assert_mutant_caught(mutation: Mutation, expected: &[Invariant]) {
         correct_model_avoids(&config, &trace.actions()),
         "the correct model reaches the same violation"
     );
+    trace.last_state().clone()
 }
 
 #[test]
@@ -161,7 +165,7 @@ fn mutant_sandbox_before_sidecar_ready_is_caught() {
 
 #[test]
 fn mutant_result_to_disconnected_session_is_caught() {
-    assert_mutant_caught(
+    let bad = assert_mutant_caught(
         Mutation::ResultToDisconnectedSession,
         &[
             Invariant::AuthenticatedEscalation,
@@ -169,16 +173,44 @@ fn mutant_result_to_disconnected_session_is_caught() {
             Invariant::ResultDeliveryStateConsistent,
         ],
     );
+    // The state reached has a result queued for delivery to a disconnected
+    // session, which the mutant's DeliverResult would then deliver.
+    let config = Config::user_fixture();
+    assert!(!Invariant::ResultDeliveryStateConsistent.holds(&config, &bad));
+    let queued = bad
+        .requests
+        .iter()
+        .enumerate()
+        .find(|(_, r)| r.phase.is_pending_result());
+    let (r, _) = queued.expect("a pending result");
+    let s = config.requests[r].session;
+    assert_eq!(bad.sessions[s.0].connection, ConnectionState::Disconnected);
+    let deliver = Action::DeliverResult(RequestId(r));
+    assert!(
+        step_mutated(
+            &config,
+            &bad,
+            &deliver,
+            Mutation::ResultToDisconnectedSession
+        )
+        .is_ok()
+    );
 }
 
 #[test]
 fn mutant_host_process_outliving_request_is_caught() {
-    assert_mutant_caught(
+    let bad = assert_mutant_caught(
         Mutation::HostProcessOutlivesRequest,
         &[
             Invariant::NoOrphanHostProcess,
             Invariant::ResultDeliveryStateConsistent,
         ],
+    );
+    // A host process still runs for a request that is no longer Executing.
+    assert!(
+        bad.requests
+            .iter()
+            .any(|r| r.host_running && r.phase != RequestPhase::Executing)
     );
 }
 

@@ -131,6 +131,9 @@ pub enum TopologyError {
     /// An expected interface is missing.
     #[error("interface {0} not found")]
     LinkMissing(String),
+    /// The Domain network was already torn down.
+    #[error("the Domain network has already been torn down")]
+    TornDown,
     /// An interface name that cannot be used in a /proc path.
     #[error("refusing unusual interface name {0:?}")]
     BadInterfaceName(String),
@@ -543,7 +546,7 @@ impl DomainNetwork {
     fn namespaces(&self) -> Result<(&Netns, &Netns), TopologyError> {
         match (&self.sidecar, &self.sandbox) {
             (Some(sidecar), Some(sandbox)) => Ok((sidecar, sandbox)),
-            _ => Err(TopologyError::LinkMissing("(Domain network already torn down)".into())),
+            _ => Err(TopologyError::TornDown),
         }
     }
 
@@ -557,7 +560,8 @@ impl DomainNetwork {
         sidecar.netlink(async move |handle| {
             // Forwarding is per namespace: this thread is inside the sidecar.
             forwarding::write_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"), "1")?;
-            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv6/conf/all/forwarding"), "0")?;
+            let ipv6_forwarding = Path::new("/proc/sys/net/ipv6/conf/all/forwarding");
+            forwarding::write_sysctl(ipv6_forwarding, "0")?;
             // Answer every denied packet at once (ICMP host unreachable) instead of
             // letting the per-peer rate limit turn denials into slow timeouts; the
             // only peer of this router is its own sandbox.
@@ -651,7 +655,10 @@ impl DomainNetwork {
 
     /// Dumps the sidecar's main routing table and the sandbox's routes over
     /// netlink and checks them against the compiled policy; also checks that the
-    /// sidecar forwards IPv4 and not IPv6 and that the host's NAT table exists.
+    /// sidecar forwards IPv4 and not IPv6, that it filters spoofed sources, and
+    /// that the host's NAT table exists. Call it after [`Self::readdress_sandbox`]
+    /// and before starting runsc: runsc's netstack mode strips the sandbox
+    /// namespace's addresses (and with them its default route) once it runs.
     pub fn verify_installed(&self) -> Result<(), TopologyError> {
         let (sidecar, sandbox) = self.namespaces()?;
         let addresses = self.addresses;
@@ -814,6 +821,19 @@ pub fn remove_stale(host: &Netns, alive: &[SidecarId], forwarding_state_file: &P
 /// Sidecar IDs that own a Lazaret NAT table in `host` (diagnostics, tests).
 pub fn nat_tables(host: &Netns) -> Result<Vec<SidecarId>, TopologyError> {
     host.run(nat::owned_tables)
+}
+
+/// Whether `host` has a global IPv6 route (a default or 2000::/3 route that
+/// is not unreachable): the config's `ipv6` default is false without one.
+pub fn host_has_global_ipv6_route(host: &Netns) -> Result<bool, TopologyError> {
+    let view = host.netlink(async |handle| net_view(&handle).await)?;
+    let global: Prefix = Prefix::truncating(IpAddr::V6(std::net::Ipv6Addr::new(0x2000, 0, 0, 0, 0, 0, 0, 0)), 3);
+    Ok(view.routes.iter().any(|route| {
+        !route.prefix.is_v4()
+            && route.table == MAIN_TABLE
+            && route.kind == RouteType::Unicast
+            && (route.prefix.prefix_len() == 0 || global.covers(&route.prefix))
+    }))
 }
 
 /// Adds what the topology knows to the configured policy: the host's

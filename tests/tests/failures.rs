@@ -1,0 +1,154 @@
+//! Each way `lazaret run` can be refused names its cause and fix, exits with
+//! 125 (never an agent's status) and leaves nothing behind.
+
+use std::os::unix::fs::PermissionsExt;
+use std::process::Output;
+
+use lazaret_tests::*;
+
+const LAZARET_FAILED: i32 = 125;
+
+fn assert_refused(env: &TestEnv, out: &Output, needles: &[&str]) {
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(LAZARET_FAILED), "stderr: {err}");
+    for n in needles {
+        assert!(err.contains(n), "stderr lacks {n:?}: {err}");
+    }
+    assert!(text(&out.stdout).is_empty(), "unexpected stdout: {}", text(&out.stdout));
+    env.assert_nothing_left();
+}
+
+#[test]
+fn outside_a_git_checkout() {
+    let env = TestEnv::new();
+    let elsewhere = env.scratch.join("not-a-repo");
+    std::fs::create_dir_all(&elsewhere).expect("mkdir");
+    let out = env.run(["run".as_ref(), "test".as_ref(), "-C".as_ref(), elsewhere.as_os_str(), "--".as_ref(), "true".as_ref()]);
+    assert_refused(&env, &out, &["not inside a git checkout", "-C DIR"]);
+}
+
+#[test]
+fn unknown_profile() {
+    let env = TestEnv::new();
+    let out = env.run(["run", "nope", "--", "true"]);
+    assert_refused(&env, &out, &["nope", "test"]);
+}
+
+#[test]
+fn image_not_imported() {
+    let env = TestEnv::new();
+    std::fs::write(
+        &env.config,
+        format!("storage_root = \"{TEST_STORAGE}\"\nruntime_dir = \"{}\"\n[profiles.test]\nimage = \"never-imported\"\n", env.runtime_dir.display()),
+    )
+    .expect("config");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_refused(&env, &out, &["never-imported", "lazaret image import"]);
+}
+
+#[test]
+fn runsc_missing() {
+    let env = TestEnv::with_profile("user = \"root\"\n");
+    let cfg = std::fs::read_to_string(&env.config).expect("read config");
+    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"/nonexistent/runsc\"\n")).expect("config");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_refused(&env, &out, &["runsc not found", "/nonexistent/runsc", "install-runsc.sh"]);
+}
+
+#[test]
+fn runsc_too_old() {
+    let env = TestEnv::new();
+    let fake = env.scratch.join("old-runsc");
+    std::fs::write(&fake, "#!/bin/sh\necho 'runsc version 0.0~20221219.0'\necho 'spec: 1.0.2-dev'\n").expect("fake runsc");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let cfg = std::fs::read_to_string(&env.config).expect("read config");
+    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"{}\"\n", fake.display())).expect("config");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_refused(&env, &out, &["too old", "20221219", "install-runsc.sh"]);
+}
+
+#[test]
+fn not_root() {
+    let env = TestEnv::new();
+    let (uid, gid) = test_user();
+    let out = wait_output(
+        std::process::Command::new("setpriv")
+            .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into()])
+            .arg(lazaret_bin())
+            .arg("--config")
+            .arg(&env.config)
+            .args(["run", "test", "--", "true"])
+            .current_dir("/")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("setpriv (util-linux)"),
+    );
+    assert_refused(&env, &out, &["must run as root", "sudo"]);
+}
+
+#[test]
+fn invalid_config_names_file_line_and_column() {
+    let env = TestEnv::new();
+    let cfg = std::fs::read_to_string(&env.config).expect("read config");
+    std::fs::write(&env.config, format!("{cfg}persistent_dirs = [\"relative/dir\"]\nfrobnicate = 1\n")).expect("config");
+    let out = env.run(["run", "test", "--", "true"]);
+    let cfg_path = env.config.display().to_string();
+    let lines = cfg.lines().count();
+    assert_refused(&env, &out, &[&format!("{cfg_path}:{}:", lines + 1), &format!("{cfg_path}:{}:", lines + 2), "frobnicate", "hint"]);
+}
+
+#[test]
+fn config_inside_the_workspace_is_refused() {
+    let env = TestEnv::new();
+    let inside = env.workspace.join("lazaret.toml");
+    std::fs::copy(&env.config, &inside).expect("copy config");
+    let out = wait_output(
+        std::process::Command::new(lazaret_bin())
+            .arg("--config")
+            .arg(&inside)
+            .args(["run", "test", "--", "true"])
+            .current_dir(&env.workspace)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn"),
+    );
+    assert_refused(&env, &out, &["lies inside the workspace"]);
+}
+
+#[test]
+fn failures_leave_no_image_half_imported() {
+    let env = TestEnv::new();
+    let bad = env.scratch.join("evil.tar");
+    // A tarball whose member escapes with `..`.
+    let mut header = [0u8; 512];
+    let name = b"../../escaped";
+    header[..name.len()].copy_from_slice(name);
+    header[100..108].copy_from_slice(b"0000644\0");
+    header[108..116].copy_from_slice(b"0000000\0");
+    header[116..124].copy_from_slice(b"0000000\0");
+    header[124..136].copy_from_slice(b"00000000005\0");
+    header[136..148].copy_from_slice(b"00000000000\0");
+    header[156] = b'0';
+    header[257..263].copy_from_slice(b"ustar\0");
+    header[263..265].copy_from_slice(b"00");
+    header[148..156].copy_from_slice(b"        ");
+    let sum: u32 = header.iter().map(|b| *b as u32).sum();
+    header[148..156].copy_from_slice(format!("{sum:06o}\0 ").as_bytes());
+    let mut data = header.to_vec();
+    let mut body = [0u8; 512];
+    body[..5].copy_from_slice(b"pwned");
+    data.extend_from_slice(&body);
+    data.extend_from_slice(&[0u8; 1024]);
+    std::fs::write(&bad, data).expect("evil.tar");
+    let name = format!("evil-{}", std::process::id());
+    let out = env.run(["image".as_ref(), "import".as_ref(), name.as_ref(), bad.as_os_str()]);
+    assert_eq!(out.status.code(), Some(LAZARET_FAILED), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains(".."), "stderr: {}", text(&out.stderr));
+    let ls = env.run(["image", "ls"]);
+    assert!(!text(&ls.stdout).contains(&name), "half-imported image listed: {}", text(&ls.stdout));
+    for escaped in [env.scratch.join("escaped"), std::path::PathBuf::from("/var/cache/lazaret/escaped"), std::path::PathBuf::from("/var/cache/escaped")] {
+        assert!(!escaped.exists(), "{} was written outside the store", escaped.display());
+    }
+}
