@@ -142,7 +142,7 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
     fs::DirBuilder::new().mode(0o700).create(&run_dir).map_err(sys(format!("creating {}", run_dir.display())))?;
     let cgroups_path = format!("/lazaret/{}/{}", ctx.domain_id, container_id);
     // From here on, every exit path goes through the guard's Drop.
-    let mut guard = RunGuard { runsc: &runsc, container: None, cgroups_path: cgroups_path.clone(), run_dir: run_dir.clone(), mounted: Vec::new() };
+    let mut guard = RunGuard { runsc: &runsc, container: None, exited: false, cgroups_path: cgroups_path.clone(), run_dir: run_dir.clone(), mounted: Vec::new() };
 
     // The rootfs runsc gets is an overlay over the pristine image, so the
     // mount points runsc creates never touch the image store.
@@ -210,6 +210,7 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
         }
     })?;
     drop(raw);
+    guard.exited = true;
     Ok(status)
 }
 
@@ -218,6 +219,8 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
 struct RunGuard<'a> {
     runsc: &'a Runsc,
     container: Option<String>,
+    /// The container's first process has exited (its gofer follows).
+    exited: bool,
     cgroups_path: String,
     run_dir: PathBuf,
     mounted: Vec<PathBuf>,
@@ -225,6 +228,9 @@ struct RunGuard<'a> {
 
 impl Drop for RunGuard<'_> {
     fn drop(&mut self) {
+        if self.exited {
+            reaper::reap_all(Duration::from_secs(1));
+        }
         if let Some(id) = self.container.take() {
             if let Err(e) = self.runsc.delete(&id) {
                 eprintln!("lazaret: cleaning up container {id}: {e}");

@@ -5,8 +5,10 @@
 //! repositories, submodules under `.git/modules`, and the real git directory
 //! of a linked worktree), protected read-only: `config`, `hooks/`,
 //! `config.worktree` (per-worktree and common), `worktrees/*/commondir` and
-//! `worktrees/*/config.worktree` (read by other linked worktrees), and the
-//! `core.hooksPath` directory when it lies inside the workspace. Index, HEAD, refs, objects
+//! `worktrees/*/config.worktree` (read by other linked worktrees), a work
+//! tree's `.git` *file* (`gitdir:` pointer), and the `core.hooksPath`
+//! directory when it lies inside the workspace. Every directory above a
+//! protected path is pinned (see [`SentryPlan::pinned`]). Index, HEAD, refs, objects
 //! and logs stay writable. Missing `hooks/` (and a missing
 //! `config.worktree` when `extensions.worktreeConfig` is on, or a missing
 //! in-workspace `core.hooksPath` directory) are created empty so that the
@@ -43,8 +45,45 @@ pub struct SentryPlan {
     /// bound read-write at the same absolute path for the `gitdir:` file to
     /// work in the sandbox.
     pub outside_git_dirs: Vec<PathBuf>,
+    /// Directories bound read-write onto themselves so that they become
+    /// mount points, which the sandbox cannot rename or remove: every
+    /// ancestor (below the workspace root, or below an outside git dir) of a
+    /// protected path. Without this, `mv .git .git-old; mkdir .git` (or the
+    /// same with `.git/modules/x` or a submodule's directory) would swap in
+    /// an unprotected config that the host's git then runs. Sorted.
+    pub pinned: Vec<GitDirPath>,
     /// Repositories found (for diagnostics).
     pub repositories: Vec<RepoLocation>,
+}
+
+impl SentryPlan {
+    /// Recomputes [`SentryPlan::pinned`] from the protected paths.
+    pub fn compute_pins(&mut self) {
+        let protected: std::collections::HashSet<&GitDirPath> = self.protected.iter().map(|p| &p.path).collect();
+        let mut pins = std::collections::BTreeSet::new();
+        for entry in &self.protected {
+            let (path, floor) = match &entry.path {
+                GitDirPath::Inside(rel) => (rel.clone(), PathBuf::new()),
+                GitDirPath::Outside(abs) => {
+                    let Some(floor) = self.outside_git_dirs.iter().find(|d| abs.starts_with(d)) else { continue };
+                    (abs.clone(), floor.clone())
+                }
+            };
+            for ancestor in path.ancestors().skip(1) {
+                if ancestor == floor || !ancestor.starts_with(&floor) || ancestor.as_os_str().is_empty() {
+                    break;
+                }
+                let pin = match &entry.path {
+                    GitDirPath::Inside(_) => GitDirPath::Inside(ancestor.to_owned()),
+                    GitDirPath::Outside(_) => GitDirPath::Outside(ancestor.to_owned()),
+                };
+                if !protected.contains(&pin) {
+                    pins.insert(pin);
+                }
+            }
+        }
+        self.pinned = pins.into_iter().collect();
+    }
 }
 
 /// Discovers the Git Sentry paths for the repositories whose work trees are
@@ -69,6 +108,7 @@ pub fn discover(
     plan.protected.retain(|p| seen.insert(p.path.clone()));
     plan.outside_git_dirs.sort();
     plan.outside_git_dirs.dedup();
+    plan.compute_pins();
     Ok(plan)
 }
 
@@ -87,6 +127,11 @@ fn protect_repository(
         if !matches!(&location.common_dir, GitDirPath::Outside(common) if dir.starts_with(common)) {
             plan.outside_git_dirs.push(dir.clone());
         }
+    }
+    if location.dot_git_is_file {
+        // The `gitdir:` pointer itself: rewritten, it would send the host's
+        // git to a config of the sandbox's choosing.
+        plan.protected.push(ProtectedPath { path: GitDirPath::Inside(location.worktree.join(".git")), kind: FileKind::Regular });
     }
     let mut config = global.clone();
     config.merge(repo::read_repo_config(workspace, location)?);

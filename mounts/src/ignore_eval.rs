@@ -315,9 +315,6 @@ fn scan_repo(
     let rules = RepoRules { global, casefold };
     let root = safe_path::open_dir_beneath(workspace, &location.worktree)?;
     let mut stack: Vec<Vec<Pattern>> = Vec::new();
-    for list in &rules.global {
-        collect_anticipated(list, &[], &rules, &stack, location, workspace, scan)?;
-    }
     let mut walker = Walker { workspace, workspace_abs, host, global_config, location, rules: &rules, scan };
     walker.walk_dir(root, Vec::new(), &mut stack)
 }
@@ -461,6 +458,13 @@ impl Walker<'_, '_> {
         if let Some(list) = stack.last() {
             let list = list.clone();
             collect_anticipated(&list, rel, self.rules, stack, self.location, self.workspace, self.scan)?;
+        }
+        if rel.is_empty() {
+            // info/exclude and core.excludesFile name paths from the work tree
+            // root; evaluated with the root .gitignore already on the stack.
+            for list in &self.rules.global {
+                collect_anticipated(list, rel, self.rules, stack, self.location, self.workspace, self.scan)?;
+            }
         }
         for (name, kind) in list_dir(dir.as_fd(), rel_path)? {
             if name == b".git" {

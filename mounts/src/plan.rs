@@ -104,6 +104,7 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
     });
     let mut seen = HashSet::new();
     sentry.protected.retain(|p| seen.insert(p.path.clone()));
+    sentry.compute_pins();
     Ok(WorkspacePlan {
         workspace: workspace.to_owned(),
         sandbox_workspace: opts.sandbox_workspace.clone(),
@@ -151,6 +152,17 @@ fn assemble_into(
         sys::bind_mount_fd(source.as_fd(), target.as_fd(), false)?;
         out.staged.push(staging_dir.join(&name));
         out.binds.push(BindMount { source: staging_dir.join(&name), destination: dir.clone(), readonly: false });
+    }
+    for (index, pin) in plan.sentry.pinned.iter().enumerate() {
+        let (source, destination) = match pin {
+            GitDirPath::Inside(rel) => (safe_path::open_dir_beneath(root.as_fd(), rel)?, plan.sandbox_workspace.join(rel)),
+            GitDirPath::Outside(abs) => (repo::open_absolute_dir(abs)?, abs.clone()),
+        };
+        let name = format!("pin-{index}");
+        let target = safe_path::ensure_dir_beneath(staging.as_fd(), Path::new(&name))?;
+        sys::bind_mount_fd(source.as_fd(), target.as_fd(), false)?;
+        out.staged.push(staging_dir.join(&name));
+        out.binds.push(BindMount { source: staging_dir.join(&name), destination, readonly: false });
     }
     for mount in &plan.ignored {
         ignored_state::prepare(mount, root.as_fd())?;

@@ -18,7 +18,7 @@ use crate::safe_path::{self, FileKind};
 pub(crate) const SMALL_FILE_LIMIT: u64 = 1 << 20;
 
 /// Where a git directory lives.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum GitDirPath {
     /// Inside the workspace, relative to the workspace root.
     Inside(PathBuf),

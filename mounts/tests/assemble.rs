@@ -120,6 +120,11 @@ fn assembled_layout_isolates_ignored_paths_and_protects_git() {
             assert_eq!(err.raw_os_error(), Some(libc::EROFS), "{protected}");
         }
         std::fs::write(ws_view.join(".git/description"), "writable").expect("rest of .git writable");
+        // The git directory cannot be swapped for an unprotected one.
+        let err = std::fs::rename(ws_view.join(".git"), ws_view.join(".git-old")).expect_err(".git is pinned");
+        assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
+        let err = std::fs::remove_dir(ws_view.join(".git/hooks")).expect_err("hooks is a mount point");
+        assert_eq!(err.raw_os_error(), Some(libc::EBUSY));
         std::fs::write(ws_view.join("src.txt"), "edited").expect("workspace writable");
         assert!(!host_has_mount_under(f.dir.path()), "mounts stay in the private namespace");
         assembled
@@ -169,7 +174,8 @@ fn isolation_off_mounts_only_git_sentry() {
     assert!(plan.ignored.is_empty());
     in_private_mount_ns(|| {
         let assembled = assemble(&plan, &f.path("run/staging")).expect("assemble");
-        assert!(assembled.binds.iter().all(|b| b.readonly), "only Git Sentry binds: {:?}", assembled.binds);
+        let staging = f.path("run/staging");
+        assert!(assembled.binds.iter().all(|b| b.source.starts_with(&staging)), "only Git Sentry binds: {:?}", assembled.binds);
         assert!(find(&assembled.binds, "/workspace/.git/config").is_some());
     });
     assert!(!f.ws().join("target").exists(), "no mount points are created when isolation is off");

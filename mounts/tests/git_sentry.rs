@@ -141,10 +141,22 @@ fn submodule_git_dirs_are_protected() {
     git(&f.ws(), &f.home(), &["-c", "protocol.file.allow=always", "submodule", "add", "-q", &upstream.to_string_lossy(), "libs/sub"]);
     let plan = f.discover(&["", "libs/sub"]).expect("discover");
     let paths = inside(&plan);
-    for expected in [".git/modules/libs/sub/config", ".git/modules/libs/sub/hooks", ".git/config", ".git/hooks"] {
+    for expected in [".git/modules/libs/sub/config", ".git/modules/libs/sub/hooks", ".git/config", ".git/hooks", "libs/sub/.git"] {
         assert!(paths.iter().any(|(p, _)| p == Path::new(expected)), "{expected} in {paths:?}");
     }
-    assert_eq!(paths.len(), 4, "no duplicates: {paths:?}");
+    assert_eq!(paths.len(), 5, "no duplicates: {paths:?}");
+    // Every directory above a protected path is pinned, so none can be swapped.
+    let pins: Vec<PathBuf> = plan
+        .pinned
+        .iter()
+        .filter_map(|p| match p {
+            GitDirPath::Inside(rel) => Some(rel.clone()),
+            GitDirPath::Outside(_) => None,
+        })
+        .collect();
+    let expected: Vec<PathBuf> =
+        [".git", ".git/modules", ".git/modules/libs", ".git/modules/libs/sub", "libs", "libs/sub"].iter().map(PathBuf::from).collect();
+    assert_eq!(pins, expected);
 }
 
 #[test]

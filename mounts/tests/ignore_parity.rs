@@ -317,14 +317,16 @@ fn anticipated_literal_dirs() {
     let sandbox = Sandbox::new();
     let repo = sandbox.repo();
     sandbox.init(&repo);
-    write(&repo.join(".gitignore"), "node_modules/\n/target\n*.pyc\nbuild-*/\n!node_modules/\nnode_modules/\n");
     write(&repo.join("web/.gitignore"), ".venv/\n");
+    // From info/exclude; the root .gitignore re-includes one of them.
+    write(&repo.join(".git/info/exclude"), "excluded-dir/\nreincluded/\n");
+    write(&repo.join(".gitignore"), "node_modules/\n/target\n*.pyc\nbuild-*/\n!node_modules/\nnode_modules/\n!reincluded/\n");
     write(&repo.join("src/main.rs"), "fn main() {}");
     let root = open_root_dir(&repo).expect("open");
     let scan = scan_ignored(root.as_fd(), &repo, &sandbox.settings()).expect("scan");
     assert_eq!(
         scan.anticipated_dirs,
-        vec![PathBuf::from("node_modules"), PathBuf::from("target"), PathBuf::from("web/.venv")]
+        vec![PathBuf::from("excluded-dir"), PathBuf::from("node_modules"), PathBuf::from("target"), PathBuf::from("web/.venv")]
     );
     assert!(scan.present.is_empty(), "{:?}", scan.present);
 }

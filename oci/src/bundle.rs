@@ -7,9 +7,10 @@
 //!
 //! What every generated spec contains:
 //! * new pid, ipc, uts, mount and network namespaces (the network one joined
-//!   by path when [`BundleSpec::network_namespace`] is set: the sidecar's);
-//!   no user or cgroup namespace entry, so no host namespace is *joined*
-//!   (runsc puts the sandbox in its own user namespace itself);
+//!   by path when [`BundleSpec::network_namespace`] is set: the sidecar's; a
+//!   path that is the host's own network namespace is refused). No user or
+//!   cgroup namespace entry: the container's processes run on gVisor's
+//!   emulated kernel, and no host namespace path is ever written;
 //! * `/proc`, `/dev` (tmpfs), `/dev/pts`, `/dev/shm`, `/dev/mqueue`, `/sys`
 //!   (read-only), a tmpfs `/tmp`, then the caller's bind mounts in order
 //!   (`rbind`, `rprivate`, `nosuid`, `nodev`, plus `ro` when read-only);
@@ -529,6 +530,7 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     }
     if let Some(netns) = &spec.network_namespace {
         check_path("network_namespace", netns)?;
+        refuse_host_netns(netns)?;
     }
     validate_hostname(&spec.hostname)?;
     validate_cgroups_path(&spec.cgroups_path)?;
@@ -585,6 +587,28 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     }
     if spec.pids_limit.is_some_and(|p| p <= 0) {
         return Err(field("pids_limit", "must be positive".into()));
+    }
+    Ok(())
+}
+
+/// SR-12: the sandbox may join the sidecar's network namespace, never the
+/// host's. A path that does not exist (yet) cannot be compared and is left to
+/// the runtime, which fails on it.
+fn refuse_host_netns(netns: &Path) -> Result<(), BundleError> {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(target) = std::fs::metadata(netns) else {
+        return Ok(());
+    };
+    for host in ["/proc/1/ns/net", "/proc/self/ns/net"] {
+        if let Ok(host_meta) = std::fs::metadata(host)
+            && (host_meta.dev(), host_meta.ino()) == (target.dev(), target.ino())
+        {
+            return Err(path_err(
+                "network_namespace",
+                netns,
+                &format!("is the host's network namespace (same as {host})"),
+            ));
+        }
     }
     Ok(())
 }

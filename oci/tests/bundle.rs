@@ -101,7 +101,7 @@ fn explicit_caps_spec() -> BundleSpec {
         uid: 1500,
         gid: 1500,
         additional_gids: vec![1500],
-        network_namespace: Some(PathBuf::from("/proc/4242/ns/net")),
+        network_namespace: Some(PathBuf::from("/run/lazaret/netns/explicit-test")),
         ..agent_spec()
     }
 }
@@ -331,6 +331,10 @@ fn invalid_inputs_get_typed_errors() {
         expect_invalid(|s| s.network_namespace = Some("netns".into())),
         InvalidPath { .. }
     ));
+    for host_netns in ["/proc/1/ns/net", "/proc/self/ns/net"] {
+        let err = expect_invalid(|s| s.network_namespace = Some(host_netns.into()));
+        assert!(matches!(err, InvalidPath { .. }), "{host_netns}: {err}");
+    }
 }
 
 #[test]

@@ -51,3 +51,24 @@ pub fn reap_exited(watched: Pid) -> Option<ExitStatus> {
     }
     found
 }
+
+/// Reaps children until none is left or `limit` has passed; returns whether
+/// none is left. Used after the sandbox has exited: runsc's gofer follows it
+/// shortly, and `runsc delete` waits (up to 5 s) for a gofer that is still a
+/// zombie, so it must be reaped first.
+pub fn reap_all(limit: std::time::Duration) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+            Err(nix::errno::Errno::ECHILD) => return true,
+            Ok(WaitStatus::StillAlive) => {
+                if std::time::Instant::now() >= deadline {
+                    return false;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+            Err(_) => return false,
+        }
+    }
+}
