@@ -15,6 +15,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use lazaret_oci::bundle::BindMount;
 use lazaret_runtime::attach::{attach, AttachIo, Signals};
 use lazaret_runtime::console::ConsoleSocket;
 use lazaret_runtime::runsc::ContainerStdio;
@@ -23,6 +24,7 @@ use lazaret_runtime::{pidns, reaper, ExitStatus, NetworkMode, Runsc, RunscOption
 
 use crate::context::{Context, ContextError};
 use crate::cgroup;
+use crate::network;
 use crate::lock::{DomainLock, LockError};
 
 /// What `lazaret run` was asked to do.
@@ -47,6 +49,9 @@ pub enum LaunchError {
     /// Another run owns the Domain.
     #[error(transparent)]
     Lock(#[from] LockError),
+    /// The Domain's network could not be built.
+    #[error(transparent)]
+    Network(#[from] network::NetworkError),
     /// A mount could not be made.
     #[error(transparent)]
     Mount(#[from] lazaret_mounts::MountError),
@@ -133,16 +138,26 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
         path: ctx.config.runsc.path.clone(),
         state_root: domain_dir.join("runsc"),
         platform: ctx.runsc_platform(),
-        network: NetworkMode::None,
+        network: NetworkMode::Sandbox,
         debug_log_dir: ctx.config.runsc.debug_log_dir.clone(),
     })?;
 
+    recover_stale_runs(&domain_dir, ctx.domain_id.as_str());
     let container_id = format!("lzr-{}-{}", ctx.domain_id.short(), random_hex(4));
     let run_dir = domain_dir.join(format!("run-{container_id}"));
     fs::DirBuilder::new().mode(0o700).create(&run_dir).map_err(sys(format!("creating {}", run_dir.display())))?;
     let cgroups_path = format!("/lazaret/{}/{}", ctx.domain_id, container_id);
     // From here on, every exit path goes through the guard's Drop.
-    let mut guard = RunGuard { runsc: &runsc, container: None, exited: false, cgroups_path: cgroups_path.clone(), run_dir: run_dir.clone(), mounted: Vec::new() };
+    let mut guard = RunGuard { runsc: &runsc, container: None, exited: false, cgroups_path: cgroups_path.clone(), network: None, run_dir: run_dir.clone(), mounted: Vec::new() };
+
+    // The sidecar's policy is installed and verified before the sandbox
+    // exists (OrderedNetworkStartup).
+    let record = domain_dir.join("sidecar-id");
+    let net = network::bring_up(&ctx.config, &ctx.profile, &record)?;
+    let sandbox_netns = net.sandbox_netns().map(|n| n.proc_path());
+    let resolv_conf = run_dir.join("resolv.conf");
+    fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(net.policy().resolvers())).map_err(sys("writing the sandbox's resolv.conf"))?;
+    guard.network = Some((net, record));
 
     // The rootfs runsc gets is an overlay over the pristine image, so the
     // mount points runsc creates never touch the image store.
@@ -157,6 +172,8 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
     let mut spec = ctx.bundle_spec(&image, &req.args, tty)?;
     spec.rootfs = rootfs;
     spec.cgroups_path = cgroups_path;
+    spec.network_namespace = sandbox_netns;
+    spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
     if let Some(home) = ctx.prepare_home(spec.uid, spec.gid)? {
         spec.mounts.push(home);
     }
@@ -196,7 +213,14 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
     if let Some(m) = &master {
         lazaret_runtime::attach::sync_window_size(stdin.as_fd(), m.as_fd());
     }
-    runsc.start(&container_id, false)?;
+    // runsc's netstack takes the namespace's addresses away at every start,
+    // so re-address and check the policy right before it.
+    if let Some((net, _)) = &guard.network {
+        net.readdress_sandbox().map_err(network::NetworkError::from)?;
+        net.verify_installed().map_err(network::NetworkError::from)?;
+    }
+    let workaround = runsc.info().needs_netns_workaround(lazaret_runtime::runsc::kernel_major());
+    runsc.start(&container_id, workaround)?;
 
     let io = match master {
         Some(master) => AttachIo::Terminal { master, input: stdin.as_fd(), output: stdout.as_fd() },
@@ -214,6 +238,32 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
     Ok(status)
 }
 
+/// Removes what crashed earlier runs of this Domain left in its runtime
+/// directory: run directories, runsc state, and the cgroups named after
+/// them. The caller holds the Domain lock, and every process of an earlier
+/// run died with its PID namespace, so nothing here is in use. (Its mounts
+/// died with its mount namespace; its network is recovered by
+/// `network::bring_up`.)
+fn recover_stale_runs(domain_dir: &std::path::Path, domain_id: &str) {
+    let Ok(entries) = fs::read_dir(domain_dir) else { return };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(container) = name.strip_prefix("run-") {
+            cgroup::remove(&format!("/lazaret/{domain_id}/{container}"));
+            match fs::remove_dir_all(entry.path()) {
+                Ok(()) => eprintln!("lazaret: removed {name} left by a crashed earlier run"),
+                Err(e) => eprintln!("lazaret: cannot remove {}: {e}", entry.path().display()),
+            }
+        }
+    }
+    let state = domain_dir.join("runsc");
+    if state.exists() {
+        if let Err(e) = fs::remove_dir_all(&state) {
+            eprintln!("lazaret: cannot remove stale runsc state {}: {e}", state.display());
+        }
+    }
+}
+
 /// Undoes everything a run set up, in reverse order, whatever way the run
 /// ends. Failures are reported and do not stop the rest of the clean-up.
 struct RunGuard<'a> {
@@ -222,6 +272,8 @@ struct RunGuard<'a> {
     /// The container's first process has exited (its gofer follows).
     exited: bool,
     cgroups_path: String,
+    /// The Domain's network and the file recording its Sidecar ID.
+    network: Option<(lazaret_netpolicy::topology::DomainNetwork, PathBuf)>,
     run_dir: PathBuf,
     mounted: Vec<PathBuf>,
 }
@@ -239,6 +291,11 @@ impl Drop for RunGuard<'_> {
         // Orphans re-parented to us (runsc's gofer) are reaped here.
         let _ = reaper::reap_exited(nix::unistd::Pid::from_raw(-1));
         cgroup::remove(&self.cgroups_path);
+        if let Some((net, record)) = self.network.take() {
+            if let Err(e) = network::tear_down(net, &record) {
+                eprintln!("lazaret: taking down the Domain's network: {e}");
+            }
+        }
         for m in self.mounted.drain(..).rev() {
             if let Err(e) = lazaret_mounts::unmount(&m, true) {
                 eprintln!("lazaret: unmounting {}: {e}", m.display());

@@ -6,6 +6,7 @@
 //! - [`identity`]: the developer, the workspace, Domain IDs and state paths.
 //! - [`context`]: resolving all of the above for one invocation.
 //! - [`launch`]: `lazaret run`.
+//! - [`network`]: the Domain's egress policy and sidecar network.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
 
@@ -16,3 +17,4 @@ pub mod doctor;
 pub mod identity;
 pub mod launch;
 pub mod lock;
+pub mod network;

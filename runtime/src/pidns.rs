@@ -8,7 +8,9 @@
 //!
 //! - no runsc process can see or signal host processes by PID;
 //! - when that child dies, however it dies, the kernel kills every process
-//!   left in its namespace: a crashed run cannot strand a sandbox.
+//!   left in its namespace: a crashed run cannot strand a sandbox; and the
+//!   child dies with its parent (PR_SET_PDEATHSIG), so `kill -9` of
+//!   `lazaret` takes the whole sandbox down too.
 //!
 //! The PIDs runsc records in its state directory are then PIDs of that
 //! namespace. They mean nothing (or something else) outside it, so runsc
@@ -64,26 +66,46 @@ pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signa
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();
+    let (alive_r, alive_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
+        .map_err(|source| PidNsError::Sys { context: "creating the parent-alive pipe", source })?;
     // SAFETY: the process is single-threaded (checked above), so the child
     // is a complete copy and may run arbitrary code, including allocation.
     match unsafe { nix::unistd::fork() } {
         Err(source) => Err(PidNsError::Sys { context: "forking the namespace init", source }),
         Ok(ForkResult::Child) => {
+            // If the parent dies (even by SIGKILL), so does this init, and
+            // with it every process of the namespace.
+            // (getppid() is 0 across the namespace boundary, so the race
+            // with a parent dying before prctl is closed with a pipe: the
+            // parent holds the write end; EOF means it is gone.)
+            drop(alive_w);
+            if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() || parent_gone(&alive_r) {
+                std::process::exit(125);
+            }
+            drop(alive_r);
             let code = init(signals);
             let _ = std::io::stdout().flush();
             let _ = std::io::stderr().flush();
             std::process::exit(code);
         }
         Ok(ForkResult::Parent { child }) => {
+            drop(alive_r);
             let status = wait_forwarding(signals, child);
             if let Some(modes) = saved_modes {
                 // The child restores the terminal itself; this covers a child
                 // that was killed before it could.
                 let _ = termios::tcsetattr(stdin.as_fd(), termios::SetArg::TCSADRAIN, &modes);
             }
+            drop(alive_w);
             Ok(status)
         }
     }
+}
+
+/// Whether every write end of the parent-alive pipe is closed.
+fn parent_gone(alive: &std::os::fd::OwnedFd) -> bool {
+    let mut b = [0u8; 1];
+    matches!(nix::unistd::read(alive.as_fd(), &mut b), Ok(0))
 }
 
 fn wait_forwarding(signals: &mut Signals, child: Pid) -> ExitStatus {

@@ -125,6 +125,10 @@ pub struct TestEnv {
     pub runtime_dir: PathBuf,
     /// Environment variables added to every lazaret invocation.
     pub env: Vec<(String, String)>,
+    /// The network namespace lazaret runs in (a [`NetLab`]'s host), else
+    /// each invocation gets a fresh, empty one: no test ever builds a
+    /// sidecar in this machine's real network namespace.
+    pub netns: Option<PathBuf>,
 }
 
 impl TestEnv {
@@ -149,7 +153,7 @@ impl TestEnv {
         fs::create_dir_all(TEST_RUNTIME_PARENT).expect("runtime parent");
         let runtime_dir = Path::new(TEST_RUNTIME_PARENT).join(random_suffix());
         let config = scratch.join("config.toml");
-        let env = TestEnv { scratch, workspace, config, runtime_dir, env: Vec::new() };
+        let env = TestEnv { scratch, workspace, config, runtime_dir, env: Vec::new(), netns: None };
         env.write_config(extra);
         env
     }
@@ -169,12 +173,30 @@ impl TestEnv {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut cmd = Command::new(lazaret_bin());
-        cmd.arg("--config").arg(&self.config).args(args).current_dir(&self.workspace).stdin(Stdio::null());
+        let mut cmd = self.in_netns();
+        cmd.arg(lazaret_bin()).arg("--config").arg(&self.config).args(args).current_dir(&self.workspace).stdin(Stdio::null());
         for (k, v) in &self.env {
             cmd.env(k, v);
         }
         cmd
+    }
+
+    /// A command prefix that runs its arguments in this env's network
+    /// namespace: `nsenter --net=PATH` into a lab's host, else `unshare
+    /// --net` (neither remounts /sys, which would break runsc's cgroups).
+    pub fn in_netns(&self) -> Command {
+        match &self.netns {
+            Some(path) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", path.display())).arg("--");
+                c
+            }
+            None => {
+                let mut c = Command::new("unshare");
+                c.arg("--net").arg("--");
+                c
+            }
+        }
     }
 
     /// Runs `lazaret ARGS` to completion (killing it after

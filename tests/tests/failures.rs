@@ -104,7 +104,8 @@ fn config_inside_the_workspace_is_refused() {
     let inside = env.workspace.join("lazaret.toml");
     std::fs::copy(&env.config, &inside).expect("copy config");
     let out = wait_output(
-        std::process::Command::new(lazaret_bin())
+        env.in_netns()
+            .arg(lazaret_bin())
             .arg("--config")
             .arg(&inside)
             .args(["run", "test", "--", "true"])

@@ -25,10 +25,11 @@ impl Pty {
     }
 
     /// Spawns `lazaret ARGS` with the PTY as its controlling terminal
-    /// (`setsid -c`), so that resizes reach it as SIGWINCH.
+    /// (`setsid -c`), so that resizes reach it as SIGWINCH, in a fresh
+    /// network namespace (`unshare --net`, which execs in place).
     fn spawn(&self, env: &TestEnv, args: &[&str]) -> std::process::Child {
         let mut cmd = Command::new("setsid");
-        cmd.arg("-c").arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
+        cmd.arg("-c").args(["unshare", "--net", "--"]).arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
         let io = |fd: &OwnedFd| Stdio::from(fd.try_clone().expect("dup slave"));
         cmd.stdin(io(&self.slave)).stdout(io(&self.slave)).stderr(io(&self.slave));
         cmd.spawn().expect("spawning setsid -c lazaret (util-linux)")

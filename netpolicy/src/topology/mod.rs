@@ -794,19 +794,36 @@ impl Drop for DomainNetwork {
 /// uplink remains. Returns the IDs removed.
 pub fn remove_stale(host: &Netns, alive: &[SidecarId], forwarding_state_file: &Path) -> Result<Vec<SidecarId>, TopologyError> {
     let alive = alive.to_vec();
+    remove_matching(host, forwarding_state_file, move |id| !alive.contains(&id))
+}
+
+/// Removes exactly the uplinks and NAT tables of the Sidecar IDs in `ids`
+/// (those a crashed run of one Domain recorded), leaving every other
+/// Domain's alone, then restores host forwarding if no Lazaret uplink
+/// remains. Returns the IDs that had something to remove.
+pub fn remove_sidecars(host: &Netns, ids: &[SidecarId], forwarding_state_file: &Path) -> Result<Vec<SidecarId>, TopologyError> {
+    let ids = ids.to_vec();
+    remove_matching(host, forwarding_state_file, move |id| ids.contains(&id))
+}
+
+fn remove_matching(
+    host: &Netns,
+    forwarding_state_file: &Path,
+    is_stale: impl Fn(SidecarId) -> bool + Send + 'static,
+) -> Result<Vec<SidecarId>, TopologyError> {
     let state_file = forwarding_state_file.to_path_buf();
     host.netlink(async move |handle| {
         let mut removed = Vec::new();
         for (index, name) in net_view_links(&handle).await? {
             if let Some(id) = SidecarId::from_host_link_name(&name) {
-                if !alive.contains(&id) {
+                if is_stale(id) {
                     handle.link().del(index).execute().await.map_err(netlink_error(format!("delete stale {name}")))?;
                     removed.push(id);
                 }
             }
         }
         for id in nat::owned_tables()? {
-            if !alive.contains(&id) {
+            if is_stale(id) {
                 nat::remove(id)?;
                 if !removed.contains(&id) {
                     removed.push(id);

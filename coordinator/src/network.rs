@@ -1,0 +1,141 @@
+//! The Domain's network: from the profile's egress settings to a compiled
+//! policy, and the sidecar topology that enforces it (`lazaret_netpolicy`).
+//!
+//! A crashed run's sidecar is found again by the Sidecar ID it recorded in
+//! the Domain's runtime directory, and only its resources are removed.
+
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use lazaret_netpolicy::topology::{self, DomainNetwork, Netns, SidecarId, TopologyConfig, TopologyError};
+use lazaret_netpolicy::{CompiledPolicy, PolicyError, PolicyInput, Prefix};
+
+use crate::config::{Config, IpPrefix, Profile};
+
+/// Errors from the network layer, with the fix where there is one.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// The profile's policy does not compile.
+    #[error("egress policy of profile {profile:?}:\n{source}")]
+    Policy {
+        /// The profile.
+        profile: String,
+        /// What is wrong (every problem, with config locations).
+        source: PolicyError,
+    },
+    /// No usable DNS resolver.
+    #[error("DNS for profile {profile:?}: {source}\n  hint: set `dns = [\"ADDRESS\", ...]` in the profile or at the top of the configuration")]
+    Dns {
+        /// The profile.
+        profile: String,
+        /// Why.
+        source: lazaret_netpolicy::DnsError,
+    },
+    /// IPv6 was asked for; the sidecar cannot police it yet.
+    #[error("profile {profile:?} sets `ipv6 = true`, but Lazaret's sidecar cannot police IPv6 yet\n  hint: remove `ipv6 = true` (IPv6 is then disabled for the Domain: no IPv6 packet leaves the sandbox)")]
+    Ipv6Unsupported {
+        /// The profile.
+        profile: String,
+    },
+    /// Building, verifying or removing the topology failed.
+    #[error("sidecar network: {0}")]
+    Topology(#[from] TopologyError),
+    /// The Sidecar ID record could not be read or written.
+    #[error("{path}: {source}")]
+    Record {
+        /// The record file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn to_prefix(p: &IpPrefix) -> (Prefix, String) {
+    // Both types hold a validated network address and length; the config
+    // parser has already refused host bits, so truncating changes nothing.
+    (Prefix::truncating(p.network(), p.length()), p.origin.clone())
+}
+
+/// The policy input of a profile: its allow/deny prefixes, its resolvers
+/// (configured, else the host's resolv.conf) and its IPv6 choice.
+pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, NetworkError> {
+    if profile.ipv6 == Some(true) {
+        return Err(NetworkError::Ipv6Unsupported { profile: profile.name.clone() });
+    }
+    let configured = profile.effective_dns(config);
+    let dns: Vec<IpAddr> = if configured.is_empty() {
+        lazaret_netpolicy::dns::host_resolvers()
+            .map_err(|source| NetworkError::Dns { profile: profile.name.clone(), source })?
+            .into_iter()
+            // IPv6 is disabled for the Domain, so an IPv6 resolver is unusable.
+            .filter(IpAddr::is_ipv4)
+            .collect()
+    } else {
+        configured.to_vec()
+    };
+    Ok(PolicyInput {
+        allow: profile.allow_egress.iter().map(to_prefix).collect(),
+        deny: profile.deny_egress.iter().map(to_prefix).collect(),
+        dns,
+        ipv6: false,
+        ..PolicyInput::default()
+    })
+}
+
+/// Topology settings: forwarding state is recorded per host network
+/// namespace under the Storage Root.
+pub fn topology_config(storage_root: &Path, host: &Netns) -> Result<TopologyConfig, NetworkError> {
+    let dir = storage_root.join("net");
+    std::fs::create_dir_all(&dir).map_err(|source| NetworkError::Record { path: dir.clone(), source })?;
+    Ok(TopologyConfig::new(dir.join(format!("forwarding-{}.json", host.inode()?))))
+}
+
+/// The compiled policy a Domain of this profile would get on this host now
+/// (for `lazaret policy show` and `explain`).
+pub fn preview(config: &Config, profile: &Profile) -> Result<CompiledPolicy, NetworkError> {
+    let input = policy_input(config, profile)?;
+    let host = Netns::of_current_thread()?;
+    let topo = topology_config(&config.storage_root, &host)?;
+    topology::host_policy(&host, &topo, &input).map_err(|e| match e {
+        TopologyError::Policy(source) => NetworkError::Policy { profile: profile.name.clone(), source },
+        other => NetworkError::Topology(other),
+    })
+}
+
+/// Brings up the Domain's sidecar network after removing what a crashed
+/// earlier run of the same Domain left (found through `record`, a file in
+/// the Domain's runtime directory, which holds the Sidecar ID while the
+/// Domain runs). The caller holds the Domain lock.
+pub fn bring_up(config: &Config, profile: &Profile, record: &Path) -> Result<DomainNetwork, NetworkError> {
+    let input = policy_input(config, profile)?;
+    let host = Netns::of_current_thread()?;
+    let topo = topology_config(&config.storage_root, &host)?;
+    match std::fs::read_to_string(record) {
+        Ok(text) => {
+            if let Ok(stale) = text.trim().parse::<SidecarId>() {
+                let removed = topology::remove_sidecars(&host, &[stale], &topo.forwarding_state_file)?;
+                if !removed.is_empty() {
+                    eprintln!("lazaret: removed the network of a crashed earlier run (sidecar {stale})");
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(source) => return Err(NetworkError::Record { path: record.to_path_buf(), source }),
+    }
+    let network = DomainNetwork::create(&host, &topo, &input).map_err(|e| match e {
+        TopologyError::Policy(source) => NetworkError::Policy { profile: profile.name.clone(), source },
+        other => NetworkError::Topology(other),
+    })?;
+    std::fs::write(record, format!("{}\n", network.sidecar_id())).map_err(|source| NetworkError::Record { path: record.to_path_buf(), source })?;
+    Ok(network)
+}
+
+/// Takes the Domain's network down and forgets its Sidecar ID.
+pub fn tear_down(network: DomainNetwork, record: &Path) -> Result<(), NetworkError> {
+    network.teardown()?;
+    match std::fs::remove_file(record) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(NetworkError::Record { path: record.to_path_buf(), source }),
+    }
+}
