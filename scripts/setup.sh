@@ -23,7 +23,7 @@ fi
 command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust 1.85 or newer with rustup (Debian 12's rustc is too old)" >&2; exit 1; }
 
 need=()
-for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev; do
+for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev docker-registry skopeo apache2-utils openssl; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

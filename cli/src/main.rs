@@ -68,6 +68,40 @@ enum ConfigAction {
 
 #[derive(Subcommand)]
 enum ImageAction {
+    /// Pull REF from a registry (`debian` means docker.io/library/debian:latest; tags and @sha256: digests).
+    Pull {
+        /// The image reference; stored under its full form, e.g. docker.io/library/debian:trixie.
+        reference: String,
+        /// The platform to take from a multi-platform image (default: linux/<this machine>).
+        #[arg(long, value_name = "OS/ARCH[/VARIANT]")]
+        platform: Option<String>,
+        /// Allow plain HTTP to this registry (never the default).
+        #[arg(long)]
+        insecure: bool,
+        /// Trust this CA certificate (PEM) for the registry; repeatable.
+        #[arg(long = "ca-cert", value_name = "FILE")]
+        ca_certs: Vec<PathBuf>,
+        /// Credentials file in docker's format, searched before Lazaret's and docker's.
+        #[arg(long, value_name = "FILE")]
+        authfile: Option<PathBuf>,
+        /// No progress output.
+        #[arg(short, long)]
+        quiet: bool,
+    },
+    /// Save credentials for a registry (password read from standard input).
+    Login {
+        /// The registry host[:port], e.g. ghcr.io or registry.example:5000.
+        registry: String,
+        /// The user name.
+        #[arg(short, long)]
+        username: String,
+        /// Read the password or token from standard input (required).
+        #[arg(long)]
+        password_stdin: bool,
+        /// Write this file instead of ~/.config/lazaret/registry-auth.json.
+        #[arg(long, value_name = "FILE")]
+        authfile: Option<PathBuf>,
+    },
     /// Import a rootfs directory or tarball (.tar, .tar.gz, .tar.zst), an OCI layout or an oci-archive as NAME.
     Import {
         /// The name profiles use in `image = "..."`.
@@ -75,13 +109,20 @@ enum ImageAction {
         /// The source.
         source: PathBuf,
     },
-    /// List imported images.
+    /// List images: name, digest, size, created.
     Ls,
-    /// Remove an image.
+    /// Show everything the store records about an image, as JSON.
+    Inspect {
+        /// The image name (or a reference that normalises to it).
+        name: String,
+    },
+    /// Remove an image (and every blob and rootfs no other image uses).
     Rm {
         /// The image name.
         name: String,
     },
+    /// Delete blobs and root filesystems no image references, and leftovers of interrupted pulls.
+    Gc,
 }
 
 fn main() -> ExitCode {
@@ -143,25 +184,56 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Image { action } => {
+            use lazaret_coordinator::images;
             require_root()?;
             let developer = Developer::from_process()?;
             let cfg = load_config(config.as_deref(), &developer)?;
-            let store = Context::image_store(&cfg)?;
             match action {
+                ImageAction::Pull { reference, platform, insecure, ca_certs, authfile, quiet } => {
+                    let request = images::PullRequest { reference: reference.clone(), platform, insecure, ca_certs, authfile, quiet };
+                    let rec = images::pull(&cfg, &request).with_context(|| format!("pulling {reference}"))?;
+                    println!("pulled {} {} ({} bytes)", rec.name, rec.digest, rec.size);
+                }
+                ImageAction::Login { registry, username, password_stdin, authfile } => {
+                    if !password_stdin {
+                        anyhow::bail!("pass the password on standard input with --password-stdin (it is never taken from the command line)");
+                    }
+                    let mut password = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut password).context("reading the password from standard input")?;
+                    let password = password.trim_end_matches(['\n', '\r']).to_string();
+                    if password.is_empty() {
+                        anyhow::bail!("the password read from standard input is empty");
+                    }
+                    let creds = lazaret_coordinator::images::Credentials { username, password };
+                    let file = images::login(&registry, &creds, authfile.as_deref())?;
+                    println!("credentials for {registry} saved in {}", file.display());
+                }
                 ImageAction::Import { name, source } => {
+                    let store = Context::image_store(&cfg)?;
                     let rec = store.import(&name, &source).with_context(|| format!("importing {} as {name}", source.display()))?;
                     println!("imported {} {} ({} bytes)", rec.name, rec.digest, rec.size);
                 }
                 ImageAction::Ls => {
-                    println!("{:<24} {:<20} {:>12}  CREATED", "NAME", "DIGEST", "SIZE");
-                    for rec in store.list()? {
+                    let store = Context::image_store(&cfg)?;
+                    let records = store.list()?;
+                    let width = records.iter().map(|r| r.name.len()).max().unwrap_or(0).max(24);
+                    println!("{:<width$} {:<19} {:>12}  CREATED", "NAME", "DIGEST", "SIZE");
+                    for rec in records {
                         let short = rec.digest.trim_start_matches("sha256:").chars().take(12).collect::<String>();
-                        println!("{:<24} sha256:{:<13} {:>12}  {}", rec.name, short, rec.size, rec.created);
+                        println!("{:<width$} sha256:{:<12} {:>12}  {}", rec.name, short, rec.size, rec.created);
                     }
                 }
+                ImageAction::Inspect { name } => {
+                    println!("{}", serde_json::to_string_pretty(&images::inspect(&cfg, &name)?)?);
+                }
                 ImageAction::Rm { name } => {
+                    let store = Context::image_store(&cfg)?;
                     store.remove(&name)?;
                     println!("removed {name}");
+                }
+                ImageAction::Gc => {
+                    let stats = images::gc(&cfg)?;
+                    println!("removed {} blobs and {} root filesystems", stats.blobs_removed, stats.rootfs_removed);
                 }
             }
             Ok(ExitCode::SUCCESS)

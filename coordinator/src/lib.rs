@@ -15,6 +15,7 @@ pub mod config;
 pub mod context;
 pub mod doctor;
 pub mod identity;
+pub mod images;
 pub mod launch;
 pub mod lock;
 pub mod network;

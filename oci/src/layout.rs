@@ -35,12 +35,15 @@ pub(crate) struct Descriptor {
 pub(crate) struct Platform {
     pub architecture: String,
     pub os: String,
+    #[serde(default)]
+    pub variant: Option<String>,
 }
 
+/// An image index or Docker manifest list.
 #[derive(Debug, Deserialize)]
-struct Index {
+pub(crate) struct Index {
     #[serde(default)]
-    manifests: Vec<Descriptor>,
+    pub manifests: Vec<Descriptor>,
 }
 
 /// An image manifest.
@@ -87,11 +90,11 @@ pub(crate) struct RootFs {
     pub diff_ids: Vec<String>,
 }
 
-const INDEX_TYPES: [&str; 2] = [
+pub(crate) const INDEX_TYPES: [&str; 2] = [
     "application/vnd.oci.image.index.v1+json",
     "application/vnd.docker.distribution.manifest.list.v2+json",
 ];
-const MANIFEST_TYPES: [&str; 2] = [
+pub(crate) const MANIFEST_TYPES: [&str; 2] = [
     "application/vnd.oci.image.manifest.v1+json",
     "application/vnd.docker.distribution.manifest.v2+json",
 ];
@@ -251,47 +254,63 @@ impl LayoutDir {
         &self,
         manifest: &Manifest,
     ) -> Result<(Vec<u8>, ImageConfigFile), ImageError> {
-        if !CONFIG_TYPES.contains(&manifest.config.media_type.as_str()) {
-            return Err(ImageError::InvalidImage(format!(
-                "unsupported config media type {:?}",
-                manifest.config.media_type
-            )));
-        }
+        check_config_type(manifest)?;
         let bytes = self.read_verified(&manifest.config, MAX_JSON_BYTES)?;
-        let config: ImageConfigFile = parse_json(&bytes, &manifest.config.digest)?;
-        if let Some(os) = &config.os
-            && os != "linux"
-        {
-            return Err(ImageError::InvalidImage(format!(
-                "image is for {os:?}, not linux"
-            )));
-        }
-        if let Some(arch) = &config.architecture
-            && arch != host_architecture()
-        {
-            return Err(ImageError::InvalidImage(format!(
-                "image is for architecture {arch:?}, this machine is {:?}",
-                host_architecture()
-            )));
-        }
-        if config.rootfs.kind != "layers" {
-            return Err(ImageError::InvalidImage(format!(
-                "unsupported rootfs type {:?}",
-                config.rootfs.kind
-            )));
-        }
-        if config.rootfs.diff_ids.len() != manifest.layers.len() {
-            return Err(ImageError::InvalidImage(format!(
-                "config lists {} diff_ids for {} layers",
-                config.rootfs.diff_ids.len(),
-                manifest.layers.len()
-            )));
-        }
-        for diff_id in &config.rootfs.diff_ids {
-            sha256_hex(diff_id)?;
-        }
+        let config = parse_config(manifest, &bytes, host_architecture())?;
         Ok((bytes, config))
     }
+}
+
+/// Refuses a config media type we do not understand.
+pub(crate) fn check_config_type(manifest: &Manifest) -> Result<(), ImageError> {
+    if !CONFIG_TYPES.contains(&manifest.config.media_type.as_str()) {
+        return Err(ImageError::InvalidImage(format!(
+            "unsupported config media type {:?}",
+            manifest.config.media_type
+        )));
+    }
+    Ok(())
+}
+
+/// Parses verified config bytes and checks them against `manifest`: linux,
+/// architecture `arch`, one diff_id per layer.
+pub(crate) fn parse_config(
+    manifest: &Manifest,
+    bytes: &[u8],
+    arch: &str,
+) -> Result<ImageConfigFile, ImageError> {
+    let config: ImageConfigFile = parse_json(bytes, &manifest.config.digest)?;
+    if let Some(os) = &config.os
+        && os != "linux"
+    {
+        return Err(ImageError::InvalidImage(format!(
+            "image is for {os:?}, not linux"
+        )));
+    }
+    if let Some(config_arch) = &config.architecture
+        && config_arch != arch
+    {
+        return Err(ImageError::InvalidImage(format!(
+            "image is for architecture {config_arch:?}, expected {arch:?}"
+        )));
+    }
+    if config.rootfs.kind != "layers" {
+        return Err(ImageError::InvalidImage(format!(
+            "unsupported rootfs type {:?}",
+            config.rootfs.kind
+        )));
+    }
+    if config.rootfs.diff_ids.len() != manifest.layers.len() {
+        return Err(ImageError::InvalidImage(format!(
+            "config lists {} diff_ids for {} layers",
+            config.rootfs.diff_ids.len(),
+            manifest.layers.len()
+        )));
+    }
+    for diff_id in &config.rootfs.diff_ids {
+        sha256_hex(diff_id)?;
+    }
+    Ok(config)
 }
 
 fn choose_entry(entries: &[Descriptor]) -> Result<Descriptor, ImageError> {

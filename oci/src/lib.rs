@@ -7,6 +7,8 @@
 //! * [`unpack_layer`]: the hardened layer extractor the store uses for every
 //!   source (and that a future registry pull will use): OCI whiteouts, opaque
 //!   directories, and refusal of hostile archives.
+//! * [`registry`] (feature `registry`, on by default): pulling images from
+//!   OCI registries into the store.
 //! * [`bundle`]: generation of the runsc `config.json` with every
 //!   security-relevant field set explicitly.
 //!
@@ -25,10 +27,12 @@ mod dirsource;
 mod error;
 mod fsutil;
 mod layout;
+#[cfg(feature = "registry")]
+pub mod registry;
 mod store;
 mod timefmt;
 mod unpack;
 
 pub use error::ImageError;
-pub use store::{ImageConfig, ImageRecord, ImageStore, SourceKind};
+pub use store::{GcStats, ImageConfig, ImageRecord, ImageStore, SourceKind};
 pub use unpack::{Compression, UnpackLimits, UnpackStats, unpack_layer};

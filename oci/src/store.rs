@@ -13,7 +13,9 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ImageError;
 use crate::fsutil::{atomic_write, ensure_private_dir, fsync_dir};
-use crate::layout::{Descriptor, LayoutDir, layer_type_supported, sha256_hex};
+use crate::layout::{
+    Descriptor, ImageConfigFile, LayoutDir, Manifest, layer_type_supported, sha256_hex,
+};
 use crate::unpack::{UnpackLimits, unpack_layer};
 
 /// Where an image came from.
@@ -28,6 +30,8 @@ pub enum SourceKind {
     OciLayout,
     /// A tarball of an OCI image layout.
     OciArchive,
+    /// Pulled from an OCI registry.
+    Registry,
 }
 
 /// The runtime defaults an image configuration carries (empty for rootfs imports).
@@ -233,6 +237,51 @@ impl ImageStore {
         self.collect_garbage()
     }
 
+    /// Garbage collection: waits for running imports and pulls, then deletes
+    /// every blob and rootfs no image references, and the work left in `tmp/`
+    /// by interrupted runs. Returns how many blobs and rootfs trees it removed.
+    pub fn gc(&self) -> Result<GcStats, ImageError> {
+        let _lock = Flock::lock(self.lock_file()?, FlockArg::LockExclusive)
+            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        for name in read_dir_names(&self.tmp_dir())? {
+            let path = self.tmp_dir().join(&name);
+            remove_any(&path)
+                .map_err(|e| ImageError::io(format!("removing stale {}", path.display()), e))?;
+        }
+        let blobs_before = read_dir_names(&self.blobs_dir())?.len();
+        let rootfs_before = read_dir_names(&self.rootfs_parent())?.len();
+        self.collect_garbage()?;
+        Ok(GcStats {
+            blobs_removed: blobs_before.saturating_sub(read_dir_names(&self.blobs_dir())?.len()),
+            rootfs_removed: rootfs_before
+                .saturating_sub(read_dir_names(&self.rootfs_parent())?.len()),
+        })
+    }
+
+    /// The digests (`sha256:...`) of every blob file in the store, sorted.
+    pub fn blob_digests(&self) -> Result<Vec<String>, ImageError> {
+        let mut names: Vec<String> = read_dir_names(&self.blobs_dir())?
+            .into_iter()
+            .map(|hex| format!("sha256:{hex}"))
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// Starts a pull: holds the shared lock (so no garbage collection removes
+    /// blobs fetched but not yet referenced) and a private work directory.
+    #[cfg_attr(not(feature = "registry"), allow(dead_code))]
+    pub(crate) fn begin_pull(&self) -> Result<PullSession<'_>, ImageError> {
+        let lock = Flock::lock(self.lock_file()?, FlockArg::LockShared)
+            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        let work = WorkDir::create(&self.tmp_dir())?;
+        Ok(PullSession {
+            store: self,
+            _lock: lock,
+            work,
+        })
+    }
+
     /// Deletes rootfs trees and blobs no ref mentions. Caller holds the
     /// exclusive lock. Refuses to delete anything if a ref is unreadable.
     fn collect_garbage(&self) -> Result<(), ImageError> {
@@ -372,6 +421,19 @@ impl ImageStore {
         for layer in &manifest.layers {
             self.ingest_blob(&layout, layer, work)?;
         }
+        self.prepare_from_blobs(manifest_desc.digest, &manifest, config, work, kind)
+    }
+
+    /// Unpacks (unless the store already has the rootfs) an image whose
+    /// manifest, config and layers are all verified blobs in `blobs/`.
+    fn prepare_from_blobs(
+        &self,
+        manifest_digest: String,
+        manifest: &Manifest,
+        config: ImageConfigFile,
+        work: &WorkDir,
+        kind: SourceKind,
+    ) -> Result<Prepared, ImageError> {
         let diff_ids = config.rootfs.diff_ids.clone();
         let key = chain_id(&diff_ids)?;
         let unpacked = if self.rootfs_parent().join(&key).is_dir() {
@@ -399,11 +461,11 @@ impl ImageStore {
             }
             Some(rootfs)
         };
-        let mut blobs = vec![manifest_desc.digest.clone(), manifest.config.digest.clone()];
+        let mut blobs = vec![manifest_digest.clone(), manifest.config.digest.clone()];
         blobs.extend(manifest.layers.iter().map(|l| l.digest.clone()));
         let container = config.config.unwrap_or_default();
         Ok(Prepared {
-            digest: manifest_desc.digest,
+            digest: manifest_digest,
             diff_ids,
             blobs,
             config: ImageConfig {
@@ -771,6 +833,94 @@ fn tree_size(root: &Path) -> io::Result<u64> {
         }
     }
     Ok(total)
+}
+
+/// What [`ImageStore::gc`] removed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct GcStats {
+    /// Blob files deleted.
+    pub blobs_removed: usize,
+    /// Unpacked root filesystems deleted.
+    pub rootfs_removed: usize,
+}
+
+/// An in-progress registry pull: blobs are verified into a private temp file
+/// and published into `blobs/` one by one (so a killed pull is resumed at blob
+/// granularity by the next one); the ref is written only by
+/// [`PullSession::commit`].
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+pub(crate) struct PullSession<'a> {
+    store: &'a ImageStore,
+    _lock: Flock<File>,
+    work: WorkDir,
+}
+
+#[cfg_attr(not(feature = "registry"), allow(dead_code))]
+impl PullSession<'_> {
+    /// Whether the store already holds the verified blob `digest`.
+    pub(crate) fn has_blob(&self, digest: &str) -> Result<bool, ImageError> {
+        Ok(self.store.blob_path(digest)?.is_file())
+    }
+
+    /// A fresh path for a temporary download inside the work directory.
+    pub(crate) fn temp_path(&self) -> PathBuf {
+        self.work.path.join(format!("blob-{}", unique_suffix()))
+    }
+
+    /// Creates a private temp file for a download.
+    pub(crate) fn create_temp(&self) -> Result<(PathBuf, File), ImageError> {
+        let path = self.temp_path();
+        let file = new_private_file(&path)?;
+        Ok((path, file))
+    }
+
+    /// Publishes a downloaded temp file as blob `digest`. The caller has
+    /// verified its size and digest while writing it.
+    pub(crate) fn publish(&self, file: File, temp: &Path, digest: &str) -> Result<(), ImageError> {
+        let target = self.store.blob_path(digest)?;
+        self.store.publish_blob(file, temp, &target)
+    }
+
+    /// Stores already verified bytes (manifest, config) as blob `digest`.
+    pub(crate) fn store_bytes(&self, digest: &str, bytes: &[u8]) -> Result<(), ImageError> {
+        self.store.store_blob_bytes(digest, bytes, &self.work)
+    }
+
+    /// Opens the stored blob `digest` for reading.
+    pub(crate) fn open_blob(&self, digest: &str) -> Result<File, ImageError> {
+        let path = self.store.blob_path(digest)?;
+        File::open(&path).map_err(|e| ImageError::io(format!("opening {}", path.display()), e))
+    }
+
+    /// Unpacks the image whose manifest, config and layer blobs are all in
+    /// the store, then registers it under `name` (the commit point).
+    pub(crate) fn commit(
+        self,
+        name: &str,
+        manifest_digest: &str,
+        manifest: &Manifest,
+        config: ImageConfigFile,
+    ) -> Result<ImageRecord, ImageError> {
+        validate_name(name)?;
+        for digest in std::iter::once(manifest_digest)
+            .chain(std::iter::once(manifest.config.digest.as_str()))
+            .chain(manifest.layers.iter().map(|l| l.digest.as_str()))
+        {
+            if !self.has_blob(digest)? {
+                return Err(ImageError::Corrupt(format!(
+                    "blob {digest} vanished before the pull was committed"
+                )));
+            }
+        }
+        let prepared = self.store.prepare_from_blobs(
+            manifest_digest.to_string(),
+            manifest,
+            config,
+            &self.work,
+            SourceKind::Registry,
+        )?;
+        self.store.commit(name, prepared)
+    }
 }
 
 /// A private directory in the store's `tmp/`, removed when dropped.

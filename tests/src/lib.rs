@@ -11,6 +11,8 @@
 //! Prerequisites are never skipped silently: a missing one fails the test
 //! with a message naming it and the script that installs it.
 
+pub mod netlab;
+
 use std::ffi::OsStr;
 use std::fs;
 use std::io::{Read, Write};
@@ -79,7 +81,7 @@ pub fn test_user() -> (u32, u32) {
     (user.uid.as_raw(), user.gid.as_raw())
 }
 
-fn random_suffix() -> String {
+pub(crate) fn random_suffix() -> String {
     let mut b = [0u8; 6];
     if let Ok(mut f) = fs::File::open("/dev/urandom") {
         let _ = f.read_exact(&mut b);

@@ -43,7 +43,9 @@ use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::AddressAttribute;
 use rtnetlink::packet_route::link::LinkAttribute;
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
-use rtnetlink::{Handle, LinkUnspec, LinkVeth, RouteMessageBuilder};
+use rtnetlink::packet_route::IpProtocol;
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 pub use netns::Netns;
 
@@ -447,6 +449,162 @@ fn route_message(route: &PolicyRoute, uplink: Option<(u32, Ipv4Addr)>) -> Result
     Ok(message)
 }
 
+/// Routing table of the sidecar's self-guard (see [`install_self_guard`]).
+const SELF_GUARD_TABLE: u32 = 200;
+/// Priority of the rule sending packets from the sandbox to the self-guard.
+const SELF_GUARD_PRIORITY: u32 = 500;
+/// Priority the `lookup local` rule is moved to, after the self-guard.
+const LOCAL_RULE_PRIORITY: u32 = 1000;
+/// The kernel's local routing table.
+const LOCAL_TABLE: u32 = 255;
+
+/// IP protocols whose packets from the sandbox go through the self-guard.
+/// The rules match on the protocol so that ARP (which the kernel routes with
+/// protocol 0) still resolves the gateway; a protocol missing here that is
+/// sent to a sidecar address only learns that the address exists (the
+/// kernel answers "protocol unreachable"), as nothing listens there.
+const GUARDED_PROTOCOLS: [IpProtocol; 11] = [
+    IpProtocol::Icmp,
+    IpProtocol::Tcp,
+    IpProtocol::Udp,
+    IpProtocol::Sctp,
+    IpProtocol::Dccp,
+    IpProtocol::Udplite,
+    IpProtocol::Gre,
+    IpProtocol::Ipip,
+    IpProtocol::Ipv6,
+    IpProtocol::Esp,
+    IpProtocol::Ah,
+];
+
+/// Makes the sidecar's own addresses unreachable from the sandbox.
+///
+/// The kernel delivers packets for a namespace's own addresses through the
+/// `local` table, whose rule (priority 0) comes before any route, so the
+/// router would answer the sandbox on its transit addresses (a TCP reset,
+/// an echo reply): the leak PLATFORM.md warns about. The `lookup local` rule
+/// is therefore moved behind rules that send every packet of the
+/// [`GUARDED_PROTOCOLS`] arriving from the sandbox link to a small table: `unreachable` for each sidecar address,
+/// `throw` for the rest (which then continues to `local` and `main`).
+async fn install_self_guard(handle: &Handle, own: &[Ipv4Addr]) -> Result<(), TopologyError> {
+    let build_error = |prefix: Prefix, reason: String| TopologyError::RouteBuild { prefix, reason };
+    for address in own {
+        let prefix = Prefix::host(IpAddr::V4(*address));
+        let message = RouteMessageBuilder::<IpAddr>::new()
+            .destination_prefix(IpAddr::V4(*address), 32)
+            .map_err(|e| build_error(prefix, e.to_string()))?
+            .table_id(SELF_GUARD_TABLE)
+            .kind(RouteType::Unreachable)
+            .build();
+        handle.route().add(message).execute().await.map_err(netlink_error(format!("add self-guard route {address}")))?;
+    }
+    let any = Prefix::any(true);
+    let throw = RouteMessageBuilder::<IpAddr>::new()
+        .destination_prefix(any.network(), 0)
+        .map_err(|e| build_error(any, e.to_string()))?
+        .table_id(SELF_GUARD_TABLE)
+        .kind(RouteType::Throw)
+        .build();
+    handle.route().add(throw).execute().await.map_err(netlink_error("add self-guard throw route"))?;
+    for protocol in GUARDED_PROTOCOLS {
+        let mut request = handle
+            .rule()
+            .add()
+            .v4()
+            .input_interface(SIDECAR_INNER_LINK)
+            .table_id(SELF_GUARD_TABLE)
+            .priority(SELF_GUARD_PRIORITY)
+            .action(RuleAction::ToTable);
+        request.message_mut().attributes.push(RuleAttribute::IpProtocol(protocol));
+        request.execute().await.map_err(netlink_error(format!("add self-guard rule for {protocol:?}")))?;
+    }
+    handle
+        .rule()
+        .add()
+        .v4()
+        .table_id(LOCAL_TABLE)
+        .priority(LOCAL_RULE_PRIORITY)
+        .action(RuleAction::ToTable)
+        .execute()
+        .await
+        .map_err(netlink_error("add moved local rule"))?;
+    let mut rules = handle.rule().get(IpVersion::V4).execute();
+    let mut first_local = None;
+    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
+        if rule_priority(&rule) == 0 && rule_table(&rule) == LOCAL_TABLE {
+            first_local = Some(rule);
+        }
+    }
+    if let Some(rule) = first_local {
+        handle.rule().del(rule).execute().await.map_err(netlink_error("delete the priority-0 local rule"))?;
+    }
+    Ok(())
+}
+
+fn rule_priority(rule: &RuleMessage) -> u32 {
+    rule.attributes.iter().find_map(|a| if let RuleAttribute::Priority(p) = a { Some(*p) } else { None }).unwrap_or(0)
+}
+
+fn rule_table(rule: &RuleMessage) -> u32 {
+    rule.attributes.iter().find_map(|a| if let RuleAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(rule.header.table))
+}
+
+/// Differences between the sidecar's rules and self-guard table and what
+/// [`install_self_guard`] installs.
+async fn self_guard_differences(handle: &Handle, own: &[Ipv4Addr]) -> Result<Vec<String>, TopologyError> {
+    let mut differences = Vec::new();
+    let mut rules = handle.rule().get(IpVersion::V4).execute();
+    let mut guarded = Vec::new();
+    let mut local_moved = false;
+    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
+        let (priority, table) = (rule_priority(&rule), rule_table(&rule));
+        let iif = rule.attributes.iter().find_map(|a| if let RuleAttribute::Iifname(n) = a { Some(n.as_str()) } else { None });
+        if table == LOCAL_TABLE && priority < SELF_GUARD_PRIORITY {
+            differences.push(format!("sidecar rule {priority}: lookup local before the self-guard"));
+        }
+        let protocol = rule.attributes.iter().find_map(|a| if let RuleAttribute::IpProtocol(p) = a { Some(*p) } else { None });
+        if priority == SELF_GUARD_PRIORITY && table == SELF_GUARD_TABLE && iif == Some(SIDECAR_INNER_LINK) {
+            guarded.extend(protocol);
+        }
+        local_moved |= priority == LOCAL_RULE_PRIORITY && table == LOCAL_TABLE;
+    }
+    for protocol in GUARDED_PROTOCOLS {
+        if !guarded.contains(&protocol) {
+            differences.push(format!("sidecar self-guard rule (iif {SIDECAR_INNER_LINK} ipproto {protocol:?} lookup {SELF_GUARD_TABLE}) missing"));
+        }
+    }
+    if !local_moved {
+        differences.push(format!("sidecar `lookup local` rule at priority {LOCAL_RULE_PRIORITY} missing"));
+    }
+    let mut routes = handle.route().get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(SELF_GUARD_TABLE).build()).execute();
+    let mut unreachable = Vec::new();
+    let mut throw = false;
+    while let Some(route) = routes.try_next().await.map_err(netlink_error("list self-guard routes"))? {
+        let table = route.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(route.header.table));
+        if table != SELF_GUARD_TABLE {
+            continue;
+        }
+        let destination = route.attributes.iter().find_map(|a| match a {
+            RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+            _ => None,
+        });
+        match (route.header.kind, route.header.destination_prefix_length, destination) {
+            (RouteType::Unreachable, 32, Some(ip)) => unreachable.push(ip),
+            (RouteType::Throw, 0, _) => throw = true,
+            (kind, len, dst) => differences.push(format!("unexpected self-guard route {dst:?}/{len} {kind:?}")),
+        }
+    }
+    for address in own {
+        if !unreachable.contains(address) {
+            differences.push(format!("self-guard route unreachable {address}/32 missing"));
+        }
+    }
+    if !throw {
+        differences.push("self-guard throw route missing".to_string());
+    }
+    Ok(differences)
+}
+
 fn inner_rp_filter() -> PathBuf {
     PathBuf::from(format!("/proc/sys/net/ipv4/conf/{SIDECAR_INNER_LINK}/rp_filter"))
 }
@@ -587,6 +745,7 @@ impl DomainNetwork {
                     .await
                     .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
+            install_self_guard(&handle, &[addresses.sidecar_inner, addresses.sidecar_uplink]).await?;
             Ok(())
         })
     }
@@ -663,13 +822,16 @@ impl DomainNetwork {
         let (sidecar, sandbox) = self.namespaces()?;
         let addresses = self.addresses;
         let mut differences = Vec::new();
-        let (view, ipv4_forwarding, ipv6_forwarding, rp_filter) = sidecar.netlink(async |handle| {
+        let own = [addresses.sidecar_inner, addresses.sidecar_uplink];
+        let (view, ipv4_forwarding, ipv6_forwarding, rp_filter, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
             let v4 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"))?;
             let v6 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv6/conf/all/forwarding"))?;
             let rp_filter = forwarding::read_sysctl(&inner_rp_filter())?;
-            Ok((view, v4, v6, rp_filter))
+            let guard = self_guard_differences(&handle, &own).await?;
+            Ok((view, v4, v6, rp_filter, guard))
         })?;
+        differences.extend(guard);
         if rp_filter != "1" {
             differences.push(format!("sidecar {SIDECAR_INNER_LINK} rp_filter is {rp_filter}, expected 1"));
         }

@@ -8,7 +8,10 @@
 //!
 //! Usage: `lazaret-probe CHECK [ARGS...] [-- CHECK [ARGS...]]...`
 
+use std::io::Read;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
+use std::time::Duration;
 
 const PASS: i32 = 42;
 const FAIL: i32 = 43;
@@ -110,6 +113,144 @@ fn run(check: &[String]) -> Result<(), String> {
             }
             Ok(())
         }
+        // TCP to ADDR:PORT either gets the fake server's greeting (`ok`) or
+        // fails (`blocked`).
+        "tcp" => {
+            let [addr, port, want] = rest else { return Err("tcp ADDR PORT ok|blocked".into()) };
+            let target = SocketAddr::new(addr.parse().map_err(|_| format!("bad address {addr}"))?, port.parse().map_err(|_| "bad port")?);
+            let got = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5)).and_then(|mut s| {
+                s.set_read_timeout(Some(Duration::from_secs(5)))?;
+                let mut line = String::new();
+                s.read_to_string(&mut line)?;
+                Ok(line)
+            });
+            expect_reach("tcp", &target, want, got.map(|l| l.contains("hello from")))
+        }
+        // UDP ping to ADDR:PORT either gets a pong (`ok`) or nothing / an
+        // error (`blocked`).
+        "udp" => {
+            let [addr, port, want] = rest else { return Err("udp ADDR PORT ok|blocked".into()) };
+            let target = SocketAddr::new(addr.parse().map_err(|_| format!("bad address {addr}"))?, port.parse().map_err(|_| "bad port")?);
+            let any: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse().map_err(|_| "addr")? } else { "[::]:0".parse().map_err(|_| "addr")? };
+            let got = std::net::UdpSocket::bind(any).and_then(|s| {
+                s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                s.send_to(b"ping from sandbox", target)?;
+                let mut buf = [0u8; 256];
+                let (n, _) = s.recv_from(&mut buf)?;
+                Ok(String::from_utf8_lossy(&buf[..n]).starts_with("pong"))
+            });
+            expect_reach("udp", &target, want, got)
+        }
+        // NAME resolves (through /etc/resolv.conf) to IP.
+        "resolve" => {
+            let [name, ip] = rest else { return Err("resolve NAME IP".into()) };
+            use std::net::ToSocketAddrs;
+            let addrs: Vec<SocketAddr> = (name.as_str(), 80).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.collect();
+            if addrs.iter().any(|a| a.ip().to_string() == *ip) { Ok(()) } else { Err(format!("{name} resolved to {addrs:?}, expected {ip}")) }
+        }
+        // Hand-made UDP packets on a raw socket to DST:PORT, from our own
+        // address and from a spoofed one; then a marker to MARKER:PORT
+        // through the normal stack. Whether raw sockets are allowed at all
+        // is reported on stderr; the test checks what arrived.
+        "raw-send" => {
+            let [dst, marker, port, spoof] = rest else { return Err("raw-send DST MARKER PORT SPOOF".into()) };
+            let dst: Ipv4Addr = dst.parse().map_err(|_| "bad DST")?;
+            let spoof: Ipv4Addr = spoof.parse().map_err(|_| "bad SPOOF")?;
+            let port: u16 = port.parse().map_err(|_| "bad port")?;
+            match raw_udp(dst, port, &[None, Some(spoof)]) {
+                Ok(n) => eprintln!("probe: raw socket allowed, {n} packets sent"),
+                Err(e) => eprintln!("probe: raw socket refused: {e}"),
+            }
+            let m = std::net::UdpSocket::bind("0.0.0.0:0").map_err(|e| e.to_string())?;
+            m.send_to(b"marker", (marker.as_str(), port)).map_err(|e| format!("marker: {e}"))?;
+            Ok(())
+        }
+        // Listens on PORT (TCP, all addresses), prints `listening ADDR` with
+        // the sandbox's address, and serves greetings until killed.
+        "listen" => {
+            let [port] = rest else { return Err("listen PORT".into()) };
+            let l = std::net::TcpListener::bind(("0.0.0.0", port.parse::<u16>().map_err(|_| "bad port")?)).map_err(|e| e.to_string())?;
+            let me = local_ipv4_towards(Ipv4Addr::new(198, 51, 100, 1)).ok_or("no IPv4 address")?;
+            println!("listening {me}");
+            use std::io::Write;
+            let _ = std::io::stdout().flush();
+            for c in l.incoming().flatten() {
+                let mut c = c;
+                let _ = writeln!(c, "hello from {me}");
+            }
+            Ok(())
+        }
         other => Err(format!("unknown check {other:?}")),
     }
+}
+
+fn expect_reach(kind: &str, target: &SocketAddr, want: &str, got: std::io::Result<bool>) -> Result<(), String> {
+    match (want, got) {
+        ("ok", Ok(true)) => Ok(()),
+        ("ok", Ok(false)) => Err(format!("{kind} {target}: unexpected reply")),
+        ("ok", Err(e)) => Err(format!("{kind} {target} should be reachable: {e}")),
+        ("blocked", Ok(_)) => Err(format!("{kind} {target} should be blocked but answered")),
+        ("blocked", Err(_)) => Ok(()),
+        // Stricter: nothing answered at all, not even a refusal from a host
+        // that is reachable but has no server there.
+        ("unreachable", Ok(_)) => Err(format!("{kind} {target} should be unreachable but answered")),
+        ("unreachable", Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Err(format!("{kind} {target} should be unreachable, but a host there refused the connection"))
+        }
+        ("unreachable", Err(_)) => Ok(()),
+        (other, _) => Err(format!("want must be ok, blocked or unreachable, not {other}")),
+    }
+}
+
+/// Sends one UDP packet per source (None: the socket's own address) on an
+/// IPPROTO_RAW socket with a hand-built IPv4 header.
+fn raw_udp(dst: Ipv4Addr, port: u16, sources: &[Option<Ipv4Addr>]) -> Result<usize, String> {
+    use nix::sys::socket::{socket, sendto, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn};
+    use std::os::fd::AsRawFd;
+    let fd = socket(AddressFamily::Inet, SockType::Raw, SockFlag::empty(), SockProtocol::Raw).map_err(|e| e.to_string())?;
+    let own = local_ipv4_towards(dst).unwrap_or(Ipv4Addr::UNSPECIFIED);
+    let mut sent = 0;
+    for src in sources {
+        let src = src.unwrap_or(own);
+        let payload = b"raw-denied";
+        let total = 20 + 8 + payload.len();
+        let mut p = vec![0u8; total];
+        p[0] = 0x45;
+        p[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+        p[8] = 64;
+        p[9] = 17;
+        p[12..16].copy_from_slice(&src.octets());
+        p[16..20].copy_from_slice(&dst.octets());
+        let sum = checksum(&p[..20]);
+        p[10..12].copy_from_slice(&sum.to_be_bytes());
+        p[20..22].copy_from_slice(&40000u16.to_be_bytes());
+        p[22..24].copy_from_slice(&port.to_be_bytes());
+        p[24..26].copy_from_slice(&((8 + payload.len()) as u16).to_be_bytes());
+        p[28..].copy_from_slice(payload);
+        let to = SockaddrIn::from(std::net::SocketAddrV4::new(dst, port));
+        if sendto(fd.as_raw_fd(), &p, &to, MsgFlags::empty()).is_ok() {
+            sent += 1;
+        }
+    }
+    Ok(sent)
+}
+
+fn local_ipv4_towards(dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect((dst, 9)).ok()?;
+    match s.local_addr().ok()?.ip() {
+        std::net::IpAddr::V4(a) => Some(a),
+        _ => None,
+    }
+}
+
+fn checksum(header: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    for c in header.chunks(2) {
+        sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }

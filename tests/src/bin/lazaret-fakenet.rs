@@ -1,0 +1,101 @@
+//! The fake internet's servers for the network tests. It runs inside a
+//! network namespace the test created (`nsenter --net=...`) and is ended by
+//! the test, by PID.
+//!
+//! - `serve PORT ADDR...`: on each address, a TCP server that greets with
+//!   `hello from ADDR` and a UDP server that answers `ping` with `pong from
+//!   ADDR`; every UDP datagram received is logged on stdout as
+//!   `udp ADDR <- SRC: PAYLOAD`.
+//! - `dns ADDR ANSWER`: a DNS server on ADDR:53 answering every A query
+//!   with ANSWER.
+
+use std::io::Write;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::sync::{Arc, Mutex};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let out = Arc::new(Mutex::new(std::io::stdout()));
+    let mut handles = Vec::new();
+    match args.first().map(String::as_str) {
+        Some("serve") if args.len() >= 3 => {
+            let port: u16 = args[1].parse().expect("PORT");
+            for a in &args[2..] {
+                let ip: IpAddr = a.parse().expect("ADDR");
+                let tcp = TcpListener::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("tcp {ip}:{port}: {e}"));
+                handles.push(std::thread::spawn(move || {
+                    for conn in tcp.incoming().flatten() {
+                        let mut conn = conn;
+                        let _ = writeln!(conn, "hello from {ip}");
+                    }
+                }));
+                let udp = UdpSocket::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("udp {ip}:{port}: {e}"));
+                let out = out.clone();
+                handles.push(std::thread::spawn(move || {
+                    let mut buf = [0u8; 2048];
+                    while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                        let payload = String::from_utf8_lossy(&buf[..n]).into_owned();
+                        if let Ok(mut o) = out.lock() {
+                            let _ = writeln!(o, "udp {ip} <- {}: {payload}", from.ip());
+                            let _ = o.flush();
+                        }
+                        if payload.starts_with("ping") {
+                            let _ = udp.send_to(format!("pong from {ip}").as_bytes(), from);
+                        }
+                    }
+                }));
+            }
+        }
+        Some("dns") if args.len() == 3 => {
+            let ip: IpAddr = args[1].parse().expect("ADDR");
+            let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
+            let udp = UdpSocket::bind(SocketAddr::new(ip, 53)).unwrap_or_else(|e| panic!("dns {ip}:53: {e}"));
+            handles.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 1500];
+                while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                    if let Some(reply) = dns_answer(&buf[..n], answer) {
+                        let _ = udp.send_to(&reply, from);
+                    }
+                }
+            }));
+        }
+        _ => {
+            eprintln!("usage: lazaret-fakenet serve PORT ADDR... | dns ADDR ANSWER");
+            std::process::exit(2);
+        }
+    }
+    println!("ready");
+    let _ = std::io::stdout().flush();
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+/// A response to a standard query: the question echoed, and for type A one
+/// answer with `answer` (TTL 60); other types get an empty answer section.
+fn dns_answer(query: &[u8], answer: Ipv4Addr) -> Option<Vec<u8>> {
+    if query.len() < 12 {
+        return None;
+    }
+    // Skip the question name.
+    let mut i = 12;
+    while i < query.len() && query[i] != 0 {
+        i += 1 + query[i] as usize;
+    }
+    let qend = i + 5; // zero byte + QTYPE + QCLASS
+    if qend > query.len() {
+        return None;
+    }
+    let qtype = u16::from_be_bytes([query[i + 1], query[i + 2]]);
+    let is_a = qtype == 1;
+    let mut r = Vec::with_capacity(qend + 16);
+    r.extend_from_slice(&query[0..2]); // ID
+    r.extend_from_slice(&[0x81, 0x80]); // response, RD, RA, no error
+    r.extend_from_slice(&[0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
+    r.extend_from_slice(&query[12..qend]);
+    if is_a {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&answer.octets());
+    }
+    Some(r)
+}

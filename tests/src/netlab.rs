@@ -1,0 +1,168 @@
+//! A fake internet for the network tests, built entirely inside network
+//! namespaces the test creates: a "host" namespace (where lazaret runs and
+//! builds its sidecar) and a "world" namespace joined to it by a veth pair,
+//! with test servers on addresses of the world's loopback. Nothing touches
+//! this machine's real interfaces; dropping the lab ends its servers (by
+//! PID) and deletes both namespaces.
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The lab host's own address (its "public" interface).
+pub const HOST_ADDR: &str = "203.0.113.2";
+/// The world side of the host's link (the host's default gateway).
+pub const WORLD_GATEWAY: &str = "203.0.113.1";
+/// A public server.
+pub const PUBLIC: &str = "198.51.100.1";
+/// A public server that a `deny_egress` rule can close.
+pub const PUBLIC_DENIED: &str = "198.51.100.77";
+/// Servers in the default-denied ranges.
+pub const PRIVATE: [&str; 6] = ["10.1.1.1", "10.222.1.1", "10.223.1.1", "172.16.1.1", "192.168.1.1", "169.254.169.254"];
+/// The DNS server, inside a denied range.
+pub const DNS: &str = "10.53.0.53";
+/// A public IPv6 server.
+pub const PUBLIC_V6: &str = "2001:db8:100::1";
+/// The port every test server listens on (TCP and UDP).
+pub const PORT: u16 = 8080;
+
+/// The lab. See the module documentation.
+pub struct NetLab {
+    names: Vec<String>,
+    /// Path of the host namespace (for `nsenter --net=`).
+    pub host: PathBuf,
+    /// Path of the world namespace.
+    pub world: PathBuf,
+    servers: Vec<Child>,
+    /// Where the world's UDP log goes (one line per datagram received).
+    pub log: PathBuf,
+}
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip").args(args).output().expect("running ip (iproute2) for the test lab");
+    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+}
+
+fn fakenet_bin() -> PathBuf {
+    let exe = std::env::current_exe().expect("current_exe");
+    let p = exe.parent().and_then(|d| d.parent()).map(|d| d.join("lazaret-fakenet")).unwrap_or_default();
+    assert!(p.is_file(), "lazaret-fakenet missing at {}: cargo test -p lazaret-tests builds it", p.display());
+    p
+}
+
+impl NetLab {
+    /// Builds the lab and starts its servers.
+    pub fn new() -> NetLab {
+        crate::require_root();
+        let tag = crate::random_suffix();
+        let host_name = format!("lzt-h-{tag}");
+        let world_name = format!("lzt-w-{tag}");
+        let log = PathBuf::from(format!("/tmp/lazaret-netlab-{tag}.log"));
+        let mut lab = NetLab {
+            names: Vec::new(),
+            host: PathBuf::from(format!("/run/netns/{host_name}")),
+            world: PathBuf::from(format!("/run/netns/{world_name}")),
+            servers: Vec::new(),
+            log,
+        };
+        for n in [&host_name, &world_name] {
+            ip(&["netns", "add", n]);
+            lab.names.push(n.clone());
+            ip(&["-n", n, "link", "set", "lo", "up"]);
+        }
+        // Created directly inside the lab: the veth never exists in the
+        // machine's real namespace.
+        ip(&["-n", &host_name, "link", "add", "wan0", "type", "veth", "peer", "name", "wan0", "netns", &world_name]);
+        ip(&["-n", &host_name, "addr", "add", &format!("{HOST_ADDR}/24"), "dev", "wan0"]);
+        ip(&["-n", &host_name, "addr", "add", "2001:db8:1::2/64", "dev", "wan0", "nodad"]);
+        ip(&["-n", &host_name, "link", "set", "wan0", "up"]);
+        ip(&["-n", &world_name, "addr", "add", &format!("{WORLD_GATEWAY}/24"), "dev", "wan0"]);
+        ip(&["-n", &world_name, "addr", "add", "2001:db8:1::1/64", "dev", "wan0", "nodad"]);
+        ip(&["-n", &world_name, "link", "set", "wan0", "up"]);
+        ip(&["-n", &host_name, "route", "add", "default", "via", WORLD_GATEWAY]);
+        ip(&["-n", &host_name, "-6", "route", "add", "default", "via", "2001:db8:1::1"]);
+        let mut world_addrs: Vec<&str> = vec![PUBLIC, PUBLIC_DENIED, DNS];
+        world_addrs.extend(PRIVATE);
+        for a in &world_addrs {
+            ip(&["-n", &world_name, "addr", "add", &format!("{a}/32"), "dev", "lo"]);
+        }
+        ip(&["-n", &world_name, "addr", "add", &format!("{PUBLIC_V6}/128"), "dev", "lo"]);
+
+        let mut serve: Vec<String> = vec!["serve".into(), PORT.to_string()];
+        serve.extend(world_addrs.iter().filter(|a| **a != DNS).map(|a| a.to_string()));
+        serve.push(PUBLIC_V6.into());
+        lab.start_server(&world_name, &serve.iter().map(String::as_str).collect::<Vec<_>>(), true);
+        lab.start_server(&world_name, &["dns", DNS, PUBLIC], false);
+        // A server on the lab host's own address: the sandbox must not reach it.
+        lab.start_server(&host_name, &["serve", &PORT.to_string(), HOST_ADDR], false);
+        lab
+    }
+
+    fn start_server(&mut self, ns: &str, args: &[&str], logged: bool) {
+        let out = if logged {
+            Stdio::from(fs::File::create(&self.log).expect("lab log"))
+        } else {
+            Stdio::piped()
+        };
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{ns}"))
+            .arg("--")
+            .arg(fakenet_bin())
+            .args(args)
+            .stdout(out)
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("starting lazaret-fakenet");
+        if logged {
+            self.servers.push(child);
+            self.wait_log("ready");
+        } else {
+            let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+            assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("ready"), "fake server {args:?} did not start");
+            self.servers.push(child);
+        }
+    }
+
+    /// Waits until the UDP log contains `needle` (fails after 30 s).
+    pub fn wait_log(&self, needle: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let text = fs::read_to_string(&self.log).unwrap_or_default();
+            if text.contains(needle) {
+                return text;
+            }
+            assert!(Instant::now() < deadline, "the world never logged {needle:?}; log: {text}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Links of the lab host namespace (names).
+    pub fn host_links(&self) -> Vec<String> {
+        let out = Command::new("ip").args(["-n", &self.names[0], "-o", "link", "show"]).output().expect("ip link");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().split('@').next().unwrap_or("").to_string()))
+            .collect()
+    }
+}
+
+impl Default for NetLab {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for NetLab {
+    fn drop(&mut self) {
+        for s in &mut self.servers {
+            let _ = s.kill();
+            let _ = s.wait();
+        }
+        for n in &self.names {
+            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        }
+        let _ = fs::remove_file(&self.log);
+    }
+}
