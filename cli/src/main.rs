@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use lazaret_coordinator::context::{load_config, require_root, Context};
 use lazaret_coordinator::identity::Developer;
-use lazaret_coordinator::{doctor, launch};
+use lazaret_coordinator::{doctor, launch, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do).
 const LAZARET_FAILED: u8 = 125;
@@ -50,8 +50,29 @@ enum Command {
         #[command(subcommand)]
         action: ImageAction,
     },
+    /// Show a profile's compiled egress policy, or explain one verdict.
+    Policy {
+        #[command(subcommand)]
+        action: PolicyAction,
+    },
     /// Check this machine's prerequisites.
     Doctor,
+}
+
+#[derive(Subcommand)]
+enum PolicyAction {
+    /// Print the compiled routing table the sidecar installs.
+    Show {
+        /// The profile.
+        profile: String,
+    },
+    /// Print the verdict for ADDRESS and the rule that decided it.
+    Explain {
+        /// The profile.
+        profile: String,
+        /// An IPv4 or IPv6 address.
+        address: std::net::IpAddr,
+    },
 }
 
 #[derive(Subcommand)]
@@ -162,6 +183,22 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                 println!("{c}");
             }
             Ok(if checks.iter().all(|c| c.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Policy { action } => {
+            require_root()?;
+            let developer = Developer::from_process()?;
+            let cfg = load_config(config.as_deref(), &developer)?;
+            let (name, address) = match &action {
+                PolicyAction::Show { profile } => (profile, None),
+                PolicyAction::Explain { profile, address } => (profile, Some(*address)),
+            };
+            let profile = cfg.profile(name)?;
+            let policy = network::preview(&cfg, profile)?;
+            match address {
+                None => print!("{}", policy.render_table()),
+                Some(a) => println!("{}", policy.explain(a)),
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Command::Config { action } => {
             let developer = Developer::from_process()?;
