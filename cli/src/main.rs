@@ -36,6 +36,9 @@ enum Command {
         /// Use the git checkout containing DIR instead of the current directory.
         #[arg(short = 'C', value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// Discard the Domain's State Anchor (persistent system directories) first.
+        #[arg(long)]
+        reset_anchor: bool,
         /// Command to run instead of the profile's.
         #[arg(last = true)]
         args: Vec<String>,
@@ -149,7 +152,7 @@ enum ImageAction {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
-        Command::Run { profile, dir, args } => run(cli.config, profile, dir, args),
+        Command::Run { profile, dir, reset_anchor, args } => run(cli.config, profile, dir, reset_anchor, args),
         other => match dispatch(cli.config, other) {
             Ok(code) => code,
             Err(e) => report(e),
@@ -162,12 +165,12 @@ fn report(e: anyhow::Error) -> ExitCode {
     ExitCode::from(LAZARET_FAILED)
 }
 
-fn run(config: Option<PathBuf>, profile: Option<String>, dir: Option<PathBuf>, args: Vec<String>) -> ExitCode {
+fn run(config: Option<PathBuf>, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, args: Vec<String>) -> ExitCode {
     let dir = match dir.map(Ok).unwrap_or_else(std::env::current_dir) {
         Ok(d) => d,
         Err(e) => return report(anyhow::Error::new(e).context("reading the current directory")),
     };
-    let req = launch::RunRequest { config, profile, dir, args };
+    let req = launch::RunRequest { config, profile, dir, args, reset_anchor };
     match launch::run_isolated(&req) {
         Ok(status) => ExitCode::from(u8::try_from(status.0 & 0xff).unwrap_or(LAZARET_FAILED)),
         Err(e) => report(e.into()),

@@ -24,6 +24,7 @@ use lazaret_runtime::{pidns, reaper, ExitStatus, NetworkMode, Runsc, RunscOption
 
 use crate::context::{Context, ContextError};
 use crate::cgroup;
+use crate::filesystem;
 use crate::network;
 use crate::lock::{DomainLock, LockError};
 
@@ -38,6 +39,8 @@ pub struct RunRequest {
     pub dir: PathBuf,
     /// Replaces the profile's command when not empty (`-- ARGS...`).
     pub args: Vec<String>,
+    /// Discard the State Anchor before starting (`--reset-anchor`).
+    pub reset_anchor: bool,
 }
 
 /// Why a run could not start or finish cleanly.
@@ -173,10 +176,12 @@ fn run(req: &RunRequest, signals: &mut Signals) -> Result<ExitStatus, LaunchErro
     spec.rootfs = rootfs;
     spec.cgroups_path = cgroups_path;
     spec.network_namespace = sandbox_netns;
-    spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
+    spec.mounts = filesystem::assemble(&ctx, &image, req.reset_anchor, &run_dir, &mut guard.mounted, spec.mounts)?;
     if let Some(home) = ctx.prepare_home(spec.uid, spec.gid)? {
         spec.mounts.push(home);
     }
+    // Last, so it lands on top of an anchored /etc.
+    spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
     let bundle = run_dir.join("bundle");
     fs::DirBuilder::new().mode(0o700).create(&bundle).map_err(sys("creating the bundle directory"))?;
     lazaret_oci::bundle::write_bundle(&bundle, &spec)?;
@@ -296,6 +301,8 @@ impl Drop for RunGuard<'_> {
                 eprintln!("lazaret: taking down the Domain's network: {e}");
             }
         }
+        // Lazy detach: the staged mounts are nested, and nothing here may fail
+        // the rest of the clean-up (all of them die with the namespace anyway).
         for m in self.mounted.drain(..).rev() {
             if let Err(e) = lazaret_mounts::unmount(&m, true) {
                 eprintln!("lazaret: unmounting {}: {e}", m.display());

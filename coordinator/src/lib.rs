@@ -7,6 +7,7 @@
 //! - [`context`]: resolving all of the above for one invocation.
 //! - [`launch`]: `lazaret run`.
 //! - [`network`]: the Domain's egress policy and sidecar network.
+//! - [`filesystem`]: State Anchor, Ignored Workspace State, Git Sentry, volumes.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
 
@@ -14,6 +15,7 @@ pub mod cgroup;
 pub mod config;
 pub mod context;
 pub mod doctor;
+pub mod filesystem;
 pub mod identity;
 pub mod images;
 pub mod launch;

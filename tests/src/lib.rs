@@ -12,6 +12,7 @@
 //! with a message naming it and the script that installs it.
 
 pub mod netlab;
+pub mod registry;
 
 use std::ffi::OsStr;
 use std::fs;
