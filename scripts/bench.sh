@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Builds release binaries and runs a benchmark, printing its table.
-# Usage: sudo scripts/bench.sh run [RUNS]
+# Builds release binaries and runs benchmarks, each printing a table.
+# Usage: sudo scripts/bench.sh [run|net|git|mounts|model|all] [ARG]
+#   run [RUNS]    lazaret run test -- true vs bare runsc run (issue 2)
+#   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3)
+#   git [FILES]   git status in a FILES-file repository, host vs sandbox (issue 4)
+#   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
+#   model         protocol model state counts and times (issue 6)
+# Network benchmarks run entirely inside namespaces they create.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 cd "$(dirname "$here")"
@@ -8,4 +14,17 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x /root/.cargo/bin/cargo ]; then exp
 bash "$here/setup.sh" --deps-only
 cargo build --locked --release -p lazaret-cli -p lazaret-tests
 export LAZARET_BIN="$PWD/target/release/lazaret"
-exec target/release/lazaret-bench "${@:-run}"
+what=${1:-all}
+shift || true
+case "$what" in
+  run|net|git) target/release/lazaret-bench "$what" "$@" ;;
+  mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
+  model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
+  all)
+    target/release/lazaret-bench run; echo
+    target/release/lazaret-bench net; echo
+    target/release/lazaret-bench git; echo
+    cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
+    cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
+  *) echo "usage: $0 [run|net|git|mounts|model|all] [ARG]" >&2; exit 2 ;;
+esac

@@ -13,17 +13,28 @@ deps_only=0
 
 [ "$(id -u)" -eq 0 ] || { echo "setup: run as root (sudo $0)" >&2; exit 1; }
 
-# Rust: the toolchain must be 1.85+ (edition 2024); Debian 12's own rustc is
-# too old, so it has to come from rustup.
-if ! command -v cargo >/dev/null 2>&1; then
-  for d in "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)/.cargo/bin}" /root/.cargo/bin; do
-    [ -n "$d" ] && [ -x "$d/cargo" ] && export PATH="$d:$PATH" && break
-  done
+# Rust: the toolchain must be 1.85+ (edition 2024). A rustup toolchain is
+# used when present; otherwise Debian 12's cargo-web/rustc-web (a current
+# toolchain Debian ships for its browsers) is installed: Debian 12's own
+# `rustc` package (1.63) is too old.
+for d in "${SUDO_USER:+$(getent passwd "$SUDO_USER" | cut -d: -f6)/.cargo/bin}" /root/.cargo/bin; do
+  if [ -n "$d" ] && [ -x "$d/cargo" ] && ! command -v cargo >/dev/null 2>&1; then export PATH="$d:$PATH"; fi
+done
+rust_ok() {
+  command -v rustc >/dev/null 2>&1 || return 1
+  local v; v=$(rustc --version | awk '{print $2}')
+  [ "$(printf '%s\n1.85.0\n' "$v" | sort -V | head -n1)" = "1.85.0" ]
+}
+if ! rust_ok; then
+  echo "setup: installing Debian's cargo-web and rustc-web (Rust >= 1.85)" >&2
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq cargo-web rustc-web >&2
+  hash -r
 fi
-command -v cargo >/dev/null 2>&1 || { echo "setup: cargo not found: install Rust 1.85 or newer with rustup (Debian 12's rustc is too old)" >&2; exit 1; }
+rust_ok || { echo "setup: no Rust >= 1.85 found or installable (install one with rustup)" >&2; exit 1; }
 
 need=()
-for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev docker-registry skopeo apache2-utils openssl; do
+for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev docker-registry skopeo apache2-utils openssl python3 python3-venv iproute2 util-linux; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then

@@ -46,10 +46,7 @@ fn ip(args: &[&str]) {
 }
 
 fn fakenet_bin() -> PathBuf {
-    let exe = std::env::current_exe().expect("current_exe");
-    let p = exe.parent().and_then(|d| d.parent()).map(|d| d.join("lazaret-fakenet")).unwrap_or_default();
-    assert!(p.is_file(), "lazaret-fakenet missing at {}: cargo test -p lazaret-tests builds it", p.display());
-    p
+    crate::sibling_bin("lazaret-fakenet")
 }
 
 impl NetLab {
@@ -98,6 +95,31 @@ impl NetLab {
         // A server on the lab host's own address: the sandbox must not reach it.
         lab.start_server(&host_name, &["serve", &PORT.to_string(), HOST_ADDR], false);
         lab
+    }
+
+    /// Starts `lazaret-fakenet ARGS` in the world namespace (ended with the
+    /// lab) and waits for it to be ready.
+    pub fn start_world_server(&mut self, args: &[&str]) {
+        let world = self.names[1].clone();
+        self.start_server(&world, args, false);
+    }
+
+    /// Adds a namespace joined directly to the world by a veth pair
+    /// (`eth0` inside, address `addr/24`, the world side `gateway/24`),
+    /// deleted with the lab. Returns its path. For a sandbox with no
+    /// sidecar in between (benchmarks).
+    pub fn direct_namespace(&mut self, addr: &str, gateway: &str) -> PathBuf {
+        let name = format!("{}-d", self.names[0]);
+        ip(&["netns", "add", &name]);
+        self.names.push(name.clone());
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        ip(&["-n", &name, "link", "add", "eth0", "type", "veth", "peer", "name", "direct0", "netns", &self.names[1]]);
+        ip(&["-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+        ip(&["-n", &name, "link", "set", "eth0", "up"]);
+        ip(&["-n", &self.names[1], "addr", "add", &format!("{gateway}/24"), "dev", "direct0"]);
+        ip(&["-n", &self.names[1], "link", "set", "direct0", "up"]);
+        ip(&["-n", &name, "route", "add", "default", "via", gateway]);
+        PathBuf::from(format!("/run/netns/{name}"))
     }
 
     fn start_server(&mut self, ns: &str, args: &[&str], logged: bool) {

@@ -4,6 +4,15 @@
 //! a bare `runsc run` of an equivalent bundle (same image overlay, argv,
 //! user, flags), median and p90 of each, and their ratio.
 //!
+//! `lazaret-bench net [RUNS]`: build and teardown time of a Domain's sidecar
+//! topology, then TCP connect latency and bulk throughput to a server in a
+//! fake internet from (a) a plain network namespace, (b) a sandbox behind
+//! the sidecar (`lazaret run`), (c) a runsc sandbox attached directly (no
+//! sidecar hop). Everything happens inside namespaces the bench creates.
+//!
+//! `lazaret-bench git [FILES]`: `git status` in a repository of FILES files
+//! (default 20,000) on the host and inside the sandbox, and the ratio.
+//!
 //! Run it through `scripts/bench.sh`, which builds release binaries first.
 
 use std::path::{Path, PathBuf};
@@ -17,8 +26,10 @@ fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.first().map(String::as_str) {
         Some("run") => bench_run(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
+        Some("net") => bench_net(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
+        Some("git") => bench_git(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000)),
         _ => {
-            eprintln!("usage: lazaret-bench run [RUNS]");
+            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES]");
             std::process::exit(2);
         }
     }
@@ -105,4 +116,163 @@ fn bare_runsc(runs: usize) -> anyhow::Result<Vec<Duration>> {
         let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench"));
     }
     Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_nanos).collect())
+}
+
+const BULK_PORT: u16 = 8081;
+const BULK_BYTES: u64 = 200_000_000;
+const CONNECTS: usize = 200;
+
+fn bench_net(runs: usize) -> anyhow::Result<()> {
+    use lazaret_netpolicy::topology::{DomainNetwork, Netns, TopologyConfig};
+    use lazaret_tests::netlab::{NetLab, PORT, PUBLIC};
+
+    // Topology build/teardown in a throw-away "host" namespace.
+    let host = Netns::create()?;
+    let state = tempfile::tempdir()?;
+    let cfg = TopologyConfig::new(state.path().join("forwarding.json"));
+    let input = lazaret_netpolicy::PolicyInput { dns: vec!["10.53.0.53".parse()?], ..Default::default() };
+    let (mut build, mut teardown) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        let t = Instant::now();
+        let net = DomainNetwork::create(&host, &cfg, &input)?;
+        build.push(t.elapsed());
+        let t = Instant::now();
+        net.teardown()?;
+        teardown.push(t.elapsed());
+    }
+    let (bm, bp) = stats(build);
+    let (tm, tp) = stats(teardown);
+
+    let mut lab = NetLab::new();
+    lab.start_world_server(&["bulk", &BULK_PORT.to_string(), PUBLIC]);
+    let probe_args = |probe: &str| -> Vec<String> {
+        vec![probe.to_string(), "bench-tcp".into(), PUBLIC.into(), PORT.to_string(), BULK_PORT.to_string(), CONNECTS.to_string(), BULK_BYTES.to_string()]
+    };
+    let probe = lazaret_tests::probe_bin();
+
+    // (a) plain network namespace (the lab host).
+    let out = Command::new("nsenter").arg(format!("--net={}", lab.host.display())).arg("--").args(probe_args(&probe.display().to_string())).output()?;
+    let plain = parse_tcp(&out)?;
+
+    // (b) sandbox behind the sidecar.
+    let mut env = TestEnv::new();
+    env.netns = Some(lab.host.clone());
+    let inside = env.install_probe();
+    let mut args = vec!["run".to_string(), "test".into(), "--".into()];
+    args.extend(probe_args(&inside.display().to_string()));
+    let out = env.run(&args);
+    let sidecar = parse_tcp(&out)?;
+
+    // (c) runsc attached directly to the world.
+    let direct_ns = lab.direct_namespace("192.0.2.2", "192.0.2.1");
+    let direct = parse_tcp(&runsc_direct(&direct_ns, &env, &probe_args(&inside.display().to_string()))?)?;
+
+    println!("sidecar topology ({runs} runs)          median ms  p90 ms");
+    println!("{:<38} {:>9.1} {:>7.1}", "build (incl. read-back verification)", bm, bp);
+    println!("{:<38} {:>9.1} {:>7.1}", "teardown", tm, tp);
+    println!();
+    println!("TCP to a fake-internet server          connect median us  p90 us   MB/s ({} MB)", BULK_BYTES / 1_000_000);
+    for (name, r) in [("plain netns", &plain), ("runsc, no sidecar", &direct), ("runsc behind the sidecar (lazaret)", &sidecar)] {
+        println!("{:<38} {:>17} {:>7} {:>7.1}", name, r.0, r.1, r.2);
+    }
+    println!("{:<38} {:>17} {:>7} {:>7.2}", "sidecar / no sidecar", "", "", sidecar.2 / direct.2);
+    Ok(())
+}
+
+fn parse_tcp(out: &std::process::Output) -> anyhow::Result<(u64, u64, f64)> {
+    let text = String::from_utf8_lossy(&out.stdout);
+    anyhow::ensure!(out.status.code() == Some(42), "probe failed ({:?}): {} {}", out.status, text, String::from_utf8_lossy(&out.stderr));
+    let mut connect = (0, 0);
+    let mut mbps = 0.0;
+    for line in text.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        match f.as_slice() {
+            ["connect_us", m, p] => connect = (m.parse()?, p.parse()?),
+            ["mbytes_per_s", x] => mbps = x.parse()?,
+            _ => {}
+        }
+    }
+    Ok((connect.0, connect.1, mbps))
+}
+
+/// `runsc run` of the probe with the namespace at `netns` as its network
+/// (netstack mode, the /proc/sys/net work-around applied), the test image
+/// as rootfs and `env`'s workspace bound in.
+fn runsc_direct(netns: &Path, env: &TestEnv, argv: &[String]) -> anyhow::Result<std::process::Output> {
+    let store = lazaret_oci::ImageStore::open(&Path::new(TEST_STORAGE).join("images"))?;
+    let image = store.get(TEST_IMAGE)?.ok_or_else(|| anyhow::anyhow!("test image missing"))?;
+    let work = tempfile::Builder::new().prefix("lazaret-bench-").tempdir_in("/run")?;
+    let dir = work.path();
+    for d in ["rootfs", "upper", "work", "bundle", "state"] {
+        std::fs::create_dir(dir.join(d))?;
+    }
+    let resolv = dir.join("resolv.conf");
+    std::fs::write(&resolv, "nameserver 10.53.0.53\n")?;
+    let spec = BundleSpec {
+        args: argv.to_vec(),
+        env: vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())],
+        cwd: "/".into(),
+        uid: 0,
+        gid: 0,
+        additional_gids: Vec::new(),
+        hostname: "bench".into(),
+        terminal: false,
+        rootfs: dir.join("rootfs"),
+        mounts: vec![lazaret_oci::bundle::BindMount { source: env.workspace.clone(), destination: env.workspace.clone(), readonly: true }],
+        network_namespace: Some(netns.to_path_buf()),
+        cgroups_path: "/lazaret/bench/direct".into(),
+        capabilities: CapabilityPolicy::DefaultRoot,
+        rlimits: Vec::new(),
+        memory_limit: None,
+        pids_limit: None,
+    };
+    lazaret_oci::bundle::write_bundle(&dir.join("bundle"), &spec)?;
+    let script = format!(
+        "set -e; mount --make-rprivate /; mount -t overlay overlay -o lowerdir={lower},upperdir={d}/upper,workdir={d}/work {d}/rootfs; \
+         mount -t tmpfs -o size=4k tmpfs /proc/sys/net; \
+         runsc --root {d}/state --platform=systrap --overlay2=root:memory --network=sandbox --host-uds=none run --bundle {d}/bundle direct",
+        lower = image.rootfs.display(),
+        d = dir.display(),
+    );
+    let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
+        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench/direct"));
+        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench"));
+    }
+    Ok(out)
+}
+
+fn bench_git(files: usize) -> anyhow::Result<()> {
+    let env = TestEnv::new();
+    let ws = &env.workspace;
+    for i in 0..files {
+        let d = ws.join(format!("d{:03}", i / 200));
+        if i % 200 == 0 {
+            std::fs::create_dir_all(&d)?;
+        }
+        std::fs::write(d.join(format!("f{i}.txt")), format!("{i}\n"))?;
+    }
+    lazaret_tests::git(ws, &["add", "-A"]);
+    lazaret_tests::git(ws, &["-c", "user.name=b", "-c", "user.email=b@example.invalid", "commit", "-qm", "files"]);
+    let rounds = 7;
+    let mut host = Vec::new();
+    for _ in 0..rounds {
+        let t = Instant::now();
+        let out = Command::new("git").arg("-C").arg(ws).args(["status", "--porcelain"]).output()?;
+        host.push(t.elapsed());
+        anyhow::ensure!(out.status.success() && out.stdout.is_empty(), "host git status failed or dirty");
+    }
+    // Timed inside the sandbox, so sandbox start-up is not counted.
+    let script = format!("for i in $(seq {rounds}); do s=$(date +%s%N); git status --porcelain >/dev/null; e=$(date +%s%N); echo $((e-s)); done");
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    anyhow::ensure!(out.status.success(), "sandbox git status failed: {}", String::from_utf8_lossy(&out.stderr));
+    let inside: Vec<Duration> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).map(Duration::from_nanos).collect();
+    anyhow::ensure!(inside.len() == rounds, "expected {rounds} timings, got {}", inside.len());
+    let (hm, hp) = stats(host);
+    let (im, ip) = stats(inside);
+    println!("git status --porcelain, {files} tracked files, {rounds} rounds   median ms  p90 ms");
+    println!("{:<52} {:>9.1} {:>7.1}", "host", hm, hp);
+    println!("{:<52} {:>9.1} {:>7.1}", "inside the sandbox (lazaret run)", im, ip);
+    println!("{:<52} {:>9.2} {:>7.2}", "ratio", im / hm, ip / hp);
+    Ok(())
 }

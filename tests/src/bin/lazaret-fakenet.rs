@@ -6,6 +6,8 @@
 //!   `hello from ADDR` and a UDP server that answers `ping` with `pong from
 //!   ADDR`; every UDP datagram received is logged on stdout as
 //!   `udp ADDR <- SRC: PAYLOAD`.
+//! - `bulk PORT ADDR`: reads a byte count line and sends that many bytes
+//!   (for throughput benchmarks).
 //! - `dns ADDR ANSWER`: a DNS server on ADDR:53 answering every A query
 //!   with ANSWER.
 
@@ -46,6 +48,33 @@ fn main() {
                 }));
             }
         }
+        Some("bulk") if args.len() == 3 => {
+            // Reads a byte count line, sends that many bytes, closes.
+            let ip: IpAddr = args[2].parse().expect("ADDR");
+            let port: u16 = args[1].parse().expect("PORT");
+            let tcp = TcpListener::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("bulk {ip}:{port}: {e}"));
+            handles.push(std::thread::spawn(move || {
+                for conn in tcp.incoming().flatten() {
+                    std::thread::spawn(move || {
+                        let mut conn = conn;
+                        let mut line = String::new();
+                        let mut reader = std::io::BufReader::new(conn.try_clone().expect("clone"));
+                        if std::io::BufRead::read_line(&mut reader, &mut line).is_err() {
+                            return;
+                        }
+                        let mut left: u64 = line.trim().parse().unwrap_or(0);
+                        let chunk = vec![0x5au8; 64 * 1024];
+                        while left > 0 {
+                            let n = left.min(chunk.len() as u64) as usize;
+                            if conn.write_all(&chunk[..n]).is_err() {
+                                return;
+                            }
+                            left -= n as u64;
+                        }
+                    });
+                }
+            }));
+        }
         Some("dns") if args.len() == 3 => {
             let ip: IpAddr = args[1].parse().expect("ADDR");
             let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
@@ -60,7 +89,7 @@ fn main() {
             }));
         }
         _ => {
-            eprintln!("usage: lazaret-fakenet serve PORT ADDR... | dns ADDR ANSWER");
+            eprintln!("usage: lazaret-fakenet serve PORT ADDR... | bulk PORT ADDR | dns ADDR ANSWER");
             std::process::exit(2);
         }
     }

@@ -180,6 +180,45 @@ fn run(check: &[String]) -> Result<(), String> {
             }
             Ok(())
         }
+        // Benchmark, not a check: COUNT TCP connects to ADDR:PORT (the
+        // `serve` greeting server), then one download of BYTES from
+        // ADDR:BULKPORT. Prints `connect_us MEDIAN P90` and `mbytes_per_s X`.
+        "bench-tcp" => {
+            let [addr, port, bulk_port, count, bytes] = rest else { return Err("bench-tcp ADDR PORT BULKPORT COUNT BYTES".into()) };
+            let ip: std::net::IpAddr = addr.parse().map_err(|_| "bad address")?;
+            let count: usize = count.parse().map_err(|_| "bad count")?;
+            let bytes: u64 = bytes.parse().map_err(|_| "bad bytes")?;
+            let target = SocketAddr::new(ip, port.parse().map_err(|_| "bad port")?);
+            let mut samples = Vec::with_capacity(count);
+            for _ in 0..count {
+                let t = std::time::Instant::now();
+                let s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5)).map_err(|e| format!("connect: {e}"))?;
+                samples.push(t.elapsed().as_micros());
+                drop(s);
+            }
+            samples.sort();
+            let p90 = samples[(samples.len() * 9).div_ceil(10).saturating_sub(1)];
+            println!("connect_us {} {}", samples[samples.len() / 2], p90);
+            let bulk = SocketAddr::new(ip, bulk_port.parse().map_err(|_| "bad port")?);
+            let mut s = std::net::TcpStream::connect_timeout(&bulk, Duration::from_secs(5)).map_err(|e| format!("bulk connect: {e}"))?;
+            use std::io::Write;
+            let t = std::time::Instant::now();
+            writeln!(s, "{bytes}").map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; 256 * 1024];
+            let mut got = 0u64;
+            loop {
+                let n = s.read(&mut buf).map_err(|e| format!("bulk read: {e}"))?;
+                if n == 0 {
+                    break;
+                }
+                got += n as u64;
+            }
+            if got != bytes {
+                return Err(format!("bulk: got {got} of {bytes} bytes"));
+            }
+            println!("mbytes_per_s {:.1}", got as f64 / 1e6 / t.elapsed().as_secs_f64());
+            Ok(())
+        }
         other => Err(format!("unknown check {other:?}")),
     }
 }
