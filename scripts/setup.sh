@@ -9,7 +9,14 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(dirname "$here")
 deps_only=0
-[ "${1:-}" = "--deps-only" ] && deps_only=1
+test_tools=0
+for arg in "$@"; do
+  case "$arg" in
+    --deps-only) deps_only=1 ;;
+    --test-tools) test_tools=1 ;;
+    *) echo "setup: unknown argument $arg (--deps-only, --test-tools)" >&2; exit 2 ;;
+  esac
+done
 
 [ "$(id -u)" -eq 0 ] || { echo "setup: run as root (sudo $0)" >&2; exit 1; }
 
@@ -34,13 +41,22 @@ fi
 rust_ok || { echo "setup: no Rust >= 1.85 found or installable (install one with rustup)" >&2; exit 1; }
 
 need=()
-for p in debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev docker-registry skopeo apache2-utils openssl python3 python3-venv iproute2 util-linux; do
+packages=(debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev iproute2 util-linux)
+# The test suite also needs a registry, skopeo, htpasswd and openssl (issue
+# 7's tests) and Python's venv (the TLA+ parsers of protocol/check-tla.sh).
+[ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv)
+for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
   echo "setup: installing ${need[*]}" >&2
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >&2
+fi
+if [ "$test_tools" -eq 1 ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/systemd/system ]; then
+  # Debian's package starts a registry on every interface; the tests run
+  # their own on 127.0.0.1, so the packaged service stays off.
+  systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
 bash "$here/install-runsc.sh" >&2

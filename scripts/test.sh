@@ -11,7 +11,7 @@ cd "$repo"
 [ "$(id -u)" -eq 0 ] || { echo "test: the suite needs root (namespaces, mounts, runsc): sudo $0" >&2; exit 1; }
 if ! command -v cargo >/dev/null 2>&1 && [ -x /root/.cargo/bin/cargo ]; then export PATH="/root/.cargo/bin:$PATH"; fi
 
-bash "$here/setup.sh" --deps-only
+bash "$here/setup.sh" --deps-only --test-tools
 
 # A non-root developer for the ownership tests.
 if ! getent passwd lazaret-test >/dev/null; then
