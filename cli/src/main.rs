@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use lazaret_coordinator::context::{load_config, require_root, Context};
 use lazaret_coordinator::identity::Developer;
-use lazaret_coordinator::{doctor, launch, network};
+use lazaret_coordinator::{client, doctor, journal as domain_journal, launch, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do).
 const LAZARET_FAILED: u8 = 125;
@@ -60,6 +60,71 @@ enum Command {
     },
     /// Check this machine's prerequisites.
     Doctor,
+    /// End a running Domain gracefully: sessions are told, agents get SIGTERM, then SIGKILL after the grace period.
+    Stop {
+        /// The profile whose Domain (on this workspace) to stop.
+        #[arg(required_unless_present = "all", conflicts_with = "all")]
+        profile: Option<String>,
+        /// Stop every running Domain of this developer.
+        #[arg(long)]
+        all: bool,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Seconds between SIGTERM and SIGKILL.
+        #[arg(long, default_value_t = 5)]
+        grace: u64,
+    },
+    /// List running Domains: profile, workspace, state, sessions, uptime, sandbox and sidecar IDs.
+    Ls {
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print a Domain's journal (every protocol transition), or check it against the protocol model.
+    Journal {
+        /// The profile (default: `default_profile`, or the only one).
+        profile: Option<String>,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Keep printing new entries as they are written.
+        #[arg(long)]
+        follow: bool,
+        /// Replay the journal (and those of crashed runs) against the protocol model.
+        #[arg(long)]
+        check: bool,
+        /// Check or print this journal file instead of the Domain's.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
+    },
+    /// Show a running Domain's namespaces, routes and mounts as its coordinator sees them.
+    Debug {
+        /// The profile.
+        profile: Option<String>,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+    /// Internal: the coordinator daemon of one Domain (started by `lazaret run`).
+    #[command(name = "__coordinator", hide = true)]
+    Coordinator {
+        /// The Domain runtime directory the launcher computed.
+        #[arg(long)]
+        domain_dir: PathBuf,
+        /// The launcher's Session ID.
+        #[arg(long)]
+        session: String,
+        /// The profile.
+        #[arg(long)]
+        profile: String,
+        /// The launcher's directory.
+        #[arg(short = 'C')]
+        dir: PathBuf,
+        /// Discard the State Anchor first.
+        #[arg(long)]
+        reset_anchor: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -153,6 +218,10 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Run { profile, dir, reset_anchor, args } => run(cli.config, profile, dir, reset_anchor, args),
+        Command::Coordinator { domain_dir, session, profile, dir, reset_anchor } => {
+            let args = lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, domain_dir };
+            ExitCode::from(u8::try_from(lazaret_coordinator::daemon::coordinator_main(&args) & 0xff).unwrap_or(LAZARET_FAILED))
+        }
         other => match dispatch(cli.config, other) {
             Ok(code) => code,
             Err(e) => report(e),
@@ -179,7 +248,47 @@ fn run(config: Option<PathBuf>, profile: Option<String>, dir: Option<PathBuf>, r
 
 fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { .. } => unreachable!("handled in main"),
+        Command::Run { .. } | Command::Coordinator { .. } => unreachable!("handled in main"),
+        Command::Stop { profile, all, dir, grace } => {
+            let grace = std::time::Duration::from_secs(grace);
+            if all {
+                let stopped = client::stop_all(config.as_deref(), grace)?;
+                println!("stopped {} Domain(s)", stopped.len());
+            } else {
+                let dir = current_dir(dir)?;
+                let id = client::stop(config.as_deref(), profile.as_deref(), &dir, grace)?;
+                println!("stopped Domain {id}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Ls { json } => {
+            let domains = client::list(config.as_deref())?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&domains)?);
+            } else {
+                println!("{:<18} {:<12} {:<9} {:>8} {:>8}  {:<24} {:<10} WORKSPACE", "DOMAIN", "PROFILE", "STATE", "SESSIONS", "UPTIME", "SANDBOX", "SIDECAR");
+                for d in domains {
+                    println!(
+                        "{:<18} {:<12} {:<9} {:>8} {:>7}s  {:<24} {:<10} {}",
+                        d.domain.chars().take(16).collect::<String>(),
+                        d.profile,
+                        d.state,
+                        d.sessions.len(),
+                        d.uptime_secs,
+                        d.sandbox,
+                        d.sidecar,
+                        d.workspace
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Journal { profile, dir, follow, check, file } => journal(config.as_deref(), profile, dir, follow, check, file),
+        Command::Debug { profile, dir } => {
+            let dir = current_dir(dir)?;
+            print!("{}", client::debug(config.as_deref(), profile.as_deref(), &dir)?);
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Doctor => {
             let checks = doctor::run_checks(config.as_deref());
             for c in &checks {
@@ -277,6 +386,67 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                 }
             }
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn current_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
+    match dir {
+        Some(d) => Ok(d),
+        None => std::env::current_dir().context("reading the current directory"),
+    }
+}
+
+/// `lazaret journal`: print, follow or check a Domain's journal.
+fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, follow: bool, check: bool, file: Option<PathBuf>) -> Result<ExitCode> {
+    use std::io::{BufRead, Read, Seek, Write};
+    if check {
+        let checked = match &file {
+            Some(f) => {
+                let reader = std::io::BufReader::new(std::fs::File::open(f).with_context(|| format!("opening {}", f.display()))?);
+                let machine = lazaret_protocol::replay_reader(reader).map_err(|e| anyhow::anyhow!("{}: does not conform to the protocol model: {e}", f.display()))?;
+                let entries = std::io::BufReader::new(std::fs::File::open(f)?).lines().map_while(Result::ok).filter(|l| !l.trim().is_empty()).count();
+                let complete = machine.state().domains.iter().all(|d| d.phase == lazaret_protocol::model::DomainPhase::Absent);
+                vec![domain_journal::CheckedJournal { path: f.clone(), entries, complete }]
+            }
+            None => {
+                let dir = current_dir(dir)?;
+                let root = client::journal_location(config, profile.as_deref(), &dir)?;
+                domain_journal::check_all(&root)?
+            }
+        };
+        if checked.is_empty() {
+            anyhow::bail!("no journal found: the Domain has never run");
+        }
+        for c in checked {
+            let end = if c.complete { "run complete" } else { "run incomplete (running, or crashed)" };
+            println!("{}: {} transitions, conforms to the protocol model; {end}", c.path.display(), c.entries);
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let path = match file {
+        Some(f) => f,
+        None => {
+            let dir = current_dir(dir)?;
+            client::journal_location(config, profile.as_deref(), &dir)?.join(domain_journal::JOURNAL_FILE)
+        }
+    };
+    let mut f = std::fs::File::open(&path).with_context(|| format!("opening {} (has the Domain ever run?)", path.display()))?;
+    let mut out = std::io::stdout();
+    let mut buf = Vec::new();
+    loop {
+        buf.clear();
+        f.read_to_end(&mut buf)?;
+        out.write_all(&buf)?;
+        out.flush()?;
+        if !follow {
+            return Ok(ExitCode::SUCCESS);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        // A new run after a crash moves the file aside: reopen by name.
+        let pos = f.stream_position()?;
+        if std::fs::metadata(&path).map(|m| m.len() < pos).unwrap_or(false) {
+            f = std::fs::File::open(&path)?;
         }
     }
 }

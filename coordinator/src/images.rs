@@ -25,8 +25,7 @@ use std::time::Duration;
 
 pub use lazaret_oci::registry::Credentials;
 use lazaret_oci::registry::{
-    self, ImageReference, LayerInfo, Platform, PullOptions, PullProgress,
-    RegistryError,
+    self, ImageReference, LayerInfo, Platform, PullOptions, PullProgress, RegistryError,
 };
 use lazaret_oci::{GcStats, ImageError, ImageRecord};
 
@@ -50,7 +49,9 @@ pub enum ImagesError {
     #[error(transparent)]
     Registry(#[from] RegistryError),
     /// The profile's image is absent and is not a registry reference.
-    #[error("image {image:?} of profile {profile:?} is not in the image store; import it with `lazaret image import {image} SOURCE`, or pull it with `lazaret image pull REF` and set `image` to the full reference (e.g. docker.io/library/debian:trixie) so it is pulled automatically")]
+    #[error(
+        "image {image:?} of profile {profile:?} is not in the image store; import it with `lazaret image import {image} SOURCE`, or pull it with `lazaret image pull REF` and set `image` to the full reference (e.g. docker.io/library/debian:trixie) so it is pulled automatically"
+    )]
     Missing {
         /// The profile.
         profile: String,
@@ -80,7 +81,7 @@ pub enum ImagesError {
 pub struct PullRequest {
     /// The reference as the user wrote it (`debian`, `host:5000/app@sha256:...`).
     pub reference: String,
-    /// `os/arch[/variant]`; `None` is linux/<this machine>.
+    /// `os/arch[/variant]`; `None` is `linux/<this machine>`.
     pub platform: Option<String>,
     /// Allow plain HTTP to this registry.
     pub insecure: bool,
@@ -105,8 +106,10 @@ pub fn docker_config_file(developer: &Developer) -> PathBuf {
     }
 }
 
-/// Credentials for `registry` (host[:port] as in the reference), searched in
-/// `authfile`, then Lazaret's file, then docker's config.
+/// Credentials for `registry` (`host[:port]` as in the reference), searched in
+/// `authfile`, then Lazaret's file, then docker's config. Only files owned by
+/// the developer are read (Lazaret runs as root: a symlink to someone else's
+/// credentials must not lend them to the developer).
 pub fn credentials_for(
     developer: &Developer,
     registry: &str,
@@ -116,11 +119,44 @@ pub fn credentials_for(
     files.push(lazaret_auth_file(developer));
     files.push(docker_config_file(developer));
     for file in files {
-        if let Some(found) = registry::credentials_from_file(&file, registry)? {
+        let Some(bytes) = read_developer_file(developer, &file)? else {
+            continue;
+        };
+        if let Some(found) = registry::credentials_from_json(&bytes, registry, &file)? {
             return Ok(Some(found));
         }
     }
     Ok(None)
+}
+
+/// Reads `file` if it exists, refusing one the developer does not own.
+fn read_developer_file(developer: &Developer, file: &Path) -> Result<Option<Vec<u8>>, ImagesError> {
+    use std::io::Read;
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_path = |reason: String| ImagesError::UnsafePath {
+        path: file.to_path_buf(),
+        reason,
+    };
+    let mut opened = match std::fs::File::open(file) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(unsafe_path(format!("cannot open it: {e}"))),
+    };
+    let meta = opened.metadata().map_err(|e| unsafe_path(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(unsafe_path("not a regular file".into()));
+    }
+    if meta.uid() != developer.uid {
+        return Err(unsafe_path(format!(
+            "it is owned by uid {}, not by you (uid {}); credentials files must be your own",
+            meta.uid(),
+            developer.uid
+        )));
+    }
+    let mut bytes = Vec::new();
+    Read::read_to_end(&mut Read::take(&mut opened, 1 << 20), &mut bytes)
+        .map_err(|e| unsafe_path(e.to_string()))?;
+    Ok(Some(bytes))
 }
 
 /// Pulls `request.reference` into the store, with progress on stderr (bars on
@@ -130,7 +166,11 @@ pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, Image
     let reference = ImageReference::parse(&request.reference)?;
     let mut options = PullOptions {
         insecure: request.insecure,
-        credentials: credentials_for(&developer, reference.registry(), request.authfile.as_deref())?,
+        credentials: credentials_for(
+            &developer,
+            reference.registry(),
+            request.authfile.as_deref(),
+        )?,
         ..PullOptions::default()
     };
     if let Some(platform) = &request.platform {
@@ -145,7 +185,12 @@ pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, Image
     } else {
         Box::new(LineProgress::default())
     };
-    Ok(registry::pull(&store, &reference, &options, progress.as_ref())?)
+    Ok(registry::pull(
+        &store,
+        &reference,
+        &options,
+        progress.as_ref(),
+    )?)
 }
 
 /// The profile's image: from the store if there, else pulled when the profile
@@ -171,7 +216,10 @@ pub fn ensure_image(config: &Config, profile: &Profile) -> Result<ImageRecord, I
     if !ImageReference::names_registry(&profile.image) {
         return Err(missing());
     }
-    eprintln!("lazaret: image {} is not in the store; pulling it", reference);
+    eprintln!(
+        "lazaret: image {} is not in the store; pulling it",
+        reference
+    );
     pull(
         config,
         &PullRequest {
@@ -200,7 +248,10 @@ pub fn login(
         .into());
     }
     let file = match authfile {
-        Some(f) => f.to_path_buf(),
+        Some(f) => {
+            check_developer_target(&developer, f)?;
+            f.to_path_buf()
+        }
         None => {
             let file = lazaret_auth_file(&developer);
             prepare_private_dirs(&developer, &file)?;
@@ -208,11 +259,44 @@ pub fn login(
         }
     };
     registry::save_credentials(&file, registry_host, credentials)?;
-    if authfile.is_none() {
-        // Best effort: under sudo the developer should own their file.
-        let _ = std::os::unix::fs::chown(&file, Some(developer.uid), Some(developer.gid));
-    }
+    // Under sudo the developer owns their credentials file.
+    std::os::unix::fs::chown(&file, Some(developer.uid), Some(developer.gid)).map_err(|e| {
+        ImagesError::UnsafePath {
+            path: file.clone(),
+            reason: format!("cannot hand it to uid {}: {e}", developer.uid),
+        }
+    })?;
     Ok(file)
+}
+
+/// An explicit `--authfile` is written as root: its directory must be the
+/// developer's, and an existing file must be theirs and not a symlink.
+fn check_developer_target(developer: &Developer, file: &Path) -> Result<(), ImagesError> {
+    use std::os::unix::fs::MetadataExt;
+    let unsafe_path = |reason: String| ImagesError::UnsafePath {
+        path: file.to_path_buf(),
+        reason,
+    };
+    let parent = file
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    let dir = std::fs::symlink_metadata(parent)
+        .map_err(|e| unsafe_path(format!("its directory: {e}")))?;
+    if !dir.is_dir() || dir.uid() != developer.uid {
+        return Err(unsafe_path(format!(
+            "its directory must be a directory you own (uid {})",
+            developer.uid
+        )));
+    }
+    match std::fs::symlink_metadata(file) {
+        Ok(meta) if meta.file_type().is_symlink() || meta.uid() != developer.uid => Err(
+            unsafe_path("it exists and is a symbolic link or not yours".into()),
+        ),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(unsafe_path(e.to_string())),
+    }
 }
 
 /// A JSON description of image `name` (as stored, or as its normalised reference).
@@ -259,7 +343,10 @@ fn ca_certificates(
     let mut pems = Vec::new();
     for dir in [
         PathBuf::from("/etc/docker/certs.d").join(registry),
-        developer.home.join(".config/lazaret/certs.d").join(registry),
+        developer
+            .home
+            .join(".config/lazaret/certs.d")
+            .join(registry),
     ] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
@@ -271,7 +358,8 @@ fn ca_certificates(
         files.sort();
         for file in files {
             pems.push(
-                std::fs::read(&file).map_err(|source| ImagesError::CaCert { path: file, source })?,
+                std::fs::read(&file)
+                    .map_err(|source| ImagesError::CaCert { path: file, source })?,
             );
         }
     }
@@ -302,10 +390,16 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
         let last = i + 1 == components.len();
         match std::fs::symlink_metadata(&current) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(unsafe_path(format!("{} is a symbolic link", current.display())));
+                return Err(unsafe_path(format!(
+                    "{} is a symbolic link",
+                    current.display()
+                )));
             }
             Ok(meta) if !last && !meta.is_dir() => {
-                return Err(unsafe_path(format!("{} is not a directory", current.display())));
+                return Err(unsafe_path(format!(
+                    "{} is not a directory",
+                    current.display()
+                )));
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !last => {
@@ -314,7 +408,8 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
                     .mode(0o700)
                     .create(&current)
                     .map_err(|e| unsafe_path(format!("creating {}: {e}", current.display())))?;
-                let _ = std::os::unix::fs::chown(&current, Some(developer.uid), Some(developer.gid));
+                let _ =
+                    std::os::unix::fs::chown(&current, Some(developer.uid), Some(developer.gid));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(unsafe_path(e.to_string())),
@@ -323,9 +418,12 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
     Ok(())
 }
 
+/// A digest shortened to 12 hex digits; anything else unchanged.
 fn short(digest: &str) -> &str {
-    let hex = digest.strip_prefix("sha256:").unwrap_or(digest);
-    hex.get(..12).unwrap_or(hex)
+    match digest.strip_prefix("sha256:") {
+        Some(hex) => hex.get(..12).unwrap_or(hex),
+        None => digest,
+    }
 }
 
 fn mib(bytes: u64) -> f64 {
@@ -403,10 +501,18 @@ impl BarProgress {
             let _ = write!(out, "\x1b[{}A", state.drawn);
         }
         for (digest, done, total, finished) in &state.layers {
-            let fraction = if *total == 0 { 1.0 } else { *done as f64 / *total as f64 };
+            let fraction = if *total == 0 {
+                1.0
+            } else {
+                *done as f64 / *total as f64
+            };
             let width = 30usize;
             let filled = ((fraction * width as f64) as usize).min(width);
-            let status = if *finished { "done".to_string() } else { format!("{:5.1}%", fraction * 100.0) };
+            let status = if *finished {
+                "done".to_string()
+            } else {
+                format!("{:5.1}%", fraction * 100.0)
+            };
             let _ = writeln!(
                 out,
                 "\x1b[2K{} [{}{}] {:>8.1}/{:.1} MiB {}",
@@ -428,22 +534,45 @@ impl PullProgress for BarProgress {
         eprintln!("pulling {reference} ({digest})");
         self.state.borrow_mut().layers = layers
             .iter()
-            .map(|l| (l.digest.clone(), if l.cached { l.size } else { 0 }, l.size, l.cached))
+            .map(|l| {
+                (
+                    l.digest.clone(),
+                    if l.cached { l.size } else { 0 },
+                    l.size,
+                    l.cached,
+                )
+            })
             .collect();
         self.redraw();
     }
     fn layer_progress(&self, digest: &str, done: u64, _total: u64) {
-        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
+        if let Some(entry) = self
+            .state
+            .borrow_mut()
+            .layers
+            .iter_mut()
+            .find(|l| l.0 == digest)
+        {
             entry.1 = done;
         }
         self.redraw();
     }
     fn retrying(&self, what: &str, attempt: u32, delay: Duration, reason: &str) {
         self.state.borrow_mut().drawn = 0;
-        eprintln!("retry {} (attempt {attempt}) in {:.1}s: {reason}", short(what), delay.as_secs_f64());
+        eprintln!(
+            "retry {} (attempt {attempt}) in {:.1}s: {reason}",
+            short(what),
+            delay.as_secs_f64()
+        );
     }
     fn layer_done(&self, digest: &str) {
-        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
+        if let Some(entry) = self
+            .state
+            .borrow_mut()
+            .layers
+            .iter_mut()
+            .find(|l| l.0 == digest)
+        {
             entry.1 = entry.2;
             entry.3 = true;
         }

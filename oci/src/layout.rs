@@ -36,6 +36,7 @@ pub(crate) struct Platform {
     pub architecture: String,
     pub os: String,
     #[serde(default)]
+    #[cfg_attr(not(feature = "registry"), allow(dead_code))]
     pub variant: Option<String>,
 }
 

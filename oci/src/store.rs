@@ -857,6 +857,11 @@ pub(crate) struct PullSession<'a> {
 
 #[cfg_attr(not(feature = "registry"), allow(dead_code))]
 impl PullSession<'_> {
+    /// The largest total of layer bytes the store accepts for one image.
+    pub(crate) fn max_image_bytes(&self) -> u64 {
+        self.store.limits.max_total_bytes
+    }
+
     /// Whether the store already holds the verified blob `digest`.
     pub(crate) fn has_blob(&self, digest: &str) -> Result<bool, ImageError> {
         Ok(self.store.blob_path(digest)?.is_file())
@@ -919,7 +924,21 @@ impl PullSession<'_> {
             &self.work,
             SourceKind::Registry,
         )?;
-        self.store.commit(name, prepared)
+        let previous = self.store.read_ref(name)?;
+        let record = self.store.commit(name, prepared)?;
+        let store = self.store;
+        drop(self); // releases the shared lock and the work directory
+        if previous
+            .is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs)
+        {
+            // As `import` does: reclaim what the replaced image alone used,
+            // if no import or pull is running.
+            if let Ok(_exclusive) = Flock::lock(store.lock_file()?, FlockArg::LockExclusiveNonblock)
+            {
+                let _ = store.collect_garbage();
+            }
+        }
+        Ok(record)
     }
 }
 

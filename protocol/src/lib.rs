@@ -18,6 +18,7 @@
 pub mod checker;
 pub mod journal;
 pub mod model;
+pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};
 pub use journal::{

@@ -58,6 +58,12 @@ impl Signals {
         Ok(Signals { fd })
     }
 
+    /// The signalfd, for a caller's own `poll` loop (then read the signals
+    /// with [`Signals::next_pending`]).
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+
     /// Returns the next pending signal, if any, without waiting.
     pub fn next_pending(&mut self) -> Option<Signal> {
         match self.fd.read_signal() {
@@ -72,6 +78,18 @@ impl Signals {
     pub fn wait_next(&mut self) -> Option<(Signal, bool)> {
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         let _ = poll(&mut fds, PollTimeout::NONE);
+        match self.fd.read_signal() {
+            Ok(Some(info)) => {
+                let from_process = matches!(info.ssi_code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL);
+                Signal::try_from(info.ssi_signo as i32).ok().map(|s| (s, from_process))
+            }
+            _ => None,
+        }
+    }
+
+    /// Returns the next pending signal with whether another process sent
+    /// it explicitly, without waiting.
+    pub fn next_pending_with_origin(&mut self) -> Option<(Signal, bool)> {
         match self.fd.read_signal() {
             Ok(Some(info)) => {
                 let from_process = matches!(info.ssi_code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL);

@@ -12,6 +12,7 @@
 
 pub mod attach;
 pub mod console;
+pub mod fdpass;
 pub mod pidns;
 pub mod reaper;
 pub mod runsc;

@@ -403,6 +403,27 @@ impl Runsc {
         }
     }
 
+    /// `runsc exec --process PROCESS --internal-pid-file PIDFILE ID`: starts
+    /// one more process in a running container and returns the `runsc exec`
+    /// child, which exits with the process's status (128 + N for signal N).
+    /// `stdio` are its stdin, stdout and stderr: a PTY slave three times
+    /// when the process spec asks for a terminal, else the client's own fds.
+    pub fn exec(&self, id: &str, process: &Path, internal_pid_file: &Path, stdio: [std::os::fd::OwnedFd; 3]) -> Result<std::process::Child, RunscError> {
+        let mut cmd = self.command("exec");
+        cmd.arg("--process").arg(process).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
+        let [stdin, stdout, stderr] = stdio;
+        cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
+        cmd.spawn().map_err(io_err("running runsc exec"))
+    }
+
+    /// `runsc kill --pid PID ID SIGNAL`: signals one process of the sandbox
+    /// (a PID of the sandbox's root PID namespace, as `exec` writes it).
+    pub fn kill_process(&self, id: &str, pid: i32, signal: i32) -> Result<(), RunscError> {
+        let mut cmd = self.command("kill");
+        cmd.arg("--pid").arg(pid.to_string()).arg(id).arg(signal.to_string());
+        self.run_quiet(cmd, "kill", id).map(|_| ())
+    }
+
     /// IDs of the containers under this state root.
     pub fn list(&self) -> Result<Vec<String>, RunscError> {
         if !self.opts.state_root.exists() {

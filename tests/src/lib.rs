@@ -53,10 +53,20 @@ pub fn lazaret_bin() -> PathBuf {
 /// The probe binary, built next to the test executables (cargo builds a
 /// package's binaries before its integration tests).
 pub fn probe_bin() -> PathBuf {
+    sibling_bin("lazaret-probe")
+}
+
+/// A binary of this package next to the running executable: tests run
+/// from `target/<profile>/deps`, the bench from `target/<profile>`.
+pub fn sibling_bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let p = exe.parent().and_then(Path::parent).map(|d| d.join("lazaret-probe")).unwrap_or_default();
-    assert!(p.is_file(), "probe binary missing at {}: cargo test -p lazaret-tests builds it", p.display());
-    p
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let candidates = [dir.join(name), dir.parent().map(|d| d.join(name)).unwrap_or_default()];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| panic!("{name} missing next to {}: cargo builds it with this package's tests", exe.display()))
 }
 
 /// The cached test rootfs tarball built by scripts/build-image.sh.
@@ -273,6 +283,164 @@ impl TestEnv {
         let procs = processes_mentioning(&needle);
         assert!(procs.is_empty(), "processes left behind: {procs:?}");
     }
+}
+
+impl TestEnv {
+    /// Asserts that every journal of this env's Domains replays against the
+    /// protocol model (`lazaret journal --check --file`), that at least one
+    /// exists, and that each Domain's current journal records a finished run
+    /// (the Domain is down). Call it after the Domains went down.
+    pub fn assert_journal_conforms(&self) {
+        let mut journals = Vec::new();
+        for id in self.domain_ids() {
+            let root = Path::new(TEST_STORAGE).join("domains").join(&id);
+            for e in fs::read_dir(&root).map(|rd| rd.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name == "journal.jsonl" || (name.starts_with("journal-") && name.ends_with(".crashed.jsonl")) {
+                    journals.push(e.path());
+                }
+            }
+        }
+        assert!(!journals.is_empty(), "no Domain journal found for {}", self.runtime_dir.display());
+        for j in journals {
+            let out = self.run(["journal".as_ref(), "--check".as_ref(), "--file".as_ref(), j.as_os_str()]);
+            let report = text(&out.stdout);
+            assert!(out.status.success(), "journal {} does not conform: {}{}", j.display(), report, text(&out.stderr));
+            assert!(report.contains("conforms to the protocol model"), "{report}");
+            if j.file_name().is_some_and(|n| n == "journal.jsonl") {
+                assert!(report.contains("run complete"), "the Domain's run is not finished: {report}");
+            }
+        }
+    }
+
+    /// The journal lines of this env's Domain for `profile`'s workspace, parsed.
+    pub fn journal_entries(&self) -> Vec<serde_json::Value> {
+        let mut entries = Vec::new();
+        for id in self.domain_ids() {
+            let path = Path::new(TEST_STORAGE).join("domains").join(&id).join("journal.jsonl");
+            for line in fs::read_to_string(&path).unwrap_or_default().lines() {
+                if let Ok(v) = serde_json::from_str(line) {
+                    entries.push(v);
+                }
+            }
+        }
+        entries
+    }
+
+    /// Host PIDs of this env's coordinator daemons (the outer process of
+    /// each, whose command line names its Domain directory).
+    pub fn coordinator_pids(&self) -> Vec<i32> {
+        let all: Vec<i32> = processes_mentioning(&self.runtime_dir.to_string_lossy())
+            .into_iter()
+            .filter(|p| p.contains("__coordinator"))
+            .filter_map(|p| p.split(':').next().and_then(|n| n.parse().ok()))
+            .collect();
+        // A coordinator forks its PID-namespace init and the coordinator
+        // proper (same command line): keep the outermost of each tree.
+        all.iter().copied().filter(|pid| parent_pid(*pid).is_none_or(|pp| !all.contains(&pp))).collect()
+    }
+
+    /// Waits (up to [`COMMAND_LIMIT`]) until no process mentions this env's
+    /// runtime directory; returns what is left if the wait ran out.
+    pub fn wait_no_processes(&self) -> Vec<String> {
+        let needle = self.runtime_dir.to_string_lossy().into_owned();
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        loop {
+            let left = processes_mentioning(&needle);
+            if left.is_empty() || Instant::now() > deadline {
+                return left;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The Domain runtime directory of this env's (single) Domain, once it exists.
+    pub fn domain_dir(&self) -> Option<PathBuf> {
+        self.domain_ids().first().map(|id| self.runtime_dir.join(id))
+    }
+}
+
+/// What a Domain can leave on the host, counted; two counts taken before
+/// and after a crash and recovery must be equal.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostCounts {
+    /// runsc containers under the env's state roots.
+    pub containers: usize,
+    /// Network namespaces: distinct ones of the env's processes, and
+    /// Lazaret's pinned under /run/netns.
+    pub netns: usize,
+    /// veth links in the env's network namespace (`ip -o link`).
+    pub veths: usize,
+    /// Host mounts naming the env's runtime directory, workspace or Domains.
+    pub mounts: usize,
+    /// cgroup directories of the env's Domains, in every hierarchy.
+    pub cgroups: usize,
+    /// Processes whose command line names the env's runtime directory.
+    pub processes: usize,
+}
+
+impl HostCounts {
+    /// Counts now, for `env` (veths seen from `netns`, a path for
+    /// `nsenter --net=`, or this process's namespace).
+    pub fn take(env: &TestEnv, netns: Option<&Path>) -> HostCounts {
+        let needle = env.runtime_dir.to_string_lossy().into_owned();
+        let procs = processes_mentioning(&needle);
+        // Network namespaces: those of this env's processes, plus any pinned
+        // under /run/netns by Lazaret (names starting with "lz").
+        let mut inodes = std::collections::BTreeSet::new();
+        for p in &procs {
+            if let Some(pid) = p.split(':').next() {
+                if let Ok(l) = fs::read_link(format!("/proc/{pid}/ns/net")) {
+                    inodes.insert(l.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let pinned = fs::read_dir("/run/netns").map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("lz")).count()).unwrap_or(0);
+        let mut ip = match netns {
+            Some(p) => {
+                let mut c = Command::new("nsenter");
+                c.arg(format!("--net={}", p.display())).args(["--", "ip"]);
+                c
+            }
+            None => Command::new("ip"),
+        };
+        let links = ip.args(["-o", "link", "show", "type", "veth"]).output().map(|o| text(&o.stdout)).unwrap_or_default();
+        // Mounts and cgroups that name this env's runtime directory, its
+        // workspace or its Domains (other tests may run at the same time).
+        let mut mount_needles = vec![needle.clone(), env.workspace.to_string_lossy().into_owned()];
+        let mut cgroups = 0;
+        for id in env.domain_ids() {
+            mount_needles.push(Path::new(TEST_STORAGE).join("domains").join(&id).to_string_lossy().into_owned());
+            for h in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
+                let d = h.join("lazaret").join(&id);
+                if d.is_dir() {
+                    cgroups += 1 + count_dirs(&d);
+                }
+            }
+        }
+        let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+        HostCounts {
+            containers: env.leftover_containers().len(),
+            netns: inodes.len() + pinned,
+            veths: links.lines().filter(|l| !l.trim().is_empty()).count(),
+            mounts: mountinfo.lines().filter(|l| mount_needles.iter().any(|n| l.contains(n.as_str()))).count(),
+            cgroups,
+            processes: procs.len(),
+        }
+    }
+}
+
+/// The parent PID of `pid` (from /proc/PID/stat).
+pub fn parent_pid(pid: i32) -> Option<i32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn count_dirs(dir: &Path) -> usize {
+    let Ok(rd) = fs::read_dir(dir) else { return 0 };
+    rd.flatten().filter(|e| e.path().is_dir()).map(|e| 1 + count_dirs(&e.path())).sum()
 }
 
 impl Default for TestEnv {

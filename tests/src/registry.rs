@@ -75,7 +75,7 @@ impl Drop for Scratch {
 
 /// A test CA and a server certificate for 127.0.0.1, made with `openssl`.
 pub struct TestCa {
-    /// Directory holding `ca.crt` (skopeo's `--dest-cert-dir` layout).
+    /// Directory holding only `ca.crt` (skopeo's `--dest-cert-dir` layout).
     pub dir: PathBuf,
     /// The CA certificate (PEM).
     pub ca_cert: PathBuf,
@@ -95,7 +95,12 @@ impl TestCa {
         run_ok(Command::new("openssl").args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.1"]).arg("-keyout").arg(p("server.key")).arg("-out").arg(p("server.csr")));
         fs::write(p("ext.cnf"), "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n").expect("ext.cnf");
         run_ok(Command::new("openssl").args(["x509", "-req", "-days", "2"]).arg("-in").arg(p("server.csr")).arg("-CA").arg(p("ca.crt")).arg("-CAkey").arg(p("ca.key")).arg("-CAcreateserial").arg("-out").arg(p("server.crt")).arg("-extfile").arg(p("ext.cnf")));
-        TestCa { dir: dir.to_path_buf(), ca_cert: p("ca.crt"), server_cert: p("server.crt"), server_key: p("server.key") }
+        // skopeo reads every *.key in a cert dir as a client key: the trust
+        // directory holds the CA certificate alone.
+        let trust = dir.join("trust");
+        fs::create_dir_all(&trust).expect("trust dir");
+        fs::copy(p("ca.crt"), trust.join("ca.crt")).expect("copying the CA certificate");
+        TestCa { dir: trust, ca_cert: p("ca.crt"), server_cert: p("server.crt"), server_key: p("server.key") }
     }
 }
 
@@ -319,6 +324,33 @@ impl LayoutBuilder {
         let _ = fs::remove_file(tar);
         let (digest, size) = self.add_blob_file(&compressed);
         (Desc { media_type: media_type.into(), digest, size }, diff_id)
+    }
+
+    /// A small runnable layer made from this host's `dash` (as `/bin/sh`)
+    /// and `cat` with the shared libraries `ldd` lists, plus `/etc/passwd`.
+    pub fn host_tools_layer(&self, compression: LayerCompression) -> (Desc, String) {
+        let root = self.work.join(format!("tools-{}", random_suffix()));
+        let mut files: Vec<(PathBuf, PathBuf)> = Vec::new(); // (source, path in image)
+        for (binary, inside) in [("/bin/dash", "bin/sh"), ("/bin/cat", "bin/cat")] {
+            files.push((PathBuf::from(binary), PathBuf::from(inside)));
+            let out = run_ok(Command::new("ldd").arg(binary));
+            for lib in text(&out.stdout).split_whitespace().filter(|w| w.starts_with('/')) {
+                files.push((PathBuf::from(lib), PathBuf::from(lib.trim_start_matches('/'))));
+            }
+        }
+        for (source, inside) in files {
+            let target = root.join(inside);
+            fs::create_dir_all(target.parent().expect("parent")).expect("tools dirs");
+            fs::copy(&source, &target).unwrap_or_else(|e| panic!("copying {}: {e}", source.display()));
+            fs::set_permissions(&target, fs::Permissions::from_mode(0o755)).expect("chmod tool");
+        }
+        fs::create_dir_all(root.join("etc")).expect("etc");
+        fs::create_dir_all(root.join("tmp")).expect("tmp");
+        fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
+        fs::write(root.join("etc/group"), "root:x:0:\n").expect("group");
+        let tar = root.with_extension("tar");
+        run_ok(Command::new("tar").args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-C"]).arg(&root).arg("-cf").arg(&tar).arg("."));
+        self.compressed_layer(&tar, compression)
     }
 
     /// A layer that is an already zstd-compressed tarball (copied in).

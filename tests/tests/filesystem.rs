@@ -37,6 +37,7 @@ fn git_operations_from_inside_are_visible_on_the_host_at_once() {
     assert_eq!(fs::read_to_string(ws.join("a.txt")).expect("a.txt"), "one\n");
     assert!(git(ws, &["status", "--short"]).is_empty(), "host sees a dirty tree");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -65,6 +66,7 @@ fn git_sentry_keeps_hooks_and_config_read_only_and_host_hooks_still_run() {
     git(ws, &["-c", "user.name=h", "-c", "user.email=h@example.invalid", "commit", "-qm", "host commit"]);
     assert!(marker.exists(), "the host's pre-commit hook did not run");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -85,6 +87,7 @@ fn ignored_directories_are_domain_state_in_both_directions_and_persist() {
     let out = sh(&env, "cat node_modules/sandbox-only .venv/v target/t; ls -A node_modules");
     assert_eq!(ok(&out), "s\nv\nt\nsandbox-only\n", "ignored state did not persist across runs");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -104,6 +107,7 @@ fn persistent_dirs_persist_and_everything_else_is_fresh() {
     let out = sh(&env, "cat /usr/local/bin/agent-tool /root/keep; ls /tmp/gone /etc/gone 2>&1 | wc -l");
     assert_eq!(ok(&out), "tool\nr\n2\n");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -115,6 +119,7 @@ fn two_profiles_on_one_workspace_have_separate_state() {
     assert_eq!(ok(&out), "2\n", "profile `other` saw profile `test`'s state");
     assert_eq!(env.domain_ids().len(), 2, "two Domains expected");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -140,6 +145,7 @@ fn hostile_layouts_never_expose_host_paths() {
     assert_eq!(out.status.code(), Some(125), "stderr: {}", text(&out.stderr));
     assert!(text(&out.stderr).contains(".git/hooks"), "stderr: {}", text(&out.stderr));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 
     // The .git directory replaced by a symlink to another repository.
     let env = TestEnv::new();

@@ -14,6 +14,7 @@ fn prints_output_and_returns_the_agent_exit_code() {
     assert_eq!(text(&out.stdout), "ok\n", "stderr: {}", text(&out.stderr));
     assert_eq!(out.status.code(), Some(7), "stderr: {}", text(&out.stderr));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -22,6 +23,7 @@ fn death_by_signal_gives_128_plus_n() {
     let out = env.run(["run", "test", "--", "sh", "-c", "kill -TERM $$"]);
     assert_eq!(out.status.code(), Some(143), "stderr: {}", text(&out.stderr));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -38,6 +40,7 @@ fn kernel_pids_and_hostname_are_the_sandboxs() {
     ]);
     assert_eq!(out.status.code(), Some(PROBE_PASS), "probe stderr: {}", text(&out.stderr));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 /// SR-12 seen from the host: the sandbox process shares none of our pid,
@@ -73,6 +76,7 @@ fn sandbox_process_has_its_own_namespaces() {
     let status = wait_with_limit(&mut child);
     assert_eq!(status.code(), Some(0));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 /// Workspace writes appear on the host at once, owned by the (non-root)
@@ -109,6 +113,7 @@ fn workspace_is_shared_live_and_owned_by_the_developer() {
     assert_eq!(next(), "from-host");
     assert_eq!(wait_with_limit(&mut child).code(), Some(0));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 /// Host paths outside the workspace are not there inside: another directory
@@ -133,6 +138,7 @@ fn host_paths_outside_the_workspace_are_invisible() {
     let out = env.run(["run", "test", "--", "cat", "/etc/shadow"]);
     assert_ne!(out.stdout, shadow_host, "the host's /etc/shadow is visible inside");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 struct RemoveOnDrop(std::path::PathBuf);

@@ -94,6 +94,7 @@ fn window_size_follows_the_outer_terminal_and_modes_are_restored() {
     assert_eq!(status.code(), Some(0), "terminal showed {:?}", pty.seen);
     assert_eq!(pty.modes(), before, "outer terminal modes changed");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -107,6 +108,7 @@ fn modes_are_restored_when_the_agent_is_killed() {
     assert_eq!(status.code(), Some(137), "terminal showed {:?}", pty.seen);
     assert_eq!(pty.modes(), before, "outer terminal modes changed");
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -119,4 +121,5 @@ fn input_reaches_the_agent_on_a_terminal() {
     pty.expect("got-hello");
     assert_eq!(wait_with_limit(&mut child).code(), Some(0));
     env.assert_nothing_left();
+    env.assert_journal_conforms();
 }

@@ -60,10 +60,18 @@ fn candidate_keys(registry: &str) -> Vec<String> {
         format!("https://{registry}/v1/"),
         format!("https://{registry}/v2/"),
     ];
-    if matches!(registry, "docker.io" | "index.docker.io" | "registry-1.docker.io") {
+    if matches!(
+        registry,
+        "docker.io" | "index.docker.io" | "registry-1.docker.io"
+    ) {
         keys.extend(
-            ["https://index.docker.io/v1/", "index.docker.io", "docker.io", "registry-1.docker.io"]
-                .map(String::from),
+            [
+                "https://index.docker.io/v1/",
+                "index.docker.io",
+                "docker.io",
+                "registry-1.docker.io",
+            ]
+            .map(String::from),
         );
     }
     keys
@@ -85,7 +93,21 @@ pub fn credentials_from_file(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(bad(e.to_string())),
     };
-    let parsed: AuthFile = serde_json::from_slice(&bytes).map_err(|e| bad(e.to_string()))?;
+    credentials_from_json(&bytes, registry, file)
+}
+
+/// Like [`credentials_from_file`], on the file's content already read
+/// (`file` only names it in errors).
+pub fn credentials_from_json(
+    bytes: &[u8],
+    registry: &str,
+    file: &Path,
+) -> Result<Option<Credentials>, RegistryError> {
+    let bad = |reason: String| RegistryError::CredentialsFile {
+        path: file.to_path_buf(),
+        reason,
+    };
+    let parsed: AuthFile = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
     for key in candidate_keys(registry) {
         let Some(entry) = parsed.auths.get(&key) else {
             continue;
@@ -134,10 +156,8 @@ pub fn save_credentials(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => AuthFile::default(),
         Err(e) => return Err(bad(e.to_string())),
     };
-    let encoded = base64::engine::general_purpose::STANDARD.encode(format!(
-        "{}:{}",
-        credentials.username, credentials.password
-    ));
+    let encoded = base64::engine::general_purpose::STANDARD
+        .encode(format!("{}:{}", credentials.username, credentials.password));
     parsed.auths.insert(
         registry.to_string(),
         AuthEntry {
@@ -196,7 +216,10 @@ mod tests {
                "reg.example:5000":{"username":"bob","password":"pw"}},"credsStore":"x"}"#,
         )?;
         let hub = credentials_from_file(&file, "docker.io")?;
-        assert_eq!(hub.map(|c| (c.username, c.password)), Some(("alice".into(), "s3cr3t".into())));
+        assert_eq!(
+            hub.map(|c| (c.username, c.password)),
+            Some(("alice".into(), "s3cr3t".into()))
+        );
         let other = credentials_from_file(&file, "reg.example:5000")?;
         assert_eq!(other.map(|c| c.username), Some("bob".into()));
         assert!(credentials_from_file(&file, "ghcr.io")?.is_none());
@@ -216,7 +239,10 @@ mod tests {
         save_credentials(&file, "127.0.0.1:5000", &creds)?;
         save_credentials(&file, "ghcr.io", &creds)?;
         assert_eq!(std::fs::metadata(&file)?.mode() & 0o777, 0o600);
-        assert_eq!(credentials_from_file(&file, "127.0.0.1:5000")?, Some(creds.clone()));
+        assert_eq!(
+            credentials_from_file(&file, "127.0.0.1:5000")?,
+            Some(creds.clone())
+        );
         assert_eq!(credentials_from_file(&file, "ghcr.io")?, Some(creds));
         std::fs::write(&file, "not json")?;
         assert!(credentials_from_file(&file, "ghcr.io").is_err());

@@ -8,7 +8,9 @@ use crate::ImageError;
 #[derive(Debug, thiserror::Error)]
 pub enum RegistryError {
     /// The reference does not parse.
-    #[error("invalid image reference {reference:?}: {reason}; write it like debian:trixie or registry.example:5000/team/app@sha256:<digest>")]
+    #[error(
+        "invalid image reference {reference:?}: {reason}; write it like debian:trixie or registry.example:5000/team/app@sha256:<digest>"
+    )]
     InvalidReference {
         /// What the user wrote.
         reference: String,
@@ -19,33 +21,41 @@ pub enum RegistryError {
     #[error("invalid platform {0:?}: write it as os/architecture[/variant], e.g. linux/arm64")]
     InvalidPlatform(String),
     /// The registry cannot be reached.
-    #[error("cannot reach registry {registry} ({detail}); check the network, the registry address, or use --insecure for a plain-HTTP registry")]
+    #[error(
+        "cannot reach registry {registry} ({detail}); check the network connection and the registry address"
+    )]
     Offline {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// The transport error.
         detail: String,
     },
     /// TLS failed (untrusted certificate, plain-HTTP server, ...).
-    #[error("TLS connection to {registry} failed ({detail}); install the registry's CA certificate, or use --insecure if it serves plain HTTP")]
+    #[error(
+        "TLS connection to {registry} failed ({detail}); install the registry's CA certificate, or use --insecure if it serves plain HTTP"
+    )]
     Tls {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// The TLS error.
         detail: String,
     },
     /// The registry refused the credentials, or asked for some.
-    #[error("registry {registry} refused access to {reference} (unauthorised); run `lazaret image login {registry}` or add credentials to ~/.docker/config.json")]
+    #[error(
+        "registry {registry} refused access to {reference} (unauthorised); run `lazaret image login {registry}` or add credentials to ~/.docker/config.json"
+    )]
     Unauthorized {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// The image.
         reference: String,
     },
     /// Too many requests.
-    #[error("registry {registry} is rate-limiting pulls (HTTP 429); wait and retry, or log in to get a higher limit")]
+    #[error(
+        "registry {registry} is rate-limiting pulls (HTTP 429); wait and retry, or log in to get a higher limit"
+    )]
     RateLimited {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
     },
     /// The manifest (tag, digest or repository) does not exist.
@@ -53,21 +63,25 @@ pub enum RegistryError {
     NotFound {
         /// The image.
         reference: String,
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
     },
     /// A blob the manifest lists is missing from the registry.
-    #[error("registry {registry} has no blob {digest} that image {reference} needs; the image is broken on the registry, push it again")]
+    #[error(
+        "registry {registry} has no blob {digest} that image {reference} needs; the image is broken on the registry, push it again"
+    )]
     BlobMissing {
         /// The image.
         reference: String,
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// The blob.
         digest: String,
     },
     /// No manifest for the requested platform.
-    #[error("image {reference} has no manifest for {wanted} (available: {available}); pick one with --platform")]
+    #[error(
+        "image {reference} has no manifest for {wanted} (available: {available}); pick one with --platform"
+    )]
     WrongPlatform {
         /// The image.
         reference: String,
@@ -77,9 +91,11 @@ pub enum RegistryError {
         available: String,
     },
     /// Content did not match its digest or size.
-    #[error("{what} from {registry} does not match its digest (expected {expected}, got {actual}); nothing was stored: the registry or something between is corrupting data")]
+    #[error(
+        "{what} from {registry} does not match its digest (expected {expected}, got {actual}); the image was not registered: the registry or something between is corrupting data"
+    )]
     DigestMismatch {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// Which object.
         what: String,
@@ -91,7 +107,7 @@ pub enum RegistryError {
     /// The registry answered something we cannot use.
     #[error("registry {registry} sent an unusable answer for {reference}: {detail}")]
     Protocol {
-        /// Host[:port].
+        /// The registry, `host[:port]`.
         registry: String,
         /// The image.
         reference: String,

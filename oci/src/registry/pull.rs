@@ -23,7 +23,7 @@ use crate::store::{ImageRecord, PullSession};
 /// How to pull.
 #[derive(Debug, Clone)]
 pub struct PullOptions {
-    /// Which manifest of a multi-platform image to take (default: linux/<host>).
+    /// Which manifest of a multi-platform image to take (default: `linux/<host>`).
     pub platform: Platform,
     /// Speak plain HTTP to the registry (only when the user asked for it).
     pub insecure: bool,
@@ -234,7 +234,11 @@ impl<'a> Puller<'a> {
             session.store_bytes(&manifest.config.digest, &data)?;
             data
         };
-        let config = parse_config(&manifest, &config_bytes, &self.options.platform.architecture)?;
+        let config = parse_config(
+            &manifest,
+            &config_bytes,
+            &self.options.platform.architecture,
+        )?;
 
         let mut seen = HashSet::new();
         let mut layers = Vec::new();
@@ -246,6 +250,14 @@ impl<'a> Puller<'a> {
                     cached: session.has_blob(&layer.digest)?,
                 });
             }
+        }
+        let total: u64 = layers.iter().map(|l| l.size).sum();
+        if total > session.max_image_bytes() {
+            return Err(crate::ImageError::LimitExceeded(format!(
+                "the image's layers total {total} bytes (limit {})",
+                session.max_image_bytes()
+            ))
+            .into());
         }
         progress.resolved(&self.reference.store_name(), &manifest_digest, &layers);
         let missing: Vec<&Descriptor> = manifest
@@ -295,7 +307,9 @@ impl<'a> Puller<'a> {
                 continue;
             }
             if !MANIFEST_TYPES.contains(&media_type.as_str()) {
-                return Err(self.protocol(format!("unsupported manifest media type {media_type:?}")));
+                return Err(
+                    self.protocol(format!("unsupported manifest media type {media_type:?}"))
+                );
             }
             let manifest: Manifest = parse_json(&bytes, &digest)?;
             return Ok((digest, bytes, manifest));
@@ -425,8 +439,9 @@ impl<'a> Puller<'a> {
                         ));
                     }
                     hasher.update(&chunk);
-                    file.write_all(&chunk)
-                        .map_err(|e| crate::ImageError::io(format!("writing {}", temp.display()), e))?;
+                    file.write_all(&chunk).map_err(|e| {
+                        crate::ImageError::io(format!("writing {}", temp.display()), e)
+                    })?;
                     if done - last_report >= 1 << 20 || done == desc.size {
                         progress.layer_progress(&desc.digest, done, desc.size);
                         last_report = done;
@@ -581,12 +596,15 @@ fn document_media_type(bytes: &[u8]) -> String {
     }
     match serde_json::from_slice::<Probe>(bytes) {
         Ok(Probe {
-            media_type: Some(t), ..
+            media_type: Some(t),
+            ..
         }) => t,
         Ok(Probe {
             manifests: Some(_), ..
         }) => INDEX_TYPES[0].to_string(),
-        Ok(Probe { layers: Some(_), .. }) => MANIFEST_TYPES[0].to_string(),
+        Ok(Probe {
+            layers: Some(_), ..
+        }) => MANIFEST_TYPES[0].to_string(),
         _ => "unknown".into(),
     }
 }
@@ -605,7 +623,10 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 fn one_line(text: &str) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.len() > 300 {
-        let cut = (0..=300).rev().find(|i| flat.is_char_boundary(*i)).unwrap_or(0);
+        let cut = (0..=300)
+            .rev()
+            .find(|i| flat.is_char_boundary(*i))
+            .unwrap_or(0);
         format!("{}...", &flat[..cut])
     } else {
         flat
@@ -624,5 +645,52 @@ impl TempGuard<'_> {
 impl Drop for TempGuard<'_> {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(self.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types_are_read_or_inferred() {
+        let oci_index = br#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}"#;
+        assert_eq!(document_media_type(oci_index), INDEX_TYPES[0]);
+        let docker_list = br#"{"mediaType":"application/vnd.docker.distribution.manifest.list.v2+json","manifests":[]}"#;
+        assert_eq!(document_media_type(docker_list), INDEX_TYPES[1]);
+        assert_eq!(
+            document_media_type(br#"{"schemaVersion":2,"manifests":[]}"#),
+            INDEX_TYPES[0]
+        );
+        assert_eq!(
+            document_media_type(br#"{"schemaVersion":2,"config":{},"layers":[]}"#),
+            MANIFEST_TYPES[0]
+        );
+        assert_eq!(document_media_type(b"not json"), "unknown");
+    }
+
+    #[test]
+    fn platform_matching_honours_variants() -> Result<(), RegistryError> {
+        let entry = |arch: &str, variant: Option<&str>| crate::layout::Platform {
+            architecture: arch.into(),
+            os: "linux".into(),
+            variant: variant.map(String::from),
+        };
+        let arm = Platform::parse("linux/arm64")?;
+        assert!(arm.matches(&entry("arm64", Some("v8"))));
+        assert!(arm.matches(&entry("arm64", None)));
+        assert!(!arm.matches(&entry("amd64", None)));
+        let v7 = Platform::parse("linux/arm/v7")?;
+        assert!(v7.matches(&entry("arm", Some("v7"))));
+        assert!(!v7.matches(&entry("arm", Some("v6"))));
+        assert!(!v7.matches(&entry("arm", None)));
+        Ok(())
+    }
+
+    #[test]
+    fn error_text_is_one_bounded_line() {
+        assert_eq!(one_line("a\n  b\tc"), "a b c");
+        let long = one_line(&"é".repeat(400));
+        assert!(long.len() <= 303 && long.ends_with("..."));
     }
 }

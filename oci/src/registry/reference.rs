@@ -28,6 +28,17 @@ impl ImageReference {
             return Err(invalid("must be 1 to 255 characters long".into()));
         }
         let inner = oci_client::Reference::from_str(input).map_err(|e| invalid(e.to_string()))?;
+        // Docker's grammar: lowercase path components of [a-z0-9._-].
+        let repository = inner.repository();
+        if repository.is_empty()
+            || !repository
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b))
+        {
+            return Err(invalid(format!(
+                "repository {repository:?} must be lowercase letters, digits and ._-/"
+            )));
+        }
         if let Some(digest) = inner.digest()
             && crate::layout::sha256_hex(digest).is_err()
         {
@@ -176,7 +187,11 @@ mod tests {
             ("localhost/app:v1", "localhost/app:v1"),
         ];
         for (input, expected) in cases {
-            assert_eq!(ImageReference::parse(input)?.store_name(), expected, "{input}");
+            assert_eq!(
+                ImageReference::parse(input)?.store_name(),
+                expected,
+                "{input}"
+            );
         }
         let digest = format!("sha256:{}", "a".repeat(64));
         let pinned = ImageReference::parse(&format!("127.0.0.1:5000/app@{digest}"))?;
@@ -196,7 +211,9 @@ mod tests {
 
     #[test]
     fn only_explicit_registries_count_as_registry_names() {
-        assert!(ImageReference::names_registry("docker.io/library/debian:trixie"));
+        assert!(ImageReference::names_registry(
+            "docker.io/library/debian:trixie"
+        ));
         assert!(ImageReference::names_registry("127.0.0.1:5000/app"));
         assert!(ImageReference::names_registry("localhost/app"));
         assert!(!ImageReference::names_registry("debian-bookworm"));
@@ -206,7 +223,10 @@ mod tests {
 
     #[test]
     fn platforms_parse() -> Result<(), RegistryError> {
-        assert_eq!(Platform::parse("linux/arm64/v8")?.to_string(), "linux/arm64/v8");
+        assert_eq!(
+            Platform::parse("linux/arm64/v8")?.to_string(),
+            "linux/arm64/v8"
+        );
         assert_eq!(Platform::parse("linux/amd64")?.variant, None);
         assert!(Platform::parse("linux").is_err());
         assert!(Platform::parse("linux/amd64/v8/x").is_err());

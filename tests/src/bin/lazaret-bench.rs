@@ -72,6 +72,34 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
 /// Times `runsc run` of a bundle equivalent to what `lazaret run` writes,
 /// in a child process with its own mount namespace for the rootfs overlay.
 fn bare_runsc(runs: usize) -> anyhow::Result<Vec<Duration>> {
+    let (work, lower) = bare_bundle(vec!["true".into()], Vec::new(), None, "bare")?;
+    let dir = work.path();
+    let runsc = Command::new("sh").args(["-c", "command -v runsc"]).output()?;
+    let runsc = PathBuf::from(String::from_utf8_lossy(&runsc.stdout).trim());
+    // One shell in a private mount namespace mounts the overlay and runs the
+    // timed loop, printing one duration (ns) per line.
+    let script = format!(
+        "{}for i in $(seq {runs}); do s=$(date +%s%N); {runsc} --root {d}/state --platform=systrap --overlay2=root:memory --network=none --host-uds=none run --bundle {d}/bundle bare-$i >/dev/null; e=$(date +%s%N); echo $((e-s)); done",
+        overlay_script(dir, &lower),
+        d = dir.display(),
+        runsc = runsc.display(),
+    );
+    let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
+    remove_bench_cgroup("bare");
+    anyhow::ensure!(out.status.success(), "bare runsc loop failed: {}", String::from_utf8_lossy(&out.stderr));
+    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_nanos).collect())
+}
+
+/// A bundle for a bare `runsc run` of the test image (root, no
+/// capabilities beyond the default root set), in a fresh directory under
+/// /run with `rootfs`, `upper`, `work`, `bundle` and `state`. The caller
+/// mounts the overlay (see [`overlay_script`]) in a private mount namespace.
+fn bare_bundle(
+    args: Vec<String>,
+    mounts: Vec<lazaret_oci::bundle::BindMount>,
+    network_namespace: Option<PathBuf>,
+    cgroup: &str,
+) -> anyhow::Result<(tempfile::TempDir, PathBuf)> {
     let store = lazaret_oci::ImageStore::open(&Path::new(TEST_STORAGE).join("images"))?;
     let image = store.get(TEST_IMAGE)?.ok_or_else(|| anyhow::anyhow!("test image missing"))?;
     let work = tempfile::Builder::new().prefix("lazaret-bench-").tempdir_in("/run")?;
@@ -80,7 +108,7 @@ fn bare_runsc(runs: usize) -> anyhow::Result<Vec<Duration>> {
         std::fs::create_dir(dir.join(d))?;
     }
     let spec = BundleSpec {
-        args: vec!["true".into()],
+        args,
         env: vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into()), ("HOME".into(), "/root".into())],
         cwd: "/".into(),
         uid: 0,
@@ -89,33 +117,34 @@ fn bare_runsc(runs: usize) -> anyhow::Result<Vec<Duration>> {
         hostname: "bench".into(),
         terminal: false,
         rootfs: dir.join("rootfs"),
-        mounts: Vec::new(),
-        network_namespace: None,
-        cgroups_path: "/lazaret/bench/bare".into(),
+        mounts,
+        network_namespace,
+        cgroups_path: format!("/lazaret/bench/{cgroup}"),
         capabilities: CapabilityPolicy::DefaultRoot,
         rlimits: Vec::new(),
         memory_limit: None,
         pids_limit: None,
     };
     lazaret_oci::bundle::write_bundle(&dir.join("bundle"), &spec)?;
-    let runsc = Command::new("sh").args(["-c", "command -v runsc"]).output()?;
-    let runsc = PathBuf::from(String::from_utf8_lossy(&runsc.stdout).trim());
-    // One shell in a private mount namespace mounts the overlay and runs the
-    // timed loop, printing one duration (ns) per line.
-    let script = format!(
-        "set -e; mount --make-rprivate /; mount -t overlay overlay -o lowerdir={lower},upperdir={d}/upper,workdir={d}/work {d}/rootfs; \
-         for i in $(seq {runs}); do s=$(date +%s%N); {runsc} --root {d}/state --platform=systrap --overlay2=root:memory --network=none --host-uds=none run --bundle {d}/bundle bare-$i >/dev/null; e=$(date +%s%N); echo $((e-s)); done",
-        lower = image.rootfs.display(),
-        d = dir.display(),
-        runsc = runsc.display(),
-    );
-    let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
-    anyhow::ensure!(out.status.success(), "bare runsc loop failed: {}", String::from_utf8_lossy(&out.stderr));
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench/bare"));
+    Ok((work, image.rootfs))
+}
+
+/// Shell commands that make `/` private and mount the bundle's rootfs
+/// overlay (run them under `unshare --mount`).
+fn overlay_script(dir: &Path, lower: &Path) -> String {
+    format!(
+        "set -e; mount --make-rprivate /; mount -t overlay overlay -o lowerdir={lower},upperdir={d}/upper,workdir={d}/work {d}/rootfs; ",
+        lower = lower.display(),
+        d = dir.display()
+    )
+}
+
+/// Removes the cgroups runsc made for a bare bench container.
+fn remove_bench_cgroup(cgroup: &str) {
+    for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench").join(cgroup));
         let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench"));
     }
-    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_nanos).collect())
 }
 
 const BULK_PORT: u16 = 8081;
@@ -199,46 +228,16 @@ fn parse_tcp(out: &std::process::Output) -> anyhow::Result<(u64, u64, f64)> {
 /// (netstack mode, the /proc/sys/net work-around applied), the test image
 /// as rootfs and `env`'s workspace bound in.
 fn runsc_direct(netns: &Path, env: &TestEnv, argv: &[String]) -> anyhow::Result<std::process::Output> {
-    let store = lazaret_oci::ImageStore::open(&Path::new(TEST_STORAGE).join("images"))?;
-    let image = store.get(TEST_IMAGE)?.ok_or_else(|| anyhow::anyhow!("test image missing"))?;
-    let work = tempfile::Builder::new().prefix("lazaret-bench-").tempdir_in("/run")?;
-    let dir = work.path();
-    for d in ["rootfs", "upper", "work", "bundle", "state"] {
-        std::fs::create_dir(dir.join(d))?;
-    }
-    let resolv = dir.join("resolv.conf");
-    std::fs::write(&resolv, "nameserver 10.53.0.53\n")?;
-    let spec = BundleSpec {
-        args: argv.to_vec(),
-        env: vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())],
-        cwd: "/".into(),
-        uid: 0,
-        gid: 0,
-        additional_gids: Vec::new(),
-        hostname: "bench".into(),
-        terminal: false,
-        rootfs: dir.join("rootfs"),
-        mounts: vec![lazaret_oci::bundle::BindMount { source: env.workspace.clone(), destination: env.workspace.clone(), readonly: true }],
-        network_namespace: Some(netns.to_path_buf()),
-        cgroups_path: "/lazaret/bench/direct".into(),
-        capabilities: CapabilityPolicy::DefaultRoot,
-        rlimits: Vec::new(),
-        memory_limit: None,
-        pids_limit: None,
-    };
-    lazaret_oci::bundle::write_bundle(&dir.join("bundle"), &spec)?;
+    let mounts = vec![lazaret_oci::bundle::BindMount { source: env.workspace.clone(), destination: env.workspace.clone(), readonly: true }];
+    let (work, lower) = bare_bundle(argv.to_vec(), mounts, Some(netns.to_path_buf()), "direct")?;
     let script = format!(
-        "set -e; mount --make-rprivate /; mount -t overlay overlay -o lowerdir={lower},upperdir={d}/upper,workdir={d}/work {d}/rootfs; \
-         mount -t tmpfs -o size=4k tmpfs /proc/sys/net; \
+        "{}mount -t tmpfs -o size=4k tmpfs /proc/sys/net; \
          runsc --root {d}/state --platform=systrap --overlay2=root:memory --network=sandbox --host-uds=none run --bundle {d}/bundle direct",
-        lower = image.rootfs.display(),
-        d = dir.display(),
+        overlay_script(work.path(), &lower),
+        d = work.path().display(),
     );
     let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
-    for hierarchy in std::fs::read_dir("/sys/fs/cgroup")?.flatten() {
-        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench/direct"));
-        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench"));
-    }
+    remove_bench_cgroup("direct");
     Ok(out)
 }
 

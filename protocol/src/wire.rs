@@ -1,0 +1,348 @@
+//! Messages between `lazaret` clients and a Domain's coordinator, and their
+//! framing on the coordinator's unix socket.
+//!
+//! A frame is a 4-byte big-endian length followed by that many bytes of
+//! JSON (one [`ClientMessage`] or [`CoordinatorMessage`]). Every message
+//! carries nothing that needs trust beyond the peer's credentials, which the
+//! coordinator checks with SO_PEERCRED before reading a byte. Hard limits:
+//! a frame is at most [`MAX_FRAME`] bytes, and a client may send at most
+//! [`RateLimit`]'s budget of messages; a peer that breaks either, or sends
+//! something that does not parse, is disconnected.
+//!
+//! The first client frame is always [`ClientMessage::Hello`] (or one of the
+//! one-shot requests [`ClientMessage::Stop`], [`ClientMessage::Status`],
+//! [`ClientMessage::Debug`]) and must name [`WIRE_VERSION`]; a coordinator
+//! refuses any other version with a message saying so.
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Version of this message set; both sides must agree.
+pub const WIRE_VERSION: u32 = 1;
+
+/// Largest frame either side accepts (the body, without the length prefix).
+/// A Hello carries the client's rendered configuration, so this is generous
+/// for that and tiny for anything hostile.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// What a client asks of a coordinator.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum ClientMessage {
+    /// Join the Domain as a new session.
+    Hello {
+        /// Must be [`WIRE_VERSION`].
+        version: u32,
+        /// The Session ID the client chose (unique, never reused).
+        session: String,
+        /// The profile name.
+        profile: String,
+        /// The client's Configuration Fingerprint of that profile.
+        fingerprint: String,
+        /// The client's configuration rendered as canonical JSON, so a
+        /// mismatch can be explained setting by setting.
+        config_json: String,
+        /// Whether the client is on a terminal (a PTY for the agent) or
+        /// passed its stdin, stdout and stderr with the frame (SCM_RIGHTS).
+        tty: bool,
+        /// The client's TERM, for the agent's environment.
+        #[serde(default)]
+        term: Option<String>,
+        /// The command instead of the profile's (empty: the profile's).
+        #[serde(default)]
+        args: Vec<String>,
+        /// The client's terminal height (0: unknown), set before the agent starts.
+        #[serde(default)]
+        rows: u16,
+        /// The client's terminal width (0: unknown).
+        #[serde(default)]
+        cols: u16,
+        /// The client's working directory (the agent's, if inside the workspace).
+        #[serde(default)]
+        cwd: Option<String>,
+    },
+    /// Forward a signal to this session's agent (non-terminal sessions; a
+    /// terminal's ^C travels through the PTY).
+    Signal {
+        /// The signal number.
+        signal: i32,
+    },
+    /// End the Domain gracefully: sessions are told, agents get SIGTERM,
+    /// then SIGKILL after `grace_ms`.
+    Stop {
+        /// Must be [`WIRE_VERSION`].
+        version: u32,
+        /// Grace period before SIGKILL, in milliseconds.
+        grace_ms: u64,
+    },
+    /// Ask for the Domain's status.
+    Status {
+        /// Must be [`WIRE_VERSION`].
+        version: u32,
+    },
+    /// Ask for namespace, route and mount details as the coordinator sees them.
+    Debug {
+        /// Must be [`WIRE_VERSION`].
+        version: u32,
+    },
+}
+
+/// What a coordinator tells a client.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type")]
+pub enum CoordinatorMessage {
+    /// The session is registered; with `tty`, the PTY master of the agent's
+    /// terminal travels with this frame (SCM_RIGHTS).
+    Welcome {
+        /// The session's ID.
+        session: String,
+        /// The sandbox's container ID.
+        sandbox: String,
+        /// Whether a PTY master is attached.
+        tty: bool,
+    },
+    /// The session was refused.
+    Refused {
+        /// Why, for the developer.
+        reason: String,
+        /// The Domain is going down: try again (a new coordinator starts).
+        retry: bool,
+    },
+    /// Something the developer should see (e.g. the Domain is stopping).
+    Notice {
+        /// The text.
+        text: String,
+    },
+    /// The session's agent exited.
+    Exit {
+        /// Its status as a shell reports it (128 + N for signal N).
+        status: i32,
+        /// This was the last session: the Domain was taken down before this
+        /// message was sent; the coordinator exits next.
+        domain_down: bool,
+    },
+    /// The answer to [`ClientMessage::Status`].
+    Status(DomainStatus),
+    /// The answer to [`ClientMessage::Debug`].
+    Debug {
+        /// Human-readable report.
+        text: String,
+    },
+    /// The answer to [`ClientMessage::Stop`]: the stop is under way.
+    Stopping,
+}
+
+/// A Domain as `lazaret ls` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DomainStatus {
+    /// The Domain ID.
+    pub domain: String,
+    /// The profile.
+    pub profile: String,
+    /// The workspace root.
+    pub workspace: String,
+    /// The protocol state (`Starting`, `Ready`, `Stopping`, ...).
+    pub state: String,
+    /// Session IDs of the connected sessions.
+    pub sessions: Vec<String>,
+    /// Seconds since the coordinator started.
+    pub uptime_secs: u64,
+    /// The sandbox's container ID.
+    pub sandbox: String,
+    /// The Sidecar ID.
+    pub sidecar: String,
+    /// The coordinator's PID on the host.
+    pub coordinator_pid: u32,
+}
+
+/// Why a frame could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum FrameError {
+    /// The peer closed the connection before a frame started.
+    #[error("connection closed")]
+    Closed,
+    /// The length prefix exceeds [`MAX_FRAME`].
+    #[error("frame of {0} bytes exceeds the limit of {MAX_FRAME}")]
+    TooLarge(usize),
+    /// The body is not a message of this version.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] serde_json::Error),
+    /// The peer sent more messages than its budget allows.
+    #[error("too many messages ({0} in the current window)")]
+    RateExceeded(u32),
+    /// Reading or writing failed (including a frame cut short).
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// Encodes `message` as one frame (length prefix and JSON body).
+pub fn encode<T: Serialize>(message: &T) -> Result<Vec<u8>, FrameError> {
+    let body = serde_json::to_vec(message)?;
+    if body.len() > MAX_FRAME {
+        return Err(FrameError::TooLarge(body.len()));
+    }
+    let len = u32::try_from(body.len()).map_err(|_| FrameError::TooLarge(body.len()))?;
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&len.to_be_bytes());
+    frame.extend_from_slice(&body);
+    Ok(frame)
+}
+
+/// Writes `message` as one frame.
+pub fn write_message<T: Serialize>(w: &mut impl Write, message: &T) -> Result<(), FrameError> {
+    w.write_all(&encode(message)?)?;
+    w.flush()?;
+    Ok(())
+}
+
+/// Parses the length prefix, refusing oversized frames before any body is
+/// read.
+pub fn body_len(prefix: [u8; 4]) -> Result<usize, FrameError> {
+    let len = u32::from_be_bytes(prefix) as usize;
+    if len > MAX_FRAME {
+        return Err(FrameError::TooLarge(len));
+    }
+    Ok(len)
+}
+
+/// Parses a frame body.
+pub fn decode<T: for<'de> Deserialize<'de>>(body: &[u8]) -> Result<T, FrameError> {
+    Ok(serde_json::from_slice(body)?)
+}
+
+/// Reads one frame and parses it. A clean end of stream before the first
+/// byte is [`FrameError::Closed`]; one inside a frame is an I/O error.
+pub fn read_message<T: for<'de> Deserialize<'de>>(r: &mut impl Read) -> Result<T, FrameError> {
+    let mut prefix = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut prefix[got..]) {
+            Ok(0) if got == 0 => return Err(FrameError::Closed),
+            Ok(0) => return Err(FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    let len = body_len(prefix)?;
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    decode(&body)
+}
+
+/// A budget of messages per time window for one peer (a token bucket
+/// refilled once per window).
+#[derive(Debug, Clone)]
+pub struct RateLimit {
+    per_window: u32,
+    window: Duration,
+    started: Instant,
+    used: u32,
+}
+
+impl RateLimit {
+    /// At most `per_window` messages in each `window`.
+    pub fn new(per_window: u32, window: Duration) -> Self {
+        Self { per_window, window, started: Instant::now(), used: 0 }
+    }
+
+    /// The default client budget: 64 messages per second.
+    pub fn client_default() -> Self {
+        Self::new(64, Duration::from_secs(1))
+    }
+
+    /// Counts one message at `now`; refuses it when the budget is spent.
+    pub fn admit_at(&mut self, now: Instant) -> Result<(), FrameError> {
+        if now.duration_since(self.started) >= self.window {
+            self.started = now;
+            self.used = 0;
+        }
+        if self.used >= self.per_window {
+            return Err(FrameError::RateExceeded(self.used));
+        }
+        self.used += 1;
+        Ok(())
+    }
+
+    /// Counts one message now.
+    pub fn admit(&mut self) -> Result<(), FrameError> {
+        self.admit_at(Instant::now())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hello() -> ClientMessage {
+        ClientMessage::Hello {
+            version: WIRE_VERSION,
+            session: "s-1".into(),
+            profile: "dev".into(),
+            fingerprint: "sha256:ab".into(),
+            config_json: "{}".into(),
+            tty: false,
+            term: None,
+            args: vec!["sh".into()],
+            rows: 24,
+            cols: 80,
+            cwd: None,
+        }
+    }
+
+    #[test]
+    fn a_message_round_trips_through_a_frame() {
+        let frame = encode(&hello()).expect("encode");
+        assert_eq!(u32::from_be_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize, frame.len() - 4);
+        let back: ClientMessage = read_message(&mut frame.as_slice()).expect("decode");
+        assert_eq!(back, hello());
+    }
+
+    #[test]
+    fn two_frames_in_one_stream_are_read_in_order() {
+        let mut stream = encode(&CoordinatorMessage::Stopping).expect("encode");
+        stream.extend(encode(&CoordinatorMessage::Exit { status: 143, domain_down: true }).expect("encode"));
+        let mut r = stream.as_slice();
+        assert_eq!(read_message::<CoordinatorMessage>(&mut r).expect("first"), CoordinatorMessage::Stopping);
+        assert_eq!(
+            read_message::<CoordinatorMessage>(&mut r).expect("second"),
+            CoordinatorMessage::Exit { status: 143, domain_down: true }
+        );
+        assert!(matches!(read_message::<CoordinatorMessage>(&mut r), Err(FrameError::Closed)));
+    }
+
+    #[test]
+    fn an_oversized_length_is_refused_before_reading_the_body() {
+        let mut data = ((MAX_FRAME + 1) as u32).to_be_bytes().to_vec();
+        data.extend_from_slice(b"{}");
+        assert!(matches!(read_message::<ClientMessage>(&mut data.as_slice()), Err(FrameError::TooLarge(n)) if n == MAX_FRAME + 1));
+        assert!(matches!(body_len(u32::MAX.to_be_bytes()), Err(FrameError::TooLarge(_))));
+    }
+
+    #[test]
+    fn garbage_and_truncated_frames_are_errors() {
+        let mut garbage = 5u32.to_be_bytes().to_vec();
+        garbage.extend_from_slice(b"hello");
+        assert!(matches!(read_message::<ClientMessage>(&mut garbage.as_slice()), Err(FrameError::Malformed(_))));
+        let unknown = encode(&serde_json::json!({"type": "Launch", "what": "rm -rf /"})).expect("encode");
+        assert!(matches!(read_message::<ClientMessage>(&mut unknown.as_slice()), Err(FrameError::Malformed(_))));
+        let mut cut = encode(&hello()).expect("encode");
+        cut.truncate(cut.len() - 3);
+        assert!(matches!(read_message::<ClientMessage>(&mut cut.as_slice()), Err(FrameError::Io(_))));
+        let half_prefix = [0u8, 0];
+        assert!(matches!(read_message::<ClientMessage>(&mut half_prefix.as_slice()), Err(FrameError::Io(_))));
+    }
+
+    #[test]
+    fn the_rate_limit_refuses_past_the_budget_and_refills() {
+        let start = Instant::now();
+        let mut limit = RateLimit::new(3, Duration::from_secs(1));
+        for _ in 0..3 {
+            limit.admit_at(start).expect("within budget");
+        }
+        assert!(matches!(limit.admit_at(start + Duration::from_millis(500)), Err(FrameError::RateExceeded(3))));
+        limit.admit_at(start + Duration::from_secs(2)).expect("refilled");
+    }
+}

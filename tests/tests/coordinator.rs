@@ -1,0 +1,334 @@
+//! The coordinator daemon end to end (issue 5): sessions sharing one
+//! Domain, configuration refusal, concurrency, crash recovery at every
+//! start-up stage, `lazaret stop`, `ls`, and hostile clients.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
+use std::process::{Child, ChildStdout, Stdio};
+use std::time::{Duration, Instant};
+
+use lazaret_tests::netlab::NetLab;
+use lazaret_tests::*;
+
+/// A `lazaret run` with piped stdio and its stdout as lines.
+struct Session {
+    child: Child,
+    lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl Session {
+    fn start(env: &TestEnv, args: &[&str]) -> Session {
+        let mut child = env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        Session { child, lines }
+    }
+
+    fn next_line(&mut self) -> String {
+        self.lines.next().and_then(Result::ok).unwrap_or_default()
+    }
+
+    fn send(&mut self, data: &[u8]) {
+        send(self.child.stdin.as_mut().expect("stdin"), data);
+    }
+
+    /// Closes stdin, reads the rest of stdout and stderr, and waits.
+    fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
+        drop(self.child.stdin.take());
+        let mut err = String::new();
+        let mut stderr = self.child.stderr.take().expect("stderr");
+        let reader = std::thread::spawn(move || {
+            let _ = stderr.read_to_string(&mut err);
+            err
+        });
+        let rest: Vec<String> = self.lines.by_ref().map_while(Result::ok).collect();
+        let status = wait_with_limit(&mut self.child);
+        (status.code(), rest, reader.join().unwrap_or_default())
+    }
+}
+
+fn ls_json(env: &TestEnv) -> Vec<serde_json::Value> {
+    let out = env.run(["ls", "--json"]);
+    assert!(out.status.success(), "ls: {}", text(&out.stderr));
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap_or_else(|e| panic!("ls --json output {:?}: {e}", text(&out.stdout)))
+}
+
+fn actions(env: &TestEnv, name: &str) -> usize {
+    env.journal_entries().iter().filter(|e| e["action"] == name).count()
+}
+
+#[test]
+fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo marker-aaa > /tmp/from-a; echo a-ready; read x; cat /tmp/from-b; echo a-done"]);
+    assert_eq!(a.next_line(), "a-ready");
+    // B sees A's file and A's process (its own command line spells the
+    // marker as a pattern that does not match itself).
+    let b = env.run([
+        "run",
+        "test",
+        "--",
+        "sh",
+        "-c",
+        "cat /tmp/from-a; echo from-b > /tmp/from-b; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '[m]arker-aaa > /tmp'",
+    ]);
+    assert_eq!(b.status.code(), Some(0), "stderr: {}", text(&b.stderr));
+    assert_eq!(text(&b.stdout), "marker-aaa\n1\n", "session B's output (its own terminal only)");
+    // One coordinator, one Domain, and after B left, A still works.
+    assert_eq!(env.coordinator_pids().len(), 1);
+    let domains = ls_json(&env);
+    assert_eq!(domains.len(), 1, "{domains:?}");
+    let d = &domains[0];
+    assert_eq!(d["profile"], "test");
+    assert_eq!(d["state"], "Ready");
+    assert_eq!(d["workspace"], env.workspace.display().to_string());
+    assert_eq!(d["sessions"].as_array().map(Vec::len), Some(1), "{d}");
+    assert!(d["sandbox"].as_str().is_some_and(|s| s.starts_with("lzr-")), "{d}");
+    assert!(d["sidecar"].as_str().is_some_and(|s| !s.is_empty()), "{d}");
+    a.send(b"go\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(status, Some(0), "stderr: {err}");
+    assert_eq!(rest, vec!["from-b".to_string(), "a-done".to_string()], "session A's output");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_eq!(actions(&env, "AcquireDomainLock"), 1, "one Domain run");
+    assert_eq!(actions(&env, "RegisterSession"), 2);
+    assert_eq!(actions(&env, "ReleaseDomainLock"), 1);
+}
+
+#[test]
+fn sessions_on_terminals_have_their_own_pty() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x"]);
+    assert_eq!(a.next_line(), "up");
+    // `script` gives B a terminal: its agent gets a PTY of its own, while
+    // A keeps its pipes.
+    let out = wait_output(
+        env.in_netns()
+            .arg("script")
+            .args(["-qec"])
+            .arg(format!(
+                "{} --config {} run test -- sh -c 'test -t 0 && test -t 1 && echo is-a-tty'",
+                lazaret_bin().display(),
+                env.config.display()
+            ))
+            .arg("/dev/null")
+            .current_dir(&env.workspace)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("script (util-linux)"),
+    );
+    let shown = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "stdout: {shown}, stderr: {}", text(&out.stderr));
+    assert!(shown.contains("is-a-tty"), "B has no terminal: {shown:?}");
+    a.send(b"x\n");
+    let (status, _, err) = a.finish();
+    assert_eq!(status, Some(0), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn a_changed_config_is_refused_and_another_profile_gets_its_own_domain() {
+    let other = "\n[profiles.other]\nimage = \"test\"\ncommand = [\"/bin/sh\"]\nuser = \"root\"\n";
+    let env = TestEnv::with_profile(&format!("user = \"root\"\n{other}"));
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x"]);
+    assert_eq!(a.next_line(), "up");
+    env.write_config(&format!("user = \"root\"\nhostname = \"edited\"\n{other}"));
+    let refused = env.run(["run", "test", "--", "true"]);
+    let err = text(&refused.stderr);
+    assert_eq!(refused.status.code(), Some(125), "stderr: {err}");
+    assert!(err.contains("profiles.test.hostname"), "the differing setting is not named: {err}");
+    assert!(err.contains("lazaret stop test"), "no way forward offered: {err}");
+    // The other profile on the same workspace is another Domain.
+    let o = env.run(["run", "other", "--", "sh", "-c", "echo other-ok"]);
+    assert_eq!(o.status.code(), Some(0), "stderr: {}", text(&o.stderr));
+    assert_eq!(text(&o.stdout), "other-ok\n");
+    assert_eq!(env.domain_ids().len(), 2);
+    a.send(b"x\n");
+    let (status, _, err) = a.finish();
+    assert_eq!(status, Some(0), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_eq!(actions(&env, "RejectSession"), 1);
+}
+
+#[test]
+fn sixteen_concurrent_runs_make_one_coordinator_and_sixteen_sessions() {
+    let env = TestEnv::new();
+    let mut sessions: Vec<Session> = (0..16).map(|_| Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up-$$; read x; echo bye"])).collect();
+    for s in sessions.iter_mut() {
+        let line = s.next_line();
+        assert!(line.starts_with("up-"), "a session printed {line:?}");
+    }
+    assert_eq!(env.coordinator_pids().len(), 1, "coordinators: {:?}", env.coordinator_pids());
+    let domains = ls_json(&env);
+    assert_eq!(domains.len(), 1);
+    assert_eq!(domains[0]["sessions"].as_array().map(Vec::len), Some(16));
+    for s in sessions.iter_mut() {
+        s.send(b"x\n");
+    }
+    for s in sessions {
+        let (status, rest, err) = s.finish();
+        assert_eq!(status, Some(0), "stderr: {err}");
+        assert_eq!(rest, vec!["bye".to_string()]);
+    }
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_eq!(actions(&env, "AcquireDomainLock"), 1, "exactly one coordinator ran");
+    assert_eq!(actions(&env, "RegisterSession"), 16);
+}
+
+#[test]
+fn a_crash_at_every_stage_is_recovered_by_the_next_run() {
+    let lab = NetLab::new();
+    let mut env = TestEnv::with_profile("user = \"root\"\ndns = [\"192.0.2.53\"]\n");
+    env.netns = Some(lab.host.clone());
+    let baseline = HostCounts::take(&env, Some(&lab.host));
+    for stage in ["lock", "state-anchor", "trust-anchor", "sidecar", "sandbox-created", "sandbox", "published", "teardown"] {
+        let mut crashing = env.lazaret(["run", "test", "--", "true"]);
+        crashing.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_CRASH_AT", stage);
+        let out = wait_output(crashing.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"));
+        assert_eq!(out.status.code(), Some(125), "stage {stage}: stderr: {}", text(&out.stderr));
+        assert_eq!(env.wait_no_processes(), Vec::<String>::new(), "stage {stage}: processes outlived the crash");
+        let out = env.run(["run", "test", "--", "sh", "-c", "echo recovered"]);
+        assert_eq!(out.status.code(), Some(0), "stage {stage}: stderr: {}", text(&out.stderr));
+        assert_eq!(text(&out.stdout), "recovered\n", "stage {stage}");
+        assert_eq!(env.wait_no_processes(), Vec::<String>::new());
+        assert_eq!(HostCounts::take(&env, Some(&lab.host)), baseline, "stage {stage}: counts differ after recovery");
+        env.assert_nothing_left();
+        env.assert_journal_conforms();
+    }
+    let journals = env.domain_dir().map(|_| actions(&env, "AcquireDomainLock")).unwrap_or(0);
+    assert!(journals >= 1);
+}
+
+#[test]
+fn stop_tells_sessions_then_terms_then_kills() {
+    let env = TestEnv::new();
+    let mut polite = Session::start(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.2; done"]);
+    assert_eq!(polite.next_line(), "up");
+    let mut stubborn = Session::start(&env, &["run", "test", "--", "sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.2; done"]);
+    assert_eq!(stubborn.next_line(), "up");
+    let out = env.run(["stop", "test", "--grace", "1"]);
+    assert!(out.status.success(), "stop: {}", text(&out.stderr));
+    let (status, rest, err) = polite.finish();
+    assert_eq!(status, Some(3), "stderr: {err}");
+    assert_eq!(rest, vec!["got-term".to_string()]);
+    assert!(err.contains("stopping"), "the session was not told: {err}");
+    let (status, _, err) = stubborn.finish();
+    assert_eq!(status, Some(137), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    let none = env.run(["stop", "test"]);
+    assert_eq!(none.status.code(), Some(125), "stopping a stopped Domain: {}", text(&none.stderr));
+    assert!(text(&none.stderr).contains("not running"), "{}", text(&none.stderr));
+}
+
+/// Sends raw bytes to the Domain's socket and returns what came back
+/// before the coordinator closed the connection.
+fn poke(socket: &std::path::Path, data: &[u8]) -> Vec<u8> {
+    let mut s = UnixStream::connect(socket).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(30))).expect("timeout");
+    let _ = s.write_all(data);
+    let mut back = Vec::new();
+    let _ = s.read_to_end(&mut back);
+    back
+}
+
+fn frame(json: &str) -> Vec<u8> {
+    let mut f = (json.len() as u32).to_be_bytes().to_vec();
+    f.extend_from_slice(json.as_bytes());
+    f
+}
+
+#[test]
+fn hostile_clients_are_disconnected_and_sessions_carry_on() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; echo still-here"]);
+    assert_eq!(a.next_line(), "up");
+    let socket = env.domain_dir().expect("domain dir").join("coordinator.sock");
+    // A well-formed request from root is answered ...
+    let status = poke(&socket, &frame("{\"type\":\"Status\",\"version\":1}"));
+    assert!(!status.is_empty(), "root's Status request got no answer");
+    // ... garbage, an oversized frame, unknown and malformed messages, a
+    // wrong version and a cut-off frame are not.
+    for (what, data) in [
+        ("garbage", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
+        ("oversized", { let mut v = (u32::MAX).to_be_bytes().to_vec(); v.extend_from_slice(&[b'x'; 4096]); v }),
+        ("unknown message", frame("{\"type\":\"Launch\",\"command\":\"rm -rf /\"}")),
+        ("malformed json", frame("{\"type\":")),
+        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":1}"); v.truncate(9); v }),
+    ] {
+        let back = poke(&socket, &data);
+        assert!(back.is_empty(), "{what}: the coordinator answered {back:?}");
+    }
+    let wrong = poke(&socket, &frame("{\"type\":\"Status\",\"version\":99}"));
+    assert!(text(&wrong).contains("protocol version"), "{}", text(&wrong));
+    // Another uid (allowed through the file permissions by a capability,
+    // so only SO_PEERCRED stands in its way) gets nothing.
+    let (uid, gid) = test_user();
+    let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":1}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
+    let other = std::process::Command::new("setpriv")
+        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--inh-caps=+dac_override".into(), "--ambient-caps=+dac_override".into()])
+        .args(["python3", "-c", script])
+        .arg(&socket)
+        .output()
+        .expect("setpriv + python3");
+    assert!(other.status.success(), "the other uid could not even connect: {}", text(&other.stderr));
+    assert_eq!(text(&other.stdout).trim(), "0", "another uid got an answer");
+    // Too many connections at once in a burst do not hurt either.
+    let burst: Vec<UnixStream> = (0..50).filter_map(|_| UnixStream::connect(&socket).ok()).collect();
+    drop(burst);
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(status, Some(0), "stderr: {err}");
+    assert_eq!(rest, vec!["still-here".to_string()]);
+    let log = std::fs::read_to_string(env.domain_dir().expect("domain dir").join("coordinator.log")).unwrap_or_default();
+    assert!(log.contains(&format!("uid {uid}")), "the refused uid is not logged: {log}");
+    assert!(log.contains("disconnected a client"), "hostile clients are not logged: {log}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Benchmark (not a test of behaviour; run with `--ignored --nocapture`):
+/// join latency on a running Domain and the coordinator's idle RSS.
+#[test]
+#[ignore]
+fn bench_join_latency_and_idle_rss() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x"]);
+    assert_eq!(a.next_line(), "up");
+    std::thread::sleep(Duration::from_millis(500));
+    let mut rss_kib = 0u64;
+    let mut rss_main = 0u64;
+    for p in processes_mentioning(&env.runtime_dir.display().to_string()).iter().filter(|p| p.contains("__coordinator")) {
+        let pid = p.split(':').next().unwrap_or_default();
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+        let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse().ok()).unwrap_or(0);
+        rss_kib += kib;
+        rss_main = rss_main.max(kib);
+    }
+    let mut joins = Vec::new();
+    let mut firsts = Vec::new();
+    for _ in 0..20 {
+        let t = Instant::now();
+        let out = env.run(["run", "test", "--", "true"]);
+        joins.push(t.elapsed());
+        assert_eq!(out.status.code(), Some(0));
+        let t = Instant::now();
+        let mut s = Session::start(&env, &["run", "test", "--", "echo", "x"]);
+        assert_eq!(s.next_line(), "x");
+        firsts.push(t.elapsed());
+        let _ = s.finish();
+    }
+    joins.sort();
+    firsts.sort();
+    println!("join latency, `lazaret run -- true` on a running Domain: median {:?} (min {:?}, max {:?})", joins[joins.len() / 2], joins[0], joins[joins.len() - 1]);
+    println!("join latency, command to first output of `echo x`: median {:?}", firsts[firsts.len() / 2]);
+    println!("coordinator idle RSS: largest process {} KiB, all three processes {} KiB", rss_main, rss_kib);
+    a.send(b"x\n");
+    let _ = a.finish();
+    env.assert_nothing_left();
+}
