@@ -311,14 +311,16 @@ fn attach(stream: &UnixStream, master: Option<OwnedFd>, signals: &mut Signals, d
         let input_ev = if fds.len() > input_idx { revents(input_idx) } else { PollFlags::empty() };
         drop(fds);
         if sig_ready {
-            while let Some((sig, from_process)) = signals.next_pending_with_origin() {
+            while let Some(sig) = signals.next_pending() {
                 match sig {
                     Signal::SIGWINCH => {
                         if let Some(m) = &master {
                             sync_window_size(stdin.as_fd(), m.as_fd());
                         }
                     }
-                    Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT if master.is_none() || from_process => {
+                    // In raw mode the terminal sends no INT/QUIT; a hangup
+                    // or a signal from another process ends the agent too.
+                    Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
                         terminations += 1;
                         let signal = if terminations == 1 { sig as i32 } else { libc::SIGKILL };
                         let _ = wire::write_message(&mut out, &ClientMessage::Signal { signal });

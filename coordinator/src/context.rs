@@ -34,7 +34,7 @@ pub enum ContextError {
     #[error(transparent)]
     Image(#[from] lazaret_oci::ImageError),
     /// The profile's image is not in the store.
-    #[error("image {image:?} of profile {profile:?} is not in the image store ({store})\n  hint: import it with `lazaret image import {image} SOURCE` (a rootfs directory or tarball, an OCI layout or an oci-archive); registry pulls are not supported yet")]
+    #[error("image {image:?} of profile {profile:?} is not in the image store ({store})\n  hint: import it with `lazaret image import {image} SOURCE` (a rootfs directory or tarball, an OCI layout or an oci-archive), or name a registry reference (e.g. `docker.io/library/debian:trixie`), which `lazaret run` pulls")]
     ImageMissing {
         /// The profile.
         profile: String,

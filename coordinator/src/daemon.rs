@@ -669,7 +669,7 @@ fn supervise(d: &Arc<Domain>, signals: &mut Signals) {
             } else if !stop.kill_sent && stop.at.elapsed() >= stop.grace {
                 stop.kill_sent = true;
                 for (id, s) in live.sessions.iter() {
-                    signal_session(d, id, &s.pid_file, libc::SIGKILL);
+                    kill_session_tree(d, id, &s.pid_file);
                 }
             } else if stop.kill_sent && stop.at.elapsed() >= stop.grace * 2 && !live.sessions.is_empty() {
                 // Agents that survived SIGKILL by PID: end everything inside.
@@ -715,6 +715,27 @@ fn signal_session(d: &Domain, session: &str, pid_file: &Path, signal: i32) {
             }
         }
         None => log(&format!("session {session}: no agent PID yet for signal {signal}")),
+    }
+}
+
+/// SIGKILLs a session's agent and every process it started (which would
+/// otherwise live on, re-parented to the container's init).
+fn kill_session_tree(d: &Domain, session: &str, pid_file: &Path) {
+    let Some(root) = read_internal_pid(pid_file) else {
+        log(&format!("session {session}: no agent PID to kill"));
+        return;
+    };
+    let tree = match d.runsc.processes(&d.container) {
+        Ok(ps) => lazaret_runtime::runsc::descendants(&ps, root),
+        Err(e) => {
+            log(&format!("session {session}: listing processes: {e}"));
+            vec![root]
+        }
+    };
+    for pid in tree {
+        if let Err(e) = d.runsc.kill_process(&d.container, pid, libc::SIGKILL) {
+            log(&format!("session {session}: killing PID {pid}: {e}"));
+        }
     }
 }
 
@@ -1101,7 +1122,7 @@ fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, 
         }
     }
     if !exited.load(Ordering::SeqCst) {
-        signal_session(d, session, pid_file, libc::SIGKILL);
+        kill_session_tree(d, session, pid_file);
     }
 }
 

@@ -424,6 +424,15 @@ impl Runsc {
         self.run_quiet(cmd, "kill", id).map(|_| ())
     }
 
+    /// `runsc ps ID`: (PID, parent PID) of every process in the container,
+    /// PIDs of the sandbox's root PID namespace.
+    pub fn processes(&self, id: &str) -> Result<Vec<(i32, i32)>, RunscError> {
+        let mut cmd = self.command("ps");
+        cmd.arg(id);
+        let out = self.run_quiet(cmd, "ps", id)?;
+        Ok(parse_ps(&out))
+    }
+
     /// IDs of the containers under this state root.
     pub fn list(&self) -> Result<Vec<String>, RunscError> {
         if !self.opts.state_root.exists() {
@@ -434,6 +443,34 @@ impl Runsc {
         let out = self.run_quiet(cmd, "list", "")?;
         Ok(out.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect())
     }
+}
+
+/// Parses `runsc ps`'s table (UID PID PPID ...) into (PID, PPID) pairs.
+pub fn parse_ps(table: &str) -> Vec<(i32, i32)> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut cols = l.split_whitespace().skip(1);
+            Some((cols.next()?.parse().ok()?, cols.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+/// `root` and all its descendants in `processes` ((PID, PPID) pairs).
+pub fn descendants(processes: &[(i32, i32)], root: i32) -> Vec<i32> {
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let parent = found[i];
+        for &(pid, ppid) in processes {
+            if ppid == parent && !found.contains(&pid) {
+                found.push(pid);
+            }
+        }
+        i += 1;
+    }
+    found
 }
 
 /// Enters a private mount namespace on the calling thread only and mounts a
@@ -476,6 +513,15 @@ pub fn kernel_major() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ps_tables_give_process_trees() {
+        let table = "UID PID PPID C TTY STIME TIME CMD\n0 1 0 1 ? 10:16 20ms sh\n0 2 1 3 ? 10:16 20ms sleep\n0 3 0 1 ? 10:16 20ms sh\n0 4 3 1 ? 10:16 20ms sleep\n0 6 4 1 ? 10:16 20ms sleep\n";
+        let ps = parse_ps(table);
+        assert_eq!(ps.len(), 5);
+        assert_eq!(descendants(&ps, 3), vec![3, 4, 6]);
+        assert_eq!(descendants(&ps, 9), vec![9]);
+    }
 
     #[test]
     fn parses_debian_and_upstream_versions() {

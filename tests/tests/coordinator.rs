@@ -84,6 +84,13 @@ fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     assert_eq!(d["sessions"].as_array().map(Vec::len), Some(1), "{d}");
     assert!(d["sandbox"].as_str().is_some_and(|s| s.starts_with("lzr-")), "{d}");
     assert!(d["sidecar"].as_str().is_some_and(|s| !s.is_empty()), "{d}");
+    // The coordinator's view of namespaces, routes and mounts.
+    let dbg = env.run(["debug", "test"]);
+    let shown = text(&dbg.stdout);
+    assert!(dbg.status.success(), "debug: {}", text(&dbg.stderr));
+    for needle in ["sandbox process: PID", "sandbox netns: net:[", "sidecar netns: net:[", "route show table all", "mounts made by the coordinator", "rootfs"] {
+        assert!(shown.contains(needle), "debug output lacks {needle:?}: {shown}");
+    }
     a.send(b"go\n");
     let (status, rest, err) = a.finish();
     assert_eq!(status, Some(0), "stderr: {err}");
@@ -92,7 +99,46 @@ fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     env.assert_journal_conforms();
     assert_eq!(actions(&env, "AcquireDomainLock"), 1, "one Domain run");
     assert_eq!(actions(&env, "RegisterSession"), 2);
+    // The same through the CLI, by profile.
+    let check = env.run(["journal", "test", "--check"]);
+    assert!(check.status.success(), "journal --check: {}", text(&check.stderr));
+    assert!(text(&check.stdout).contains("conforms to the protocol model; run complete"), "{}", text(&check.stdout));
+    let printed = env.run(["journal", "test"]);
+    assert!(printed.status.success(), "journal: {}", text(&printed.stderr));
+    let first: serde_json::Value = serde_json::from_str(text(&printed.stdout).lines().next().unwrap_or_default()).expect("a JSON line");
+    assert_eq!(first["action"], "AcquireDomainLock");
+    assert!(first["timestamp_ms"].as_u64().is_some_and(|t| t > 0));
     assert_eq!(actions(&env, "ReleaseDomainLock"), 1);
+}
+
+#[test]
+fn a_killed_client_takes_only_its_own_agent_along() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; echo a-alive; ls /proc | grep -c '^[0-9]'"]);
+    assert_eq!(a.next_line(), "up");
+    let mut c = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo c-up; sleep 1000"]);
+    assert_eq!(c.next_line(), "c-up");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.child.id() as i32), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the client");
+    let _ = wait_with_limit(&mut c.child);
+    // The coordinator ends the dead client's agent and leaves the Domain up.
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    loop {
+        let d = ls_json(&env);
+        if d.first().and_then(|d| d["sessions"].as_array().map(Vec::len)) == Some(1) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the killed client's session never ended: {d:?}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(status, Some(0), "stderr: {err}");
+    assert_eq!(rest.first().map(String::as_str), Some("a-alive"));
+    // Left inside: the container's init, A's shell and its pipeline (no sleep 1000).
+    let procs: usize = rest.get(1).and_then(|n| n.trim().parse().ok()).unwrap_or(99);
+    assert!(procs <= 5, "processes inside: {procs}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]
@@ -219,6 +265,16 @@ fn stop_tells_sessions_then_terms_then_kills() {
     assert!(err.contains("stopping"), "the session was not told: {err}");
     let (status, _, err) = stubborn.finish();
     assert_eq!(status, Some(137), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    // --all stops every running Domain of the developer (here: of this env).
+    let mut again = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; while :; do sleep 0.2; done"]);
+    assert_eq!(again.next_line(), "up");
+    let out = env.run(["stop", "--all", "--grace", "1"]);
+    assert!(out.status.success(), "stop --all: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "stopped 1 Domain(s)\n");
+    let (status, _, err) = again.finish();
+    assert_eq!(status, Some(143), "stderr: {err}");
     env.assert_nothing_left();
     env.assert_journal_conforms();
     let none = env.run(["stop", "test"]);

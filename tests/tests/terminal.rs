@@ -6,6 +6,7 @@ use std::os::fd::{AsFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lazaret_runtime::terminal::{set_window_size, WindowSize};
 use lazaret_tests::*;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::pty::{openpty, Winsize};
@@ -61,22 +62,14 @@ impl Pty {
     }
 
     fn resize(&self, rows: u16, cols: u16) {
-        let ws = libc::winsize { ws_row: rows, ws_col: cols, ws_xpixel: 0, ws_ypixel: 0 };
         // The outer terminal is resized through its master, as a terminal
         // emulator does; the kernel then signals the foreground group.
-        let rc = ioctl_set_winsize(&self.master, &ws);
-        assert_eq!(rc, 0, "TIOCSWINSZ");
+        set_window_size(self.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
     }
 
     fn modes(&self) -> String {
         format!("{:?}", termios::tcgetattr(self.slave.as_fd()).expect("tcgetattr"))
     }
-}
-
-fn ioctl_set_winsize(fd: &OwnedFd, ws: &libc::winsize) -> i32 {
-    use std::os::fd::AsRawFd;
-    // SAFETY: TIOCSWINSZ reads one winsize from a pointer to a live value.
-    unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCSWINSZ, ws as *const libc::winsize) }
 }
 
 #[test]
