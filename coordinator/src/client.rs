@@ -23,7 +23,8 @@ use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, DomainStatus, FrameError, WIRE_VERSION};
-use lazaret_runtime::attach::{sync_window_size, Signals};
+use lazaret_runtime::signals::Signals;
+use lazaret_runtime::terminal::sync_window_size;
 use lazaret_runtime::terminal::{window_size, RawModeGuard};
 use lazaret_runtime::ExitStatus;
 

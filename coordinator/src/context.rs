@@ -33,16 +33,6 @@ pub enum ContextError {
     /// The image store.
     #[error(transparent)]
     Image(#[from] lazaret_oci::ImageError),
-    /// The profile's image is not in the store.
-    #[error("image {image:?} of profile {profile:?} is not in the image store ({store})\n  hint: import it with `lazaret image import {image} SOURCE` (a rootfs directory or tarball, an OCI layout or an oci-archive), or name a registry reference (e.g. `docker.io/library/debian:trixie`), which `lazaret run` pulls")]
-    ImageMissing {
-        /// The profile.
-        profile: String,
-        /// The image name.
-        image: String,
-        /// The store directory.
-        store: PathBuf,
-    },
     /// A host directory Lazaret manages could not be prepared.
     #[error("{context}: {source}")]
     Io {
@@ -92,16 +82,6 @@ impl Context {
     pub fn image_store(config: &Config) -> Result<ImageStore, ContextError> {
         identity::ensure_storage_root(&config.storage_root)?;
         Ok(ImageStore::open(&config.storage_root.join("images"))?)
-    }
-
-    /// The profile's image, or an error saying how to get it.
-    pub fn image(&self) -> Result<ImageRecord, ContextError> {
-        let store = Self::image_store(&self.config)?;
-        store.get(&self.profile.image)?.ok_or_else(|| ContextError::ImageMissing {
-            profile: self.profile.name.clone(),
-            image: self.profile.image.clone(),
-            store: self.config.storage_root.join("images"),
-        })
     }
 
     /// Creates (or verifies) the developer's runtime directory and this

@@ -42,8 +42,7 @@ use lazaret_oci::bundle::{BindMount, BundleSpec};
 use lazaret_oci::ImageRecord;
 use lazaret_protocol::journal::Event;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, DomainStatus, FrameError, RateLimit, WIRE_VERSION};
-use lazaret_runtime::attach::Signals;
-use lazaret_runtime::runsc::ContainerStdio;
+use lazaret_runtime::signals::Signals;
 use lazaret_runtime::terminal::{set_window_size, WindowSize};
 use lazaret_runtime::{pidns, reaper, NetworkMode, Runsc, RunscOptions};
 
@@ -464,7 +463,9 @@ fn start_up(
     restore_log: &dyn Fn(&Option<OwnedFd>),
 ) -> Result<(ImageRecord, Runsc), LaunchError> {
     let domain_dir = &args.domain_dir;
-    let image = ctx.image()?;
+    // A registry reference that is not in the store yet is pulled here, in
+    // the host's network namespace, before anything of the Domain exists.
+    let image = crate::images::ensure_image(&ctx.config, &ctx.profile)?;
     let runsc = Runsc::new(RunscOptions {
         path: ctx.config.runsc.path.clone(),
         state_root: domain_dir.join("runsc"),
@@ -529,7 +530,7 @@ fn start_up(
     lazaret_oci::bundle::write_bundle(&bundle, &spec)?;
     journal.record(Event::StartSandbox).map_err(model_refused)?;
     res.container = Some(container_id.clone());
-    runsc.create(&container_id, &bundle, &run_dir.join("sandbox.pid"), &ContainerStdio::Inherit)?;
+    runsc.create(&container_id, &bundle, &run_dir.join("sandbox.pid"))?;
     crash_point("sandbox-created");
     if let Some((net, _)) = &res.network {
         net.readdress_sandbox().map_err(network::NetworkError::from)?;

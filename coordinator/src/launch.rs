@@ -33,6 +33,9 @@ pub enum LaunchError {
     /// Resolving configuration, workspace, image or runsc failed.
     #[error(transparent)]
     Context(#[from] ContextError),
+    /// The profile's image is missing and cannot be pulled.
+    #[error(transparent)]
+    Image(#[from] crate::images::ImagesError),
     /// Another run owns the Domain.
     #[error(transparent)]
     Lock(#[from] LockError),
@@ -48,12 +51,6 @@ pub enum LaunchError {
     /// runsc failed.
     #[error(transparent)]
     Runsc(#[from] lazaret_runtime::RunscError),
-    /// The terminal could not be handed over.
-    #[error(transparent)]
-    Console(#[from] lazaret_runtime::console::ConsoleError),
-    /// Waiting for the container failed.
-    #[error(transparent)]
-    Attach(#[from] lazaret_runtime::attach::AttachError),
     /// The sandbox's PID namespace could not be created.
     #[error(transparent)]
     PidNamespace(#[from] lazaret_runtime::pidns::PidNsError),

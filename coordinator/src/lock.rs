@@ -14,7 +14,7 @@ use nix::fcntl::{Flock, FlockArg};
 #[derive(Debug, thiserror::Error)]
 pub enum LockError {
     /// Another live process holds it.
-    #[error("Domain {domain} is already running (owner PID {owner}); wait for it to end or stop it (joining a running Domain from a second terminal is not supported yet)")]
+    #[error("Domain {domain} is already owned by PID {owner}")]
     Busy {
         /// The Domain ID.
         domain: String,

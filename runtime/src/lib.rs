@@ -2,20 +2,20 @@
 //!
 //! Everything that talks to `runsc` lives here: finding it and checking that
 //! it is new enough ([`Runsc::locate`]), the container lifecycle with the same
-//! global flags on every call ([`Runsc`]), collecting the sandbox's exit status
-//! as a child subreaper ([`reaper`]) instead of `runsc wait` (which takes ~2 s),
-//! and putting the developer's terminal into raw mode behind a guard that
-//! restores it on every exit path ([`terminal`]).
+//! global flags on every call ([`Runsc`]), the PID-namespace init that owns
+//! every runsc process ([`pidns`]), signals as events ([`signals`]), passing
+//! file descriptors over unix sockets ([`fdpass`]), and the developer's
+//! terminal in raw mode behind a guard that restores it on every exit path
+//! ([`terminal`]).
 //!
 //! The crate knows nothing about profiles, Domains or images: the coordinator
 //! hands it a bundle directory and a container ID.
 
-pub mod attach;
-pub mod console;
 pub mod fdpass;
 pub mod pidns;
 pub mod reaper;
 pub mod runsc;
+pub mod signals;
 mod sys;
 pub mod terminal;
 

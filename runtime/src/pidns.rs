@@ -31,7 +31,7 @@ use nix::sys::termios;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::{ForkResult, Pid};
 
-use crate::attach::Signals;
+use crate::signals::Signals;
 use crate::ExitStatus;
 
 /// Why the namespace init could not be started.

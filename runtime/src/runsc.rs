@@ -5,9 +5,6 @@
 //! always agree about where its state lives and how it was built.
 
 use std::ffi::OsString;
-use std::fs::{File, OpenOptions};
-use std::io::Read;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -173,21 +170,6 @@ pub struct RunscOptions {
     pub debug_log_dir: Option<PathBuf>,
 }
 
-/// How the container's main process gets its stdio.
-#[derive(Debug)]
-pub enum ContainerStdio {
-    /// Inherit the caller's stdin, stdout and stderr (no terminal).
-    Inherit,
-    /// The bundle asks for a terminal: runsc hands the PTY master to this
-    /// unix socket; runsc's own messages go to the given log file.
-    Console {
-        /// Path of the listening console socket.
-        socket: PathBuf,
-        /// File that collects runsc's stderr during `create`.
-        log: PathBuf,
-    },
-}
-
 /// A located and checked runsc, with the global flags of one Domain.
 #[derive(Debug, Clone)]
 pub struct Runsc {
@@ -325,39 +307,19 @@ impl Runsc {
     }
 
     /// `runsc create`: builds the sandbox, paused before the container's
-    /// first process runs. Writes the sandbox PID to `pid_file`.
-    pub fn create(&self, id: &str, bundle: &Path, pid_file: &Path, stdio: &ContainerStdio) -> Result<(), RunscError> {
+    /// first process runs, with the caller's stdio. Writes the sandbox PID
+    /// to `pid_file`.
+    pub fn create(&self, id: &str, bundle: &Path, pid_file: &Path) -> Result<(), RunscError> {
         let mut cmd = self.command("create");
         cmd.arg("--bundle").arg(bundle).arg("--pid-file").arg(pid_file);
-        let log_path = match stdio {
-            ContainerStdio::Inherit => {
-                // The sandbox keeps these for the container's process; never
-                // pipe them to ourselves (reading to EOF would hang).
-                cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
-                None
-            }
-            ContainerStdio::Console { socket, log } => {
-                cmd.arg("--console-socket").arg(socket);
-                let f = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .mode(0o600)
-                    .open(log)
-                    .map_err(io_err(format!("opening {}", log.display())))?;
-                let f2 = f.try_clone().map_err(io_err("duplicating the runsc log fd"))?;
-                cmd.stdout(Stdio::from(f)).stderr(Stdio::from(f2));
-                Some(log.clone())
-            }
-        };
+        // The sandbox keeps the caller's stdio for the container's first
+        // process; never pipe it to ourselves (reading to EOF would hang).
+        cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
         let status = cmd.arg(id).status().map_err(io_err("running runsc create"))?;
         if status.success() {
             return Ok(());
         }
-        let stderr = match log_path {
-            Some(p) => read_tail(&p),
-            None => "see the messages above".to_string(),
-        };
-        Err(RunscError::Failed { subcommand: "create", container: id.to_string(), status, stderr })
+        Err(RunscError::Failed { subcommand: "create", container: id.to_string(), status, stderr: "see runsc's messages above".to_string() })
     }
 
     /// `runsc start`. With `netns_workaround`, runs in a private mount
@@ -492,14 +454,6 @@ fn tail(s: &str) -> String {
     let lines: Vec<&str> = s.trim().lines().collect();
     let start = lines.len().saturating_sub(6);
     lines[start..].join("\n")
-}
-
-fn read_tail(p: &Path) -> String {
-    let mut s = String::new();
-    match File::open(p).and_then(|mut f| f.read_to_string(&mut s)) {
-        Ok(_) => tail(&s),
-        Err(e) => format!("(cannot read {}: {e})", p.display()),
-    }
 }
 
 /// The running kernel's major version, for [`RunscInfo::needs_netns_workaround`].

@@ -95,6 +95,14 @@ pub fn set_window_size(fd: BorrowedFd<'_>, size: WindowSize) -> std::io::Result<
     crate::sys::set_winsize(fd, &ws)
 }
 
+/// Copies the window size of `input` (the developer's terminal) to `master`
+/// (a PTY master); errors are ignored (a terminal that went away).
+pub fn sync_window_size(input: BorrowedFd<'_>, master: BorrowedFd<'_>) {
+    if let Ok(size) = window_size(input) {
+        let _ = set_window_size(master, size);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
