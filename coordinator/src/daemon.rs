@@ -472,6 +472,8 @@ fn start_up(
         platform: ctx.runsc_platform(),
         network: NetworkMode::Sandbox,
         debug_log_dir: ctx.config.runsc.debug_log_dir.clone(),
+        // The Storage Root is root-only (checked when the image store opened).
+        probe_cache: Some(ctx.config.storage_root.join("runsc-probe.json")),
     })?;
     res.runsc = Some(runsc.clone());
     recover_stale_runs(domain_dir, ctx.domain_id.as_str());

@@ -111,7 +111,7 @@ fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunscErr
 }
 
 /// What a runsc binary is and can do.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RunscInfo {
     /// The binary.
     pub path: PathBuf,
@@ -168,6 +168,11 @@ pub struct RunscOptions {
     pub network: NetworkMode,
     /// Directory for runsc debug logs, if wanted.
     pub debug_log_dir: Option<PathBuf>,
+    /// Where to remember what [`Runsc::probe`] found (a file in a
+    /// root-owned directory), so that every start does not run runsc twice
+    /// (~50 ms). The entry is keyed by the binary's path, device, inode,
+    /// size and modification time, so replacing runsc invalidates it.
+    pub probe_cache: Option<PathBuf>,
 }
 
 /// A located and checked runsc, with the global flags of one Domain.
@@ -225,11 +230,38 @@ impl Runsc {
         })
     }
 
+    /// [`Runsc::probe`] through a cache file (see
+    /// [`RunscOptions::probe_cache`]). A missing, unreadable or stale entry
+    /// means probing again; failing to write the cache is not an error.
+    pub fn probe_cached(path: &Path, cache: &Path) -> Result<RunscInfo, RunscError> {
+        let key = binary_key(path).map_err(io_err(format!("inspecting {}", path.display())))?;
+        if let Ok(text) = std::fs::read_to_string(cache) {
+            if let Ok(entry) = serde_json::from_str::<ProbeCacheEntry>(&text) {
+                if entry.key == key {
+                    return Ok(entry.info);
+                }
+            }
+        }
+        let info = Self::probe(path)?;
+        let entry = ProbeCacheEntry { key, info: info.clone() };
+        if let Ok(text) = serde_json::to_string(&entry) {
+            // Written whole, then renamed: a reader never sees half an entry.
+            let tmp = cache.with_extension(format!("tmp{}", std::process::id()));
+            if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, cache).is_err() {
+                let _ = std::fs::remove_file(&tmp);
+            }
+        }
+        Ok(info)
+    }
+
     /// Locates and probes runsc and refuses one that is too old or lacks a
     /// feature Lazaret relies on.
     pub fn new(opts: RunscOptions) -> Result<Runsc, RunscError> {
         let path = Self::locate(opts.path.as_deref())?;
-        let info = Self::probe(&path)?;
+        let info = match &opts.probe_cache {
+            Some(cache) => Self::probe_cached(&path, cache)?,
+            None => Self::probe(&path)?,
+        };
         Self::check(&info, &opts)?;
         Ok(Runsc { info, opts })
     }
@@ -445,6 +477,34 @@ fn hide_proc_sys_net_on_this_thread() -> std::io::Result<()> {
     Ok(())
 }
 
+/// What identifies one runsc binary on disk, for the probe cache.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+struct BinaryKey {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ProbeCacheEntry {
+    key: BinaryKey,
+    info: RunscInfo,
+}
+
+fn binary_key(path: &Path) -> std::io::Result<BinaryKey> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok(BinaryKey {
+        path: path.to_path_buf(),
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+    })
+}
+
 fn is_executable(p: &Path) -> bool {
     use std::os::unix::fs::PermissionsExt;
     std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
@@ -492,7 +552,7 @@ mod tests {
     }
 
     fn opts() -> RunscOptions {
-        RunscOptions { path: None, state_root: "/run/x".into(), platform: Platform::Systrap, network: NetworkMode::None, debug_log_dir: None }
+        RunscOptions { path: None, state_root: "/run/x".into(), platform: Platform::Systrap, network: NetworkMode::None, debug_log_dir: None, probe_cache: None }
     }
 
     #[test]
@@ -518,6 +578,30 @@ mod tests {
         let r = Runsc { info: info(20240729), opts: opts() };
         let args: Vec<String> = r.global_args().iter().map(|a| a.to_string_lossy().into_owned()).collect();
         assert_eq!(args, ["--root", "/run/x", "--platform=systrap", "--overlay2=root:memory", "--network=none", "--host-uds=none"]);
+    }
+
+    #[test]
+    fn probe_cache_is_used_until_the_binary_changes() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("runsc");
+        let count = dir.path().join("count");
+        let script = |release: &str| format!("#!/bin/sh\necho x >> {}\n[ \"$1\" = --version ] && echo 'runsc version 0.0~{release}.0'\n[ \"$1\" = flags ] && echo '  -overlay2 value'\nexit 0\n", count.display());
+        std::fs::write(&bin, script("20240729")).expect("write");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let cache = dir.path().join("probe.json");
+        let calls = || std::fs::read_to_string(&count).map(|s| s.lines().count()).unwrap_or(0);
+        assert_eq!(Runsc::probe_cached(&bin, &cache).expect("probe").release, 20240729);
+        assert_eq!(calls(), 2, "first probe runs --version and flags");
+        assert_eq!(Runsc::probe_cached(&bin, &cache).expect("cached").release, 20240729);
+        assert_eq!(calls(), 2, "a cached probe runs nothing");
+        // Replacing the binary (new inode and size) invalidates the entry.
+        let replacement = dir.path().join("runsc.new");
+        std::fs::write(&replacement, script("20250101") + "\n").expect("write");
+        std::fs::set_permissions(&replacement, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::rename(&replacement, &bin).expect("rename");
+        assert_eq!(Runsc::probe_cached(&bin, &cache).expect("reprobe").release, 20250101);
+        assert_eq!(calls(), 4);
     }
 
     #[test]

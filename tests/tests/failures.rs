@@ -153,3 +153,21 @@ fn failures_leave_no_image_half_imported() {
         assert!(!escaped.exists(), "{} was written outside the store", escaped.display());
     }
 }
+
+#[test]
+fn doctor_reports_every_check_with_ok_or_a_fix() {
+    let env = TestEnv::new();
+    let out = env.run(["doctor"]);
+    let report = text(&out.stdout);
+    for name in ["root", "overlayfs", "namespaces", "cgroups", "config", "runsc", "runsc --overlay2", "netns work-around", "storage root", "runtime dir"] {
+        assert!(report.lines().any(|l| l.starts_with("OK") && l.contains(&format!(" {name}:"))), "doctor: {name} not OK:\n{report}");
+    }
+    assert_eq!(out.status.code(), Some(0), "{report}");
+    // A broken prerequisite is a FAIL line with its fix, and a non-zero exit.
+    let cfg = std::fs::read_to_string(&env.config).expect("config");
+    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"/nonexistent/runsc\"\n")).expect("config");
+    let out = env.run(["doctor"]);
+    let report = text(&out.stdout);
+    assert_ne!(out.status.code(), Some(0), "{report}");
+    assert!(report.contains("FAIL runsc:") && report.contains("fix: scripts/install-runsc.sh"), "{report}");
+}

@@ -1,8 +1,9 @@
 //! Lazaret's benchmarks. Each prints a table; none asserts anything.
 //!
-//! `lazaret-bench run [RUNS]`: end-to-end `lazaret run test -- true` against
+//! `lazaret-bench run [RUNS]`: end-to-end `lazaret run test -- true`, both
+//! starting and tearing down its Domain and joining a running one, against
 //! a bare `runsc run` of an equivalent bundle (same image overlay, argv,
-//! user, flags), median and p90 of each, and their ratio.
+//! user, flags): median and p90 of each, and the ratios.
 //!
 //! `lazaret-bench net [RUNS]`: build and teardown time of a Domain's sidecar
 //! topology, then TCP connect latency and bulk throughput to a server in a
@@ -58,14 +59,33 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
         anyhow::ensure!(status.success(), "lazaret run failed");
     }
 
+    // A session joining a Domain that is already running (another session
+    // holds it open), as every terminal after the first does.
+    let mut holder = env.lazaret(["run", "test", "--", "sh", "-c", "echo up; read line"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut first = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().ok_or_else(|| anyhow::anyhow!("holder stdout"))?), &mut first)?;
+    anyhow::ensure!(first.trim() == "up", "holder session printed {first:?}");
+    let mut joins = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let status = env.lazaret(["run", "test", "--", "true"]).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        joins.push(t.elapsed());
+        anyhow::ensure!(status.success(), "joining lazaret run failed");
+    }
+    drop(holder.stdin.take());
+    let _ = holder.wait();
+
     let bare = bare_runsc(runs)?;
     let (lm, lp) = stats(lazaret);
+    let (jm, jp) = stats(joins);
     let (bm, bp) = stats(bare);
     println!("lazaret run vs bare runsc run, `true`, {runs} runs each ({})", lazaret_bin().display());
-    println!("{:<28} {:>10} {:>10}", "", "median ms", "p90 ms");
-    println!("{:<28} {:>10.1} {:>10.1}", "lazaret run test -- true", lm, lp);
-    println!("{:<28} {:>10.1} {:>10.1}", "runsc run (same bundle)", bm, bp);
-    println!("{:<28} {:>10.2} {:>10.2}", "ratio", lm / bm, lp / bp);
+    println!("{:<44} {:>10} {:>10}", "", "median ms", "p90 ms");
+    println!("{:<44} {:>10.1} {:>10.1}", "runsc run (same image, argv, flags)", bm, bp);
+    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, Domain started and torn down", lm, lp);
+    println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", lm / bm, lp / bp);
+    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, joining a running Domain", jm, jp);
+    println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", jm / bm, jp / bp);
     Ok(())
 }
 
