@@ -557,7 +557,7 @@ mod tests {
 
     #[test]
     fn refuses_debian_12_runsc_with_a_fix() {
-        let err = Runsc::check(&info(20221219), &opts()).unwrap_err();
+        let err = Runsc::check(&info(20221219), &opts()).expect_err("Debian 12's runsc must be refused");
         assert!(matches!(err, RunscError::TooOld { release: 20221219, .. }));
         assert!(err.to_string().contains("install-runsc.sh"), "{err}");
         assert!(Runsc::check(&info(20240729), &opts()).is_ok());
@@ -606,7 +606,7 @@ mod tests {
 
     #[test]
     fn locate_reports_a_missing_configured_path() {
-        let err = Runsc::locate(Some(Path::new("/nonexistent/runsc"))).unwrap_err();
+        let err = Runsc::locate(Some(Path::new("/nonexistent/runsc"))).expect_err("a missing runsc must be reported");
         assert!(err.to_string().contains("/nonexistent/runsc"));
     }
 }
