@@ -108,6 +108,8 @@ impl TestCa {
 pub enum RegistryMode {
     /// Plain HTTP, no auth.
     PlainHttp,
+    /// TLS from a test CA, no auth.
+    Tls,
     /// TLS from a test CA and htpasswd (bcrypt) auth for one user.
     TlsWithAuth {
         /// The user.
@@ -128,11 +130,20 @@ pub struct Registry {
     pub ca: Option<TestCa>,
     /// `user:password`, when auth is on.
     pub creds: Option<String>,
+    /// The network namespace it serves in (its 127.0.0.1), if not ours.
+    pub netns: Option<PathBuf>,
 }
 
 impl Registry {
     /// Starts a registry in `mode` and waits until it accepts connections.
     pub fn start(mode: RegistryMode) -> Registry {
+        Registry::start_in(mode, None)
+    }
+
+    /// [`Registry::start`] on the loopback of the network namespace at
+    /// `netns` (e.g. a `NetLab` host, so that a coordinator running there
+    /// can pull from it).
+    pub fn start_in(mode: RegistryMode, netns: Option<PathBuf>) -> Registry {
         require_root();
         require_binary("docker-registry", "docker-registry");
         require_binary("skopeo", "skopeo");
@@ -145,6 +156,11 @@ impl Registry {
         );
         let (ca, creds) = match mode {
             RegistryMode::PlainHttp => (None, None),
+            RegistryMode::Tls => {
+                let ca = TestCa::generate(&dir.join("ca"));
+                yaml.push_str(&format!("  tls:\n    certificate: {}\n    key: {}\n", ca.server_cert.display(), ca.server_key.display()));
+                (Some(ca), None)
+            }
             RegistryMode::TlsWithAuth { user, password } => {
                 require_binary("htpasswd", "apache2-utils");
                 let ca = TestCa::generate(&dir.join("ca"));
@@ -161,7 +177,7 @@ impl Registry {
         };
         fs::write(dir.join("config.yml"), yaml).expect("registry config");
         let log = fs::File::create(dir.join("registry.log")).expect("registry log");
-        let child = Command::new("docker-registry")
+        let child = in_netns(netns.as_deref(), "docker-registry")
             .arg("serve")
             .arg(dir.join("config.yml"))
             .stdin(Stdio::null())
@@ -169,7 +185,7 @@ impl Registry {
             .stderr(log)
             .spawn()
             .expect("starting docker-registry");
-        let mut registry = Registry { child, port, scratch, ca, creds };
+        let mut registry = Registry { child, port, scratch, ca, creds, netns };
         registry.wait_ready();
         registry
     }
@@ -179,7 +195,15 @@ impl Registry {
             if let Ok(Some(status)) = self.child.try_wait() {
                 panic!("docker-registry exited ({status}): {}", self.log());
             }
-            if TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
+            let listening = match &self.netns {
+                None => TcpStream::connect(("127.0.0.1", self.port)).is_ok(),
+                Some(_) => in_netns(self.netns.as_deref(), "bash")
+                    .args(["-c", &format!("exec 3<>/dev/tcp/127.0.0.1/{}", self.port)])
+                    .stderr(Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success()),
+            };
+            if listening {
                 return;
             }
             std::thread::sleep(Duration::from_millis(20));
@@ -205,7 +229,7 @@ impl Registry {
 
     /// Pushes tag `tag` of `layout` (all platforms) as `<host>/<repository>:<tag>` with skopeo.
     pub fn push(&self, layout: &Path, tag: &str, repository: &str) {
-        let mut cmd = Command::new("skopeo");
+        let mut cmd = in_netns(self.netns.as_deref(), "skopeo");
         cmd.args(["--insecure-policy", "copy", "--all", "--quiet"]);
         match &self.ca {
             Some(ca) => {
@@ -228,6 +252,18 @@ impl Drop for Registry {
         let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = self.child.wait();
+    }
+}
+
+/// `program`, run in the network namespace at `netns` when given.
+fn in_netns(netns: Option<&Path>, program: &str) -> Command {
+    match netns {
+        None => Command::new(program),
+        Some(path) => {
+            let mut c = Command::new("nsenter");
+            c.arg(format!("--net={}", path.display())).arg("--").arg(program);
+            c
+        }
     }
 }
 

@@ -315,3 +315,50 @@ fn the_pulled_image_runs() {
     assert_eq!(out.status.code(), Some(0));
     env.assert_nothing_left();
 }
+
+/// A profile naming a registry reference that is not in the store yet is
+/// pulled by `lazaret run` itself (over HTTPS, trusting the registry's CA
+/// from the developer's `~/.config/lazaret/certs.d/HOST:PORT/`), then runs.
+/// The registry serves inside a lab network namespace, where the
+/// coordinator runs, so nothing outside namespaces the test made is used.
+#[test]
+fn run_pulls_a_missing_registry_image_itself() {
+    let lab = netlab::NetLab::new();
+    let registry = Registry::start_in(RegistryMode::Tls, Some(lab.host.clone()));
+    let scratch = Scratch::new("autopull");
+    let mut layout = LayoutBuilder::new(&scratch.path.join("layout"));
+    let tools = layout.host_tools_layer(LayerCompression::Zstd);
+    let marker = layout.layer(&[("etc/pulled-marker", b"auto-pulled\n")], LayerCompression::Gzip);
+    let manifest = layout.image(host_arch(), &[tools, marker]);
+    layout.tag("v1", &manifest);
+    registry.push(&layout.dir, "v1", "lazaret/auto");
+    let reference = format!("{}/lazaret/auto:v1", registry.host());
+
+    // The developer (root here) trusts the test CA for this host:port only.
+    let certs = PathBuf::from(format!("/root/.config/lazaret/certs.d/{}", registry.host()));
+    fs::create_dir_all(&certs).expect("certs.d");
+    let _trust = RemoveDirOnDrop(certs.clone());
+    let ca = registry.ca.as_ref().expect("TLS registry has a CA");
+    fs::copy(&ca.ca_cert, certs.join("ca.crt")).expect("installing the test CA");
+
+    let store = PullStore::new(&reference);
+    let mut env = TestEnv::new();
+    store.write_config(&reference, Some(&env.runtime_dir));
+    env.config = store.config.clone();
+    env.netns = Some(lab.host.clone());
+    assert!(store.names().is_empty(), "the image must not be in the store before the run");
+    let out = env.run(["run", "test", "--", "cat", "/etc/pulled-marker"]);
+    assert_eq!(text(&out.stdout), "auto-pulled\n", "stderr: {}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0));
+    assert!(text(&out.stderr).contains("pulling it"), "stderr: {}", text(&out.stderr));
+    assert_eq!(store.names(), vec![reference.clone()], "the pulled image is registered under its reference");
+    env.assert_nothing_left();
+}
+
+struct RemoveDirOnDrop(PathBuf);
+
+impl Drop for RemoveDirOnDrop {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.0);
+    }
+}
