@@ -33,6 +33,18 @@ pub enum ContextError {
     /// The image store.
     #[error(transparent)]
     Image(#[from] lazaret_oci::ImageError),
+    /// Lazaret's own state would be visible inside the sandbox.
+    #[error("{setting} {path} lies inside the {mount} mounted into the sandbox (host path {mount_path}); the agent could reach Lazaret's state there\n  hint: set `{setting}` to a path outside the workspace and volumes")]
+    StateExposed {
+        /// The configuration key.
+        setting: &'static str,
+        /// Its value.
+        path: PathBuf,
+        /// The offending mount's label.
+        mount: String,
+        /// The mount's host path (canonical).
+        mount_path: PathBuf,
+    },
     /// A host directory Lazaret manages could not be prepared.
     #[error("{context}: {source}")]
     Io {
@@ -75,6 +87,12 @@ impl Context {
         config::check_confinement(&config.file, &profile.host_mounts(workspace.root()))?;
         let domain_id = DomainId::new(&profile.name, &workspace);
         let paths = StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
+        let mounts = profile.host_mounts(workspace.root());
+        for (what, path) in [("storage_root", &paths.storage_root), ("runtime_dir", &paths.runtime_dir)] {
+            if let Some((label, mount)) = exposing_mount(path, &mounts) {
+                return Err(ContextError::StateExposed { setting: what, path: path.clone(), mount: label, mount_path: mount });
+            }
+        }
         Ok(Context { developer, config, profile, workspace, domain_id, paths })
     }
 
@@ -210,9 +228,47 @@ impl Context {
     }
 }
 
+/// The mount (label, canonical host path) that would expose `path` (a
+/// directory that may not exist yet: its nearest existing ancestor is
+/// resolved) inside the sandbox, if any.
+fn exposing_mount(path: &Path, mounts: &[(String, PathBuf)]) -> Option<(String, PathBuf)> {
+    let mut existing = path.to_path_buf();
+    let mut rest = PathBuf::new();
+    while !existing.exists() {
+        let name = existing.file_name()?.to_os_string();
+        rest = Path::new(&name).join(&rest);
+        existing = existing.parent()?.to_path_buf();
+    }
+    let resolved = std::fs::canonicalize(&existing).ok()?.join(rest);
+    mounts.iter().find_map(|(label, host)| {
+        let host = std::fs::canonicalize(host).ok()?;
+        resolved.starts_with(&host).then(|| (label.clone(), host))
+    })
+}
+
 /// Finds and loads the configuration (`--config`, `$LAZARET_CONFIG`, the
 /// developer's XDG config).
 pub fn load_config(cli: Option<&Path>, developer: &Developer) -> Result<Config, ConfigError> {
     let lookup = |name: &str| std::env::var_os(name);
     Config::discover(cli, &lookup, developer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_inside_a_mount_is_found_even_before_it_exists() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ws = dir.path().join("ws");
+        std::fs::create_dir(&ws).expect("ws");
+        let mounts = vec![("workspace".to_string(), ws.clone())];
+        let inside = ws.join("not/yet/there");
+        let found = exposing_mount(&inside, &mounts).expect("inside the workspace");
+        assert_eq!(found.0, "workspace");
+        assert!(exposing_mount(&dir.path().join("elsewhere"), &mounts).is_none());
+        // Through a symlink into the workspace, too.
+        std::os::unix::fs::symlink(&ws, dir.path().join("link")).expect("symlink");
+        assert!(exposing_mount(&dir.path().join("link/run"), &mounts).is_some());
+    }
 }

@@ -171,3 +171,16 @@ fn doctor_reports_every_check_with_ok_or_a_fix() {
     assert_ne!(out.status.code(), Some(0), "{report}");
     assert!(report.contains("FAIL runsc:") && report.contains("fix: scripts/install-runsc.sh"), "{report}");
 }
+
+#[test]
+fn runtime_dir_inside_the_workspace_is_refused() {
+    let env = TestEnv::new();
+    let inside = env.workspace.join(".lazaret-run");
+    let cfg = std::fs::read_to_string(&env.config).expect("config");
+    let cfg = cfg.replace(&format!("runtime_dir = \"{}\"", env.runtime_dir.display()), &format!("runtime_dir = \"{}\"", inside.display()));
+    std::fs::write(&env.config, cfg).expect("config");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125), "stderr: {}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("runtime_dir") && text(&out.stderr).contains("workspace"), "stderr: {}", text(&out.stderr));
+    assert!(!inside.exists(), "the runtime dir was created inside the workspace");
+}
