@@ -11,7 +11,7 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -413,12 +413,8 @@ pub fn wait_unlocked(lock: &Path, limit: Duration) -> bool {
     loop {
         let free = match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(lock) {
             Err(_) => true,
-            Ok(f) => {
-                // SAFETY: flock on a descriptor we own and keep open for the
-                // call; a shared, non-blocking probe released right after.
-                let rc = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) };
-                rc == 0
-            }
+            // A shared, non-blocking probe, released when dropped.
+            Ok(f) => nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockSharedNonblock).is_ok(),
         };
         if free {
             return true;

@@ -189,9 +189,7 @@ fn namespace_init(ctx: Context, args: &CoordinatorArgs, status: StatusPipe, sign
         status.say(&format!("lazaret: error: mounting /proc for the Domain's PID namespace: {e}"));
         return LAZARET_FAILED;
     }
-    // SAFETY: this process is single-threaded (pidns checked it before
-    // forking us and we started no thread), so the child may run anything.
-    match unsafe { nix::unistd::fork() } {
+    match pidns::fork_single_threaded() {
         Err(e) => {
             let mut status = status;
             status.say(&format!("lazaret: error: forking the coordinator: {e}"));
@@ -702,10 +700,10 @@ fn begin_teardown(d: &Domain, live: &mut Live) {
     live.phase = Phase::Stopping;
     let _ = fs::remove_file(&d.socket);
     if let Some(fd) = live.listener_fd.take() {
-        // SAFETY: `fd` is the listener's descriptor, still owned by the
-        // accept thread (which only exits after this shutdown wakes it);
-        // shutdown(2) does not close it.
-        unsafe { libc::shutdown(fd, libc::SHUT_RDWR) };
+        // `fd` is the listener's descriptor, still owned by the accept
+        // thread (which only exits after this shutdown wakes it); shutdown(2)
+        // does not close it.
+        let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
     }
     d.changed.notify_all();
 }

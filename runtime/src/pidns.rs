@@ -68,10 +68,8 @@ pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signa
     let _ = std::io::stderr().flush();
     let (alive_r, alive_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NONBLOCK)
         .map_err(|source| PidNsError::Sys { context: "creating the parent-alive pipe", source })?;
-    // SAFETY: the process is single-threaded (checked above), so the child
-    // is a complete copy and may run arbitrary code, including allocation.
-    match unsafe { nix::unistd::fork() } {
-        Err(source) => Err(PidNsError::Sys { context: "forking the namespace init", source }),
+    match fork_single_threaded() {
+        Err(e) => Err(e),
         Ok(ForkResult::Child) => {
             // If the parent dies (even by SIGKILL), so does this init, and
             // with it every process of the namespace.
@@ -126,6 +124,19 @@ fn wait_forwarding(signals: &mut Signals, child: Pid) -> ExitStatus {
             }
         }
     }
+}
+
+/// `fork()` for a process that has exactly one thread (checked), so that
+/// the child is a complete copy and may run any code, allocation included.
+pub fn fork_single_threaded() -> Result<ForkResult, PidNsError> {
+    let threads = thread_count();
+    if threads != 1 {
+        return Err(PidNsError::Threaded(threads));
+    }
+    // SAFETY: the process has one thread (checked just above, and nothing in
+    // it starts threads concurrently), so no lock or allocator state can be
+    // held by another thread at the time of the fork.
+    unsafe { nix::unistd::fork() }.map_err(|source| PidNsError::Sys { context: "forking", source })
 }
 
 fn thread_count() -> usize {
