@@ -2,12 +2,14 @@
 //! namespaces the test creates: a "host" namespace (where lazaret runs and
 //! builds its sidecar) and a "world" namespace joined to it by a veth pair,
 //! with test servers on addresses of the world's loopback. Nothing touches
-//! this machine's real interfaces; dropping the lab ends its servers (by
-//! PID) and deletes both namespaces.
+//! this machine's real interfaces. Each namespace is held by a `sleep`
+//! process the lab starts (no `ip netns` bind mounts, so nothing appears in
+//! the host's mount table); dropping the lab ends its servers and holders
+//! by PID, and the namespaces with their veths disappear with them.
 
 use std::fs;
 use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -30,7 +32,7 @@ pub const PORT: u16 = 8080;
 
 /// The lab. See the module documentation.
 pub struct NetLab {
-    names: Vec<String>,
+    holders: Vec<Child>,
     /// Path of the host namespace (for `nsenter --net=`).
     pub host: PathBuf,
     /// Path of the world namespace.
@@ -40,9 +42,36 @@ pub struct NetLab {
     pub log: PathBuf,
 }
 
-fn ip(args: &[&str]) {
-    let out = Command::new("ip").args(args).output().expect("running ip (iproute2) for the test lab");
-    assert!(out.status.success(), "ip {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+/// Runs `ip ARGS` inside the namespace at `ns`.
+fn ip(ns: &Path, args: &[&str]) {
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", ns.display()))
+        .arg("--")
+        .arg("ip")
+        .args(args)
+        .output()
+        .expect("running ip (iproute2) for the test lab");
+    assert!(out.status.success(), "ip {args:?} in {}: {}", ns.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Starts a process holding a new network namespace and returns it with
+/// the namespace's path, once the namespace exists.
+fn new_namespace() -> (Child, PathBuf) {
+    let ours = fs::read_link("/proc/self/ns/net").expect("own netns");
+    let holder = Command::new("unshare")
+        .args(["--net", "--", "sleep", "infinity"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("unshare (util-linux) for the test lab");
+    let path = PathBuf::from(format!("/proc/{}/ns/net", holder.id()));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while fs::read_link(&path).map(|l| l == ours).unwrap_or(true) {
+        assert!(Instant::now() < deadline, "the lab namespace holder never entered its namespace");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    ip(&path, &["link", "set", "lo", "up"]);
+    (holder, path)
 }
 
 fn fakenet_bin() -> PathBuf {
@@ -54,53 +83,43 @@ impl NetLab {
     pub fn new() -> NetLab {
         crate::require_root();
         let tag = crate::random_suffix();
-        let host_name = format!("lzt-h-{tag}");
-        let world_name = format!("lzt-w-{tag}");
         let log = PathBuf::from(format!("/tmp/lazaret-netlab-{tag}.log"));
-        let mut lab = NetLab {
-            names: Vec::new(),
-            host: PathBuf::from(format!("/run/netns/{host_name}")),
-            world: PathBuf::from(format!("/run/netns/{world_name}")),
-            servers: Vec::new(),
-            log,
-        };
-        for n in [&host_name, &world_name] {
-            ip(&["netns", "add", n]);
-            lab.names.push(n.clone());
-            ip(&["-n", n, "link", "set", "lo", "up"]);
-        }
+        let (host_holder, host) = new_namespace();
+        let (world_holder, world) = new_namespace();
+        let world_pid = world_holder.id().to_string();
+        let mut lab = NetLab { holders: vec![host_holder, world_holder], host: host.clone(), world: world.clone(), servers: Vec::new(), log };
         // Created directly inside the lab: the veth never exists in the
         // machine's real namespace.
-        ip(&["-n", &host_name, "link", "add", "wan0", "type", "veth", "peer", "name", "wan0", "netns", &world_name]);
-        ip(&["-n", &host_name, "addr", "add", &format!("{HOST_ADDR}/24"), "dev", "wan0"]);
-        ip(&["-n", &host_name, "addr", "add", "2001:db8:1::2/64", "dev", "wan0", "nodad"]);
-        ip(&["-n", &host_name, "link", "set", "wan0", "up"]);
-        ip(&["-n", &world_name, "addr", "add", &format!("{WORLD_GATEWAY}/24"), "dev", "wan0"]);
-        ip(&["-n", &world_name, "addr", "add", "2001:db8:1::1/64", "dev", "wan0", "nodad"]);
-        ip(&["-n", &world_name, "link", "set", "wan0", "up"]);
-        ip(&["-n", &host_name, "route", "add", "default", "via", WORLD_GATEWAY]);
-        ip(&["-n", &host_name, "-6", "route", "add", "default", "via", "2001:db8:1::1"]);
+        ip(&host, &["link", "add", "wan0", "type", "veth", "peer", "name", "wan0", "netns", &world_pid]);
+        ip(&host, &["addr", "add", &format!("{HOST_ADDR}/24"), "dev", "wan0"]);
+        ip(&host, &["addr", "add", "2001:db8:1::2/64", "dev", "wan0", "nodad"]);
+        ip(&host, &["link", "set", "wan0", "up"]);
+        ip(&world, &["addr", "add", &format!("{WORLD_GATEWAY}/24"), "dev", "wan0"]);
+        ip(&world, &["addr", "add", "2001:db8:1::1/64", "dev", "wan0", "nodad"]);
+        ip(&world, &["link", "set", "wan0", "up"]);
+        ip(&host, &["route", "add", "default", "via", WORLD_GATEWAY]);
+        ip(&host, &["-6", "route", "add", "default", "via", "2001:db8:1::1"]);
         let mut world_addrs: Vec<&str> = vec![PUBLIC, PUBLIC_DENIED, DNS];
         world_addrs.extend(PRIVATE);
         for a in &world_addrs {
-            ip(&["-n", &world_name, "addr", "add", &format!("{a}/32"), "dev", "lo"]);
+            ip(&world, &["addr", "add", &format!("{a}/32"), "dev", "lo"]);
         }
-        ip(&["-n", &world_name, "addr", "add", &format!("{PUBLIC_V6}/128"), "dev", "lo"]);
+        ip(&world, &["addr", "add", &format!("{PUBLIC_V6}/128"), "dev", "lo"]);
 
         let mut serve: Vec<String> = vec!["serve".into(), PORT.to_string()];
         serve.extend(world_addrs.iter().filter(|a| **a != DNS).map(|a| a.to_string()));
         serve.push(PUBLIC_V6.into());
-        lab.start_server(&world_name, &serve.iter().map(String::as_str).collect::<Vec<_>>(), true);
-        lab.start_server(&world_name, &["dns", DNS, PUBLIC], false);
+        lab.start_server(&world, &serve.iter().map(String::as_str).collect::<Vec<_>>(), true);
+        lab.start_server(&world, &["dns", DNS, PUBLIC], false);
         // A server on the lab host's own address: the sandbox must not reach it.
-        lab.start_server(&host_name, &["serve", &PORT.to_string(), HOST_ADDR], false);
+        lab.start_server(&host, &["serve", &PORT.to_string(), HOST_ADDR], false);
         lab
     }
 
     /// Starts `lazaret-fakenet ARGS` in the world namespace (ended with the
     /// lab) and waits for it to be ready.
     pub fn start_world_server(&mut self, args: &[&str]) {
-        let world = self.names[1].clone();
+        let world = self.world.clone();
         self.start_server(&world, args, false);
     }
 
@@ -109,27 +128,26 @@ impl NetLab {
     /// deleted with the lab. Returns its path. For a sandbox with no
     /// sidecar in between (benchmarks).
     pub fn direct_namespace(&mut self, addr: &str, gateway: &str) -> PathBuf {
-        let name = format!("{}-d", self.names[0]);
-        ip(&["netns", "add", &name]);
-        self.names.push(name.clone());
-        ip(&["-n", &name, "link", "set", "lo", "up"]);
-        ip(&["-n", &name, "link", "add", "eth0", "type", "veth", "peer", "name", "direct0", "netns", &self.names[1]]);
-        ip(&["-n", &name, "addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
-        ip(&["-n", &name, "link", "set", "eth0", "up"]);
-        ip(&["-n", &self.names[1], "addr", "add", &format!("{gateway}/24"), "dev", "direct0"]);
-        ip(&["-n", &self.names[1], "link", "set", "direct0", "up"]);
-        ip(&["-n", &name, "route", "add", "default", "via", gateway]);
-        PathBuf::from(format!("/run/netns/{name}"))
+        let (holder, path) = new_namespace();
+        let pid = holder.id().to_string();
+        self.holders.push(holder);
+        ip(&self.world, &["link", "add", "direct0", "type", "veth", "peer", "name", "eth0", "netns", &pid]);
+        ip(&path, &["addr", "add", &format!("{addr}/24"), "dev", "eth0"]);
+        ip(&path, &["link", "set", "eth0", "up"]);
+        ip(&self.world, &["addr", "add", &format!("{gateway}/24"), "dev", "direct0"]);
+        ip(&self.world, &["link", "set", "direct0", "up"]);
+        ip(&path, &["route", "add", "default", "via", gateway]);
+        path
     }
 
-    fn start_server(&mut self, ns: &str, args: &[&str], logged: bool) {
+    fn start_server(&mut self, ns: &Path, args: &[&str], logged: bool) {
         let out = if logged {
             Stdio::from(fs::File::create(&self.log).expect("lab log"))
         } else {
             Stdio::piped()
         };
         let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{ns}"))
+            .arg(format!("--net={}", ns.display()))
             .arg("--")
             .arg(fakenet_bin())
             .args(args)
@@ -162,7 +180,11 @@ impl NetLab {
 
     /// Links of the lab host namespace (names).
     pub fn host_links(&self) -> Vec<String> {
-        let out = Command::new("ip").args(["-n", &self.names[0], "-o", "link", "show"]).output().expect("ip link");
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", self.host.display()))
+            .args(["--", "ip", "-o", "link", "show"])
+            .output()
+            .expect("ip link");
         String::from_utf8_lossy(&out.stdout)
             .lines()
             .filter_map(|l| l.split(':').nth(1).map(|n| n.trim().split('@').next().unwrap_or("").to_string()))
@@ -182,8 +204,10 @@ impl Drop for NetLab {
             let _ = s.kill();
             let _ = s.wait();
         }
-        for n in &self.names {
-            let _ = Command::new("ip").args(["netns", "del", n]).output();
+        // The namespaces (and their veths) go with their last holder.
+        for h in &mut self.holders {
+            let _ = h.kill();
+            let _ = h.wait();
         }
         let _ = fs::remove_file(&self.log);
     }
