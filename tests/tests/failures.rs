@@ -184,3 +184,20 @@ fn runtime_dir_inside_the_workspace_is_refused() {
     assert!(text(&out.stderr).contains("runtime_dir") && text(&out.stderr).contains("workspace"), "stderr: {}", text(&out.stderr));
     assert!(!inside.exists(), "the runtime dir was created inside the workspace");
 }
+
+/// A root agent can create root-owned, even setuid-root, files in the
+/// workspace; only a root-owned configuration may ask for one.
+#[test]
+fn root_agent_needs_a_root_owned_configuration() {
+    let (uid, gid) = test_user();
+    let mut env = TestEnv::new(); // profile `test` has user = "root"
+    env.env.push(("SUDO_UID".into(), uid.to_string()));
+    env.env.push(("SUDO_GID".into(), gid.to_string()));
+    nix::unistd::chown(&env.config, Some(uid.into()), Some(gid.into())).expect("chown config");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_refused(&env, &out, &["runs the agent as uid 0", "owned by root", "sudo chown root:"]);
+    // The same configuration owned by root is accepted.
+    nix::unistd::chown(&env.config, Some(0.into()), Some(0.into())).expect("chown config back");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+}
