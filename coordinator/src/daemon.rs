@@ -584,6 +584,9 @@ fn teardown(journal: &mut DomainJournal, res: &mut Resources, socket: Option<&Pa
         // From inside the Domain's PID namespace, where runsc's recorded
         // PIDs mean what they say.
         if let Some(r) = &res.runsc {
+            // Killing the container's first process before `delete --force`
+            // takes ~75 ms instead of ~135 ms (measured with runsc 20240729).
+            let _ = r.kill(&id, libc::SIGKILL, false);
             if let Err(e) = r.delete(&id) {
                 log(&format!("deleting container {id}: {e}"));
             }
