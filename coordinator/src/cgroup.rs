@@ -30,23 +30,3 @@ pub fn remove(path: &str) {
         }
     }
 }
-
-/// The cgroup directories that exist for `path` in any hierarchy (for tests
-/// and `lazaret doctor`).
-pub fn existing(path: &str) -> Vec<std::path::PathBuf> {
-    let rel = path.trim_start_matches('/');
-    let mut found = Vec::new();
-    let root = Path::new(CGROUP_ROOT);
-    if root.join(rel).is_dir() {
-        found.push(root.join(rel));
-    }
-    if let Ok(entries) = std::fs::read_dir(root) {
-        for e in entries.flatten() {
-            let p = e.path().join(rel);
-            if p.is_dir() {
-                found.push(p);
-            }
-        }
-    }
-    found
-}

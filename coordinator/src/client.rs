@@ -31,17 +31,13 @@ use lazaret_runtime::ExitStatus;
 use crate::context::{load_config, require_root, Context, ContextError};
 use crate::daemon::{EXIT_BUSY, LOG_NAME, SOCKET_NAME};
 use crate::identity::Developer;
-use crate::launch::{random_hex, LaunchError, RunRequest};
+use crate::launch::{random_hex, sys, LaunchError, RunRequest};
 
 /// How long `lazaret run` waits for a coordinator to publish its socket.
 const START_LIMIT: Duration = Duration::from_secs(120);
 /// How long a client waits for a Domain to finish going down.
 const DOWN_LIMIT: Duration = Duration::from_secs(60);
 
-fn sys(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
-    let context = context.into();
-    move |source| LaunchError::Sys { context, source }
-}
 
 /// `lazaret run`: join the Domain (starting its coordinator if needed),
 /// serve the session, and return the agent's exit status.

@@ -44,11 +44,11 @@ use lazaret_protocol::journal::Event;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, DomainStatus, FrameError, RateLimit, WIRE_VERSION};
 use lazaret_runtime::signals::Signals;
 use lazaret_runtime::terminal::{set_window_size, WindowSize};
-use lazaret_runtime::{pidns, reaper, NetworkMode, Runsc, RunscOptions};
+use lazaret_runtime::{pidns, NetworkMode, Runsc, RunscOptions};
 
 use crate::context::Context;
 use crate::journal::DomainJournal;
-use crate::launch::{random_hex, LaunchError, LAZARET_FAILED};
+use crate::launch::{random_hex, sys, LaunchError, LAZARET_FAILED};
 use crate::lock::{DomainLock, LockError};
 use crate::trust::TrustAnchor;
 use crate::{cgroup, filesystem, network};
@@ -552,10 +552,6 @@ fn model_refused(e: crate::journal::JournalError) -> LaunchError {
     LaunchError::Sys { context: "the protocol model refused a start-up step".into(), source: std::io::Error::other(e.to_string()) }
 }
 
-fn sys(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
-    let context = context.into();
-    move |source| LaunchError::Sys { context, source }
-}
 
 /// Binds the Domain's socket: mode 0600, owned by the developer.
 fn publish(path: &Path, developer_uid: u32) -> std::io::Result<UnixListener> {
@@ -869,7 +865,7 @@ fn debug_report(d: &Domain) -> String {
     use std::fmt::Write as _;
     let _ = writeln!(out, "domain {} (profile {}, workspace {})", d.ctx.domain_id, d.ctx.profile.name, d.ctx.workspace.root().display());
     let _ = writeln!(out, "sandbox container {}", d.container);
-    match reaper::read_pid_file(&d.run_dir.join("sandbox.pid")) {
+    match lazaret_runtime::runsc::read_pid_file(&d.run_dir.join("sandbox.pid")) {
         Ok(pid) => {
             let _ = writeln!(out, "sandbox process: PID {pid} (in the coordinator's PID namespace)");
             for ns in ["pid", "net", "mnt", "ipc", "uts", "cgroup", "user"] {

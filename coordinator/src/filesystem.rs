@@ -11,11 +11,7 @@ use lazaret_oci::bundle::BindMount;
 use lazaret_oci::ImageRecord;
 
 use crate::context::{Context, ContextError};
-use crate::launch::LaunchError;
-
-fn io(path: &Path) -> impl FnOnce(std::io::Error) -> LaunchError + '_ {
-    move |source| LaunchError::Sys { context: format!("creating {}", path.display()), source }
-}
+use crate::launch::{sys, LaunchError};
 
 fn oci_bind(b: &plan::BindMount) -> BindMount {
     BindMount { source: b.source.clone(), destination: b.destination.clone(), readonly: b.readonly }
@@ -43,7 +39,7 @@ pub fn assemble(
         eprintln!("lazaret: warning: {w}");
     }
     let anchor_dir = run_dir.join("anchor");
-    std::fs::create_dir(&anchor_dir).map_err(io(&anchor_dir))?;
+    std::fs::create_dir(&anchor_dir).map_err(sys(format!("creating {}", anchor_dir.display())))?;
     let anchor_binds = anchor::mount_anchor(&anchor_plan, &image.rootfs, &anchor_dir)?;
     mounted.extend(anchor_binds.iter().map(|b| b.source.clone()));
 
@@ -67,7 +63,7 @@ pub fn assemble(
     let protected = [ctx.config.storage_root.clone(), ctx.paths.runtime_dir.clone()];
     volumes::validate_volumes(&vols, &ctx.config.file, &sentry_host, &sentry_sandbox, &protected)?;
     let staging = run_dir.join("staging");
-    std::fs::create_dir(&staging).map_err(io(&staging))?;
+    std::fs::create_dir(&staging).map_err(sys(format!("creating {}", staging.display())))?;
     let assembled = plan::assemble(&workspace_plan, &staging)?;
     mounted.extend(assembled.staged.iter().cloned());
 

@@ -51,9 +51,6 @@ pub enum LaunchError {
     /// runsc failed.
     #[error(transparent)]
     Runsc(#[from] lazaret_runtime::RunscError),
-    /// The sandbox's PID namespace could not be created.
-    #[error(transparent)]
-    PidNamespace(#[from] lazaret_runtime::pidns::PidNsError),
     /// A system call failed.
     #[error("{context}: {source}")]
     Sys {
@@ -71,6 +68,12 @@ pub enum LaunchError {
     /// A message to or from the coordinator could not be exchanged.
     #[error("talking to the Domain's coordinator: {0}")]
     Wire(#[from] lazaret_protocol::wire::FrameError),
+}
+
+/// Maps an I/O error to [`LaunchError::Sys`] with what was being done.
+pub(crate) fn sys(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> LaunchError {
+    let context = context.into();
+    move |source| LaunchError::Sys { context, source }
 }
 
 /// Exit status of `lazaret` for its own failures, distinct from the agent's.

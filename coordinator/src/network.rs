@@ -56,6 +56,14 @@ fn to_prefix(p: &IpPrefix) -> (Prefix, String) {
     (Prefix::truncating(p.network(), p.length()), p.origin.clone())
 }
 
+/// A topology error, with policy problems attributed to `profile`.
+fn for_profile(profile: &Profile, e: TopologyError) -> NetworkError {
+    match e {
+        TopologyError::Policy(source) => NetworkError::Policy { profile: profile.name.clone(), source },
+        other => NetworkError::Topology(other),
+    }
+}
+
 /// The policy input of a profile: its allow/deny prefixes, its resolvers
 /// (configured, else the host's resolv.conf) and its IPv6 choice.
 pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, NetworkError> {
@@ -96,10 +104,7 @@ pub fn preview(config: &Config, profile: &Profile) -> Result<CompiledPolicy, Net
     let input = policy_input(config, profile)?;
     let host = Netns::of_current_thread()?;
     let topo = topology_config(&config.storage_root, &host)?;
-    topology::host_policy(&host, &topo, &input).map_err(|e| match e {
-        TopologyError::Policy(source) => NetworkError::Policy { profile: profile.name.clone(), source },
-        other => NetworkError::Topology(other),
-    })
+    topology::host_policy(&host, &topo, &input).map_err(|e| for_profile(profile, e))
 }
 
 /// Brings up the Domain's sidecar network after removing what a crashed
@@ -122,10 +127,7 @@ pub fn bring_up(config: &Config, profile: &Profile, record: &Path) -> Result<Dom
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(source) => return Err(NetworkError::Record { path: record.to_path_buf(), source }),
     }
-    let network = DomainNetwork::create(&host, &topo, &input).map_err(|e| match e {
-        TopologyError::Policy(source) => NetworkError::Policy { profile: profile.name.clone(), source },
-        other => NetworkError::Topology(other),
-    })?;
+    let network = DomainNetwork::create(&host, &topo, &input).map_err(|e| for_profile(profile, e))?;
     std::fs::write(record, format!("{}\n", network.sidecar_id())).map_err(|source| NetworkError::Record { path: record.to_path_buf(), source })?;
     Ok(network)
 }

@@ -557,30 +557,7 @@ impl Machine {
             }
         };
         // Every action concerns the entry's Domain.
-        let concerned = match action {
-            Action::AcquireDomainLock(s)
-            | Action::ConnectSession(s)
-            | Action::RegisterSession(s)
-            | Action::RejectSession(s)
-            | Action::DisconnectSession(s)
-            | Action::EvictSession(s)
-            | Action::AbandonLaunch(s) => self.config.sessions[s.0].domain,
-            Action::VerifyRequest(r)
-            | Action::AutoApprove(r)
-            | Action::PromptDeveloper(r)
-            | Action::DeveloperApprove(r)
-            | Action::DeveloperEditApprove(r, _)
-            | Action::DeveloperDeny(r)
-            | Action::StartHostExecution(r)
-            | Action::CompleteHostExecution(r)
-            | Action::TimeoutRequest(r)
-            | Action::CancelRequest(r)
-            | Action::FailHostExecution(r)
-            | Action::DeliverResult(r) => {
-                self.config.sessions[self.config.requests[r.0].session.0].domain
-            }
-            _ => d,
-        };
+        let concerned = self.config.action_domain(&action);
         if concerned != d {
             return Err(TransitionError::Inconsistent {
                 event,

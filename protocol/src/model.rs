@@ -227,6 +227,45 @@ impl Config {
         self.sessions[s.0].domain
     }
 
+    /// The Domain an action concerns: its own, its session's, or its
+    /// request's session's. Exhaustive, so a new action must say which.
+    pub fn action_domain(&self, action: &Action) -> DomainId {
+        match *action {
+            Action::MountStateAnchor(d)
+            | Action::CreateTrustAnchor(d)
+            | Action::StartSidecar(d)
+            | Action::StartSandbox(d)
+            | Action::AbortUnsafeStart(d)
+            | Action::PublishDomain(d)
+            | Action::FailDomain(d)
+            | Action::BeginTeardown(d)
+            | Action::StopSandbox(d)
+            | Action::StopSidecar(d)
+            | Action::DestroyTrustAnchor(d)
+            | Action::UnmountStateAnchor(d)
+            | Action::ReleaseDomainLock(d) => d,
+            Action::AcquireDomainLock(s)
+            | Action::ConnectSession(s)
+            | Action::RegisterSession(s)
+            | Action::RejectSession(s)
+            | Action::DisconnectSession(s)
+            | Action::EvictSession(s)
+            | Action::AbandonLaunch(s) => self.session_domain(s),
+            Action::VerifyRequest(r)
+            | Action::AutoApprove(r)
+            | Action::PromptDeveloper(r)
+            | Action::DeveloperApprove(r)
+            | Action::DeveloperEditApprove(r, _)
+            | Action::DeveloperDeny(r)
+            | Action::StartHostExecution(r)
+            | Action::CompleteHostExecution(r)
+            | Action::TimeoutRequest(r)
+            | Action::CancelRequest(r)
+            | Action::FailHostExecution(r)
+            | Action::DeliverResult(r) => self.session_domain(self.request_session(r)),
+        }
+    }
+
     fn request_session(&self, r: RequestId) -> SessionId {
         self.requests[r.0].session
     }

@@ -13,7 +13,6 @@
 
 pub mod fdpass;
 pub mod pidns;
-pub mod reaper;
 pub mod runsc;
 pub mod signals;
 mod sys;

@@ -516,6 +516,20 @@ fn tail(s: &str) -> String {
     lines[start..].join("\n")
 }
 
+/// Reads a host PID written by `runsc --pid-file` (a PID of the caller's
+/// PID namespace; 0 and 1 are refused).
+pub fn read_pid_file(path: &Path) -> std::io::Result<nix::unistd::Pid> {
+    let text = std::fs::read_to_string(path)?;
+    let pid: i32 = text
+        .trim()
+        .parse()
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} holds no PID: {text:?}", path.display())))?;
+    if pid <= 1 {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{} holds PID {pid}", path.display())));
+    }
+    Ok(nix::unistd::Pid::from_raw(pid))
+}
+
 /// The running kernel's major version, for [`RunscInfo::needs_netns_workaround`].
 pub fn kernel_major() -> u32 {
     nix::sys::utsname::uname()

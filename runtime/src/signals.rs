@@ -39,10 +39,7 @@ impl Signals {
 
     /// Returns the next pending signal, if any, without waiting.
     pub fn next_pending(&mut self) -> Option<Signal> {
-        match self.fd.read_signal() {
-            Ok(Some(info)) => Signal::try_from(info.ssi_signo as i32).ok(),
-            _ => None,
-        }
+        self.next_pending_with_origin().map(|(s, _)| s)
     }
 
     /// Waits for the next signal and returns it with whether another process
@@ -51,13 +48,7 @@ impl Signals {
     pub fn wait_next(&mut self) -> Option<(Signal, bool)> {
         let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
         let _ = poll(&mut fds, PollTimeout::NONE);
-        match self.fd.read_signal() {
-            Ok(Some(info)) => {
-                let from_process = matches!(info.ssi_code, libc::SI_USER | libc::SI_QUEUE | libc::SI_TKILL);
-                Signal::try_from(info.ssi_signo as i32).ok().map(|s| (s, from_process))
-            }
-            _ => None,
-        }
+        self.next_pending_with_origin()
     }
 
     /// Returns the next pending signal with whether another process sent
