@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use lazaret_netpolicy::policy::{PolicyInput, parse_prefixes};
 use lazaret_netpolicy::topology::{DomainNetwork, TopologyConfig};
+use rtnetlink::LinkVeth;
 
 const RUNS: usize = 20;
 
@@ -36,10 +37,32 @@ fn main() {
         domain.teardown().unwrap_or_else(|e| panic!("run {run}: teardown: {e}"));
         teardowns.push(start.elapsed());
     }
+    // The kernel's floor for a teardown: deleting one veth pair (its RCU
+    // barrier dominates), measured the same way in the same namespace.
+    let mut veth_deletes = Vec::with_capacity(RUNS);
+    for run in 0..RUNS {
+        let elapsed = net
+            .host
+            .netlink(async |handle| {
+                handle.link().add(LinkVeth::new("lzbench0", "lzbench1").build()).execute().await.map_err(support::nl("veth"))?;
+                let index = support::link_index_sync(&support::links(&handle).await?, "lzbench0");
+                let start = Instant::now();
+                handle.link().del(index).execute().await.map_err(support::nl("delete veth"))?;
+                Ok(start.elapsed())
+            })
+            .unwrap_or_else(|e| panic!("run {run}: veth floor: {e}"));
+        veth_deletes.push(elapsed);
+    }
     builds.sort();
     teardowns.sort();
+    veth_deletes.sort();
     let rules = lazaret_netpolicy::policy::compile(&input).map(|p| p.rules().len()).unwrap_or(0);
     println!("Domain topology, {RUNS} runs, policy of ~{rules} rules (+ host/transit/pool rules), includes read-back verification:");
     println!("  build    median {:>8.2?}  p90 {:>8.2?}", percentile(&builds, 0.5), percentile(&builds, 0.9));
     println!("  teardown median {:>8.2?}  p90 {:>8.2?}", percentile(&teardowns, 0.5), percentile(&teardowns, 0.9));
+    println!(
+        "  (kernel floor: deleting one veth pair, median {:>8.2?}  p90 {:>8.2?})",
+        percentile(&veth_deletes, 0.5),
+        percentile(&veth_deletes, 0.9)
+    );
 }

@@ -41,7 +41,7 @@ use std::str::FromStr;
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::AddressFamily;
 use rtnetlink::packet_route::address::AddressAttribute;
-use rtnetlink::packet_route::link::LinkAttribute;
+use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
 use rtnetlink::packet_route::IpProtocol;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
@@ -404,20 +404,17 @@ async fn link_up(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
     Ok(index)
 }
 
+/// Creates the veth pair `name`/`peer` with `peer` born directly in the
+/// namespace `peer_netns`: moving an existing interface between namespaces
+/// costs an RCU grace period (~35 ms here), creating it there costs ~2 ms.
 async fn add_veth(handle: &Handle, name: &str, peer: &str, peer_netns: i32) -> Result<(), TopologyError> {
+    let peer_message = LinkUnspec::new_with_name(peer).setns_by_fd(peer_netns).build();
     handle
         .link()
-        .add(LinkVeth::new(name, peer).build())
+        .add(LinkVeth::new(name, peer).set_info_data(InfoData::Veth(InfoVeth::Peer(peer_message))).build())
         .execute()
         .await
-        .map_err(netlink_error(format!("create veth {name}/{peer}")))?;
-    let peer_index = link_index(handle, peer).await?;
-    handle
-        .link()
-        .set(LinkUnspec::new_with_index(peer_index).setns_by_fd(peer_netns).build())
-        .execute()
-        .await
-        .map_err(netlink_error(format!("move {peer} to its namespace")))
+        .map_err(netlink_error(format!("create veth {name}/{peer}")))
 }
 
 async fn add_address(handle: &Handle, index: u32, name: &str, address: Ipv4Addr, len: u8) -> Result<(), TopologyError> {
@@ -684,11 +681,18 @@ impl DomainNetwork {
 
         let policy = compile(&complete_input(&view, pool, input, Some(addresses.host_uplink)))?;
 
+        // Each new namespace takes a few ms of kernel set-up: make both at once.
+        let (sidecar, sandbox) = std::thread::scope(|scope| {
+            let sidecar = scope.spawn(Netns::create);
+            let sandbox = Netns::create();
+            (netns::thread_result(sidecar.join()), sandbox)
+        });
+        let (sidecar, sandbox) = (sidecar?, sandbox?);
         let network = DomainNetwork {
             id: SidecarId::random()?,
             host: host.try_clone()?,
-            sidecar: Some(Netns::create()?),
-            sandbox: Some(Netns::create()?),
+            sidecar: Some(sidecar),
+            sandbox: Some(sandbox),
             addresses,
             policy,
             state_file: config.forwarding_state_file.clone(),
@@ -925,20 +929,26 @@ impl DomainNetwork {
     fn teardown_inner(&mut self) -> Result<(), TopologyError> {
         let id = self.id;
         let host_link = self.id.host_link_name();
-        let state_file = self.state_file.clone();
-        let result = self.host.netlink(async move |handle| {
-            let found = net_view_links(&handle).await?.into_iter().find(|(_, name)| *name == host_link);
-            let nat_result = nat::remove(id);
-            if let Some((index, _)) = found {
-                handle.link().del(index).execute().await.map_err(netlink_error(format!("delete {host_link}")))?;
-            }
-            nat_result?;
-            restore_forwarding_if_unused(&state_file)
+        let host = &self.host;
+        // Deleting a veth and deleting an nftables table each wait for the
+        // kernel (RCU grace periods) and do not depend on each other: do both at once.
+        let (link_result, nat_result) = std::thread::scope(|scope| {
+            let nat = scope.spawn(|| host.run(|| nat::remove(id)));
+            let link = host.netlink(async move |handle| {
+                let found = net_view_links(&handle).await?.into_iter().find(|(_, name)| *name == host_link);
+                if let Some((index, _)) = found {
+                    handle.link().del(index).execute().await.map_err(netlink_error(format!("delete {host_link}")))?;
+                }
+                Ok(())
+            });
+            (link, netns::thread_result(nat.join()))
         });
+        let state_file = self.state_file.clone();
+        let restore_result = link_result.and(nat_result).and_then(|()| host.run(|| restore_forwarding_if_unused(&state_file)));
         // The namespaces go away with their last descriptor (and process).
         self.sidecar = None;
         self.sandbox = None;
-        result
+        restore_result
     }
 }
 

@@ -33,22 +33,46 @@ fn c_name(text: String) -> Result<CString, TopologyError> {
     CString::new(text).map_err(|_| TopologyError::BadInterfaceName("nft name with NUL".into()))
 }
 
+/// Sends one batch and waits for the kernel's acknowledgements.
+///
+/// Once acknowledged the batch is committed, but closing an nftables socket
+/// after a deletion waits for the kernel to free the deleted objects (an RCU
+/// grace period, 5-35 ms here) that nothing needs to wait for. So the socket
+/// lives on a helper thread (created on the calling thread, hence in its
+/// network namespace) that reports the result first and closes afterwards.
 fn send(batch: &FinalizedBatch) -> io::Result<()> {
-    let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
-    let portid = socket.portid();
-    socket.send_all(batch)?;
-    let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
-    let mut expected = batch.sequence_numbers();
-    while !expected.is_empty() {
-        for message in socket.recv(&mut buffer[..])? {
-            let message = message?;
-            let Some(sequence) = expected.next() else {
-                return Err(io::Error::other("unexpected nftables acknowledgement"));
-            };
-            mnl::cb_run(message, sequence, portid)?;
+    let messages: Vec<Vec<u8>> = batch.iter().map(<[u8]>::to_vec).collect();
+    let sequences = batch.sequence_numbers();
+    let (report, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let exchange = || -> io::Result<mnl::Socket> {
+            let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
+            let portid = socket.portid();
+            socket.send_all(messages.iter().map(Vec::as_slice))?;
+            let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
+            let mut expected = sequences;
+            while !expected.is_empty() {
+                for message in socket.recv(&mut buffer[..])? {
+                    let message = message?;
+                    let Some(sequence) = expected.next() else {
+                        return Err(io::Error::other("unexpected nftables acknowledgement"));
+                    };
+                    mnl::cb_run(message, sequence, portid)?;
+                }
+            }
+            Ok(socket)
+        };
+        match exchange() {
+            Ok(socket) => {
+                let _ = report.send(Ok(()));
+                drop(socket);
+            }
+            Err(error) => {
+                let _ = report.send(Err(error));
+            }
         }
-    }
-    Ok(())
+    });
+    result.recv().map_err(|_| io::Error::other("nftables worker thread panicked"))?
 }
 
 /// Installs `ip saddr <sandbox> masquerade` for one Domain in table

@@ -21,7 +21,7 @@ pub struct Netns {
     fd: OwnedFd,
 }
 
-fn thread_result<R>(joined: std::thread::Result<Result<R, TopologyError>>) -> Result<R, TopologyError> {
+pub(super) fn thread_result<R>(joined: std::thread::Result<Result<R, TopologyError>>) -> Result<R, TopologyError> {
     joined.map_err(|_| TopologyError::ThreadPanicked)?
 }
 
