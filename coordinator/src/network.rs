@@ -31,12 +31,6 @@ pub enum NetworkError {
         /// Why.
         source: lazaret_netpolicy::DnsError,
     },
-    /// IPv6 was asked for; the sidecar cannot police it yet.
-    #[error("profile {profile:?} sets `ipv6 = true`, but Lazaret's sidecar cannot police IPv6 yet\n  hint: remove `ipv6 = true` (IPv6 is then disabled for the Domain: no IPv6 packet leaves the sandbox)")]
-    Ipv6Unsupported {
-        /// The profile.
-        profile: String,
-    },
     /// Building, verifying or removing the topology failed.
     #[error("sidecar network: {0}")]
     Topology(#[from] TopologyError),
@@ -64,19 +58,29 @@ fn for_profile(profile: &Profile, e: TopologyError) -> NetworkError {
     }
 }
 
+/// Whether IPv6 is on for a profile that does not say: only where the host
+/// has a global IPv6 route and can forward IPv6 for one interface (or is an
+/// IPv6 router already), so the default never fails to start.
+fn ipv6_default() -> Result<bool, NetworkError> {
+    let host = Netns::of_current_thread()?;
+    Ok(topology::host_has_global_ipv6_route(&host)? && topology::host_can_forward_ipv6(&host)?)
+}
+
 /// The policy input of a profile: its allow/deny prefixes, its resolvers
-/// (configured, else the host's resolv.conf) and its IPv6 choice.
+/// (configured, else the host's resolv.conf) and its IPv6 choice (`ipv6`,
+/// else [`ipv6_default`]).
 pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, NetworkError> {
-    if profile.ipv6 == Some(true) {
-        return Err(NetworkError::Ipv6Unsupported { profile: profile.name.clone() });
-    }
+    let ipv6 = match profile.ipv6 {
+        Some(ipv6) => ipv6,
+        None => ipv6_default()?,
+    };
     let configured = profile.effective_dns(config);
     let dns: Vec<IpAddr> = if configured.is_empty() {
         lazaret_netpolicy::dns::host_resolvers()
             .map_err(|source| NetworkError::Dns { profile: profile.name.clone(), source })?
             .into_iter()
-            // IPv6 is disabled for the Domain, so an IPv6 resolver is unusable.
-            .filter(IpAddr::is_ipv4)
+            // With IPv6 disabled for the Domain an IPv6 resolver is unusable.
+            .filter(|resolver| ipv6 || resolver.is_ipv4())
             .collect()
     } else {
         configured.to_vec()
@@ -85,7 +89,7 @@ pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, N
         allow: profile.allow_egress.iter().map(to_prefix).collect(),
         deny: profile.deny_egress.iter().map(to_prefix).collect(),
         dns,
-        ipv6: false,
+        ipv6,
         ..PolicyInput::default()
     })
 }

@@ -8,7 +8,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use lazaret_netpolicy::policy::{Action, PolicyInput, RuleOrigin, parse_prefixes};
 use lazaret_netpolicy::topology::{
-    DomainNetwork, SidecarId, TopologyConfig, TopologyError, host_policy, nat_tables, remove_stale,
+    DomainNetwork, SidecarId, TopologyConfig, TopologyError, host_can_forward_ipv6, host_has_global_ipv6_route, host_policy,
+    nat_tables, remove_stale,
 };
 use rtnetlink::{LinkVeth, RouteMessageBuilder};
 use support::*;
@@ -36,11 +37,11 @@ fn policy_is_enforced_from_the_sandbox() {
         (PUBLIC, Reach::Connected, "public address"),
         (ALLOWED_PRIVATE, Reach::Connected, "explicitly allowed part of 10/8"),
         (RESOLVER, Reach::Connected, "DNS resolver inside 10/8"),
-        (PRIVATE_10, Reach::HostUnreachable, "RFC 1918 10/8"),
-        (PRIVATE_172, Reach::HostUnreachable, "RFC 1918 172.16/12"),
-        (METADATA, Reach::HostUnreachable, "link-local metadata"),
-        (HOST_WAN, Reach::HostUnreachable, "host address"),
-        (transit, Reach::HostUnreachable, "host end of the Domain uplink"),
+        (PRIVATE_10, Reach::Unreachable, "RFC 1918 10/8"),
+        (PRIVATE_172, Reach::Unreachable, "RFC 1918 172.16/12"),
+        (METADATA, Reach::Unreachable, "link-local metadata"),
+        (HOST_WAN, Reach::Unreachable, "host address"),
+        (transit, Reach::Unreachable, "host end of the Domain uplink"),
     ];
     let preview = host_policy(&net.host, &TopologyConfig::new(net.state_file()), &input()).expect("host policy");
     for (address, expected, what) in cases {
@@ -81,7 +82,7 @@ fn teardown_leaves_nothing_and_restores_forwarding() {
     assert_eq!(connect_from(first.sandbox_netns().expect("ns"), PUBLIC), Reach::Connected);
     assert_eq!(connect_from(second.sandbox_netns().expect("ns"), PUBLIC), Reach::Connected);
     // One Domain cannot reach the other's addresses.
-    assert_eq!(connect_from(first.sandbox_netns().expect("ns"), second.addresses().sandbox), Reach::HostUnreachable);
+    assert_eq!(connect_from(first.sandbox_netns().expect("ns"), second.addresses().sandbox), Reach::Unreachable);
 
     let second_link = second.sidecar_id().host_link_name();
     first.teardown().expect("teardown first");
@@ -123,7 +124,7 @@ fn root_in_the_sandbox_gains_nothing_by_rerouting() {
             handle.route().add(route).execute().await.map_err(nl("sandbox route"))
         })
         .expect("tamper with sandbox routes");
-    assert_eq!(connect_from(sandbox, PRIVATE_10), Reach::HostUnreachable);
+    assert_eq!(connect_from(sandbox, PRIVATE_10), Reach::Unreachable);
     match domain.verify_installed() {
         Err(TopologyError::Mismatch { differences }) => {
             assert!(differences.iter().any(|d| d.contains("unexpected sandbox route 10.1.1.1/32")), "{differences:?}")
@@ -172,7 +173,7 @@ fn stale_uplinks_are_found_by_id_and_removed() {
         })
         .expect("create stale uplink");
     // A crash also leaves the host's NAT table behind (the namespaces die, nftables state does not).
-    net.host.run(move || lazaret_netpolicy::topology::nat::install(stale, Ipv4Addr::new(100, 96, 0, 0))).expect("stale NAT table");
+    net.host.run(move || lazaret_netpolicy::topology::nat::install(stale, Ipv4Addr::new(100, 96, 0, 0), None)).expect("stale NAT table");
     let domain = build(&net);
     assert_eq!(domain.addresses().slot.to_string(), "100.96.0.4/30", "slot 0 is taken by the leftover");
 
@@ -225,23 +226,113 @@ fn pool_colliding_with_a_host_route_is_refused() {
 }
 
 #[test]
-fn ipv6_enabled_domains_are_refused_not_half_policed() {
-    let net = FakeInternet::new();
-    // The fake host has no IPv6 route, so the config default would be ipv6 = false.
-    assert!(!lazaret_netpolicy::topology::host_has_global_ipv6_route(&net.host).expect("route dump"));
-    net.host
-        .netlink(async |handle| {
-            let wan = link_index_sync(&links(&handle).await?, "wan0");
-            let route = RouteMessageBuilder::<std::net::Ipv6Addr>::new()
-                .gateway("fe80::2".parse().expect("address"))
-                .output_interface(wan)
-                .build();
-            handle.route().add(route).execute().await.map_err(nl("IPv6 default route"))
-        })
-        .expect("add IPv6 default route");
-    assert!(lazaret_netpolicy::topology::host_has_global_ipv6_route(&net.host).expect("route dump"));
+fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
+    let plain = FakeInternet::new();
+    assert!(!host_has_global_ipv6_route(&plain.host).expect("route dump"), "no IPv6 route: the config default is ipv6 = false");
+    drop(plain);
+
+    let net = FakeInternet::with_ipv6();
+    assert!(host_has_global_ipv6_route(&net.host).expect("route dump"));
+    assert!(
+        host_can_forward_ipv6(&net.host).expect("sysctl"),
+        "this kernel has no net.ipv6.conf.*.force_forwarding (Linux 6.17+), which IPv6-enabled Domains need on a host that is not an IPv6 router"
+    );
+    let before = net.host_snapshot();
     let mut policy = input();
     policy.ipv6 = true;
-    let error = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect_err("refused");
-    assert!(matches!(error, TopologyError::Ipv6NotSupported), "{error}");
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy)
+        .unwrap_or_else(|error| panic!("building the IPv6-enabled Domain network failed: {error}"));
+    let v6 = domain.addresses().v6;
+    let sandbox = domain.sandbox_netns().expect("ns");
+    for (what, address, expected) in [
+        ("public IPv6 server", IpAddr::V6(PUBLIC6), Reach::Connected),
+        ("public IPv4 server", IpAddr::V4(PUBLIC), Reach::Connected),
+        ("ULA server", IpAddr::V6(ULA6), Reach::Unreachable),
+        ("the host's own IPv6 address", IpAddr::V6(HOST_WAN6), Reach::Unreachable),
+        ("the host end of the uplink", IpAddr::V6(v6.host_uplink), Reach::Unreachable),
+        ("the sidecar's uplink address", IpAddr::V6(v6.sidecar_uplink), Reach::Unreachable),
+        ("the sandbox's own gateway address", IpAddr::V6(v6.sidecar_inner), Reach::Unreachable),
+    ] {
+        assert_eq!(connect_from(sandbox, address), expected, "{what} ({address})");
+    }
+    // Link-local: the only link-local peer the sandbox has is the sidecar's
+    // end of their link, and the self-guard keeps it out of reach.
+    let sidecar_link_local = domain
+        .sidecar_netns()
+        .expect("ns")
+        .netlink(async |handle| {
+            let lzs0 = link_index_sync(&links(&handle).await?, "lzs0");
+            let mut addresses = handle.address().get().set_link_index_filter(lzs0).execute();
+            let mut found = None;
+            while let Some(message) = futures_util::TryStreamExt::try_next(&mut addresses).await.map_err(nl("address dump"))? {
+                for attribute in &message.attributes {
+                    if let rtnetlink::packet_route::address::AddressAttribute::Address(IpAddr::V6(address)) = attribute {
+                        if address.is_unicast_link_local() {
+                            found = Some(*address);
+                        }
+                    }
+                }
+            }
+            Ok(found)
+        })
+        .expect("sidecar addresses")
+        .expect("the sidecar's lzs0 has a link-local address (neighbour discovery needs one)");
+    let eth0 = sandbox.netlink(async |handle| Ok(link_index_sync(&links(&handle).await?, "eth0"))).expect("eth0 index");
+    let link_local_outcome = sandbox
+        .run(move || {
+            let target = std::net::SocketAddrV6::new(sidecar_link_local, PORT, 0, eth0);
+            Ok(std::net::TcpStream::connect_timeout(&target.into(), std::time::Duration::from_secs(5)).map(|_| ()).map_err(|e| e.raw_os_error()))
+        })
+        .expect("link-local connect");
+    let refused = [nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ENETUNREACH].map(|errno| Err(Some(errno as i32)));
+    assert!(refused.contains(&link_local_outcome), "the sidecar's link-local address {sidecar_link_local}: {link_local_outcome:?}");
+    // NAT66: the world saw the sandbox as the host's IPv6 address.
+    assert_eq!(net.world_peers6(), vec![IpAddr::V6(HOST_WAN6)]);
+    // Forwarding through the host is per interface; the host is not made an IPv6 router.
+    assert_eq!(net.host_sysctl("/proc/sys/net/ipv6/conf/all/forwarding"), "0");
+    assert_eq!(net.host_sysctl("/proc/sys/net/ipv6/conf/wan0/force_forwarding"), "1");
+    assert_eq!(net.host_sysctl("/proc/sys/net/ipv6/conf/wan0/forwarding"), "0", "wan0 still takes router advertisements");
+
+    // A forged IPv6 source gets nowhere: root inside adds an address the
+    // sidecar does not know and connects from it.
+    let spoofed: std::net::Ipv6Addr = "2001:db8:dead::1".parse().expect("address");
+    sandbox
+        .netlink(async move |handle| {
+            let eth0 = link_index_sync(&links(&handle).await?, "eth0");
+            add_nodad(&handle, eth0, IpAddr::V6(spoofed), 128).await
+        })
+        .expect("add the spoofed address");
+    let outcome = sandbox.run(move || Ok(connect_from_source(spoofed, PUBLIC6))).expect("spoofed connect");
+    assert_eq!(outcome, "timed out", "a spoofed source must be dropped silently");
+    assert_eq!(net.world_peers6(), Vec::<IpAddr>::new(), "nothing from a spoofed source reached the world");
+
+    domain.teardown().expect("teardown");
+    assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![]);
+    assert_eq!(net.host_snapshot(), before, "the test host is exactly as before");
+    assert_eq!(net.host_sysctl("/proc/sys/net/ipv6/conf/wan0/force_forwarding"), "0", "restored after the last Domain");
+    assert!(!net.state_file().exists());
+}
+
+/// An IPv6 TCP connect from `source` (an address of the calling thread's
+/// namespace) to `target`, given 1.5 s: "connected", "timed out" or the error.
+fn connect_from_source(source: std::net::Ipv6Addr, target: std::net::Ipv6Addr) -> String {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn6, bind, connect, getsockopt, socket, sockopt};
+    use std::net::SocketAddrV6;
+    use std::os::fd::{AsFd, AsRawFd};
+    let socket = socket(AddressFamily::Inet6, SockType::Stream, SockFlag::SOCK_NONBLOCK, None).expect("socket");
+    bind(socket.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(source, 0, 0, 0))).expect("bind");
+    match connect(socket.as_raw_fd(), &SockaddrIn6::from(SocketAddrV6::new(target, PORT, 0, 0))) {
+        Ok(()) => return "connected".into(),
+        Err(nix::errno::Errno::EINPROGRESS) => {}
+        Err(errno) => return errno.desc().to_string(),
+    }
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::from(1500u16)).expect("poll") {
+        0 => "timed out".into(),
+        _ => match getsockopt(&socket, sockopt::SocketError).expect("SO_ERROR") {
+            0 => "connected".into(),
+            errno => nix::errno::Errno::from_raw(errno).desc().to_string(),
+        },
+    }
 }

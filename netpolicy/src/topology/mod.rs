@@ -7,14 +7,22 @@
 //! ```
 //!
 //! * Each Domain takes one /30 of the Lazaret pool: `S`,`G` (sandbox link) and
-//!   `Us`,`Uh` (uplink). The pool is checked against the host's routes.
+//!   `Us`,`Uh` (uplink). The pool is checked against the host's routes. An
+//!   IPv6-enabled Domain also gets the same four addresses in the IPv6 pool
+//!   (a ULA /96 with the IPv4 address as its last 32 bits), as two /127 links.
 //! * The sidecar's main table (254) holds one route per policy rule: allowed
 //!   prefixes via `Uh` out of `lzup0` (`onlink`, because `Uh/32` itself is
 //!   denied), denied prefixes as `unreachable` routes. IPv4 forwarding is on in
-//!   the sidecar, IPv6 forwarding off, and IPv6 is always `::/0 unreachable`
-//!   (the IPv6-enabled topology is not implemented: [`TopologyError::Ipv6NotSupported`]).
-//!   The sidecar's ICMP rate limit is off, so every denied connection fails
+//!   the sidecar. IPv6 is either policed the same way (forwarding on), or
+//!   disabled: forwarding off and `::/0 unreachable`.
+//!   The sidecar's ICMP rate limits are off, so every denied connection fails
 //!   at once with "No route to host" rather than timing out.
+//! * Spoofed sources: IPv4 has a strict `rp_filter` on `lzs0`; IPv6 has no
+//!   such switch, so a rule blackholes every packet from the sandbox whose
+//!   source is not the sandbox's address (link-local sources, which the
+//!   kernel never forwards, stay allowed for neighbour discovery).
+//! * The sidecar's interfaces have no IPv6 link-local addresses and accept
+//!   no router advertisements or redirects.
 //! * The sandbox's only routes are its link route and `default via G`; whatever
 //!   root inside does to its own netstack, packets still cross the sidecar.
 //! * Sidecar and sandbox namespaces are held only by descriptors in
@@ -23,9 +31,11 @@
 //!   crashed run can be found by [`remove_stale`].
 //! * Host side: forwarding is enabled on `lzh<ID>` and on the host interfaces
 //!   that carry routes for allowed prefixes; their original values are kept in
-//!   the state file and restored when the last Lazaret uplink is gone.
-//! * Host side, source NAT: one nftables table per Domain (`ip lazaret-<ID>`,
-//!   see [`nat`]) masquerades the sandbox's address on the way out.
+//!   the state file and restored when the last Lazaret uplink is gone. For
+//!   IPv6 that is the per-interface `force_forwarding` (Linux 6.17+); the
+//!   host's global IPv6 forwarding is never changed (see `forwarding`).
+//! * Host side, source NAT: one nftables table per Domain (`inet lazaret-<ID>`,
+//!   see [`nat`]) masquerades the sandbox's addresses on the way out.
 
 mod forwarding;
 pub mod nat;
@@ -33,21 +43,23 @@ pub mod netns;
 
 use std::fmt;
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::AddressFamily;
-use rtnetlink::packet_route::address::AddressAttribute;
+use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
 use rtnetlink::packet_route::IpProtocol;
-use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleMessage};
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 pub use netns::Netns;
+
+use forwarding::Switch;
 
 use crate::policy::{CompiledPolicy, PolicyError, PolicyInput, PolicyRoute, RouteKind, compile};
 use crate::prefix::Prefix;
@@ -62,6 +74,9 @@ pub const SIDECAR_UPLINK: &str = "lzup0";
 pub const SANDBOX_LINK: &str = "eth0";
 /// The default Lazaret address pool.
 pub const DEFAULT_POOL: &str = "100.96.0.0/16";
+/// The default Lazaret IPv6 pool: a ULA /96 ("laz ar" in ASCII) whose last
+/// 32 bits are a Domain's IPv4 address.
+pub const DEFAULT_POOL6: &str = "fd6c:617a:6172::/96";
 const MAIN_TABLE: u32 = 254;
 
 /// Everything that can go wrong while building, checking or removing a topology.
@@ -127,9 +142,15 @@ pub enum TopologyError {
         /// The /30.
         slot: Prefix,
     },
-    /// IPv6-enabled Domains are not implemented by the topology.
-    #[error("ipv6 = true is not supported by the sidecar topology yet; set ipv6 = false for this profile")]
-    Ipv6NotSupported,
+    /// IPv6 is enabled but the host cannot forward it for one interface only.
+    #[error(
+        "IPv6 is enabled for this Domain, but the host's IPv6 forwarding is off and this kernel has no per-interface \
+         switch for it (net.ipv6.conf.*.force_forwarding, Linux 6.17 or later). Lazaret does not turn on global IPv6 \
+         forwarding: that also makes the host ignore router advertisements on every interface. Set `ipv6 = false` for \
+         this profile, or turn on net.ipv6.conf.all.forwarding yourself (with accept_ra = 2 on interfaces that rely on \
+         router advertisements)"
+    )]
+    Ipv6ForwardingUnavailable,
     /// An expected interface is missing.
     #[error("interface {0} not found")]
     LinkMissing(String),
@@ -221,6 +242,9 @@ impl FromStr for SidecarId {
 pub struct TopologyConfig {
     /// The IPv4 pool Domains take their /30s from.
     pub pool: Prefix,
+    /// The IPv6 pool (/96 or shorter) of IPv6-enabled Domains: a Domain's
+    /// IPv6 addresses are this prefix with its IPv4 addresses as the last 32 bits.
+    pub pool6: Prefix,
     /// Refuse a pool that overlaps host routes (other than Lazaret's own).
     pub check_pool_collisions: bool,
     /// Where the host's original forwarding values are recorded (a trusted,
@@ -229,10 +253,11 @@ pub struct TopologyConfig {
 }
 
 impl TopologyConfig {
-    /// The default pool (100.96.0.0/16) with collision checks on.
+    /// The default pools ([`DEFAULT_POOL`], [`DEFAULT_POOL6`]) with collision checks on.
     pub fn new(forwarding_state_file: PathBuf) -> TopologyConfig {
         TopologyConfig {
             pool: Prefix::truncating(IpAddr::V4(Ipv4Addr::new(100, 96, 0, 0)), 16),
+            pool6: Prefix::truncating(IpAddr::V6(Ipv6Addr::new(0xfd6c, 0x617a, 0x6172, 0, 0, 0, 0, 0)), 96),
             check_pool_collisions: true,
             forwarding_state_file,
         }
@@ -242,6 +267,8 @@ impl TopologyConfig {
 /// The four addresses of one Domain's /30.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DomainAddresses {
+    /// The IPv6 counterparts (used only when IPv6 is enabled for the Domain).
+    pub v6: DomainAddresses6,
     /// The /30 taken from the pool.
     pub slot: Prefix,
     /// The sandbox's address (`eth0`, /31 with `sidecar_inner`).
@@ -254,18 +281,68 @@ pub struct DomainAddresses {
     pub host_uplink: Ipv4Addr,
 }
 
+/// A Domain's IPv6 addresses: the IPv6 pool with the IPv4 addresses as the
+/// last 32 bits. Two /127 links (RFC 6164), like the IPv4 /31s.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DomainAddresses6 {
+    /// The sandbox's address.
+    pub sandbox: Ipv6Addr,
+    /// The sidecar's address towards the sandbox: the sandbox's gateway.
+    pub sidecar_inner: Ipv6Addr,
+    /// The sidecar's uplink address.
+    pub sidecar_uplink: Ipv6Addr,
+    /// The host's end of the uplink: the sidecar's gateway.
+    pub host_uplink: Ipv6Addr,
+}
+
+impl DomainAddresses6 {
+    /// The sandbox link (/127: sandbox + sidecar_inner).
+    pub fn sandbox_link(&self) -> Prefix {
+        Prefix::truncating(IpAddr::V6(self.sandbox), 127)
+    }
+
+    /// The sidecar's own IPv6 addresses, which the self-guard keeps out of
+    /// reach (its link-local ones: [`install_link_local_guard6`]).
+    fn sidecar_own(&self) -> [Prefix; 2] {
+        [Prefix::host(IpAddr::V6(self.sidecar_inner)), Prefix::host(IpAddr::V6(self.sidecar_uplink))]
+    }
+}
+
 impl DomainAddresses {
-    fn for_slot(slot: Prefix) -> Option<DomainAddresses> {
+    fn for_slot(slot: Prefix, pool6: Prefix) -> Option<DomainAddresses> {
         let nth = |i| match slot.nth(i) {
             Some(IpAddr::V4(address)) => Some(address),
             _ => None,
         };
-        Some(DomainAddresses { slot, sandbox: nth(0)?, sidecar_inner: nth(1)?, sidecar_uplink: nth(2)?, host_uplink: nth(3)? })
+        let IpAddr::V6(base) = pool6.network() else { return None };
+        if pool6.prefix_len() > 96 {
+            return None;
+        }
+        let embed = |address: Ipv4Addr| Ipv6Addr::from_bits(base.to_bits() | u128::from(address.to_bits()));
+        let (sandbox, sidecar_inner, sidecar_uplink, host_uplink) = (nth(0)?, nth(1)?, nth(2)?, nth(3)?);
+        Some(DomainAddresses {
+            v6: DomainAddresses6 {
+                sandbox: embed(sandbox),
+                sidecar_inner: embed(sidecar_inner),
+                sidecar_uplink: embed(sidecar_uplink),
+                host_uplink: embed(host_uplink),
+            },
+            slot,
+            sandbox,
+            sidecar_inner,
+            sidecar_uplink,
+            host_uplink,
+        })
     }
 
     /// The sandbox link (/31: sandbox + sidecar_inner).
     pub fn sandbox_link(&self) -> Prefix {
         Prefix::truncating(IpAddr::V4(self.sandbox), 31)
+    }
+
+    /// The sidecar's own IPv4 addresses, which the self-guard keeps out of reach.
+    fn sidecar_own(&self) -> [Prefix; 2] {
+        [Prefix::host(IpAddr::V4(self.sidecar_inner)), Prefix::host(IpAddr::V4(self.sidecar_uplink))]
     }
 }
 
@@ -417,31 +494,32 @@ async fn add_veth(handle: &Handle, name: &str, peer: &str, peer_netns: i32) -> R
         .map_err(netlink_error(format!("create veth {name}/{peer}")))
 }
 
-async fn add_address(handle: &Handle, index: u32, name: &str, address: Ipv4Addr, len: u8) -> Result<(), TopologyError> {
-    handle
-        .address()
-        .add(index, IpAddr::V4(address), len)
-        .replace()
-        .execute()
-        .await
-        .map_err(netlink_error(format!("add {address}/{len} to {name}")))
+/// Adds `address/len` to interface `index`; IPv6 addresses skip duplicate
+/// address detection (`nodad`: both ends of every link are ours), so they are
+/// usable at once instead of after a second of DAD.
+async fn add_address(handle: &Handle, index: u32, name: &str, address: IpAddr, len: u8) -> Result<(), TopologyError> {
+    let mut request = handle.address().add(index, address, len).replace();
+    if address.is_ipv6() {
+        request.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+    }
+    request.execute().await.map_err(netlink_error(format!("add {address}/{len} to {name}")))
 }
 
-fn route_message(route: &PolicyRoute, uplink: Option<(u32, Ipv4Addr)>) -> Result<RouteMessage, TopologyError> {
+/// The sidecar route for one policy route: `unreachable`, or via the host's
+/// end of the uplink (`uplink`: its interface index and the gateway of each family).
+fn route_message(route: &PolicyRoute, uplink: (u32, Ipv4Addr, Ipv6Addr)) -> Result<RouteMessage, TopologyError> {
     let build_error = |reason: String| TopologyError::RouteBuild { prefix: route.prefix, reason };
     let builder = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(route.prefix.network(), route.prefix.prefix_len())
         .map_err(|e| build_error(e.to_string()))?
         .table_id(MAIN_TABLE);
-    let message = match (route.kind, uplink) {
-        (RouteKind::Unreachable, _) => builder.kind(RouteType::Unreachable).build(),
-        (RouteKind::Uplink, Some((index, gateway))) if route.prefix.is_v4() => builder
-            .gateway(IpAddr::V4(gateway))
-            .map_err(|e| build_error(e.to_string()))?
-            .output_interface(index)
-            .onlink()
-            .build(),
-        (RouteKind::Uplink, _) => return Err(TopologyError::Ipv6NotSupported),
+    let (index, gateway4, gateway6) = uplink;
+    let gateway = if route.prefix.is_v4() { IpAddr::V4(gateway4) } else { IpAddr::V6(gateway6) };
+    let message = match route.kind {
+        RouteKind::Unreachable => builder.kind(RouteType::Unreachable).build(),
+        RouteKind::Uplink => {
+            builder.gateway(gateway).map_err(|e| build_error(e.to_string()))?.output_interface(index).onlink().build()
+        }
     };
     Ok(message)
 }
@@ -455,11 +533,22 @@ const LOCAL_RULE_PRIORITY: u32 = 1000;
 /// The kernel's local routing table.
 const LOCAL_TABLE: u32 = 255;
 
+/// Priority of the IPv6 rule that lets link-local sources (neighbour
+/// discovery) past the spoof guard; the kernel never forwards them.
+const LINK_LOCAL_SOURCE_PRIORITY: u32 = 400;
+/// Priority of the IPv6 rule that lets the sandbox's own address past it.
+const SANDBOX_SOURCE_PRIORITY: u32 = 401;
+/// Priority of the IPv6 rule that blackholes every other source from the sandbox.
+const SPOOF_GUARD_PRIORITY: u32 = 402;
+/// Priority of the IPv6 rules that refuse the sandbox the sidecar's link-local addresses.
+const LINK_LOCAL_GUARD_PRIORITY: u32 = 450;
+
 /// IP protocols whose packets from the sandbox go through the self-guard.
 /// The rules match on the protocol so that ARP (which the kernel routes with
 /// protocol 0) still resolves the gateway; a protocol missing here that is
 /// sent to a sidecar address only learns that the address exists (the
 /// kernel answers "protocol unreachable"), as nothing listens there.
+/// ICMPv6 is not guarded (see [`guarded_protocols`]).
 const GUARDED_PROTOCOLS: [IpProtocol; 11] = [
     IpProtocol::Icmp,
     IpProtocol::Tcp,
@@ -474,7 +563,25 @@ const GUARDED_PROTOCOLS: [IpProtocol; 11] = [
     IpProtocol::Ah,
 ];
 
-/// Makes the sidecar's own addresses unreachable from the sandbox.
+/// The guarded protocols of one family. IPv6 leaves out ICMPv6, which carries
+/// neighbour discovery for the sandbox's gateway address; the sidecar ignores
+/// IPv6 echo requests, so ICMPv6 only shows that the gateway exists.
+fn guarded_protocols(v4: bool) -> impl Iterator<Item = IpProtocol> {
+    GUARDED_PROTOCOLS.into_iter().filter(move |protocol| v4 || *protocol != IpProtocol::Icmp)
+}
+
+fn family_of(v4: bool) -> AddressFamily {
+    if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 }
+}
+
+/// A rule request of one family (the typed `.v4()`/`.v6()` requests differ in type).
+fn rule_request(handle: &Handle, v4: bool) -> rtnetlink::RuleAddRequest {
+    let mut request = handle.rule().add();
+    request.message_mut().header.family = family_of(v4);
+    request
+}
+
+/// Makes the sidecar's own addresses of one family unreachable from the sandbox.
 ///
 /// The kernel delivers packets for a namespace's own addresses through the
 /// `local` table, whose rule (priority 0) comes before any route, so the
@@ -483,19 +590,18 @@ const GUARDED_PROTOCOLS: [IpProtocol; 11] = [
 /// is therefore moved behind rules that send every packet of the
 /// [`GUARDED_PROTOCOLS`] arriving from the sandbox link to a small table: `unreachable` for each sidecar address,
 /// `throw` for the rest (which then continues to `local` and `main`).
-async fn install_self_guard(handle: &Handle, own: &[Ipv4Addr]) -> Result<(), TopologyError> {
+async fn install_self_guard(handle: &Handle, v4: bool, own: &[Prefix]) -> Result<(), TopologyError> {
     let build_error = |prefix: Prefix, reason: String| TopologyError::RouteBuild { prefix, reason };
-    for address in own {
-        let prefix = Prefix::host(IpAddr::V4(*address));
+    for prefix in own {
         let message = RouteMessageBuilder::<IpAddr>::new()
-            .destination_prefix(IpAddr::V4(*address), 32)
-            .map_err(|e| build_error(prefix, e.to_string()))?
+            .destination_prefix(prefix.network(), prefix.prefix_len())
+            .map_err(|e| build_error(*prefix, e.to_string()))?
             .table_id(SELF_GUARD_TABLE)
             .kind(RouteType::Unreachable)
             .build();
-        handle.route().add(message).execute().await.map_err(netlink_error(format!("add self-guard route {address}")))?;
+        handle.route().add(message).execute().await.map_err(netlink_error(format!("add self-guard route {prefix}")))?;
     }
-    let any = Prefix::any(true);
+    let any = Prefix::any(v4);
     let throw = RouteMessageBuilder::<IpAddr>::new()
         .destination_prefix(any.network(), 0)
         .map_err(|e| build_error(any, e.to_string()))?
@@ -503,11 +609,8 @@ async fn install_self_guard(handle: &Handle, own: &[Ipv4Addr]) -> Result<(), Top
         .kind(RouteType::Throw)
         .build();
     handle.route().add(throw).execute().await.map_err(netlink_error("add self-guard throw route"))?;
-    for protocol in GUARDED_PROTOCOLS {
-        let mut request = handle
-            .rule()
-            .add()
-            .v4()
+    for protocol in guarded_protocols(v4) {
+        let mut request = rule_request(handle, v4)
             .input_interface(SIDECAR_INNER_LINK)
             .table_id(SELF_GUARD_TABLE)
             .priority(SELF_GUARD_PRIORITY)
@@ -515,17 +618,14 @@ async fn install_self_guard(handle: &Handle, own: &[Ipv4Addr]) -> Result<(), Top
         request.message_mut().attributes.push(RuleAttribute::IpProtocol(protocol));
         request.execute().await.map_err(netlink_error(format!("add self-guard rule for {protocol:?}")))?;
     }
-    handle
-        .rule()
-        .add()
-        .v4()
+    rule_request(handle, v4)
         .table_id(LOCAL_TABLE)
         .priority(LOCAL_RULE_PRIORITY)
         .action(RuleAction::ToTable)
         .execute()
         .await
         .map_err(netlink_error("add moved local rule"))?;
-    let mut rules = handle.rule().get(IpVersion::V4).execute();
+    let mut rules = handle.rule().get(if v4 { IpVersion::V4 } else { IpVersion::V6 }).execute();
     let mut first_local = None;
     while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
         if rule_priority(&rule) == 0 && rule_table(&rule) == LOCAL_TABLE {
@@ -538,6 +638,91 @@ async fn install_self_guard(handle: &Handle, own: &[Ipv4Addr]) -> Result<(), Top
     Ok(())
 }
 
+/// IPv6's stand-in for `rp_filter`: packets from the sandbox whose source is
+/// neither its address nor link-local (neighbour discovery; the kernel never
+/// forwards those) are blackholed, silently, as an ICMP error would go to the
+/// forged source. Both permitted sources go on to the guards. (A rule's
+/// `not` would invert all its selectors, the interface included, so the
+/// guard is "permit these two, drop the rest" instead.)
+async fn install_spoof_guard6(handle: &Handle, sandbox: Ipv6Addr) -> Result<(), TopologyError> {
+    // Both permitted sources continue at the link-local guard.
+    for (priority, source) in spoof_guard6_sources(sandbox) {
+        let IpAddr::V6(network) = source.network() else { continue };
+        let mut permit = rule_request(handle, false)
+            .v6()
+            .input_interface(SIDECAR_INNER_LINK)
+            .source_prefix(network, source.prefix_len())
+            .priority(priority)
+            .action(RuleAction::Goto);
+        permit.message_mut().attributes.push(RuleAttribute::Goto(LINK_LOCAL_GUARD_PRIORITY));
+        permit.execute().await.map_err(netlink_error(format!("add IPv6 source rule for {source}")))?;
+    }
+    rule_request(handle, false)
+        .input_interface(SIDECAR_INNER_LINK)
+        .priority(SPOOF_GUARD_PRIORITY)
+        .action(RuleAction::Blackhole)
+        .execute()
+        .await
+        .map_err(netlink_error("add IPv6 spoof-guard rule"))
+}
+
+/// The sources the IPv6 spoof guard lets through, with their rule priorities.
+fn spoof_guard6_sources(sandbox: Ipv6Addr) -> [(u32, Prefix); 2] {
+    [
+        (LINK_LOCAL_SOURCE_PRIORITY, Prefix::truncating(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10)),
+        (SANDBOX_SOURCE_PRIORITY, Prefix::host(IpAddr::V6(sandbox))),
+    ]
+}
+
+fn link_local() -> Prefix {
+    Prefix::truncating(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10)
+}
+
+/// The sidecar's interfaces have link-local addresses (neighbour discovery
+/// needs them), which the self-guard's table cannot hide: a link-local
+/// lookup only matches routes on the incoming interface. So rules refuse
+/// the [`guarded_protocols`] to any link-local destination outright.
+async fn install_link_local_guard6(handle: &Handle) -> Result<(), TopologyError> {
+    let IpAddr::V6(network) = link_local().network() else { return Ok(()) };
+    for protocol in guarded_protocols(false) {
+        let mut request = rule_request(handle, false)
+            .v6()
+            .input_interface(SIDECAR_INNER_LINK)
+            .destination_prefix(network, link_local().prefix_len())
+            .priority(LINK_LOCAL_GUARD_PRIORITY)
+            .action(RuleAction::Unreachable);
+        request.message_mut().attributes.push(RuleAttribute::IpProtocol(protocol));
+        request.execute().await.map_err(netlink_error(format!("add link-local guard rule for {protocol:?}")))?;
+    }
+    Ok(())
+}
+
+/// Differences between the sidecar's rules and what [`install_link_local_guard6`] installs.
+async fn link_local_guard6_differences(handle: &Handle) -> Result<Vec<String>, TopologyError> {
+    let mut guarded = Vec::new();
+    let mut rules = handle.rule().get(IpVersion::V6).execute();
+    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list IPv6 rules"))? {
+        let iif = rule.attributes.iter().any(|a| matches!(a, RuleAttribute::Iifname(n) if n == SIDECAR_INNER_LINK));
+        let destination = rule.attributes.iter().find_map(|a| match a {
+            RuleAttribute::Destination(address) => Some(Prefix::truncating(*address, rule.header.dst_len)),
+            _ => None,
+        });
+        let protocol = rule.attributes.iter().find_map(|a| if let RuleAttribute::IpProtocol(p) = a { Some(*p) } else { None });
+        if rule_priority(&rule) == LINK_LOCAL_GUARD_PRIORITY
+            && iif
+            && rule.header.action == RuleAction::Unreachable
+            && destination == Some(link_local())
+            && !rule.header.flags.contains(RuleFlags::Invert)
+        {
+            guarded.extend(protocol);
+        }
+    }
+    Ok(guarded_protocols(false)
+        .filter(|protocol| !guarded.contains(protocol))
+        .map(|protocol| format!("sidecar link-local guard rule (iif {SIDECAR_INNER_LINK} to fe80::/10 ipproto {protocol:?} unreachable) missing"))
+        .collect())
+}
+
 fn rule_priority(rule: &RuleMessage) -> u32 {
     rule.attributes.iter().find_map(|a| if let RuleAttribute::Priority(p) = a { Some(*p) } else { None }).unwrap_or(0)
 }
@@ -546,18 +731,62 @@ fn rule_table(rule: &RuleMessage) -> u32 {
     rule.attributes.iter().find_map(|a| if let RuleAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(rule.header.table))
 }
 
-/// Differences between the sidecar's rules and self-guard table and what
-/// [`install_self_guard`] installs.
-async fn self_guard_differences(handle: &Handle, own: &[Ipv4Addr]) -> Result<Vec<String>, TopologyError> {
+fn rule_source(rule: &RuleMessage) -> Option<Prefix> {
+    rule.attributes.iter().find_map(|a| match a {
+        RuleAttribute::Source(address) => Some(Prefix::truncating(*address, rule.header.src_len)),
+        _ => None,
+    })
+}
+
+/// Differences between the sidecar's IPv6 rules and what [`install_spoof_guard6`] installs.
+async fn spoof_guard6_differences(handle: &Handle, sandbox: Ipv6Addr) -> Result<Vec<String>, TopologyError> {
     let mut differences = Vec::new();
-    let mut rules = handle.rule().get(IpVersion::V4).execute();
+    let mut found: Vec<(u32, Option<Prefix>, RuleAction)> = Vec::new();
+    let mut rules = handle.rule().get(IpVersion::V6).execute();
+    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list IPv6 rules"))? {
+        let priority = rule_priority(&rule);
+        if priority == 0 || priority > SPOOF_GUARD_PRIORITY {
+            continue;
+        }
+        let iif = rule.attributes.iter().any(|a| matches!(a, RuleAttribute::Iifname(n) if n == SIDECAR_INNER_LINK));
+        let goto = rule.attributes.iter().find_map(|a| if let RuleAttribute::Goto(g) = a { Some(*g) } else { None });
+        let plain = iif && !rule.header.flags.contains(RuleFlags::Invert) && rule.header.dst_len == 0;
+        let action = rule.header.action;
+        if !plain || (action == RuleAction::Goto && goto != Some(LINK_LOCAL_GUARD_PRIORITY)) {
+            differences.push(format!("unexpected sidecar IPv6 rule at priority {priority}, before the self-guard"));
+        } else {
+            found.push((priority, rule_source(&rule), action));
+        }
+    }
+    let mut expected: Vec<(u32, Option<Prefix>, RuleAction)> =
+        spoof_guard6_sources(sandbox).into_iter().map(|(priority, source)| (priority, Some(source), RuleAction::Goto)).collect();
+    expected.push((SPOOF_GUARD_PRIORITY, None, RuleAction::Blackhole));
+    for rule in &expected {
+        if !found.contains(rule) {
+            differences.push(format!("sidecar IPv6 spoof-guard rule {} (iif {SIDECAR_INNER_LINK} from {} {:?}) missing", rule.0, rule.1.map(|p| p.to_string()).unwrap_or_else(|| "all".into()), rule.2));
+        }
+    }
+    for rule in &found {
+        if !expected.contains(rule) {
+            differences.push(format!("unexpected sidecar IPv6 rule {} from {:?} {:?}", rule.0, rule.1, rule.2));
+        }
+    }
+    Ok(differences)
+}
+
+/// Differences between the sidecar's rules and self-guard table of one
+/// family and what [`install_self_guard`] installs.
+async fn self_guard_differences(handle: &Handle, v4: bool, own: &[Prefix]) -> Result<Vec<String>, TopologyError> {
+    let mut differences = Vec::new();
+    let family = if v4 { "IPv4" } else { "IPv6" };
+    let mut rules = handle.rule().get(if v4 { IpVersion::V4 } else { IpVersion::V6 }).execute();
     let mut guarded = Vec::new();
     let mut local_moved = false;
     while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
         let (priority, table) = (rule_priority(&rule), rule_table(&rule));
         let iif = rule.attributes.iter().find_map(|a| if let RuleAttribute::Iifname(n) = a { Some(n.as_str()) } else { None });
         if table == LOCAL_TABLE && priority < SELF_GUARD_PRIORITY {
-            differences.push(format!("sidecar rule {priority}: lookup local before the self-guard"));
+            differences.push(format!("sidecar {family} rule {priority}: lookup local before the self-guard"));
         }
         let protocol = rule.attributes.iter().find_map(|a| if let RuleAttribute::IpProtocol(p) = a { Some(*p) } else { None });
         if priority == SELF_GUARD_PRIORITY && table == SELF_GUARD_TABLE && iif == Some(SIDECAR_INNER_LINK) {
@@ -565,15 +794,20 @@ async fn self_guard_differences(handle: &Handle, own: &[Ipv4Addr]) -> Result<Vec
         }
         local_moved |= priority == LOCAL_RULE_PRIORITY && table == LOCAL_TABLE;
     }
-    for protocol in GUARDED_PROTOCOLS {
+    for protocol in guarded_protocols(v4) {
         if !guarded.contains(&protocol) {
-            differences.push(format!("sidecar self-guard rule (iif {SIDECAR_INNER_LINK} ipproto {protocol:?} lookup {SELF_GUARD_TABLE}) missing"));
+            differences.push(format!("sidecar {family} self-guard rule (iif {SIDECAR_INNER_LINK} ipproto {protocol:?} lookup {SELF_GUARD_TABLE}) missing"));
         }
     }
     if !local_moved {
-        differences.push(format!("sidecar `lookup local` rule at priority {LOCAL_RULE_PRIORITY} missing"));
+        differences.push(format!("sidecar {family} `lookup local` rule at priority {LOCAL_RULE_PRIORITY} missing"));
     }
-    let mut routes = handle.route().get(RouteMessageBuilder::<Ipv4Addr>::new().table_id(SELF_GUARD_TABLE).build()).execute();
+    let query = if v4 {
+        RouteMessageBuilder::<Ipv4Addr>::new().table_id(SELF_GUARD_TABLE).build()
+    } else {
+        RouteMessageBuilder::<Ipv6Addr>::new().table_id(SELF_GUARD_TABLE).build()
+    };
+    let mut routes = handle.route().get(query).execute();
     let mut unreachable = Vec::new();
     let mut throw = false;
     while let Some(route) = routes.try_next().await.map_err(netlink_error("list self-guard routes"))? {
@@ -582,24 +816,127 @@ async fn self_guard_differences(handle: &Handle, own: &[Ipv4Addr]) -> Result<Vec
             continue;
         }
         let destination = route.attributes.iter().find_map(|a| match a {
-            RouteAttribute::Destination(RouteAddress::Inet(ip)) => Some(*ip),
+            RouteAttribute::Destination(address) => route_address(address),
             _ => None,
         });
         match (route.header.kind, route.header.destination_prefix_length, destination) {
-            (RouteType::Unreachable, 32, Some(ip)) => unreachable.push(ip),
+            (RouteType::Unreachable, len, Some(ip)) if len > 0 => unreachable.push(Prefix::truncating(ip, len)),
             (RouteType::Throw, 0, _) => throw = true,
-            (kind, len, dst) => differences.push(format!("unexpected self-guard route {dst:?}/{len} {kind:?}")),
+            (kind, len, dst) => differences.push(format!("unexpected {family} self-guard route {dst:?}/{len} {kind:?}")),
         }
     }
-    for address in own {
-        if !unreachable.contains(address) {
-            differences.push(format!("self-guard route unreachable {address}/32 missing"));
+    for prefix in own {
+        if !unreachable.contains(prefix) {
+            differences.push(format!("self-guard route unreachable {prefix} missing"));
+        }
+    }
+    for prefix in &unreachable {
+        if !own.contains(prefix) {
+            differences.push(format!("unexpected self-guard route unreachable {prefix}"));
         }
     }
     if !throw {
-        differences.push("self-guard throw route missing".to_string());
+        differences.push(format!("{family} self-guard throw route missing"));
     }
     Ok(differences)
+}
+
+/// The sidecar's sysctls, in the order they are written (before any
+/// interface exists, so the `default` ones apply to all of them).
+fn sidecar_sysctls(ipv6: bool) -> [(&'static str, &'static str); 9] {
+    [
+        ("/proc/sys/net/ipv4/ip_forward", "1"),
+        // Answer every denied packet at once (ICMP unreachable) instead of
+        // letting the per-peer rate limit turn denials into slow timeouts; the
+        // only peer of this router is its own sandbox.
+        ("/proc/sys/net/ipv4/icmp_ratelimit", "0"),
+        ("/proc/sys/net/ipv6/icmp/ratelimit", "0"),
+        ("/proc/sys/net/ipv6/conf/all/forwarding", if ipv6 { "1" } else { "0" }),
+        // A disabled family does not exist on the sidecar's interfaces at all.
+        ("/proc/sys/net/ipv6/conf/default/disable_ipv6", if ipv6 { "0" } else { "1" }),
+        // Link-local addresses (which neighbour discovery needs) usable at
+        // once: both ends of every link are ours.
+        ("/proc/sys/net/ipv6/conf/default/accept_dad", "0"),
+        // Root in the sandbox must not reconfigure the router.
+        ("/proc/sys/net/ipv6/conf/default/accept_ra", "0"),
+        ("/proc/sys/net/ipv6/conf/default/accept_redirects", "0"),
+        // ICMPv6 is not behind the self-guard (neighbour discovery needs it).
+        ("/proc/sys/net/ipv6/icmp/echo_ignore_all", "1"),
+    ]
+}
+
+/// How the host namespace of the calling thread can forward IPv6.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ipv6Forwarding {
+    /// Global IPv6 forwarding is already on (the host is a router).
+    Global,
+    /// Off, but the kernel has per-interface `force_forwarding`.
+    PerInterface,
+    /// Off, and only the global switch exists (Linux before 6.17).
+    Unavailable,
+}
+
+fn ipv6_forwarding_here() -> Result<Ipv6Forwarding, TopologyError> {
+    Ok(if forwarding::read_sysctl(Path::new(forwarding::IPV6_GLOBAL_FORWARDING))? == "1" {
+        Ipv6Forwarding::Global
+    } else if Path::new(forwarding::IPV6_FORCE_FORWARDING_ALL).exists() {
+        Ipv6Forwarding::PerInterface
+    } else {
+        Ipv6Forwarding::Unavailable
+    })
+}
+
+/// Host interfaces (not loopback, not Lazaret's) that carry a main-table
+/// route of one family for an allowed prefix: forwarding must be on there
+/// for the replies.
+fn egress_interfaces(view: &NetView, policy: &CompiledPolicy, v4: bool) -> Vec<String> {
+    let allowed: Vec<Prefix> = policy
+        .routes()
+        .into_iter()
+        .filter(|r| r.kind == RouteKind::Uplink && r.prefix.is_v4() == v4)
+        .map(|r| r.prefix)
+        .collect();
+    let mut egress: Vec<String> = view
+        .routes
+        .iter()
+        .filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4() == v4 && r.kind == RouteType::Unicast)
+        .filter(|r| allowed.iter().any(|a| a.overlaps(&r.prefix)))
+        .filter_map(|r| r.oif)
+        .map(|oif| view.link_name(oif))
+        .filter(|name| name != "lo" && SidecarId::from_host_link_name(name).is_none())
+        .collect();
+    egress.sort();
+    egress.dedup();
+    egress
+}
+
+/// Differences between the sandbox namespace's routes and its link routes
+/// plus one default route per enabled family via the sidecar.
+fn sandbox_route_differences(view: &NetView, addresses: &DomainAddresses, ipv6: bool) -> Vec<String> {
+    let mut differences = Vec::new();
+    let gateway4 = IpAddr::V4(addresses.sidecar_inner);
+    let gateway6 = IpAddr::V6(addresses.v6.sidecar_inner);
+    for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE) {
+        let kernel = route.protocol == RouteProtocol::Kernel;
+        let expected = if route.prefix.is_v4() {
+            (kernel && route.prefix == addresses.sandbox_link()) || (route.prefix.prefix_len() == 0 && route.gateway == Some(gateway4))
+        } else {
+            // Link routes (the /127, link-local) belong to the kernel.
+            (kernel && route.kind == RouteType::Unicast && route.gateway.is_none())
+                || (ipv6 && route.prefix.prefix_len() == 0 && route.gateway == Some(gateway6))
+        };
+        if !expected {
+            differences.push(format!("unexpected sandbox route {} via {:?}", route.prefix, route.gateway));
+        }
+    }
+    let has_default = |gateway: IpAddr| view.routes.iter().any(|r| r.prefix.prefix_len() == 0 && r.gateway == Some(gateway));
+    if !has_default(gateway4) {
+        differences.push(format!("sandbox has no default route via {}", addresses.sidecar_inner));
+    }
+    if ipv6 && !has_default(gateway6) {
+        differences.push(format!("sandbox has no IPv6 default route via {}", addresses.v6.sidecar_inner));
+    }
+    differences
 }
 
 fn inner_rp_filter() -> PathBuf {
@@ -639,14 +976,17 @@ pub struct DomainNetwork {
 impl DomainNetwork {
     /// Builds the topology of one Domain with `host` as the host namespace,
     /// installs `input`'s policy (completed with the host's addresses, the
-    /// Domain's uplink address and the pool), and verifies it by read-back.
+    /// Domain's uplink address and the pools), and verifies it by read-back.
     pub fn create(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<DomainNetwork, TopologyError> {
-        if input.ipv6 {
-            return Err(TopologyError::Ipv6NotSupported);
-        }
-        let pool = config.pool;
+        let (pool, pool6) = (config.pool, config.pool6);
         if !pool.is_v4() || pool.prefix_len() > 30 {
             return Err(TopologyError::InvalidPool { pool, reason: "it must be an IPv4 prefix of length /30 or shorter" });
+        }
+        if pool6.is_v4() || pool6.prefix_len() > 96 {
+            return Err(TopologyError::InvalidPool { pool: pool6, reason: "it must be an IPv6 prefix of length /96 or shorter" });
+        }
+        if input.ipv6 && host.run(ipv6_forwarding_here)? == Ipv6Forwarding::Unavailable {
+            return Err(TopologyError::Ipv6ForwardingUnavailable);
         }
         let mut last_error = None;
         for _attempt in 0..4 {
@@ -659,14 +999,15 @@ impl DomainNetwork {
     }
 
     fn try_create(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<DomainNetwork, TopologyError> {
-        let pool = config.pool;
+        let (pool, pool6) = (config.pool, config.pool6);
         let view = host.netlink(async |handle| net_view(&handle).await)?;
         if config.check_pool_collisions {
-            for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4() && r.prefix.prefix_len() > 0) {
+            let pools: &[Prefix] = if input.ipv6 { &[pool, pool6] } else { &[pool] };
+            for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.prefix.prefix_len() > 0) {
                 let ours = route.oif.is_some_and(|oif| view.is_lazaret_link(oif));
-                if !ours && route.prefix.overlaps(&pool) {
+                if let Some(pool) = pools.iter().find(|pool| !ours && route.prefix.overlaps(pool)) {
                     let device = route.oif.map(|oif| view.link_name(oif)).unwrap_or_else(|| "-".into());
-                    return Err(TopologyError::PoolCollision { pool, route: route.prefix, device });
+                    return Err(TopologyError::PoolCollision { pool: *pool, route: route.prefix, device });
                 }
             }
         }
@@ -677,9 +1018,10 @@ impl DomainNetwork {
             .filter_map(|i| pool.subnet(30, i))
             .find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
             .ok_or(TopologyError::PoolExhausted { pool })?;
-        let addresses = DomainAddresses::for_slot(slot).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
+        let addresses =
+            DomainAddresses::for_slot(slot, pool6).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
 
-        let policy = compile(&complete_input(&view, pool, input, Some(addresses.host_uplink)))?;
+        let policy = compile(&complete_input(&view, config, input, Some(&addresses)))?;
 
         // Each new namespace takes a few ms of kernel set-up: make both at once.
         let (sidecar, sandbox) = std::thread::scope(|scope| {
@@ -712,6 +1054,10 @@ impl DomainNetwork {
         }
     }
 
+    fn ipv6(&self) -> bool {
+        self.policy.ipv6_enabled()
+    }
+
     fn build_sidecar(&self) -> Result<(), TopologyError> {
         let (sidecar, sandbox) = self.namespaces()?;
         let sandbox_fd = sandbox.as_fd().as_raw_fd();
@@ -719,29 +1065,30 @@ impl DomainNetwork {
         let host_link = self.id.host_link_name();
         let addresses = self.addresses;
         let routes = self.policy.routes();
+        let ipv6 = self.ipv6();
         sidecar.netlink(async move |handle| {
-            // Forwarding is per namespace: this thread is inside the sidecar.
-            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"), "1")?;
-            let ipv6_forwarding = Path::new("/proc/sys/net/ipv6/conf/all/forwarding");
-            forwarding::write_sysctl(ipv6_forwarding, "0")?;
-            // Answer every denied packet at once (ICMP host unreachable) instead of
-            // letting the per-peer rate limit turn denials into slow timeouts; the
-            // only peer of this router is its own sandbox.
-            forwarding::write_sysctl(Path::new("/proc/sys/net/ipv4/icmp_ratelimit"), "0")?;
+            // Sysctls are per namespace: this thread is inside the sidecar.
+            for (path, value) in sidecar_sysctls(ipv6) {
+                forwarding::write_sysctl(Path::new(path), value)?;
+            }
             link_up(&handle, "lo").await?;
             add_veth(&handle, SIDECAR_INNER_LINK, SANDBOX_LINK, sandbox_fd).await?;
             add_veth(&handle, SIDECAR_UPLINK, &host_link, host_fd).await?;
             let inner = link_index(&handle, SIDECAR_INNER_LINK).await?;
-            add_address(&handle, inner, SIDECAR_INNER_LINK, addresses.sidecar_inner, 31).await?;
-            link_up(&handle, SIDECAR_INNER_LINK).await?;
+            add_address(&handle, inner, SIDECAR_INNER_LINK, addresses.sidecar_inner.into(), 31).await?;
             // Strict reverse-path filter: packets from the sandbox must carry its
             // own source address, so no spoofed source leaves (SNAT matches S only).
             forwarding::write_sysctl(&inner_rp_filter(), "1")?;
             let uplink = link_index(&handle, SIDECAR_UPLINK).await?;
-            add_address(&handle, uplink, SIDECAR_UPLINK, addresses.sidecar_uplink, 31).await?;
+            add_address(&handle, uplink, SIDECAR_UPLINK, addresses.sidecar_uplink.into(), 31).await?;
+            if ipv6 {
+                add_address(&handle, inner, SIDECAR_INNER_LINK, addresses.v6.sidecar_inner.into(), 127).await?;
+                add_address(&handle, uplink, SIDECAR_UPLINK, addresses.v6.sidecar_uplink.into(), 127).await?;
+            }
+            link_up(&handle, SIDECAR_INNER_LINK).await?;
             link_up(&handle, SIDECAR_UPLINK).await?;
             for route in &routes {
-                let message = route_message(route, Some((uplink, addresses.host_uplink)))?;
+                let message = route_message(route, (uplink, addresses.host_uplink, addresses.v6.host_uplink))?;
                 handle
                     .route()
                     .add(message)
@@ -749,27 +1096,44 @@ impl DomainNetwork {
                     .await
                     .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
-            install_self_guard(&handle, &[addresses.sidecar_inner, addresses.sidecar_uplink]).await?;
+            install_self_guard(&handle, true, &addresses.sidecar_own()).await?;
+            if ipv6 {
+                install_self_guard(&handle, false, &addresses.v6.sidecar_own()).await?;
+                install_link_local_guard6(&handle).await?;
+                install_spoof_guard6(&handle, addresses.v6.sandbox).await?;
+            }
             Ok(())
         })
     }
 
-    /// (Re-)addresses the sandbox side: `eth0` up with its /31 and the default
-    /// route via the sidecar. runsc's netstack mode strips the addresses from the
-    /// namespace, so call this before every start of the sandbox.
+    /// (Re-)addresses the sandbox side: `eth0` up with its /31 (and /127) and
+    /// the default route(s) via the sidecar. runsc's netstack mode strips the
+    /// addresses from the namespace, so call this before every start of the sandbox.
     pub fn readdress_sandbox(&self) -> Result<(), TopologyError> {
         let (_, sandbox) = self.namespaces()?;
         let addresses = self.addresses;
+        let ipv6 = self.ipv6();
         sandbox.netlink(async move |handle| {
             link_up(&handle, "lo").await?;
             let index = link_index(&handle, SANDBOX_LINK).await?;
-            add_address(&handle, index, SANDBOX_LINK, addresses.sandbox, 31).await?;
+            add_address(&handle, index, SANDBOX_LINK, addresses.sandbox.into(), 31).await?;
+            if ipv6 {
+                add_address(&handle, index, SANDBOX_LINK, addresses.v6.sandbox.into(), 127).await?;
+            }
             link_up(&handle, SANDBOX_LINK).await?;
             let default = RouteMessageBuilder::<Ipv4Addr>::new()
                 .gateway(addresses.sidecar_inner)
                 .output_interface(index)
                 .build();
-            handle.route().add(default).replace().execute().await.map_err(netlink_error("add sandbox default route"))
+            handle.route().add(default).replace().execute().await.map_err(netlink_error("add sandbox default route"))?;
+            if ipv6 {
+                let default6 = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .gateway(addresses.v6.sidecar_inner)
+                    .output_interface(index)
+                    .build();
+                handle.route().add(default6).replace().execute().await.map_err(netlink_error("add sandbox IPv6 default route"))?;
+            }
+            Ok(())
         })
     }
 
@@ -777,25 +1141,20 @@ impl DomainNetwork {
         let host_link = self.id.host_link_name();
         let addresses = self.addresses;
         let state_file = self.state_file.clone();
-        // Forward out of every host interface that carries a route for an allowed prefix.
-        let allowed: Vec<Prefix> =
-            self.policy.routes().into_iter().filter(|r| r.kind == RouteKind::Uplink).map(|r| r.prefix).collect();
-        let mut egress: Vec<String> = view
-            .routes
-            .iter()
-            .filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4() && r.kind == RouteType::Unicast)
-            .filter(|r| allowed.iter().any(|a| a.overlaps(&r.prefix)))
-            .filter_map(|r| r.oif)
-            .map(|oif| view.link_name(oif))
-            .filter(|name| name != "lo" && SidecarId::from_host_link_name(name).is_none())
-            .collect();
-        egress.sort();
-        egress.dedup();
+        let ipv6 = self.ipv6();
+        let egress = egress_interfaces(view, &self.policy, true);
+        let egress6 = if ipv6 { egress_interfaces(view, &self.policy, false) } else { Vec::new() };
         let slot = addresses.slot;
         let id = self.id;
         self.host.netlink(async move |handle| {
             let index = link_index(&handle, &host_link).await?;
-            add_address(&handle, index, &host_link, addresses.host_uplink, 31).await?;
+            add_address(&handle, index, &host_link, addresses.host_uplink.into(), 31).await?;
+            if ipv6 {
+                add_address(&handle, index, &host_link, addresses.v6.host_uplink.into(), 127).await?;
+                // Its link-local address (which the host's neighbour discovery
+                // towards the sidecar needs) usable at once, not after DAD.
+                forwarding::write_sysctl(&PathBuf::from(format!("/proc/sys/net/ipv6/conf/{host_link}/accept_dad")), "0")?;
+            }
             link_up(&handle, &host_link).await?;
             // Another Domain may have picked the same /30 at the same moment.
             let view = net_view(&handle).await?;
@@ -810,48 +1169,78 @@ impl DomainNetwork {
                 .output_interface(index)
                 .build();
             handle.route().add(back).execute().await.map_err(netlink_error(format!("add host route {sandbox_link} via {host_link}")))?;
-            forwarding::enable_owned(&host_link)?;
-            forwarding::enable(&state_file, &egress)?;
-            nat::install(id, addresses.sandbox)
+            forwarding::enable_owned(Switch::Ipv4, &host_link)?;
+            forwarding::enable(&state_file, Switch::Ipv4, &egress)?;
+            if ipv6 {
+                let sandbox_link6 = addresses.v6.sandbox_link();
+                let back6 = RouteMessageBuilder::<Ipv6Addr>::new()
+                    .destination_prefix(Ipv6Addr::from_bits(addresses.v6.sandbox.to_bits() & !1), sandbox_link6.prefix_len())
+                    .gateway(addresses.v6.sidecar_uplink)
+                    .output_interface(index)
+                    .build();
+                handle
+                    .route()
+                    .add(back6)
+                    .execute()
+                    .await
+                    .map_err(netlink_error(format!("add host route {sandbox_link6} via {host_link}")))?;
+                match ipv6_forwarding_here()? {
+                    Ipv6Forwarding::Global => {}
+                    Ipv6Forwarding::PerInterface => {
+                        forwarding::enable_owned(Switch::Ipv6, &host_link)?;
+                        forwarding::enable(&state_file, Switch::Ipv6, &egress6)?;
+                    }
+                    Ipv6Forwarding::Unavailable => return Err(TopologyError::Ipv6ForwardingUnavailable),
+                }
+            }
+            nat::install(id, addresses.sandbox, ipv6.then_some(addresses.v6.sandbox))
         })
     }
 
-    /// Dumps the sidecar's main routing table and the sandbox's routes over
-    /// netlink and checks them against the compiled policy; also checks that the
-    /// sidecar forwards IPv4 and not IPv6, that it filters spoofed sources, and
-    /// that the host's NAT table exists. Call it after [`Self::readdress_sandbox`]
-    /// and before starting runsc: runsc's netstack mode strips the sandbox
-    /// namespace's addresses (and with them its default route) once it runs.
+    /// Dumps the sidecar's routing tables and rules and the sandbox's routes
+    /// over netlink and checks them against the compiled policy; also checks
+    /// that the sidecar forwards IPv4 (and IPv6 exactly when it is enabled),
+    /// that it filters spoofed sources, and that the host's NAT table exists.
+    /// Call it after [`Self::readdress_sandbox`] and before starting runsc:
+    /// runsc's netstack mode strips the sandbox namespace's addresses (and
+    /// with them its default route) once it runs.
     pub fn verify_installed(&self) -> Result<(), TopologyError> {
         let (sidecar, sandbox) = self.namespaces()?;
         let addresses = self.addresses;
+        let ipv6 = self.ipv6();
         let mut differences = Vec::new();
-        let own = [addresses.sidecar_inner, addresses.sidecar_uplink];
-        let (view, ipv4_forwarding, ipv6_forwarding, rp_filter, guard) = sidecar.netlink(async move |handle| {
+        let (own, own6) = (addresses.sidecar_own(), addresses.v6.sidecar_own());
+        let (view, sysctls, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
-            let v4 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv4/ip_forward"))?;
-            let v6 = forwarding::read_sysctl(Path::new("/proc/sys/net/ipv6/conf/all/forwarding"))?;
-            let rp_filter = forwarding::read_sysctl(&inner_rp_filter())?;
-            let guard = self_guard_differences(&handle, &own).await?;
-            Ok((view, v4, v6, rp_filter, guard))
+            let mut sysctls = Vec::new();
+            for (path, _) in sidecar_sysctls(ipv6) {
+                sysctls.push(forwarding::read_sysctl(Path::new(path))?);
+            }
+            let rp_filter = inner_rp_filter();
+            sysctls.push(forwarding::read_sysctl(&rp_filter)?);
+            let mut guard = self_guard_differences(&handle, true, &own).await?;
+            if ipv6 {
+                guard.extend(self_guard_differences(&handle, false, &own6).await?);
+                guard.extend(link_local_guard6_differences(&handle).await?);
+                guard.extend(spoof_guard6_differences(&handle, addresses.v6.sandbox).await?);
+            }
+            Ok((view, sysctls, guard))
         })?;
         differences.extend(guard);
-        if rp_filter != "1" {
-            differences.push(format!("sidecar {SIDECAR_INNER_LINK} rp_filter is {rp_filter}, expected 1"));
-        }
-        if ipv4_forwarding != "1" {
-            differences.push(format!("sidecar ip_forward is {ipv4_forwarding}, expected 1"));
-        }
-        if ipv6_forwarding != "0" {
-            differences.push(format!("sidecar IPv6 forwarding is {ipv6_forwarding}, expected 0"));
+        let expected_sysctls = sidecar_sysctls(ipv6).into_iter().map(|(p, v)| (p.to_string(), v)).chain([(inner_rp_filter().display().to_string(), "1")]);
+        for ((path, expected), actual) in expected_sysctls.zip(&sysctls) {
+            if actual != expected {
+                differences.push(format!("sidecar {path} is {actual}, expected {expected}"));
+            }
         }
         let uplink = view.link_index(SIDECAR_UPLINK);
+        let gateways = [IpAddr::V4(addresses.host_uplink), IpAddr::V6(addresses.v6.host_uplink)];
         let mut installed = Vec::new();
         for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.protocol != RouteProtocol::Kernel) {
             match route.kind {
                 RouteType::Unreachable => installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Unreachable }),
                 RouteType::Unicast
-                    if route.gateway == Some(IpAddr::V4(addresses.host_uplink)) && route.oif.is_some() && route.oif == uplink =>
+                    if route.gateway.is_some_and(|g| gateways.contains(&g)) && route.oif.is_some() && route.oif == uplink =>
                 {
                     installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Uplink })
                 }
@@ -877,16 +1266,7 @@ impl DomainNetwork {
             }
         }
         let sandbox_view = sandbox.netlink(async |handle| net_view(&handle).await)?;
-        for route in sandbox_view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.prefix.is_v4()) {
-            let link_route = route.protocol == RouteProtocol::Kernel && route.prefix == addresses.sandbox_link();
-            let default = route.prefix.prefix_len() == 0 && route.gateway == Some(IpAddr::V4(addresses.sidecar_inner));
-            if !link_route && !default {
-                differences.push(format!("unexpected sandbox route {} via {:?}", route.prefix, route.gateway));
-            }
-        }
-        if !sandbox_view.routes.iter().any(|r| r.prefix.prefix_len() == 0 && r.prefix.is_v4() && r.gateway == Some(IpAddr::V4(addresses.sidecar_inner))) {
-            differences.push(format!("sandbox has no default route via {}", addresses.sidecar_inner));
-        }
+        differences.extend(sandbox_route_differences(&sandbox_view, &addresses, ipv6));
         let id = self.id;
         if !self.host.run(nat::owned_tables)?.contains(&id) {
             differences.push(format!("host NAT table {} is missing", nat::table_name(id)));
@@ -1012,6 +1392,12 @@ pub fn nat_tables(host: &Netns) -> Result<Vec<SidecarId>, TopologyError> {
     host.run(nat::owned_tables)
 }
 
+/// Whether an IPv6-enabled Domain can forward through `host`: its global
+/// IPv6 forwarding is on, or the kernel has per-interface `force_forwarding`.
+pub fn host_can_forward_ipv6(host: &Netns) -> Result<bool, TopologyError> {
+    Ok(host.run(ipv6_forwarding_here)? != Ipv6Forwarding::Unavailable)
+}
+
 /// Whether `host` has a global IPv6 route (a default or 2000::/3 route that
 /// is not unreachable): the config's `ipv6` default is false without one.
 pub fn host_has_global_ipv6_route(host: &Netns) -> Result<bool, TopologyError> {
@@ -1026,12 +1412,20 @@ pub fn host_has_global_ipv6_route(host: &Netns) -> Result<bool, TopologyError> {
 }
 
 /// Adds what the topology knows to the configured policy: the host's
-/// addresses, the pool (other Domains) and, when known, the Domain's uplink.
-fn complete_input(view: &NetView, pool: Prefix, input: &PolicyInput, host_uplink: Option<Ipv4Addr>) -> PolicyInput {
+/// addresses, the pools (other Domains) and, when known, the Domain's uplink.
+fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, addresses: Option<&DomainAddresses>) -> PolicyInput {
     let mut full = input.clone();
     full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
-    full.own_addresses.extend(host_uplink.map(|address| Prefix::host(IpAddr::V4(address))));
-    full.other_domains.push(pool);
+    if let Some(addresses) = addresses {
+        full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));
+        if input.ipv6 {
+            full.own_addresses.push(Prefix::host(IpAddr::V6(addresses.v6.host_uplink)));
+        }
+    }
+    full.other_domains.push(config.pool);
+    if input.ipv6 {
+        full.other_domains.push(config.pool6);
+    }
     full
 }
 
@@ -1042,7 +1436,7 @@ fn complete_input(view: &NetView, pool: Prefix, input: &PolicyInput, host_uplink
 /// every verdict is the same).
 pub fn host_policy(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<CompiledPolicy, TopologyError> {
     let view = host.netlink(async |handle| net_view(&handle).await)?;
-    Ok(compile(&complete_input(&view, config.pool, input, None))?)
+    Ok(compile(&complete_input(&view, config, input, None))?)
 }
 
 #[cfg(test)]
@@ -1073,11 +1467,21 @@ mod tests {
     #[test]
     fn domain_addresses_from_slot() {
         let slot: Prefix = "100.96.0.4/30".parse().expect("valid test input");
-        let addresses = DomainAddresses::for_slot(slot).expect("valid test input");
+        let pool6: Prefix = DEFAULT_POOL6.parse().expect("valid test input");
+        let addresses = DomainAddresses::for_slot(slot, pool6).expect("valid test input");
         assert_eq!(addresses.sandbox, Ipv4Addr::new(100, 96, 0, 4));
         assert_eq!(addresses.sidecar_inner, Ipv4Addr::new(100, 96, 0, 5));
         assert_eq!(addresses.sidecar_uplink, Ipv4Addr::new(100, 96, 0, 6));
         assert_eq!(addresses.host_uplink, Ipv4Addr::new(100, 96, 0, 7));
         assert_eq!(addresses.sandbox_link().to_string(), "100.96.0.4/31");
+        assert_eq!(addresses.v6.sandbox, "fd6c:617a:6172::6460:4".parse::<Ipv6Addr>().expect("valid test input"));
+        assert_eq!(addresses.v6.sidecar_inner, "fd6c:617a:6172::6460:5".parse::<Ipv6Addr>().expect("valid test input"));
+        assert_eq!(addresses.v6.sidecar_uplink, "fd6c:617a:6172::6460:6".parse::<Ipv6Addr>().expect("valid test input"));
+        assert_eq!(addresses.v6.host_uplink, "fd6c:617a:6172::6460:7".parse::<Ipv6Addr>().expect("valid test input"));
+        assert_eq!(addresses.v6.sandbox_link().to_string(), "fd6c:617a:6172::6460:4/127");
+        // The pool's own configured constant matches the default config.
+        assert_eq!(TopologyConfig::new(PathBuf::new()).pool6, pool6);
+        // A pool too long to hold an IPv4 address is refused.
+        assert_eq!(DomainAddresses::for_slot(slot, "fd00::/100".parse().expect("valid test input")), None);
     }
 }

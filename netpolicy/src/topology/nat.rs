@@ -1,15 +1,15 @@
 //! Source NAT on the host, over nftables netlink (nftnl + mnl; no `nft` command).
 //!
-//! Each Domain gets its own table, `ip lazaret-<SidecarId>`, holding one
-//! `nat`/`postrouting` base chain that masquerades the sandbox's address.
-//! Deleting that table removes exactly this Domain's rules and nothing else;
-//! when the last Domain is gone no Lazaret table is left. Stale tables of
-//! crashed runs are found by the Sidecar ID in their name.
+//! Each Domain gets its own table, `inet lazaret-<SidecarId>`, holding one
+//! `nat`/`postrouting` base chain that masquerades the sandbox's IPv4 address
+//! and, for an IPv6-enabled Domain, its IPv6 address. Deleting that table
+//! removes exactly this Domain's rules and nothing else; when the last Domain
+//! is gone no Lazaret table is left. Stale tables of crashed runs are found
+//! by the Sidecar ID in their name.
 
-use std::collections::HashSet;
 use std::ffi::{CStr, CString};
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
 
@@ -19,6 +19,11 @@ use super::{SidecarId, TopologyError};
 pub const NAT_TABLE_PREFIX: &str = "lazaret-";
 /// Standard `srcnat` priority.
 const SRCNAT_PRIORITY: i32 = 100;
+/// `NFPROTO_*` numbers of the families a Lazaret table can have: `inet` now,
+/// `ip` for tables left by builds before IPv6 support.
+const NFPROTO_INET: u8 = 1;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
 
 fn nft_error(action: String) -> impl FnOnce(io::Error) -> TopologyError {
     move |source| TopologyError::Io { action: format!("nftables: {action}"), source }
@@ -75,47 +80,71 @@ fn send(batch: &FinalizedBatch) -> io::Result<()> {
     result.recv().map_err(|_| io::Error::other("nftables worker thread panicked"))?
 }
 
-/// Installs `ip saddr <sandbox> masquerade` for one Domain in table
-/// `lazaret-<id>`. Must run on a thread inside the host namespace
+/// Installs `ip saddr <sandbox> masquerade` (and, given an IPv6 address,
+/// `ip6 saddr <sandbox6> masquerade`) for one Domain in table
+/// `inet lazaret-<id>`. Must run on a thread inside the host namespace
 /// ([`super::Netns::run`]); [`super::DomainNetwork`] calls it itself.
-pub fn install(id: SidecarId, sandbox: Ipv4Addr) -> Result<(), TopologyError> {
+pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> Result<(), TopologyError> {
     let name = c_name(table_name(id))?;
-    let table = Table::new(&name, ProtoFamily::Ipv4);
+    let table = Table::new(&name, ProtoFamily::Inet);
     let mut chain = Chain::new(c"snat", &table);
     chain.set_hook(Hook::PostRouting, SRCNAT_PRIORITY);
     chain.set_type(ChainType::Nat);
     chain.set_policy(Policy::Accept);
+    let comment = c_name(format!("Lazaret sidecar {id}"))?;
+    let comment_error = |address: IpAddr| {
+        move |reason: &str| TopologyError::RouteBuild { prefix: crate::Prefix::host(address), reason: reason.to_string() }
+    };
+    // In an inet table every payload match needs its family checked first.
     let mut rule = Rule::new(&chain);
+    rule.add_expr(&nft_expr!(meta nfproto));
+    rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV4));
     rule.add_expr(&nft_expr!(payload ipv4 saddr));
     rule.add_expr(&nft_expr!(cmp == sandbox));
     rule.add_expr(&nft_expr!(masquerade));
-    let comment = c_name(format!("Lazaret sidecar {id}"))?;
-    rule.set_comment(&comment).map_err(|reason| TopologyError::RouteBuild {
-        prefix: crate::Prefix::host(sandbox.into()),
-        reason: reason.to_string(),
-    })?;
+    rule.set_comment(&comment).map_err(|e| comment_error(sandbox.into())(&e.to_string()))?;
     let mut batch = Batch::new();
     batch.add(&table, MsgType::Add);
     batch.add(&chain, MsgType::Add);
     batch.add(&rule, MsgType::Add);
+    if let Some(sandbox6) = sandbox6 {
+        let mut rule6 = Rule::new(&chain);
+        rule6.add_expr(&nft_expr!(meta nfproto));
+        rule6.add_expr(&nft_expr!(cmp == NFPROTO_IPV6));
+        rule6.add_expr(&nft_expr!(payload ipv6 saddr));
+        rule6.add_expr(&nft_expr!(cmp == sandbox6));
+        rule6.add_expr(&nft_expr!(masquerade));
+        rule6.set_comment(&comment).map_err(|e| comment_error(sandbox6.into())(&e.to_string()))?;
+        batch.add(&rule6, MsgType::Add);
+    }
     send(&batch.finalize()).map_err(nft_error(format!("install masquerade for {sandbox} in table {}", table_name(id))))
 }
 
-/// Names of all nftables tables (every family) in the calling thread's namespace.
-pub(crate) fn list_tables() -> Result<HashSet<CString>, TopologyError> {
-    let list = || -> io::Result<HashSet<CString>> {
+/// One nftables table: its `NFPROTO_*` family and name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableRef {
+    family: u8,
+    name: String,
+}
+
+/// Every nftables table (all families) in the calling thread's namespace.
+pub(crate) fn list_tables() -> Result<Vec<TableRef>, TopologyError> {
+    let list = || -> io::Result<Vec<TableRef>> {
         let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
         let portid = socket.portid();
         let sequence = 0;
         socket.send(&nftnl::table::get_tables_nlmsg(sequence))?;
-        let mut tables = HashSet::new();
+        let mut tables = Vec::new();
         let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
         loop {
             let length = socket.recv_raw(&mut buffer[..])?;
             if length == 0 {
                 break;
             }
-            match mnl::cb_run2(&buffer[..length], sequence, portid, nftnl::table::get_tables_cb, &mut tables)? {
+            let received = &buffer[..length];
+            tables.extend(parse_table_messages(received));
+            // mnl checks sequence, port and NLMSG_ERROR and tells when the dump is done.
+            match mnl::cb_run(received, sequence, portid)? {
                 mnl::CbResult::Stop => break,
                 mnl::CbResult::Ok => {}
             }
@@ -125,22 +154,131 @@ pub(crate) fn list_tables() -> Result<HashSet<CString>, TopologyError> {
     list().map_err(nft_error("list tables".into()))
 }
 
-/// Sidecar IDs that own a NAT table in the calling thread's namespace.
-pub(crate) fn owned_tables() -> Result<Vec<SidecarId>, TopologyError> {
-    Ok(list_tables()?
-        .iter()
-        .filter_map(|name| name.to_str().ok()?.strip_prefix(NAT_TABLE_PREFIX)?.parse().ok())
-        .collect())
+/// The tables in a buffer of netlink messages from an nftables table dump
+/// (`NFT_MSG_NEWTABLE` messages: nlmsghdr, nfgenmsg, then attributes).
+/// Anything malformed is skipped; the kernel is the only sender.
+fn parse_table_messages(mut bytes: &[u8]) -> Vec<TableRef> {
+    const NLMSG_HEADER: usize = 16;
+    const NFGENMSG: usize = 4;
+    const NFT_MSG_NEWTABLE: u16 = 0;
+    const NFNL_SUBSYS_NFTABLES: u16 = 10;
+    const NFTA_TABLE_NAME: u16 = 1;
+    let mut tables = Vec::new();
+    while bytes.len() >= NLMSG_HEADER {
+        let length = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
+        if length < NLMSG_HEADER || length > bytes.len() {
+            break;
+        }
+        let message = &bytes[..length];
+        if kind == (NFNL_SUBSYS_NFTABLES << 8 | NFT_MSG_NEWTABLE) && message.len() >= NLMSG_HEADER + NFGENMSG {
+            let family = message[NLMSG_HEADER];
+            let mut attributes = &message[NLMSG_HEADER + NFGENMSG..];
+            while attributes.len() >= 4 {
+                let attribute_length = u16::from_ne_bytes([attributes[0], attributes[1]]) as usize;
+                let attribute_kind = u16::from_ne_bytes([attributes[2], attributes[3]]) & 0x3fff;
+                if attribute_length < 4 || attribute_length > attributes.len() {
+                    break;
+                }
+                if attribute_kind == NFTA_TABLE_NAME {
+                    let value = &attributes[4..attribute_length];
+                    let value = value.split(|b| *b == 0).next().unwrap_or_default();
+                    if let Ok(name) = std::str::from_utf8(value) {
+                        tables.push(TableRef { family, name: name.to_string() });
+                    }
+                }
+                let padded = (attribute_length + 3) & !3;
+                attributes = attributes.get(padded..).unwrap_or_default();
+            }
+        }
+        let padded = (length + 3) & !3;
+        bytes = bytes.get(padded..).unwrap_or_default();
+    }
+    tables
 }
 
-/// Deletes one Domain's NAT table, if present. Runs in the host namespace.
+fn sidecar_of(table: &TableRef) -> Option<SidecarId> {
+    table.name.strip_prefix(NAT_TABLE_PREFIX)?.parse().ok()
+}
+
+/// Sidecar IDs that own a NAT table in the calling thread's namespace.
+pub(crate) fn owned_tables() -> Result<Vec<SidecarId>, TopologyError> {
+    let mut ids: Vec<SidecarId> = list_tables()?.iter().filter_map(sidecar_of).collect();
+    ids.sort();
+    ids.dedup();
+    Ok(ids)
+}
+
+/// Deletes one Domain's NAT tables (whatever their family), if present.
+/// Runs in the host namespace.
 pub(crate) fn remove(id: SidecarId) -> Result<(), TopologyError> {
-    if !owned_tables()?.contains(&id) {
+    let ours: Vec<TableRef> = list_tables()?.into_iter().filter(|t| sidecar_of(t) == Some(id)).collect();
+    if ours.is_empty() {
         return Ok(());
     }
     let name = c_name(table_name(id))?;
-    let table = Table::new(&name as &CStr, ProtoFamily::Ipv4);
+    let tables: Vec<Table> = ours
+        .iter()
+        .filter_map(|t| match t.family {
+            NFPROTO_INET => Some(ProtoFamily::Inet),
+            NFPROTO_IPV4 => Some(ProtoFamily::Ipv4),
+            NFPROTO_IPV6 => Some(ProtoFamily::Ipv6),
+            _ => None,
+        })
+        .map(|family| Table::new(&name as &CStr, family))
+        .collect();
     let mut batch = Batch::new();
-    batch.add(&table, MsgType::Del);
+    for table in &tables {
+        batch.add(table, MsgType::Del);
+    }
     send(&batch.finalize()).map_err(nft_error(format!("delete table {}", table_name(id))))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+        let mut bytes = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
+        bytes.extend(kind.to_ne_bytes());
+        bytes.extend(value);
+        while bytes.len() % 4 != 0 {
+            bytes.push(0);
+        }
+        bytes
+    }
+
+    fn table_message(kind: u16, family: u8, attributes: &[Vec<u8>]) -> Vec<u8> {
+        let body: Vec<u8> = attributes.concat();
+        let length = 16 + 4 + body.len();
+        let mut bytes = (length as u32).to_ne_bytes().to_vec();
+        bytes.extend(kind.to_ne_bytes());
+        bytes.extend([0u8; 10]);
+        bytes.extend([family, 0, 0, 0]);
+        bytes.extend(body);
+        bytes
+    }
+
+    #[test]
+    fn table_dump_parsing_keeps_family_and_name_and_skips_the_rest() {
+        let newtable = 10 << 8;
+        let mut buffer = table_message(newtable, NFPROTO_INET, &[attribute(1, b"lazaret-abcdef0123\0"), attribute(2, &[0, 0, 0, 1])]);
+        buffer.extend(table_message(newtable, NFPROTO_IPV4, &[attribute(2, &[0; 4]), attribute(1, b"filter\0")]));
+        buffer.extend(table_message(3, 0, &[]));
+        buffer.extend([1, 2, 3]);
+        let tables = parse_table_messages(&buffer);
+        assert_eq!(
+            tables,
+            vec![
+                TableRef { family: NFPROTO_INET, name: "lazaret-abcdef0123".into() },
+                TableRef { family: NFPROTO_IPV4, name: "filter".into() },
+            ]
+        );
+        assert_eq!(sidecar_of(&tables[0]).map(|id| id.to_string()).as_deref(), Some("abcdef0123"));
+        assert_eq!(sidecar_of(&tables[1]), None);
+        // A length running past the buffer stops parsing instead of panicking.
+        let mut truncated = table_message(newtable, NFPROTO_INET, &[attribute(1, b"x\0")]);
+        truncated[0] = 200;
+        assert!(parse_table_messages(&truncated).is_empty());
+    }
 }

@@ -2,7 +2,7 @@
 //! creates. Nothing touches the machine's real network namespace.
 #![allow(dead_code)]
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream};
 use std::time::Duration;
 
 use futures_util::TryStreamExt;
@@ -28,6 +28,14 @@ pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const ALLOWED_PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 222, 0, 1);
 /// A "DNS resolver" inside a denied range.
 pub const RESOLVER: Ipv4Addr = Ipv4Addr::new(10, 1, 1, 53);
+/// The host's IPv6 address on its "WAN" link (with [`FakeInternet::with_ipv6`]).
+pub const HOST_WAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2);
+/// The fake internet's IPv6 router address.
+pub const WORLD_WAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1);
+/// A public IPv6 server.
+pub const PUBLIC6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 1);
+/// An IPv6 unique-local (ULA) server.
+pub const ULA6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 1);
 
 /// Fails loudly (never skips) when the tests cannot run.
 pub fn require_root() {
@@ -79,12 +87,27 @@ fn world_addresses() -> [Ipv4Addr; 6] {
 }
 
 impl FakeInternet {
+    /// An IPv4-only fake internet (the host has no IPv6 route).
     pub fn new() -> FakeInternet {
+        FakeInternet::build(false)
+    }
+
+    /// A fake internet that also speaks IPv6: the host gets a global IPv6
+    /// address and default route, the world [`PUBLIC6`] and [`ULA6`].
+    pub fn with_ipv6() -> FakeInternet {
+        FakeInternet::build(true)
+    }
+
+    fn build(ipv6: bool) -> FakeInternet {
         require_root();
         let host = Netns::create().expect("create test host netns");
         let world = Netns::create().expect("create world netns");
         let world_fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&world));
         host.netlink(async move |handle| {
+            // Link-local addresses final at once, so snapshots before and after
+            // a test do not differ by a finished duplicate address detection.
+            std::fs::write("/proc/sys/net/ipv6/conf/default/accept_dad", "0")
+                .map_err(|source| TopologyError::Io { action: "accept_dad".into(), source })?;
             up(&handle, "lo").await?;
             handle.link().add(LinkVeth::new("wan0", "wan1").build()).execute().await.map_err(nl("veth"))?;
             let peer = link_index_sync(&links(&handle).await?, "wan1");
@@ -95,6 +118,11 @@ impl FakeInternet {
             handle.route().add(default).execute().await.map_err(nl("host default route"))?;
             // Start from "forwarding off" whatever the real host has.
             std::fs::write("/proc/sys/net/ipv4/conf/wan0/forwarding", "0").map_err(|source| TopologyError::Io { action: "wan0 forwarding".into(), source })?;
+            if ipv6 {
+                add_nodad(&handle, wan, IpAddr::V6(HOST_WAN6), 64).await?;
+                let default6 = RouteMessageBuilder::<Ipv6Addr>::new().gateway(WORLD_WAN6).output_interface(wan).build();
+                handle.route().add(default6).execute().await.map_err(nl("host IPv6 default route"))?;
+            }
             Ok(())
         })
         .expect("build test host");
@@ -106,27 +134,35 @@ impl FakeInternet {
                 }
                 let wan = up(&handle, "wan1").await?;
                 handle.address().add(wan, IpAddr::V4(WORLD_WAN), 24).execute().await.map_err(nl("addr"))?;
+                if ipv6 {
+                    add_nodad(&handle, wan, IpAddr::V6(WORLD_WAN6), 64).await?;
+                    for address in [PUBLIC6, ULA6] {
+                        add_nodad(&handle, lo, IpAddr::V6(address), 128).await?;
+                    }
+                }
                 // No route back to the Lazaret pool: replies only work through the host's SNAT.
                 Ok(())
             })
             .expect("build world");
-        let listeners = vec![
-            listen(&world, Ipv4Addr::UNSPECIFIED),
+        let mut listeners = vec![
+            listen(&world, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
             // A service on the host itself, on every host address.
-            listen(&host, Ipv4Addr::UNSPECIFIED),
+            listen(&host, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
         ];
+        if ipv6 {
+            listeners.extend([listen(&world, IpAddr::V6(PUBLIC6)), listen(&world, IpAddr::V6(ULA6)), listen(&host, IpAddr::V6(HOST_WAN6))]);
+        }
         FakeInternet { host, world, listeners, state_dir: tempfile::tempdir().expect("tempdir") }
     }
 
-    /// Peer addresses of the connections queued on the world's server.
+    /// Peer addresses of the connections queued on the world's IPv4 server.
     pub fn world_peers(&self) -> Vec<IpAddr> {
-        let listener = &self.listeners[0];
-        listener.set_nonblocking(true).expect("nonblocking");
-        let mut peers = Vec::new();
-        while let Ok((_, peer)) = listener.accept() {
-            peers.push(peer.ip());
-        }
-        peers
+        accepted_peers(&self.listeners[0])
+    }
+
+    /// Peer addresses of the connections queued on the world's public IPv6 server.
+    pub fn world_peers6(&self) -> Vec<IpAddr> {
+        accepted_peers(&self.listeners[2])
     }
 
     pub fn state_file(&self) -> std::path::PathBuf {
@@ -165,9 +201,25 @@ pub fn snapshot(ns: &Netns) -> Vec<String> {
     .expect("snapshot")
 }
 
-fn listen(ns: &Netns, address: Ipv4Addr) -> TcpListener {
+fn accepted_peers(listener: &TcpListener) -> Vec<IpAddr> {
+    listener.set_nonblocking(true).expect("nonblocking");
+    let mut peers = Vec::new();
+    while let Ok((_, peer)) = listener.accept() {
+        peers.push(peer.ip());
+    }
+    peers
+}
+
+/// Adds an address without duplicate address detection (usable at once).
+pub async fn add_nodad(handle: &Handle, index: u32, address: IpAddr, len: u8) -> Result<(), TopologyError> {
+    let mut request = handle.address().add(index, address, len);
+    request.message_mut().header.flags |= rtnetlink::packet_route::address::AddressHeaderFlags::Nodad;
+    request.execute().await.map_err(nl("add address"))
+}
+
+fn listen(ns: &Netns, address: IpAddr) -> TcpListener {
     ns.run(move || {
-        TcpListener::bind(SocketAddr::new(IpAddr::V4(address), PORT))
+        TcpListener::bind(SocketAddr::new(address, PORT))
             .map_err(|source| TopologyError::Io { action: format!("listen on {address}:{PORT}"), source })
     })
     .expect("test listener")
@@ -177,19 +229,27 @@ fn listen(ns: &Netns, address: Ipv4Addr) -> TcpListener {
 #[derive(Debug, PartialEq, Eq)]
 pub enum Reach {
     Connected,
-    /// Refused by an `unreachable` route (ICMP host unreachable / EHOSTUNREACH).
-    HostUnreachable,
+    /// Refused by an `unreachable` route: EHOSTUNREACH (ICMP host
+    /// unreachable) or, for IPv6, ENETUNREACH (ICMPv6 "no route").
+    Unreachable,
     /// Anything else (text of the error).
     Other(String),
 }
 
-pub fn connect_from(ns: &Netns, address: Ipv4Addr) -> Reach {
+pub fn connect_from(ns: &Netns, address: impl Into<IpAddr>) -> Reach {
+    let address = address.into();
     ns.run(move || {
         // The timeout only bounds a broken setup; assertions are on the error kind.
-        let target = SocketAddr::new(IpAddr::V4(address), PORT);
+        let target = SocketAddr::new(address, PORT);
         Ok(match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
             Ok(_) => Reach::Connected,
-            Err(error) if error.raw_os_error() == Some(nix::errno::Errno::EHOSTUNREACH as i32) => Reach::HostUnreachable,
+            Err(error)
+                if [nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ENETUNREACH]
+                    .into_iter()
+                    .any(|errno| error.raw_os_error() == Some(errno as i32)) =>
+            {
+                Reach::Unreachable
+            }
             Err(error) => Reach::Other(error.to_string()),
         })
     })
