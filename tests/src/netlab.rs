@@ -27,6 +27,10 @@ pub const PRIVATE: [&str; 6] = ["10.1.1.1", "10.222.1.1", "10.223.1.1", "172.16.
 pub const DNS: &str = "10.53.0.53";
 /// A public IPv6 server.
 pub const PUBLIC_V6: &str = "2001:db8:100::1";
+/// An IPv6 server at a unique-local (ULA) address, denied by default.
+pub const ULA_V6: &str = "fd00:1::1";
+/// The lab host's own IPv6 address.
+pub const HOST_ADDR_V6: &str = "2001:db8:1::2";
 /// The port every test server listens on (TCP and UDP).
 pub const PORT: u16 = 8080;
 
@@ -92,7 +96,7 @@ impl NetLab {
         // machine's real namespace.
         ip(&host, &["link", "add", "wan0", "type", "veth", "peer", "name", "wan0", "netns", &world_pid]);
         ip(&host, &["addr", "add", &format!("{HOST_ADDR}/24"), "dev", "wan0"]);
-        ip(&host, &["addr", "add", "2001:db8:1::2/64", "dev", "wan0", "nodad"]);
+        ip(&host, &["addr", "add", &format!("{HOST_ADDR_V6}/64"), "dev", "wan0", "nodad"]);
         ip(&host, &["link", "set", "wan0", "up"]);
         ip(&world, &["addr", "add", &format!("{WORLD_GATEWAY}/24"), "dev", "wan0"]);
         ip(&world, &["addr", "add", "2001:db8:1::1/64", "dev", "wan0", "nodad"]);
@@ -104,15 +108,17 @@ impl NetLab {
         for a in &world_addrs {
             ip(&world, &["addr", "add", &format!("{a}/32"), "dev", "lo"]);
         }
-        ip(&world, &["addr", "add", &format!("{PUBLIC_V6}/128"), "dev", "lo"]);
+        for a in [PUBLIC_V6, ULA_V6] {
+            ip(&world, &["addr", "add", &format!("{a}/128"), "dev", "lo"]);
+        }
 
         let mut serve: Vec<String> = vec!["serve".into(), PORT.to_string()];
         serve.extend(world_addrs.iter().filter(|a| **a != DNS).map(|a| a.to_string()));
-        serve.push(PUBLIC_V6.into());
+        serve.extend([PUBLIC_V6.into(), ULA_V6.into()]);
         lab.start_server(&world, &serve.iter().map(String::as_str).collect::<Vec<_>>(), true);
         lab.start_server(&world, &["dns", DNS, PUBLIC], false);
         // A server on the lab host's own address: the sandbox must not reach it.
-        lab.start_server(&host, &["serve", &PORT.to_string(), HOST_ADDR], false);
+        lab.start_server(&host, &["serve", &PORT.to_string(), HOST_ADDR, HOST_ADDR_V6], false);
         lab
     }
 

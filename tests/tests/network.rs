@@ -115,9 +115,44 @@ fn hand_made_packets_on_raw_sockets_reach_nothing_denied() {
 }
 
 #[test]
-fn ipv6_is_disabled_so_nothing_leaves_over_it() {
+fn ipv6_enabled_reaches_public_v6_but_not_ula_host_or_transit() {
     let lab = NetLab::new();
-    let env = lab_env(&lab, "");
+    let env = lab_env(&lab, "ipv6 = true\n");
+    let port = PORT.to_string();
+    let mut checks: Vec<String> = vec![];
+    let mut add = |c: &[&str]| {
+        if !checks.is_empty() {
+            checks.push("--".into());
+        }
+        checks.extend(c.iter().map(|s| s.to_string()));
+    };
+    add(&["tcp", PUBLIC_V6, &port, "ok"]);
+    add(&["udp", PUBLIC_V6, &port, "ok"]);
+    add(&["tcp", PUBLIC, &port, "ok"]);
+    add(&["tcp", ULA_V6, &port, "unreachable"]);
+    add(&["udp", ULA_V6, &port, "blocked"]);
+    add(&["tcp", HOST_ADDR_V6, &port, "unreachable"]);
+    // The Domain's IPv6 transit addresses (the pool's first slot): the
+    // sidecar's two, the host end of the uplink, and another Domain's.
+    for transit in ["fd6c:617a:6172::6460:1", "fd6c:617a:6172::6460:2", "fd6c:617a:6172::6460:3", "fd6c:617a:6172::6460:4"] {
+        add(&["tcp", transit, &port, "unreachable"]);
+    }
+    let refs: Vec<&str> = checks.iter().map(String::as_str).collect();
+    let out = probe(&env, &refs);
+    assert_probe(&out);
+    // NAT66: the world saw the sandbox as the lab host's IPv6 address.
+    let log = lab.wait_log(&format!("udp {PUBLIC_V6} <- {HOST_ADDR_V6}"));
+    assert!(!log.contains(&format!("udp {ULA_V6}")), "a ULA server received traffic: {log}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab);
+}
+
+#[test]
+fn ipv6_disabled_lets_nothing_leave_over_it() {
+    let lab = NetLab::new();
+    // The lab host has a global IPv6 route, so the default here would be on.
+    let env = lab_env(&lab, "ipv6 = false\n");
     let port = PORT.to_string();
     let out = probe(&env, &["tcp", PUBLIC_V6, &port, "unreachable", "--", "udp", PUBLIC_V6, &port, "blocked"]);
     assert_probe(&out);

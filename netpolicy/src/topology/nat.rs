@@ -92,9 +92,8 @@ pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> 
     chain.set_type(ChainType::Nat);
     chain.set_policy(Policy::Accept);
     let comment = c_name(format!("Lazaret sidecar {id}"))?;
-    let comment_error = |address: IpAddr| {
-        move |reason: &str| TopologyError::RouteBuild { prefix: crate::Prefix::host(address), reason: reason.to_string() }
-    };
+    let comment_error =
+        |address: IpAddr, reason: &str| TopologyError::RouteBuild { prefix: crate::Prefix::host(address), reason: reason.to_string() };
     // In an inet table every payload match needs its family checked first.
     let mut rule = Rule::new(&chain);
     rule.add_expr(&nft_expr!(meta nfproto));
@@ -102,7 +101,7 @@ pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> 
     rule.add_expr(&nft_expr!(payload ipv4 saddr));
     rule.add_expr(&nft_expr!(cmp == sandbox));
     rule.add_expr(&nft_expr!(masquerade));
-    rule.set_comment(&comment).map_err(|e| comment_error(sandbox.into())(&e.to_string()))?;
+    rule.set_comment(&comment).map_err(|e| comment_error(sandbox.into(), e))?;
     let mut batch = Batch::new();
     batch.add(&table, MsgType::Add);
     batch.add(&chain, MsgType::Add);
@@ -114,7 +113,7 @@ pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> 
         rule6.add_expr(&nft_expr!(payload ipv6 saddr));
         rule6.add_expr(&nft_expr!(cmp == sandbox6));
         rule6.add_expr(&nft_expr!(masquerade));
-        rule6.set_comment(&comment).map_err(|e| comment_error(sandbox6.into())(&e.to_string()))?;
+        rule6.set_comment(&comment).map_err(|e| comment_error(sandbox6.into(), e))?;
         batch.add(&rule6, MsgType::Add);
     }
     send(&batch.finalize()).map_err(nft_error(format!("install masquerade for {sandbox} in table {}", table_name(id))))
