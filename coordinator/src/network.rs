@@ -94,12 +94,19 @@ pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, N
     })
 }
 
-/// Topology settings: forwarding state is recorded per host network
-/// namespace under the Storage Root.
-pub fn topology_config(storage_root: &Path, host: &Netns) -> Result<TopologyConfig, NetworkError> {
-    let dir = storage_root.join("net");
+/// Topology settings: the configured pools, and forwarding state recorded
+/// per host network namespace under the Storage Root.
+pub fn topology_config(config: &Config, host: &Netns) -> Result<TopologyConfig, NetworkError> {
+    let dir = config.storage_root.join("net");
     std::fs::create_dir_all(&dir).map_err(|source| NetworkError::Record { path: dir.clone(), source })?;
-    Ok(TopologyConfig::new(dir.join(format!("forwarding-{}.json", host.inode()?))))
+    let mut topology = TopologyConfig::new(dir.join(format!("forwarding-{}.json", host.inode()?)));
+    if let Some(pool) = &config.network.pool {
+        topology.pool = to_prefix(pool).0;
+    }
+    if let Some(pool6) = &config.network.pool6 {
+        topology.pool6 = to_prefix(pool6).0;
+    }
+    Ok(topology)
 }
 
 /// The compiled policy a Domain of this profile would get on this host now
@@ -107,7 +114,7 @@ pub fn topology_config(storage_root: &Path, host: &Netns) -> Result<TopologyConf
 pub fn preview(config: &Config, profile: &Profile) -> Result<CompiledPolicy, NetworkError> {
     let input = policy_input(config, profile)?;
     let host = Netns::of_current_thread()?;
-    let topo = topology_config(&config.storage_root, &host)?;
+    let topo = topology_config(config, &host)?;
     topology::host_policy(&host, &topo, &input).map_err(|e| for_profile(profile, e))
 }
 
@@ -118,7 +125,7 @@ pub fn preview(config: &Config, profile: &Profile) -> Result<CompiledPolicy, Net
 pub fn bring_up(config: &Config, profile: &Profile, record: &Path) -> Result<DomainNetwork, NetworkError> {
     let input = policy_input(config, profile)?;
     let host = Netns::of_current_thread()?;
-    let topo = topology_config(&config.storage_root, &host)?;
+    let topo = topology_config(config, &host)?;
     match std::fs::read_to_string(record) {
         Ok(text) => {
             if let Ok(stale) = text.trim().parse::<SidecarId>() {

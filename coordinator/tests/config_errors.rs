@@ -321,3 +321,24 @@ fn dns_lists() {
         ],
     );
 }
+
+#[test]
+fn network_pools() {
+    expect(
+        &format!("[network]\npool = \"fd00::/64\"\npool6 = \"fd6c::/120\"\ncolour = 1\n{PROFILE}"),
+        &[
+            (2, 8, "`network.pool` must be an IPv4 prefix of length /30 or shorter, not fd00::/64"),
+            (3, 9, "`network.pool6` must be an IPv6 prefix of length /96 or shorter, not fd6c::/120"),
+            (4, 1, "colour"),
+        ],
+    );
+    expect(&format!("[network]\npool = \"100.96.0.1/16\"\n{PROFILE}"), &[(2, 8, "`network.pool`")]);
+    let config = Config::parse(
+        &format!("[network]\npool = \"100.64.0.0/20\"\npool6 = \"fd00:1::/80\"\n{PROFILE}"),
+        Path::new("cfg.toml"),
+        Path::new("/home/dev"),
+    )
+    .unwrap();
+    assert_eq!(config.network.pool.map(|p| p.to_string()).as_deref(), Some("100.64.0.0/20"));
+    assert_eq!(config.network.pool6.map(|p| p.to_string()).as_deref(), Some("fd00:1::/80"));
+}

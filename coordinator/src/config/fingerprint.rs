@@ -41,6 +41,9 @@ struct Canonical<'a> {
     runtime_dir: Option<&'a Path>,
     runsc: &'a RunscSettings,
     escalation: &'a EscalationSettings,
+    /// Only when configured, so a default `[network]` keeps older fingerprints.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    network: Option<&'a super::NetworkSettings>,
     profile_name: &'a str,
     image: &'a str,
     command: &'a [String],
@@ -72,6 +75,7 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         runtime_dir: config.runtime_dir.as_deref(),
         runsc: &config.runsc,
         escalation: &config.escalation,
+        network: (config.network != super::NetworkSettings::default()).then_some(&config.network),
         profile_name: &profile.name,
         image: &profile.image,
         command: &profile.command,

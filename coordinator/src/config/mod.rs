@@ -67,6 +67,8 @@ pub struct Config {
     pub dns: Vec<IpAddr>,
     /// Host escalation settings.
     pub escalation: EscalationSettings,
+    /// The Domain network's address pools.
+    pub network: NetworkSettings,
     /// Profile used when none is named on the command line.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub default_profile: Option<String>,
@@ -118,6 +120,19 @@ impl Platform {
             Platform::Kvm => "kvm",
         }
     }
+}
+
+/// The `[network]` table: where Domains take their transit addresses from.
+/// `None` keeps Lazaret's default pool.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct NetworkSettings {
+    /// IPv4 pool (/30 or shorter), default 100.96.0.0/16; each Domain takes a /30.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool: Option<IpPrefix>,
+    /// IPv6 pool (/96 or shorter), default fd6c:617a:6172::/96; a Domain's
+    /// IPv6 addresses are this prefix with its IPv4 addresses as the last 32 bits.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pool6: Option<IpPrefix>,
 }
 
 /// The `[escalation]` table.

@@ -12,7 +12,7 @@ use toml::de::{DeArray, DeTable, DeValue};
 use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
 use super::{
     Config, DEFAULT_COMMAND, DEFAULT_STORAGE_ROOT, EnvValue, EscalationRule, EscalationSettings,
-    IpPrefix, Platform, Profile, RunscSettings, UserChoice, Volume,
+    IpPrefix, NetworkSettings, Platform, Profile, RunscSettings, UserChoice, Volume,
 };
 
 type Value<'i> = Spanned<DeValue<'i>>;
@@ -23,9 +23,11 @@ const TOP_KEYS: &[&str] = &[
     "runsc",
     "dns",
     "escalation",
+    "network",
     "default_profile",
     "profiles",
 ];
+const NETWORK_KEYS: &[&str] = &["pool", "pool6"];
 const RUNSC_KEYS: &[&str] = &["path", "platform", "debug_log_dir"];
 const ESCALATION_KEYS: &[&str] = &["rules"];
 const RULE_KEYS: &[&str] = &["name", "command", "allow_extra_args", "cwd"];
@@ -363,6 +365,10 @@ impl<'a> Walker<'a> {
             Some(value) => self.escalation(value),
             None => Some(EscalationSettings::default()),
         };
+        let network = match top.get("network") {
+            Some(value) => self.network(value),
+            None => Some(NetworkSettings::default()),
+        };
         let default_profile = top.get("default_profile").map(|value| {
             (
                 self.string(value, "default_profile", "\"claude\"")
@@ -427,6 +433,7 @@ impl<'a> Walker<'a> {
             runsc: runsc?,
             dns: dns?,
             escalation: escalation?,
+            network: network?,
             default_profile,
             profiles,
         })
@@ -475,6 +482,34 @@ impl<'a> Walker<'a> {
             platform,
             debug_log_dir,
         })
+    }
+
+    fn network(&mut self, value: &Value<'_>) -> Option<NetworkSettings> {
+        let table = self.table(value, "network", "{ pool = \"100.96.0.0/16\" }")?;
+        let keys = self.entries(table, NETWORK_KEYS, "[network]");
+        let pool = keys.get("pool").map(|v| self.pool(v, "network.pool", true, 30, "\"100.96.0.0/16\""));
+        let pool6 = keys.get("pool6").map(|v| self.pool(v, "network.pool6", false, 96, "\"fd6c:617a:6172::/96\""));
+        Some(NetworkSettings { pool: pool.map_or(Some(None), |p| p.map(Some))?, pool6: pool6.map_or(Some(None), |p| p.map(Some))? })
+    }
+
+    /// An address pool: one prefix of the given family, `max_length` or shorter.
+    fn pool(&mut self, value: &Value<'_>, key: &str, v4: bool, max_length: u8, example: &str) -> Option<IpPrefix> {
+        let text = self.string(value, key, example)?;
+        match text.parse::<IpPrefix>() {
+            Ok(mut prefix) if prefix.network().is_ipv4() == v4 && prefix.length() <= max_length => {
+                prefix.origin = self.map.origin(&value.span());
+                Some(prefix)
+            }
+            Ok(prefix) => {
+                let family = if v4 { "IPv4" } else { "IPv6" };
+                self.error(&value.span(), format!("`{key}` must be an {family} prefix of length /{max_length} or shorter, not {prefix}"), format!("e.g. {key} = {example}"));
+                None
+            }
+            Err(error) => {
+                self.error(&value.span(), format!("`{key}`: {error}"), error.hint());
+                None
+            }
+        }
     }
 
     fn dns(&mut self, value: &Value<'_>, key: &str) -> Option<Vec<IpAddr>> {
