@@ -19,24 +19,34 @@ fn percentile(sorted: &[Duration], fraction: f64) -> Duration {
     sorted[index.min(sorted.len() - 1)]
 }
 
-fn main() {
-    let net = support::FakeInternet::new();
+/// Builds and tears down one Domain topology RUNS times; the sorted timings.
+fn measure(net: &support::FakeInternet, input: &PolicyInput) -> (Vec<Duration>, Vec<Duration>) {
     let config = TopologyConfig::new(net.state_file());
-    let input = PolicyInput {
-        allow: parse_prefixes(&[("10.222.0.0/16", "bench:1:1")]).expect("prefix"),
-        dns: vec![IpAddr::V4(support::RESOLVER)],
-        ..PolicyInput::default()
-    };
     let mut builds = Vec::with_capacity(RUNS);
     let mut teardowns = Vec::with_capacity(RUNS);
     for run in 0..RUNS {
         let start = Instant::now();
-        let domain = DomainNetwork::create(&net.host, &config, &input).unwrap_or_else(|e| panic!("run {run}: {e}"));
+        let domain = DomainNetwork::create(&net.host, &config, input).unwrap_or_else(|e| panic!("run {run}: {e}"));
         builds.push(start.elapsed());
         let start = Instant::now();
         domain.teardown().unwrap_or_else(|e| panic!("run {run}: teardown: {e}"));
         teardowns.push(start.elapsed());
     }
+    builds.sort();
+    teardowns.sort();
+    (builds, teardowns)
+}
+
+fn main() {
+    let net = support::FakeInternet::with_ipv6();
+    let mut input = PolicyInput {
+        allow: parse_prefixes(&[("10.222.0.0/16", "bench:1:1")]).expect("prefix"),
+        dns: vec![IpAddr::V4(support::RESOLVER)],
+        ..PolicyInput::default()
+    };
+    let (builds, teardowns) = measure(&net, &input);
+    input.ipv6 = true;
+    let (builds6, teardowns6) = measure(&net, &input);
     // The kernel's floor for a teardown: deleting one veth pair (its RCU
     // barrier dominates), measured the same way in the same namespace.
     let mut veth_deletes = Vec::with_capacity(RUNS);
@@ -53,16 +63,14 @@ fn main() {
             .unwrap_or_else(|e| panic!("run {run}: veth floor: {e}"));
         veth_deletes.push(elapsed);
     }
-    builds.sort();
-    teardowns.sort();
     veth_deletes.sort();
-    let rules = lazaret_netpolicy::policy::compile(&input).map(|p| p.rules().len()).unwrap_or(0);
-    println!("Domain topology, {RUNS} runs, policy of ~{rules} rules (+ host/transit/pool rules), includes read-back verification:");
-    println!("  build    median {:>8.2?}  p90 {:>8.2?}", percentile(&builds, 0.5), percentile(&builds, 0.9));
-    println!("  teardown median {:>8.2?}  p90 {:>8.2?}", percentile(&teardowns, 0.5), percentile(&teardowns, 0.9));
-    println!(
-        "  (kernel floor: deleting one veth pair, median {:>8.2?}  p90 {:>8.2?})",
-        percentile(&veth_deletes, 0.5),
-        percentile(&veth_deletes, 0.9)
-    );
+    let line = |what: &str, samples: &[Duration]| {
+        println!("  {what:<24} median {:>8.2?}  p90 {:>8.2?}", percentile(samples, 0.5), percentile(samples, 0.9));
+    };
+    println!("Domain topology, {RUNS} runs each, includes read-back verification:");
+    line("build, IPv6 disabled", &builds);
+    line("teardown, IPv6 disabled", &teardowns);
+    line("build, IPv6 enabled", &builds6);
+    line("teardown, IPv6 enabled", &teardowns6);
+    line("(kernel: one veth delete)", &veth_deletes);
 }
