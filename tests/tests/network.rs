@@ -21,6 +21,23 @@ fn probe(env: &TestEnv, checks: &[&str]) -> std::process::Output {
     env.run(&args)
 }
 
+/// Probe checks joined by "--", built one at a time.
+#[derive(Default)]
+struct Checks(Vec<String>);
+
+impl Checks {
+    fn add(&mut self, check: &[&str]) {
+        if !self.0.is_empty() {
+            self.0.push("--".into());
+        }
+        self.0.extend(check.iter().map(|s| s.to_string()));
+    }
+
+    fn args(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
+    }
+}
+
 fn assert_probe(out: &std::process::Output) {
     assert_eq!(out.status.code(), Some(PROBE_PASS), "probe stderr: {}", text(&out.stderr));
 }
@@ -42,28 +59,21 @@ fn default_policy_allows_public_and_denies_private_host_and_transit() {
     let lab = NetLab::new();
     let env = lab_env(&lab, "");
     let port = PORT.to_string();
-    let mut checks: Vec<String> = vec![];
-    let mut add = |c: &[&str]| {
-        if !checks.is_empty() {
-            checks.push("--".into());
-        }
-        checks.extend(c.iter().map(|s| s.to_string()));
-    };
-    add(&["tcp", PUBLIC, &port, "ok"]);
-    add(&["udp", PUBLIC, &port, "ok"]);
+    let mut checks = Checks::default();
+    checks.add(&["tcp", PUBLIC, &port, "ok"]);
+    checks.add(&["udp", PUBLIC, &port, "ok"]);
     for private in PRIVATE {
-        add(&["tcp", private, &port, "unreachable"]);
-        add(&["udp", private, &port, "blocked"]);
+        checks.add(&["tcp", private, &port, "unreachable"]);
+        checks.add(&["udp", private, &port, "blocked"]);
     }
-    add(&["tcp", HOST_ADDR, &port, "unreachable"]);
+    checks.add(&["tcp", HOST_ADDR, &port, "unreachable"]);
     // Transit: this lab's only Domain takes the pool's first /30 (100.96.0.0
     // is the sandbox itself); its router's two addresses, the host end of
     // the uplink, and another Domain's slot are all out of reach.
     for transit in ["100.96.0.1", "100.96.0.2", "100.96.0.3", "100.96.0.4", "100.96.0.5"] {
-        add(&["tcp", transit, &port, "unreachable"]);
+        checks.add(&["tcp", transit, &port, "unreachable"]);
     }
-    let refs: Vec<&str> = checks.iter().map(String::as_str).collect();
-    let out = probe(&env, &refs);
+    let out = probe(&env, &checks.args());
     assert_probe(&out);
     env.assert_nothing_left();
     env.assert_journal_conforms();
@@ -119,26 +129,19 @@ fn ipv6_enabled_reaches_public_v6_but_not_ula_host_or_transit() {
     let lab = NetLab::new();
     let env = lab_env(&lab, "ipv6 = true\n");
     let port = PORT.to_string();
-    let mut checks: Vec<String> = vec![];
-    let mut add = |c: &[&str]| {
-        if !checks.is_empty() {
-            checks.push("--".into());
-        }
-        checks.extend(c.iter().map(|s| s.to_string()));
-    };
-    add(&["tcp", PUBLIC_V6, &port, "ok"]);
-    add(&["udp", PUBLIC_V6, &port, "ok"]);
-    add(&["tcp", PUBLIC, &port, "ok"]);
-    add(&["tcp", ULA_V6, &port, "unreachable"]);
-    add(&["udp", ULA_V6, &port, "blocked"]);
-    add(&["tcp", HOST_ADDR_V6, &port, "unreachable"]);
+    let mut checks = Checks::default();
+    checks.add(&["tcp", PUBLIC_V6, &port, "ok"]);
+    checks.add(&["udp", PUBLIC_V6, &port, "ok"]);
+    checks.add(&["tcp", PUBLIC, &port, "ok"]);
+    checks.add(&["tcp", ULA_V6, &port, "unreachable"]);
+    checks.add(&["udp", ULA_V6, &port, "blocked"]);
+    checks.add(&["tcp", HOST_ADDR_V6, &port, "unreachable"]);
     // The Domain's IPv6 transit addresses (the pool's first slot): the
     // sidecar's two, the host end of the uplink, and another Domain's.
     for transit in ["fd6c:617a:6172::6460:1", "fd6c:617a:6172::6460:2", "fd6c:617a:6172::6460:3", "fd6c:617a:6172::6460:4"] {
-        add(&["tcp", transit, &port, "unreachable"]);
+        checks.add(&["tcp", transit, &port, "unreachable"]);
     }
-    let refs: Vec<&str> = checks.iter().map(String::as_str).collect();
-    let out = probe(&env, &refs);
+    let out = probe(&env, &checks.args());
     assert_probe(&out);
     // NAT66: the world saw the sandbox as the lab host's IPv6 address.
     let log = lab.wait_log(&format!("udp {PUBLIC_V6} <- {HOST_ADDR_V6}"));

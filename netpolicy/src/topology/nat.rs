@@ -92,29 +92,16 @@ pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> 
     chain.set_type(ChainType::Nat);
     chain.set_policy(Policy::Accept);
     let comment = c_name(format!("Lazaret sidecar {id}"))?;
-    let comment_error =
-        |address: IpAddr, reason: &str| TopologyError::RouteBuild { prefix: crate::Prefix::host(address), reason: reason.to_string() };
-    // In an inet table every payload match needs its family checked first.
-    let mut rule = Rule::new(&chain);
-    rule.add_expr(&nft_expr!(meta nfproto));
-    rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV4));
-    rule.add_expr(&nft_expr!(payload ipv4 saddr));
-    rule.add_expr(&nft_expr!(cmp == sandbox));
-    rule.add_expr(&nft_expr!(masquerade));
-    rule.set_comment(&comment).map_err(|e| comment_error(sandbox.into(), e))?;
+    let rules = [Some(IpAddr::V4(sandbox)), sandbox6.map(IpAddr::V6)]
+        .into_iter()
+        .flatten()
+        .map(|source| masquerade(&chain, source, &comment))
+        .collect::<Result<Vec<Rule>, TopologyError>>()?;
     let mut batch = Batch::new();
     batch.add(&table, MsgType::Add);
     batch.add(&chain, MsgType::Add);
-    batch.add(&rule, MsgType::Add);
-    if let Some(sandbox6) = sandbox6 {
-        let mut rule6 = Rule::new(&chain);
-        rule6.add_expr(&nft_expr!(meta nfproto));
-        rule6.add_expr(&nft_expr!(cmp == NFPROTO_IPV6));
-        rule6.add_expr(&nft_expr!(payload ipv6 saddr));
-        rule6.add_expr(&nft_expr!(cmp == sandbox6));
-        rule6.add_expr(&nft_expr!(masquerade));
-        rule6.set_comment(&comment).map_err(|e| comment_error(sandbox6.into(), e))?;
-        batch.add(&rule6, MsgType::Add);
+    for rule in &rules {
+        batch.add(rule, MsgType::Add);
     }
     send(&batch.finalize()).map_err(nft_error(format!("install masquerade for {sandbox} in table {}", table_name(id))))
 }
@@ -124,6 +111,28 @@ pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> 
 pub(crate) struct TableRef {
     family: u8,
     name: String,
+}
+
+/// `meta nfproto <family> <family> saddr <source> masquerade`: in an inet
+/// table every payload match needs its family checked first.
+fn masquerade<'c>(chain: &'c Chain<'c>, source: IpAddr, comment: &CStr) -> Result<Rule<'c>, TopologyError> {
+    let mut rule = Rule::new(chain);
+    rule.add_expr(&nft_expr!(meta nfproto));
+    match source {
+        IpAddr::V4(address) => {
+            rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV4));
+            rule.add_expr(&nft_expr!(payload ipv4 saddr));
+            rule.add_expr(&nft_expr!(cmp == address));
+        }
+        IpAddr::V6(address) => {
+            rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV6));
+            rule.add_expr(&nft_expr!(payload ipv6 saddr));
+            rule.add_expr(&nft_expr!(cmp == address));
+        }
+    }
+    rule.add_expr(&nft_expr!(masquerade));
+    rule.set_comment(comment).map_err(|reason| TopologyError::RouteBuild { prefix: crate::Prefix::host(source), reason: reason.to_string() })?;
+    Ok(rule)
 }
 
 /// Every nftables table (all families) in the calling thread's namespace.
