@@ -18,11 +18,13 @@
 //!   The sidecar's ICMP rate limits are off, so every denied connection fails
 //!   at once with "No route to host" rather than timing out.
 //! * Spoofed sources: IPv4 has a strict `rp_filter` on `lzs0`; IPv6 has no
-//!   such switch, so a rule blackholes every packet from the sandbox whose
+//!   such switch, so rules blackhole every packet from the sandbox whose
 //!   source is not the sandbox's address (link-local sources, which the
 //!   kernel never forwards, stay allowed for neighbour discovery).
-//! * The sidecar's interfaces have no IPv6 link-local addresses and accept
-//!   no router advertisements or redirects.
+//! * The sidecar's interfaces keep IPv6 link-local addresses (the kernel
+//!   sends no neighbour solicitation without one); rules refuse the sandbox
+//!   every link-local destination for the guarded protocols. The sidecar
+//!   accepts no router advertisements or redirects and ignores echo requests.
 //! * The sandbox's only routes are its link route and `default via G`; whatever
 //!   root inside does to its own netstack, packets still cross the sidecar.
 //! * Sidecar and sandbox namespaces are held only by descriptors in
