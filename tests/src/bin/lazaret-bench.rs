@@ -164,6 +164,8 @@ fn remove_bench_cgroup(cgroup: &str) {
     for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
         let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench").join(cgroup));
         let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench"));
+        // The shared parent too, once empty (busy with a running Domain: kept).
+        let _ = std::fs::remove_dir(hierarchy.path().join("lazaret"));
     }
 }
 
