@@ -158,6 +158,40 @@ fn verify_detects_a_missing_sidecar_route() {
 }
 
 #[test]
+fn verify_detects_a_tampered_guard_rule() {
+    let net = FakeInternet::with_ipv6();
+    let mut policy = input();
+    policy.ipv6 = true;
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy)
+        .unwrap_or_else(|error| panic!("building the IPv6-enabled Domain network failed: {error}"));
+    let sidecar = domain.sidecar_netns().expect("ns");
+    // Drop the IPv6 spoof guard and put the kernel's `lookup local` back in front.
+    sidecar
+        .netlink(async |handle| {
+            let rules: Vec<_> = futures_util::TryStreamExt::try_collect(handle.rule().get(rtnetlink::IpVersion::V6).execute())
+                .await
+                .map_err(nl("dump rules"))?;
+            let spoof_guard = rules
+                .into_iter()
+                .find(|rule| rule.attributes.contains(&rtnetlink::packet_route::rule::RuleAttribute::Priority(402)))
+                .expect("the spoof guard rule at 402");
+            handle.rule().del(spoof_guard).execute().await.map_err(nl("delete spoof guard"))?;
+            let mut local = handle.rule().add().v6().table_id(255).priority(0);
+            local.message_mut().header.action = rtnetlink::packet_route::rule::RuleAction::ToTable;
+            local.execute().await.map_err(nl("add local rule"))
+        })
+        .expect("tamper with the rules");
+    match domain.verify_installed() {
+        Err(TopologyError::Mismatch { differences }) => {
+            assert!(differences.contains(&"sidecar IPv6 rule missing: 402: iif lzs0 from all Blackhole".to_string()), "{differences:?}");
+            assert!(differences.contains(&"unexpected sidecar IPv6 rule: 0: from all lookup 255".to_string()), "{differences:?}");
+        }
+        other => panic!("tampered rules not detected: {other:?}"),
+    }
+    domain.teardown().expect("teardown");
+}
+
+#[test]
 fn stale_uplinks_are_found_by_id_and_removed() {
     let net = FakeInternet::new();
     let before = net.host_snapshot();

@@ -304,7 +304,7 @@ impl DomainAddresses6 {
     }
 
     /// The sidecar's own IPv6 addresses, which the self-guard keeps out of
-    /// reach (its link-local ones: [`install_link_local_guard6`]).
+    /// reach (its link-local ones: see [`sidecar_rules`]).
     fn sidecar_own(&self) -> [Prefix; 2] {
         [Prefix::host(IpAddr::V6(self.sidecar_inner)), Prefix::host(IpAddr::V6(self.sidecar_uplink))]
     }
@@ -526,14 +526,16 @@ fn route_message(route: &PolicyRoute, uplink: (u32, Ipv4Addr, Ipv6Addr)) -> Resu
     Ok(message)
 }
 
-/// Routing table of the sidecar's self-guard (see [`install_self_guard`]).
+/// Routing table of the sidecar's self-guard (see [`install_self_guard_table`]).
 const SELF_GUARD_TABLE: u32 = 200;
-/// Priority of the rule sending packets from the sandbox to the self-guard.
+/// Priority of the rules sending packets from the sandbox to the self-guard.
 const SELF_GUARD_PRIORITY: u32 = 500;
 /// Priority the `lookup local` rule is moved to, after the self-guard.
 const LOCAL_RULE_PRIORITY: u32 = 1000;
 /// The kernel's local routing table.
 const LOCAL_TABLE: u32 = 255;
+/// The kernel's `main` and `default` rules (priority, table); IPv6 has no `default` rule.
+const KERNEL_RULES: [(u32, u32); 2] = [(32766, MAIN_TABLE), (32767, 253)];
 
 /// Priority of the IPv6 rule that lets link-local sources (neighbour
 /// discovery) past the spoof guard; the kernel never forwards them.
@@ -544,6 +546,8 @@ const SANDBOX_SOURCE_PRIORITY: u32 = 401;
 const SPOOF_GUARD_PRIORITY: u32 = 402;
 /// Priority of the IPv6 rules that refuse the sandbox the sidecar's link-local addresses.
 const LINK_LOCAL_GUARD_PRIORITY: u32 = 450;
+/// IPv6 link-local unicast, fe80::/10.
+const LINK_LOCAL: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0);
 
 /// IP protocols whose packets from the sandbox go through the self-guard.
 /// The rules match on the protocol so that ARP (which the kernel routes with
@@ -572,15 +576,216 @@ fn guarded_protocols(v4: bool) -> impl Iterator<Item = IpProtocol> {
     GUARDED_PROTOCOLS.into_iter().filter(move |protocol| v4 || *protocol != IpProtocol::Icmp)
 }
 
-fn family_of(v4: bool) -> AddressFamily {
-    if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 }
+fn link_local() -> Prefix {
+    Prefix::truncating(IpAddr::V6(LINK_LOCAL), 10)
 }
 
-/// A rule request of one family (the typed `.v4()`/`.v6()` requests differ in type).
-fn rule_request(handle: &Handle, v4: bool) -> rtnetlink::RuleAddRequest {
-    let mut request = handle.rule().add();
-    request.message_mut().header.family = family_of(v4);
-    request
+/// One routing rule of the sidecar: what is installed, and what a dump is
+/// compared with, so both come from the same list ([`sidecar_rules`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct SidecarRule {
+    priority: u32,
+    iif: Option<String>,
+    source: Option<Prefix>,
+    destination: Option<Prefix>,
+    protocol: Option<IpProtocol>,
+    action: RuleAction,
+    /// The table looked up by a `ToTable` rule; 0 for the other actions.
+    table: u32,
+    /// The priority a `Goto` rule continues at.
+    goto: Option<u32>,
+    /// `not`: inverts every selector of the rule (never used by Lazaret).
+    inverted: bool,
+}
+
+impl SidecarRule {
+    /// A rule for packets arriving from the sandbox link.
+    fn from_sandbox(priority: u32, action: RuleAction) -> SidecarRule {
+        SidecarRule { iif: Some(SIDECAR_INNER_LINK.to_string()), ..SidecarRule::any(priority, action) }
+    }
+
+    /// A rule for every packet.
+    fn any(priority: u32, action: RuleAction) -> SidecarRule {
+        SidecarRule {
+            priority,
+            iif: None,
+            source: None,
+            destination: None,
+            protocol: None,
+            action,
+            table: 0,
+            goto: None,
+            inverted: false,
+        }
+    }
+
+    fn parse(message: &RuleMessage) -> SidecarRule {
+        let header = &message.header;
+        let mut rule = SidecarRule::any(0, header.action);
+        rule.table = u32::from(header.table);
+        rule.inverted = header.flags.contains(RuleFlags::Invert);
+        for attribute in &message.attributes {
+            match attribute {
+                RuleAttribute::Priority(priority) => rule.priority = *priority,
+                RuleAttribute::Table(table) => rule.table = *table,
+                RuleAttribute::Iifname(name) => rule.iif = Some(name.clone()),
+                RuleAttribute::Source(address) => rule.source = Some(Prefix::truncating(*address, header.src_len)),
+                RuleAttribute::Destination(address) => rule.destination = Some(Prefix::truncating(*address, header.dst_len)),
+                RuleAttribute::IpProtocol(protocol) => rule.protocol = Some(*protocol),
+                RuleAttribute::Goto(target) => rule.goto = Some(*target),
+                _ => {}
+            }
+        }
+        if rule.action != RuleAction::ToTable {
+            // rtnetlink sends `main` with every rule; only `ToTable` looks it up.
+            rule.table = 0;
+        }
+        rule
+    }
+
+    async fn add(&self, handle: &Handle, v4: bool) -> Result<(), TopologyError> {
+        let mut request = handle.rule().add().priority(self.priority).action(self.action);
+        if self.table != 0 {
+            request = request.table_id(self.table);
+        }
+        if let Some(iif) = &self.iif {
+            request = request.input_interface(iif.clone());
+        }
+        let message = request.message_mut();
+        message.header.family = if v4 { AddressFamily::Inet } else { AddressFamily::Inet6 };
+        if self.inverted {
+            message.header.flags |= RuleFlags::Invert;
+        }
+        if let Some(source) = self.source {
+            message.header.src_len = source.prefix_len();
+            message.attributes.push(RuleAttribute::Source(source.network()));
+        }
+        if let Some(destination) = self.destination {
+            message.header.dst_len = destination.prefix_len();
+            message.attributes.push(RuleAttribute::Destination(destination.network()));
+        }
+        message.attributes.extend(self.protocol.map(RuleAttribute::IpProtocol));
+        message.attributes.extend(self.goto.map(RuleAttribute::Goto));
+        request.execute().await.map_err(netlink_error(format!("add sidecar rule {self}")))
+    }
+}
+
+impl fmt::Display for SidecarRule {
+    /// Like `ip rule`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:", self.priority)?;
+        if self.inverted {
+            f.write_str(" not")?;
+        }
+        if let Some(iif) = &self.iif {
+            write!(f, " iif {iif}")?;
+        }
+        write!(f, " from {}", self.source.map_or("all".to_string(), |p| p.to_string()))?;
+        if let Some(destination) = self.destination {
+            write!(f, " to {destination}")?;
+        }
+        if let Some(protocol) = self.protocol {
+            write!(f, " ipproto {protocol:?}")?;
+        }
+        match (self.action, self.goto) {
+            (RuleAction::ToTable, _) => write!(f, " lookup {}", self.table),
+            (RuleAction::Goto, Some(target)) => write!(f, " goto {target}"),
+            (action, _) => write!(f, " {action:?}"),
+        }
+    }
+}
+
+/// The rules the sidecar holds for one family, in priority order: for
+/// IPv6 (`sandbox6` given) the spoof guard and the link-local guard first;
+/// then the self-guard; then the kernel's `lookup local`, moved behind it
+/// (see [`install_self_guard_table`]).
+fn sidecar_rules(sandbox6: Option<Ipv6Addr>) -> Vec<SidecarRule> {
+    let v4 = sandbox6.is_none();
+    let mut rules = Vec::new();
+    if let Some(sandbox) = sandbox6 {
+        // IPv6's stand-in for `rp_filter`: packets from the sandbox whose
+        // source is neither its address nor link-local (neighbour discovery;
+        // the kernel never forwards those) are blackholed, silently, as an ICMP
+        // error would go to the forged source. (A rule's `not` would invert
+        // all its selectors, the interface included, so the guard is "permit
+        // these two, drop the rest".)
+        for (priority, source) in
+            [(LINK_LOCAL_SOURCE_PRIORITY, link_local()), (SANDBOX_SOURCE_PRIORITY, Prefix::host(IpAddr::V6(sandbox)))]
+        {
+            rules.push(SidecarRule {
+                source: Some(source),
+                goto: Some(LINK_LOCAL_GUARD_PRIORITY),
+                ..SidecarRule::from_sandbox(priority, RuleAction::Goto)
+            });
+        }
+        rules.push(SidecarRule::from_sandbox(SPOOF_GUARD_PRIORITY, RuleAction::Blackhole));
+        // The sidecar's interfaces have link-local addresses (neighbour
+        // discovery needs them), which the self-guard's table cannot hide: a
+        // link-local lookup only matches routes on the incoming interface.
+        // So these rules refuse them outright.
+        for protocol in guarded_protocols(false) {
+            rules.push(SidecarRule {
+                destination: Some(link_local()),
+                protocol: Some(protocol),
+                ..SidecarRule::from_sandbox(LINK_LOCAL_GUARD_PRIORITY, RuleAction::Unreachable)
+            });
+        }
+    }
+    for protocol in guarded_protocols(v4) {
+        rules.push(SidecarRule {
+            protocol: Some(protocol),
+            table: SELF_GUARD_TABLE,
+            ..SidecarRule::from_sandbox(SELF_GUARD_PRIORITY, RuleAction::ToTable)
+        });
+    }
+    rules.push(SidecarRule { table: LOCAL_TABLE, ..SidecarRule::any(LOCAL_RULE_PRIORITY, RuleAction::ToTable) });
+    rules
+}
+
+/// Differences between the rules dumped from the sidecar (`found`) and
+/// `expected` plus the kernel's own `main` (and `default`) rules: a missing
+/// rule, and any other rule at all (the kernel's priority-0 `lookup local`
+/// among them).
+fn rule_differences(family: &str, expected: &[SidecarRule], found: &[SidecarRule]) -> Vec<String> {
+    let kernel = |rule: &SidecarRule| {
+        let plain = SidecarRule { table: rule.table, ..SidecarRule::any(rule.priority, RuleAction::ToTable) };
+        *rule == plain && KERNEL_RULES.contains(&(rule.priority, rule.table))
+    };
+    let missing = expected.iter().filter(|rule| !found.contains(rule)).map(|rule| format!("sidecar {family} rule missing: {rule}"));
+    let unexpected = found
+        .iter()
+        .filter(|rule| !expected.contains(rule) && !kernel(rule))
+        .map(|rule| format!("unexpected sidecar {family} rule: {rule}"));
+    missing.chain(unexpected).collect()
+}
+
+/// The rules of one family in the namespace of `handle`.
+async fn dump_rules(handle: &Handle, v4: bool) -> Result<Vec<RuleMessage>, TopologyError> {
+    handle
+        .rule()
+        .get(if v4 { IpVersion::V4 } else { IpVersion::V6 })
+        .execute()
+        .try_collect()
+        .await
+        .map_err(netlink_error("list rules"))
+}
+
+/// Installs [`sidecar_rules`] for one family and then deletes the kernel's
+/// priority-0 `lookup local` rule, which the list has re-added behind the
+/// self-guard.
+async fn install_rules(handle: &Handle, sandbox6: Option<Ipv6Addr>) -> Result<(), TopologyError> {
+    let v4 = sandbox6.is_none();
+    for rule in sidecar_rules(sandbox6) {
+        rule.add(handle, v4).await?;
+    }
+    let first_local = dump_rules(handle, v4).await?.into_iter().find(|message| {
+        let rule = SidecarRule::parse(message);
+        rule.priority == 0 && rule.table == LOCAL_TABLE
+    });
+    if let Some(message) = first_local {
+        handle.rule().del(message).execute().await.map_err(netlink_error("delete the priority-0 local rule"))?;
+    }
+    Ok(())
 }
 
 /// Makes the sidecar's own addresses of one family unreachable from the sandbox.
@@ -589,10 +794,11 @@ fn rule_request(handle: &Handle, v4: bool) -> rtnetlink::RuleAddRequest {
 /// `local` table, whose rule (priority 0) comes before any route, so the
 /// router would answer the sandbox on its transit addresses (a TCP reset,
 /// an echo reply): the leak PLATFORM.md warns about. The `lookup local` rule
-/// is therefore moved behind rules that send every packet of the
-/// [`GUARDED_PROTOCOLS`] arriving from the sandbox link to a small table: `unreachable` for each sidecar address,
-/// `throw` for the rest (which then continues to `local` and `main`).
-async fn install_self_guard(handle: &Handle, v4: bool, own: &[Prefix]) -> Result<(), TopologyError> {
+/// is therefore moved behind rules ([`sidecar_rules`]) that send every packet
+/// of the [`GUARDED_PROTOCOLS`] arriving from the sandbox link to a small
+/// table: `unreachable` for each sidecar address, `throw` for the rest
+/// (which then continues to `local` and `main`).
+async fn install_self_guard_table(handle: &Handle, v4: bool, own: &[Prefix]) -> Result<(), TopologyError> {
     let build_error = |prefix: Prefix, reason: String| TopologyError::RouteBuild { prefix, reason };
     for prefix in own {
         let message = RouteMessageBuilder::<IpAddr>::new()
@@ -611,199 +817,16 @@ async fn install_self_guard(handle: &Handle, v4: bool, own: &[Prefix]) -> Result
         .kind(RouteType::Throw)
         .build();
     handle.route().add(throw).execute().await.map_err(netlink_error("add self-guard throw route"))?;
-    for protocol in guarded_protocols(v4) {
-        let mut request = rule_request(handle, v4)
-            .input_interface(SIDECAR_INNER_LINK)
-            .table_id(SELF_GUARD_TABLE)
-            .priority(SELF_GUARD_PRIORITY)
-            .action(RuleAction::ToTable);
-        request.message_mut().attributes.push(RuleAttribute::IpProtocol(protocol));
-        request.execute().await.map_err(netlink_error(format!("add self-guard rule for {protocol:?}")))?;
-    }
-    rule_request(handle, v4)
-        .table_id(LOCAL_TABLE)
-        .priority(LOCAL_RULE_PRIORITY)
-        .action(RuleAction::ToTable)
-        .execute()
-        .await
-        .map_err(netlink_error("add moved local rule"))?;
-    let mut rules = handle.rule().get(if v4 { IpVersion::V4 } else { IpVersion::V6 }).execute();
-    let mut first_local = None;
-    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
-        if rule_priority(&rule) == 0 && rule_table(&rule) == LOCAL_TABLE {
-            first_local = Some(rule);
-        }
-    }
-    if let Some(rule) = first_local {
-        handle.rule().del(rule).execute().await.map_err(netlink_error("delete the priority-0 local rule"))?;
-    }
     Ok(())
-}
-
-/// IPv6's stand-in for `rp_filter`: packets from the sandbox whose source is
-/// neither its address nor link-local (neighbour discovery; the kernel never
-/// forwards those) are blackholed, silently, as an ICMP error would go to the
-/// forged source. Both permitted sources go on to the guards. (A rule's
-/// `not` would invert all its selectors, the interface included, so the
-/// guard is "permit these two, drop the rest" instead.)
-async fn install_spoof_guard6(handle: &Handle, sandbox: Ipv6Addr) -> Result<(), TopologyError> {
-    // Both permitted sources continue at the link-local guard.
-    for (priority, source) in spoof_guard6_sources(sandbox) {
-        let IpAddr::V6(network) = source.network() else { continue };
-        let mut permit = rule_request(handle, false)
-            .v6()
-            .input_interface(SIDECAR_INNER_LINK)
-            .source_prefix(network, source.prefix_len())
-            .priority(priority)
-            .action(RuleAction::Goto);
-        permit.message_mut().attributes.push(RuleAttribute::Goto(LINK_LOCAL_GUARD_PRIORITY));
-        permit.execute().await.map_err(netlink_error(format!("add IPv6 source rule for {source}")))?;
-    }
-    rule_request(handle, false)
-        .input_interface(SIDECAR_INNER_LINK)
-        .priority(SPOOF_GUARD_PRIORITY)
-        .action(RuleAction::Blackhole)
-        .execute()
-        .await
-        .map_err(netlink_error("add IPv6 spoof-guard rule"))
-}
-
-/// The sources the IPv6 spoof guard lets through, with their rule priorities.
-fn spoof_guard6_sources(sandbox: Ipv6Addr) -> [(u32, Prefix); 2] {
-    [
-        (LINK_LOCAL_SOURCE_PRIORITY, Prefix::truncating(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10)),
-        (SANDBOX_SOURCE_PRIORITY, Prefix::host(IpAddr::V6(sandbox))),
-    ]
-}
-
-fn link_local() -> Prefix {
-    Prefix::truncating(IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10)
-}
-
-/// The sidecar's interfaces have link-local addresses (neighbour discovery
-/// needs them), which the self-guard's table cannot hide: a link-local
-/// lookup only matches routes on the incoming interface. So rules refuse
-/// the [`guarded_protocols`] to any link-local destination outright.
-async fn install_link_local_guard6(handle: &Handle) -> Result<(), TopologyError> {
-    let IpAddr::V6(network) = link_local().network() else { return Ok(()) };
-    for protocol in guarded_protocols(false) {
-        let mut request = rule_request(handle, false)
-            .v6()
-            .input_interface(SIDECAR_INNER_LINK)
-            .destination_prefix(network, link_local().prefix_len())
-            .priority(LINK_LOCAL_GUARD_PRIORITY)
-            .action(RuleAction::Unreachable);
-        request.message_mut().attributes.push(RuleAttribute::IpProtocol(protocol));
-        request.execute().await.map_err(netlink_error(format!("add link-local guard rule for {protocol:?}")))?;
-    }
-    Ok(())
-}
-
-/// Differences between the sidecar's rules and what [`install_link_local_guard6`] installs.
-async fn link_local_guard6_differences(handle: &Handle) -> Result<Vec<String>, TopologyError> {
-    let mut guarded = Vec::new();
-    let mut rules = handle.rule().get(IpVersion::V6).execute();
-    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list IPv6 rules"))? {
-        let iif = rule.attributes.iter().any(|a| matches!(a, RuleAttribute::Iifname(n) if n == SIDECAR_INNER_LINK));
-        let destination = rule.attributes.iter().find_map(|a| match a {
-            RuleAttribute::Destination(address) => Some(Prefix::truncating(*address, rule.header.dst_len)),
-            _ => None,
-        });
-        let protocol = rule.attributes.iter().find_map(|a| if let RuleAttribute::IpProtocol(p) = a { Some(*p) } else { None });
-        if rule_priority(&rule) == LINK_LOCAL_GUARD_PRIORITY
-            && iif
-            && rule.header.action == RuleAction::Unreachable
-            && destination == Some(link_local())
-            && !rule.header.flags.contains(RuleFlags::Invert)
-        {
-            guarded.extend(protocol);
-        }
-    }
-    Ok(guarded_protocols(false)
-        .filter(|protocol| !guarded.contains(protocol))
-        .map(|protocol| format!("sidecar link-local guard rule (iif {SIDECAR_INNER_LINK} to fe80::/10 ipproto {protocol:?} unreachable) missing"))
-        .collect())
-}
-
-fn rule_priority(rule: &RuleMessage) -> u32 {
-    rule.attributes.iter().find_map(|a| if let RuleAttribute::Priority(p) = a { Some(*p) } else { None }).unwrap_or(0)
-}
-
-fn rule_table(rule: &RuleMessage) -> u32 {
-    rule.attributes.iter().find_map(|a| if let RuleAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(rule.header.table))
-}
-
-fn rule_source(rule: &RuleMessage) -> Option<Prefix> {
-    rule.attributes.iter().find_map(|a| match a {
-        RuleAttribute::Source(address) => Some(Prefix::truncating(*address, rule.header.src_len)),
-        _ => None,
-    })
-}
-
-/// Differences between the sidecar's IPv6 rules and what [`install_spoof_guard6`] installs.
-async fn spoof_guard6_differences(handle: &Handle, sandbox: Ipv6Addr) -> Result<Vec<String>, TopologyError> {
-    let mut differences = Vec::new();
-    let mut found: Vec<(u32, Option<Prefix>, RuleAction)> = Vec::new();
-    let mut rules = handle.rule().get(IpVersion::V6).execute();
-    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list IPv6 rules"))? {
-        let priority = rule_priority(&rule);
-        if priority == 0 || priority > SPOOF_GUARD_PRIORITY {
-            continue;
-        }
-        let iif = rule.attributes.iter().any(|a| matches!(a, RuleAttribute::Iifname(n) if n == SIDECAR_INNER_LINK));
-        let goto = rule.attributes.iter().find_map(|a| if let RuleAttribute::Goto(g) = a { Some(*g) } else { None });
-        let plain = iif && !rule.header.flags.contains(RuleFlags::Invert) && rule.header.dst_len == 0;
-        let action = rule.header.action;
-        if !plain || (action == RuleAction::Goto && goto != Some(LINK_LOCAL_GUARD_PRIORITY)) {
-            differences.push(format!("unexpected sidecar IPv6 rule at priority {priority}, before the self-guard"));
-        } else {
-            found.push((priority, rule_source(&rule), action));
-        }
-    }
-    let mut expected: Vec<(u32, Option<Prefix>, RuleAction)> =
-        spoof_guard6_sources(sandbox).into_iter().map(|(priority, source)| (priority, Some(source), RuleAction::Goto)).collect();
-    expected.push((SPOOF_GUARD_PRIORITY, None, RuleAction::Blackhole));
-    for rule in &expected {
-        if !found.contains(rule) {
-            differences.push(format!("sidecar IPv6 spoof-guard rule {} (iif {SIDECAR_INNER_LINK} from {} {:?}) missing", rule.0, rule.1.map(|p| p.to_string()).unwrap_or_else(|| "all".into()), rule.2));
-        }
-    }
-    for rule in &found {
-        if !expected.contains(rule) {
-            differences.push(format!("unexpected sidecar IPv6 rule {} from {:?} {:?}", rule.0, rule.1, rule.2));
-        }
-    }
-    Ok(differences)
 }
 
 /// Differences between the sidecar's rules and self-guard table of one
-/// family and what [`install_self_guard`] installs.
-async fn self_guard_differences(handle: &Handle, v4: bool, own: &[Prefix]) -> Result<Vec<String>, TopologyError> {
-    let mut differences = Vec::new();
+/// family and what [`install_rules`] and [`install_self_guard_table`] install.
+async fn self_guard_differences(handle: &Handle, sandbox6: Option<Ipv6Addr>, own: &[Prefix]) -> Result<Vec<String>, TopologyError> {
+    let v4 = sandbox6.is_none();
     let family = if v4 { "IPv4" } else { "IPv6" };
-    let mut rules = handle.rule().get(if v4 { IpVersion::V4 } else { IpVersion::V6 }).execute();
-    let mut guarded = Vec::new();
-    let mut local_moved = false;
-    while let Some(rule) = rules.try_next().await.map_err(netlink_error("list rules"))? {
-        let (priority, table) = (rule_priority(&rule), rule_table(&rule));
-        let iif = rule.attributes.iter().find_map(|a| if let RuleAttribute::Iifname(n) = a { Some(n.as_str()) } else { None });
-        if table == LOCAL_TABLE && priority < SELF_GUARD_PRIORITY {
-            differences.push(format!("sidecar {family} rule {priority}: lookup local before the self-guard"));
-        }
-        let protocol = rule.attributes.iter().find_map(|a| if let RuleAttribute::IpProtocol(p) = a { Some(*p) } else { None });
-        if priority == SELF_GUARD_PRIORITY && table == SELF_GUARD_TABLE && iif == Some(SIDECAR_INNER_LINK) {
-            guarded.extend(protocol);
-        }
-        local_moved |= priority == LOCAL_RULE_PRIORITY && table == LOCAL_TABLE;
-    }
-    for protocol in guarded_protocols(v4) {
-        if !guarded.contains(&protocol) {
-            differences.push(format!("sidecar {family} self-guard rule (iif {SIDECAR_INNER_LINK} ipproto {protocol:?} lookup {SELF_GUARD_TABLE}) missing"));
-        }
-    }
-    if !local_moved {
-        differences.push(format!("sidecar {family} `lookup local` rule at priority {LOCAL_RULE_PRIORITY} missing"));
-    }
+    let found: Vec<SidecarRule> = dump_rules(handle, v4).await?.iter().map(SidecarRule::parse).collect();
+    let mut differences = rule_differences(family, &sidecar_rules(sandbox6), &found);
     let query = if v4 {
         RouteMessageBuilder::<Ipv4Addr>::new().table_id(SELF_GUARD_TABLE).build()
     } else {
@@ -1098,11 +1121,11 @@ impl DomainNetwork {
                     .await
                     .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
-            install_self_guard(&handle, true, &addresses.sidecar_own()).await?;
+            install_self_guard_table(&handle, true, &addresses.sidecar_own()).await?;
+            install_rules(&handle, None).await?;
             if ipv6 {
-                install_self_guard(&handle, false, &addresses.v6.sidecar_own()).await?;
-                install_link_local_guard6(&handle).await?;
-                install_spoof_guard6(&handle, addresses.v6.sandbox).await?;
+                install_self_guard_table(&handle, false, &addresses.v6.sidecar_own()).await?;
+                install_rules(&handle, Some(addresses.v6.sandbox)).await?;
             }
             Ok(())
         })
@@ -1220,11 +1243,9 @@ impl DomainNetwork {
             }
             let rp_filter = inner_rp_filter();
             sysctls.push(forwarding::read_sysctl(&rp_filter)?);
-            let mut guard = self_guard_differences(&handle, true, &own).await?;
+            let mut guard = self_guard_differences(&handle, None, &own).await?;
             if ipv6 {
-                guard.extend(self_guard_differences(&handle, false, &own6).await?);
-                guard.extend(link_local_guard6_differences(&handle).await?);
-                guard.extend(spoof_guard6_differences(&handle, addresses.v6.sandbox).await?);
+                guard.extend(self_guard_differences(&handle, Some(addresses.v6.sandbox), &own6).await?);
             }
             Ok((view, sysctls, guard))
         })?;
@@ -1464,6 +1485,52 @@ mod tests {
         let b = SidecarId::random().expect("valid test input");
         assert_ne!(a, b);
         assert!(a.0 < (1 << 40) && b.0 < (1 << 40));
+    }
+
+    #[test]
+    fn sidecar_rules_read_like_ip_rule() {
+        let v4: Vec<String> = sidecar_rules(None).iter().map(ToString::to_string).collect();
+        assert_eq!(v4.len(), GUARDED_PROTOCOLS.len() + 1);
+        assert_eq!(v4[0], "500: iif lzs0 from all ipproto Icmp lookup 200");
+        assert_eq!(v4.last().map(String::as_str), Some("1000: from all lookup 255"));
+        let sandbox: Ipv6Addr = "fd6c:617a:6172::6460:4".parse().expect("valid test input");
+        let v6: Vec<String> = sidecar_rules(Some(sandbox)).iter().map(ToString::to_string).collect();
+        assert_eq!(&v6[..3], [
+            "400: iif lzs0 from fe80::/10 goto 450",
+            "401: iif lzs0 from fd6c:617a:6172::6460:4/128 goto 450",
+            "402: iif lzs0 from all Blackhole",
+        ]);
+        assert_eq!(v6[3], "450: iif lzs0 from all to fe80::/10 ipproto Tcp Unreachable");
+        // ICMPv6 (neighbour discovery) is guarded nowhere.
+        assert!(!v6.iter().any(|rule| rule.contains("Icmp")), "{v6:?}");
+        assert_eq!(v6.len(), 3 + 2 * (GUARDED_PROTOCOLS.len() - 1) + 1);
+    }
+
+    #[test]
+    fn rule_differences_report_missing_and_every_extra_rule() {
+        let sandbox: Ipv6Addr = "fd6c:617a:6172::6460:4".parse().expect("valid test input");
+        let expected = sidecar_rules(Some(sandbox));
+        let main = SidecarRule { table: MAIN_TABLE, ..SidecarRule::any(32766, RuleAction::ToTable) };
+        let mut found = expected.clone();
+        found.push(main.clone());
+        assert_eq!(rule_differences("IPv6", &expected, &found), Vec::<String>::new());
+
+        // The kernel's own local rule left at priority 0, ahead of every guard.
+        found.push(SidecarRule { table: LOCAL_TABLE, ..SidecarRule::any(0, RuleAction::ToTable) });
+        // The spoof guard written with `not`, which also inverts `iif`.
+        let spoof = found.iter().position(|rule| rule.priority == SPOOF_GUARD_PRIORITY).expect("spoof guard");
+        found[spoof] = SidecarRule { source: Some(Prefix::host(IpAddr::V6(sandbox))), inverted: true, ..found[spoof].clone() };
+        // A rule that looks like the kernel's `main`, at the wrong priority.
+        found.push(SidecarRule { priority: 300, ..main });
+        assert_eq!(
+            rule_differences("IPv6", &expected, &found),
+            [
+                "sidecar IPv6 rule missing: 402: iif lzs0 from all Blackhole",
+                "unexpected sidecar IPv6 rule: 402: not iif lzs0 from fd6c:617a:6172::6460:4/128 Blackhole",
+                "unexpected sidecar IPv6 rule: 0: from all lookup 255",
+                "unexpected sidecar IPv6 rule: 300: from all lookup 254",
+            ]
+        );
     }
 
     #[test]
