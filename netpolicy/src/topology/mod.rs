@@ -416,15 +416,7 @@ fn parse_route(message: &RouteMessage) -> Option<HostRoute> {
 }
 
 async fn net_view(handle: &Handle) -> Result<NetView, TopologyError> {
-    let mut view = NetView::default();
-    let mut links = handle.link().get().execute();
-    while let Some(link) = links.try_next().await.map_err(netlink_error("list links"))? {
-        for attribute in &link.attributes {
-            if let LinkAttribute::IfName(name) = attribute {
-                view.links.push((link.header.index, name.clone()));
-            }
-        }
-    }
+    let mut view = NetView { links: net_view_links(handle).await?, ..NetView::default() };
     let mut addresses = handle.address().get().execute();
     while let Some(address) = addresses.try_next().await.map_err(netlink_error("list addresses"))? {
         let local = address.attributes.iter().find_map(|a| match a {
@@ -1010,12 +1002,18 @@ impl DomainNetwork {
         if pool6.is_v4() || pool6.prefix_len() > 96 {
             return Err(TopologyError::InvalidPool { pool: pool6, reason: "it must be an IPv6 prefix of length /96 or shorter" });
         }
-        if input.ipv6 && host.run(ipv6_forwarding_here)? == Ipv6Forwarding::Unavailable {
-            return Err(TopologyError::Ipv6ForwardingUnavailable);
-        }
+        // Decided once, before anything is built: how the host forwards IPv6.
+        let ipv6_forwarding = if input.ipv6 {
+            match host.run(ipv6_forwarding_here)? {
+                Ipv6Forwarding::Unavailable => return Err(TopologyError::Ipv6ForwardingUnavailable),
+                available => Some(available),
+            }
+        } else {
+            None
+        };
         let mut last_error = None;
         for _attempt in 0..4 {
-            match DomainNetwork::try_create(host, config, input) {
+            match DomainNetwork::try_create(host, config, input, ipv6_forwarding) {
                 Err(TopologyError::SlotTaken { slot }) => last_error = Some(TopologyError::SlotTaken { slot }),
                 other => return other,
             }
@@ -1023,7 +1021,12 @@ impl DomainNetwork {
         Err(last_error.unwrap_or(TopologyError::PoolExhausted { pool }))
     }
 
-    fn try_create(host: &Netns, config: &TopologyConfig, input: &PolicyInput) -> Result<DomainNetwork, TopologyError> {
+    fn try_create(
+        host: &Netns,
+        config: &TopologyConfig,
+        input: &PolicyInput,
+        ipv6_forwarding: Option<Ipv6Forwarding>,
+    ) -> Result<DomainNetwork, TopologyError> {
         let (pool, pool6) = (config.pool, config.pool6);
         let view = host.netlink(async |handle| net_view(&handle).await)?;
         if config.check_pool_collisions {
@@ -1067,7 +1070,7 @@ impl DomainNetwork {
         // On any failure, `network` is dropped and its Drop tears down what exists.
         network.build_sidecar()?;
         network.readdress_sandbox()?;
-        network.build_host(&view)?;
+        network.build_host(&view, ipv6_forwarding)?;
         network.verify_installed()?;
         Ok(network)
     }
@@ -1162,7 +1165,9 @@ impl DomainNetwork {
         })
     }
 
-    fn build_host(&self, view: &NetView) -> Result<(), TopologyError> {
+    /// The host side; `ipv6_forwarding` is how the host forwards IPv6 (given
+    /// exactly when IPv6 is enabled for the Domain).
+    fn build_host(&self, view: &NetView, ipv6_forwarding: Option<Ipv6Forwarding>) -> Result<(), TopologyError> {
         let host_link = self.id.host_link_name();
         let addresses = self.addresses;
         let state_file = self.state_file.clone();
@@ -1209,13 +1214,10 @@ impl DomainNetwork {
                     .execute()
                     .await
                     .map_err(netlink_error(format!("add host route {sandbox_link6} via {host_link}")))?;
-                match ipv6_forwarding_here()? {
-                    Ipv6Forwarding::Global => {}
-                    Ipv6Forwarding::PerInterface => {
-                        forwarding::enable_owned(Switch::Ipv6, &host_link)?;
-                        forwarding::enable(&state_file, Switch::Ipv6, &egress6)?;
-                    }
-                    Ipv6Forwarding::Unavailable => return Err(TopologyError::Ipv6ForwardingUnavailable),
+                // With global IPv6 forwarding on, the host already forwards.
+                if ipv6_forwarding == Some(Ipv6Forwarding::PerInterface) {
+                    forwarding::enable_owned(Switch::Ipv6, &host_link)?;
+                    forwarding::enable(&state_file, Switch::Ipv6, &egress6)?;
                 }
             }
             nat::install(id, addresses.sandbox, ipv6.then_some(addresses.v6.sandbox))
@@ -1336,7 +1338,7 @@ impl DomainNetwork {
         // Deleting a veth and deleting an nftables table each wait for the
         // kernel (RCU grace periods) and do not depend on each other: do both at once.
         let (link_result, nat_result) = std::thread::scope(|scope| {
-            let nat = scope.spawn(|| host.run(|| nat::remove(id)));
+            let nat = scope.spawn(|| host.run(|| nat::remove_where(|table| table == id).map(drop)));
             let link = host.netlink(async move |handle| {
                 let found = net_view_links(&handle).await?.into_iter().find(|(_, name)| *name == host_link);
                 if let Some((index, _)) = found {
@@ -1397,12 +1399,9 @@ fn remove_matching(
                 }
             }
         }
-        for id in nat::owned_tables()? {
-            if is_stale(id) {
-                nat::remove(id)?;
-                if !removed.contains(&id) {
-                    removed.push(id);
-                }
+        for id in nat::remove_where(&is_stale)? {
+            if !removed.contains(&id) {
+                removed.push(id);
             }
         }
         restore_forwarding_if_unused(&state_file)?;

@@ -217,29 +217,37 @@ pub(crate) fn owned_tables() -> Result<Vec<SidecarId>, TopologyError> {
     Ok(ids)
 }
 
-/// Deletes one Domain's NAT tables (whatever their family), if present.
-/// Runs in the host namespace.
-pub(crate) fn remove(id: SidecarId) -> Result<(), TopologyError> {
-    let ours: Vec<TableRef> = list_tables()?.into_iter().filter(|t| sidecar_of(t) == Some(id)).collect();
-    if ours.is_empty() {
-        return Ok(());
-    }
-    let name = c_name(table_name(id))?;
-    let tables: Vec<Table> = ours
+/// Deletes, in one batch, the NAT tables (whatever their family) of every
+/// Sidecar ID that `remove` accepts, and returns those IDs. Runs in the host
+/// namespace.
+pub(crate) fn remove_where(remove: impl Fn(SidecarId) -> bool) -> Result<Vec<SidecarId>, TopologyError> {
+    let doomed: Vec<(SidecarId, ProtoFamily, CString)> = list_tables()?
         .iter()
-        .filter_map(|t| match t.family {
-            NFPROTO_INET => Some(ProtoFamily::Inet),
-            NFPROTO_IPV4 => Some(ProtoFamily::Ipv4),
-            NFPROTO_IPV6 => Some(ProtoFamily::Ipv6),
-            _ => None,
+        .filter_map(|table| {
+            let id = sidecar_of(table).filter(|id| remove(*id))?;
+            let family = match table.family {
+                NFPROTO_INET => ProtoFamily::Inet,
+                NFPROTO_IPV4 => ProtoFamily::Ipv4,
+                NFPROTO_IPV6 => ProtoFamily::Ipv6,
+                _ => return None,
+            };
+            Some((id, family, CString::new(table.name.as_str()).ok()?))
         })
-        .map(|family| Table::new(&name as &CStr, family))
         .collect();
+    if doomed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let tables: Vec<Table> = doomed.iter().map(|(_, family, name)| Table::new(name as &CStr, *family)).collect();
     let mut batch = Batch::new();
     for table in &tables {
         batch.add(table, MsgType::Del);
     }
-    send(&batch.finalize()).map_err(nft_error(format!("delete table {}", table_name(id))))
+    let mut ids: Vec<SidecarId> = doomed.iter().map(|(id, _, _)| *id).collect();
+    ids.sort();
+    ids.dedup();
+    let names: Vec<String> = ids.iter().map(|id| table_name(*id)).collect();
+    send(&batch.finalize()).map_err(nft_error(format!("delete table(s) {}", names.join(", "))))?;
+    Ok(ids)
 }
 
 #[cfg(test)]
