@@ -687,13 +687,7 @@ impl Extractor<'_> {
         meta: &EntryMeta,
         shown: &str,
     ) -> Result<(), ImageError> {
-        let target = meta
-            .link
-            .as_deref()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ImageError::InvalidArchive(format!("{shown}: symlink without a target"))
-            })?;
+        let target = link_target(meta, shown, "symlink")?;
         if target.len() > self.limits.max_path_bytes || target.contains(&0) {
             return Err(unsafe_entry(
                 shown,
@@ -729,13 +723,7 @@ impl Extractor<'_> {
         meta: &EntryMeta,
         shown: &str,
     ) -> Result<(), ImageError> {
-        let target = meta
-            .link
-            .as_deref()
-            .filter(|t| !t.is_empty())
-            .ok_or_else(|| {
-                ImageError::InvalidArchive(format!("{shown}: hard link without a target"))
-            })?;
+        let target = link_target(meta, shown, "hard link")?;
         let target_comps = self.normalize(target)?;
         let Some((target_name, target_parent)) = target_comps.split_last() else {
             return Err(unsafe_entry(shown, "hard link to the root"));
@@ -788,6 +776,15 @@ impl Extractor<'_> {
         self.stats.hardlinks += 1;
         Ok(())
     }
+}
+
+/// The target of a link entry (`kind`: "symlink" or "hard link"); an entry
+/// without one is an invalid archive.
+fn link_target<'m>(meta: &'m EntryMeta, shown: &str, kind: &str) -> Result<&'m [u8], ImageError> {
+    meta.link
+        .as_deref()
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| ImageError::InvalidArchive(format!("{shown}: {kind} without a target")))
 }
 
 fn unsafe_entry(path: &str, reason: &str) -> ImageError {
