@@ -40,6 +40,11 @@ fn report(label: &str, config: &Config, report: &CheckReport) {
     }
 }
 
+/// How often the checker took the action called `name`.
+fn taken(report: &CheckReport, name: &str) -> usize {
+    report.action_counts.get(name).copied().unwrap_or(0)
+}
+
 /// Whether the correct model rejects the behaviour `actions`: it refuses one
 /// of the steps, or the same steps end in a state meeting every invariant.
 fn correct_model_avoids(config: &Config, actions: &[Action]) -> bool {
@@ -68,7 +73,7 @@ fn user_fixture_satisfies_every_invariant_and_liveness_property() {
     // fingerprint; the fixture has neither.
     let expected_unused = ["AbortUnsafeStart", "RejectSession"];
     for name in Action::all(&config).iter().map(Action::name) {
-        let taken = result.action_counts.get(name).copied().unwrap_or(0);
+        let taken = taken(&result, name);
         if expected_unused.contains(&name) {
             assert_eq!(taken, 0, "{name} should be impossible in the fixture");
         } else {
@@ -95,14 +100,7 @@ fn forged_request_is_never_accepted_in_the_fixture() {
         },
     );
     assert!(result.violation.is_none());
-    assert!(
-        result
-            .action_counts
-            .get("VerifyRequest")
-            .copied()
-            .unwrap_or(0)
-            > 0
-    );
+    assert!(taken(&result, "VerifyRequest") > 0);
 }
 
 #[test]
@@ -115,14 +113,7 @@ fn two_domain_fixture_keeps_domains_apart_and_refuses_unsafe_sandboxes() {
         &result,
     );
     assert!(result.violation.is_none());
-    assert!(
-        result
-            .action_counts
-            .get("AbortUnsafeStart")
-            .copied()
-            .unwrap_or(0)
-            > 0
-    );
+    assert!(taken(&result, "AbortUnsafeStart") > 0);
 }
 
 fn assert_mutant_caught(mutation: Mutation, expected: &[Invariant]) -> State {
@@ -257,12 +248,5 @@ fn larger_configuration_satisfies_every_property() {
         &result,
     );
     assert!(result.violation.is_none());
-    assert!(
-        result
-            .action_counts
-            .get("RejectSession")
-            .copied()
-            .unwrap_or(0)
-            > 0
-    );
+    assert!(taken(&result, "RejectSession") > 0);
 }
