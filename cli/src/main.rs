@@ -12,7 +12,7 @@ use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use lazaret_coordinator::context::{load_config, require_root, Context};
 use lazaret_coordinator::identity::Developer;
-use lazaret_coordinator::{client, doctor, journal as domain_journal, launch, network};
+use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do).
 const LAZARET_FAILED: u8 = 125;
@@ -239,8 +239,8 @@ fn run(config: Option<PathBuf>, profile: Option<String>, dir: Option<PathBuf>, r
         Ok(d) => d,
         Err(e) => return report(anyhow::Error::new(e).context("reading the current directory")),
     };
-    let req = launch::RunRequest { config, profile, dir, args, reset_anchor };
-    match launch::run_isolated(&req) {
+    let req = client::RunRequest { config, profile, dir, args, reset_anchor };
+    match client::run(&req) {
         Ok(status) => ExitCode::from(u8::try_from(status.0 & 0xff).unwrap_or(LAZARET_FAILED)),
         Err(e) => report(e.into()),
     }

@@ -3,7 +3,7 @@
 //! assembled in this process's private mount namespace into the ordered
 //! bind list of the OCI bundle.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use lazaret_mounts::ignore_eval::HostGitSettings;
 use lazaret_mounts::{anchor, plan, volumes, WorkspaceOptions};
@@ -11,7 +11,33 @@ use lazaret_oci::bundle::BindMount;
 use lazaret_oci::ImageRecord;
 
 use crate::context::{Context, ContextError};
-use crate::launch::{sys, LaunchError};
+use crate::layout::RunDir;
+
+/// Why the sandbox's filesystem could not be assembled.
+#[derive(Debug, thiserror::Error)]
+pub enum FilesystemError {
+    /// The Domain Root could not be prepared.
+    #[error(transparent)]
+    Context(#[from] ContextError),
+    /// A mount, or a check of the workspace or volumes, failed.
+    #[error(transparent)]
+    Mount(#[from] lazaret_mounts::MountError),
+    /// A directory for mountpoints could not be made.
+    #[error("creating {path}: {source}")]
+    Io {
+        /// The directory.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
+}
+
+fn make_dir(path: PathBuf) -> Result<PathBuf, FilesystemError> {
+    match std::fs::create_dir(&path) {
+        Ok(()) => Ok(path),
+        Err(source) => Err(FilesystemError::Io { path, source }),
+    }
+}
 
 fn oci_bind(b: &plan::BindMount) -> BindMount {
     BindMount { source: b.source.clone(), destination: b.destination.clone(), readonly: b.readonly }
@@ -27,10 +53,10 @@ pub fn assemble(
     ctx: &Context,
     image: &ImageRecord,
     reset_anchor: bool,
-    run_dir: &Path,
+    run_dir: &RunDir,
     mounted: &mut Vec<PathBuf>,
     base: Vec<BindMount>,
-) -> Result<Vec<BindMount>, LaunchError> {
+) -> Result<Vec<BindMount>, FilesystemError> {
     ctx.paths.ensure_storage().map_err(ContextError::from)?;
     let domain_root = ctx.paths.ensure_domain_root(&ctx.domain_id).map_err(ContextError::from)?;
 
@@ -38,8 +64,7 @@ pub fn assemble(
     for w in &anchor_plan.warnings {
         eprintln!("lazaret: warning: {w}");
     }
-    let anchor_dir = run_dir.join("anchor");
-    std::fs::create_dir(&anchor_dir).map_err(sys(format!("creating {}", anchor_dir.display())))?;
+    let anchor_dir = make_dir(run_dir.anchor())?;
     let anchor_binds = anchor::mount_anchor(&anchor_plan, &image.rootfs, &anchor_dir)?;
     mounted.extend(anchor_binds.iter().map(|b| b.source.clone()));
 
@@ -62,8 +87,7 @@ pub fn assemble(
         .collect();
     let protected = [ctx.config.storage_root.clone(), ctx.paths.runtime_dir.clone()];
     volumes::validate_volumes(&vols, &ctx.config.file, &sentry_host, &sentry_sandbox, &protected)?;
-    let staging = run_dir.join("staging");
-    std::fs::create_dir(&staging).map_err(sys(format!("creating {}", staging.display())))?;
+    let staging = make_dir(run_dir.staging())?;
     let assembled = plan::assemble(&workspace_plan, &staging)?;
     mounted.extend(assembled.staged.iter().cloned());
 

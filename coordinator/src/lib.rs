@@ -5,15 +5,20 @@
 //!   ConfigurationConfinement.
 //! - [`identity`]: the developer, the workspace, Domain IDs and state paths.
 //! - [`context`]: resolving all of the above for one invocation.
-//! - [`launch`]: `lazaret run` (request, errors, entry point).
-//! - [`daemon`]: the per-Domain coordinator daemon.
+//! - [`layout`]: every file name in a Domain's runtime directory.
 //! - [`client`]: `lazaret run` as a session, `stop`, `ls`, `debug`.
+//! - [`daemon`]: the per-Domain coordinator daemon and its start-up stages.
+//! - [`transport`]: frames (with file descriptors) over the Domain socket.
 //! - [`journal`]: the Domain's journal, driven by the protocol model.
 //! - [`trust`]: the Domain's Trust Anchor (ephemeral CA).
 //! - [`network`]: the Domain's egress policy and sidecar network.
 //! - [`filesystem`]: State Anchor, Ignored Workspace State, Git Sentry, volumes.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
+//!
+//! Module dependencies point one way: `client` and `daemon` both use
+//! `layout` and `transport` but never each other; `daemon` uses `context`,
+//! `filesystem`, `network`, `trust`, `journal`, `lock` and `cgroup`.
 
 pub mod cgroup;
 pub mod client;
@@ -25,7 +30,16 @@ pub mod filesystem;
 pub mod identity;
 pub mod images;
 pub mod journal;
-pub mod launch;
+pub mod layout;
 pub mod lock;
 pub mod network;
+pub mod random;
+pub mod transport;
 pub mod trust;
+
+/// Exit status of `lazaret` for its own failures, distinct from the agent's.
+pub const LAZARET_FAILED: i32 = 125;
+
+/// Exit status of a coordinator that lost the lock race (another one owns
+/// the Domain): the launcher simply connects to that one.
+pub const EXIT_BUSY: i32 = 3;

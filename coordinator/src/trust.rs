@@ -57,9 +57,13 @@ impl TrustAnchor {
         &self.cert_pem
     }
 
-    /// Destroys the CA: the key is dropped and the certificate file removed.
-    pub fn destroy(self) {
-        let _ = std::fs::remove_file(&self.cert_path);
+    /// Withdraws the CA: its certificate file is removed (the key goes when
+    /// the last holder drops it).
+    pub fn destroy(&self) -> Result<(), TrustError> {
+        match std::fs::remove_file(&self.cert_path) {
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => Err(TrustError::Io { path: self.cert_path.clone(), source }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -76,7 +80,7 @@ mod tests {
         assert!(text.starts_with("-----BEGIN CERTIFICATE-----"), "{text}");
         assert_eq!(text, ca.certificate_pem());
         assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o644);
-        ca.destroy();
+        ca.destroy().expect("destroy");
         assert!(!path.exists());
     }
 }

@@ -63,6 +63,20 @@ pub fn enter_private_mount_namespace() -> Result<(), MountError> {
     .map_err(|e| MountError::sys("mount(MS_REC|MS_PRIVATE)", "/", e))
 }
 
+/// Mounts a fresh procfs at /proc (nosuid, nodev, noexec): for a process
+/// that has just entered new PID and mount namespaces, so that /proc shows
+/// its own PID namespace.
+pub fn mount_proc() -> Result<(), MountError> {
+    nix::mount::mount(
+        Some("proc"),
+        "/proc",
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None::<&str>,
+    )
+    .map_err(|e| MountError::sys("mount(proc)", "/proc", e))
+}
+
 /// Mounts an overlayfs at `target` with the given lower layers (first one is
 /// the top-most lower layer), upper and work directories.
 ///

@@ -186,10 +186,21 @@ pub enum BundleError {
     Serialize(#[from] serde_json::Error),
 }
 
-/// Builds the runtime spec for `spec`, validating every input.
-pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
+/// The process part of a bundle alone (for `runsc exec --process`),
+/// validated like a whole bundle: every security field explicit.
+pub fn build_process(spec: &BundleSpec) -> Result<Process, BundleError> {
     validate(spec)?;
+    process_of(spec)
+}
 
+/// Serialises a process spec as JSON with capability sets sorted.
+pub fn render_process(process: &Process) -> Result<String, BundleError> {
+    let mut value = serde_json::to_value(process)?;
+    sort_capabilities(&mut value);
+    Ok(serde_json::to_string(&value)?)
+}
+
+fn process_of(spec: &BundleSpec) -> Result<Process, BundleError> {
     let mut user = User::default();
     user.set_uid(spec.uid)
         .set_gid(spec.gid)
@@ -250,6 +261,13 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
         .set_io_priority(None)
         .set_scheduler(None)
         .set_exec_cpu_affinity(None);
+    Ok(process)
+}
+
+/// Builds the runtime spec for `spec`, validating every input.
+pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
+    validate(spec)?;
+    let process = process_of(spec)?;
 
     let mut root = Root::default();
     root.set_path(spec.rootfs.clone()).set_readonly(Some(false));
@@ -350,16 +368,8 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
 /// output is byte-for-byte reproducible (oci-spec keeps them in hash sets).
 pub fn render_spec(spec: &Spec) -> Result<String, BundleError> {
     let mut value = serde_json::to_value(spec)?;
-    if let Some(caps) = value
-        .get_mut("process")
-        .and_then(|p| p.get_mut("capabilities"))
-        .and_then(|c| c.as_object_mut())
-    {
-        for set in caps.values_mut() {
-            if let Some(list) = set.as_array_mut() {
-                list.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
-            }
-        }
+    if let Some(process) = value.get_mut("process") {
+        sort_capabilities(process);
     }
     let mut text = serde_json::to_string_pretty(&value)?;
     text.push('\n');
@@ -378,6 +388,18 @@ pub fn write_bundle(dir: &Path, spec: &BundleSpec) -> Result<PathBuf, BundleErro
     crate::fsutil::atomic_write(dir, "config.json", text.as_bytes(), 0o600)
         .map_err(io_err(format!("writing {}/config.json", dir.display())))?;
     Ok(dir.join("config.json"))
+}
+
+/// Sorts the capability sets of a serialised process (oci-spec keeps them
+/// in hash sets, whose order varies).
+fn sort_capabilities(process: &mut serde_json::Value) {
+    if let Some(caps) = process.get_mut("capabilities").and_then(|c| c.as_object_mut()) {
+        for set in caps.values_mut() {
+            if let Some(list) = set.as_array_mut() {
+                list.sort_by(|a, b| a.as_str().cmp(&b.as_str()));
+            }
+        }
+    }
 }
 
 /// runc's default masked paths.

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use lazaret_oci::bundle::{
-    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_spec, render_spec,
-    write_bundle,
+    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_process, build_spec,
+    render_process, render_spec, write_bundle,
 };
 use oci_spec::runtime::{Capability, LinuxNamespaceType, PosixRlimitType};
 
@@ -356,4 +356,20 @@ fn write_bundle_writes_the_rendered_spec() {
         .mode()
         & 0o777;
     assert_eq!(mode, 0o700);
+}
+
+#[test]
+fn the_process_alone_is_the_whole_specs_process() {
+    for spec in [agent_spec(), root_spec(), explicit_caps_spec()] {
+        let process = build_process(&spec).expect("process");
+        let whole = build_spec(&spec).expect("spec");
+        let rendered = render_process(&process).expect("render");
+        let from_whole: serde_json::Value = serde_json::from_str(&render_spec(&whole).expect("render spec")).expect("json");
+        let alone: serde_json::Value = serde_json::from_str(&rendered).expect("json");
+        assert_eq!(Some(&alone), from_whole.get("process"), "{rendered}");
+    }
+    // The same validation as a whole bundle.
+    let mut bad = agent_spec();
+    bad.cwd = "relative".into();
+    assert!(build_process(&bad).is_err());
 }

@@ -232,7 +232,11 @@ fn a_crash_at_every_stage_is_recovered_by_the_next_run() {
     let mut env = TestEnv::with_profile("user = \"root\"\ndns = [\"192.0.2.53\"]\n");
     env.netns = Some(lab.host.clone());
     let baseline = HostCounts::take(&env, Some(&lab.host));
-    for stage in ["lock", "state-anchor", "trust-anchor", "sidecar", "sandbox-created", "sandbox", "published", "teardown"] {
+    // Every start-up stage and teardown, from the coordinator's own list, so
+    // a new stage cannot be forgotten here.
+    let points = lazaret_coordinator::daemon::crash_points();
+    assert!(points.len() >= 11, "{points:?}");
+    for stage in points {
         let mut crashing = env.lazaret(["run", "test", "--", "true"]);
         crashing.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_CRASH_AT", stage);
         let out = wait_output(crashing.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"));

@@ -1,0 +1,169 @@
+//! The client side: `lazaret run` as a session of its Domain's coordinator
+//! (starting the coordinator first when the Domain is not running), and the
+//! one-shot commands `lazaret stop`, `ls`, `debug` ([`control`]).
+//!
+//! A session on a terminal gets the PTY master of its agent from the
+//! coordinator (SCM_RIGHTS) and copies between it and the developer's
+//! terminal itself, in raw mode ([`terminal`]); window-size changes go
+//! straight to that master. A session without a terminal hands its own
+//! stdin, stdout and stderr to the coordinator, which gives them to the
+//! agent directly. Either way, only signals and the exit status travel as
+//! messages.
+
+mod control;
+mod error;
+mod spawn;
+mod terminal;
+
+use std::io::IsTerminal;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use lazaret_protocol::wire::{ClientMessage, CoordinatorMessage, FrameError, WIRE_VERSION};
+use lazaret_runtime::signals::Signals;
+use lazaret_runtime::terminal::window_size;
+use lazaret_runtime::ExitStatus;
+
+use crate::context::{require_root, Context, ContextError};
+use crate::layout::DomainDir;
+use crate::{transport, EXIT_BUSY};
+
+pub use control::{debug, journal_location, list, stop, stop_all, wait_unlocked};
+pub use error::ClientError;
+
+/// How long `lazaret run` waits for a coordinator to publish its socket.
+const START_LIMIT: Duration = Duration::from_secs(120);
+
+/// What `lazaret run` was asked to do.
+#[derive(Debug, Clone, Default)]
+pub struct RunRequest {
+    /// `--config FILE`, if given.
+    pub config: Option<PathBuf>,
+    /// The profile named on the command line, if any.
+    pub profile: Option<String>,
+    /// Where to look for the workspace (`-C DIR`, else the current directory).
+    pub dir: PathBuf,
+    /// Replaces the profile's command when not empty (`-- ARGS...`).
+    pub args: Vec<String>,
+    /// Discard the State Anchor before starting (`--reset-anchor`).
+    pub reset_anchor: bool,
+}
+
+/// `lazaret run`: joins the Domain (starting its coordinator if needed),
+/// serves the session, and returns the agent's exit status. Call it while
+/// the process has a single thread (it blocks the signals Lazaret handles
+/// as events).
+pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
+    require_root()?;
+    let mut signals = Signals::block().map_err(ClientError::errno("blocking signals"))?;
+    let ctx = Context::resolve(req.config.as_deref(), req.profile.as_deref(), &req.dir)?;
+    let dir = DomainDir::new(ctx.domain_runtime_dir()?);
+    let session = format!("s-{}", crate::random::hex(8).map_err(ClientError::io("reading randomness for the Session ID"))?);
+    let stdin = std::io::stdin();
+    let tty = stdin.is_terminal() && std::io::stdout().is_terminal();
+    let (rows, cols) = if tty { window_size(stdin.as_fd()).map(|w| (w.rows, w.cols)).unwrap_or((0, 0)) } else { (0, 0) };
+    let hello = ClientMessage::Hello {
+        version: WIRE_VERSION,
+        session: session.clone(),
+        profile: ctx.profile.name.clone(),
+        fingerprint: ctx.config.fingerprint(&ctx.profile.name).map_err(ContextError::from)?.to_string(),
+        config_json: ctx.config.render_json().map_err(ContextError::from)?,
+        tty,
+        term: std::env::var("TERM").ok(),
+        args: req.args.clone(),
+        rows,
+        cols,
+        cwd: Some(ctx.agent_cwd().display().to_string()),
+    };
+    let socket = dir.socket();
+    let deadline = Instant::now() + START_LIMIT;
+    let mut launched: Option<spawn::Launched> = None;
+    loop {
+        if let Some(sig) = signals.pending_termination() {
+            return Err(ClientError::Interrupted(sig.to_string()));
+        }
+        if let Ok(stream) = UnixStream::connect(&socket) {
+            if req.reset_anchor && launched.is_none() {
+                return Err(ClientError::ResetWhileRunning { profile: ctx.profile.name.clone() });
+            }
+            match handshake(&stream, &hello, tty)? {
+                Handshake::Joined(master) => {
+                    if let Some(l) = launched.as_mut() {
+                        l.relay(false);
+                    }
+                    return terminal::attach(&stream, master, &mut signals, &dir);
+                }
+                Handshake::Finished(status) => return Ok(ExitStatus(status)),
+                Handshake::Retry => std::thread::sleep(Duration::from_millis(20)),
+                Handshake::Refused(reason) => return Err(ClientError::Refused(reason)),
+            }
+        }
+        match launched.as_mut() {
+            None => launched = Some(spawn::spawn_coordinator(req, &ctx, &dir, &session)?),
+            Some(l) => {
+                l.relay(false);
+                if let Some(code) = l.child.try_wait().map_err(ClientError::io("waiting for the coordinator"))? {
+                    l.relay(true);
+                    match code.code() {
+                        Some(c) if c == EXIT_BUSY || c == 0 => {
+                            // Another coordinator owns the Domain (perhaps
+                            // still going down): connect to it, or start
+                            // again once it is gone.
+                            launched = None;
+                            std::thread::sleep(Duration::from_millis(20));
+                        }
+                        _ => {
+                            return Err(match l.status.errors() {
+                                Some(reason) => ClientError::StartFailed(reason),
+                                None => ClientError::StartFailedSilently { status: code, log: dir.log() },
+                            })
+                        }
+                    }
+                }
+            }
+        }
+        if Instant::now() > deadline {
+            return Err(ClientError::StartTimeout { socket, secs: START_LIMIT.as_secs(), log: dir.log() });
+        }
+        std::thread::sleep(Duration::from_millis(3));
+    }
+}
+
+/// How a Hello was answered.
+enum Handshake {
+    /// The session is in; the PTY master when it has a terminal.
+    Joined(Option<OwnedFd>),
+    /// The agent already finished (it could not start).
+    Finished(i32),
+    /// The coordinator is going away; try again (a new one will publish).
+    Retry,
+    /// Refused, with the coordinator's reason.
+    Refused(String),
+}
+
+fn handshake(stream: &UnixStream, hello: &ClientMessage, tty: bool) -> Result<Handshake, ClientError> {
+    let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
+    let fds: Vec<BorrowedFd<'_>> = if tty { Vec::new() } else { vec![i.as_fd(), o.as_fd(), e.as_fd()] };
+    match transport::write_frame_with_fds(stream, hello, &fds) {
+        Ok(()) => {}
+        Err(FrameError::Io(_)) => return Ok(Handshake::Retry),
+        Err(e) => return Err(e.into()),
+    }
+    loop {
+        let (msg, mut fds) = match transport::read_frame_with_fds::<CoordinatorMessage>(stream) {
+            Ok(v) => v,
+            Err(FrameError::Closed) | Err(FrameError::Io(_)) => return Ok(Handshake::Retry),
+            Err(e) => return Err(e.into()),
+        };
+        match msg {
+            CoordinatorMessage::Welcome { .. } => return Ok(Handshake::Joined(if fds.is_empty() { None } else { Some(fds.remove(0)) })),
+            CoordinatorMessage::Refused { retry: true, .. } => return Ok(Handshake::Retry),
+            CoordinatorMessage::Refused { reason, .. } => return Ok(Handshake::Refused(reason)),
+            CoordinatorMessage::Notice { text } => eprintln!("lazaret: {text}"),
+            CoordinatorMessage::Exit { status, .. } => return Ok(Handshake::Finished(status)),
+            other => return Err(ClientError::Unexpected { request: "Hello", answer: format!("{other:?}") }),
+        }
+    }
+}

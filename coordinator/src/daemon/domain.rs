@@ -1,0 +1,363 @@
+//! A running Domain: what its session threads share, the accept loop, the
+//! supervisor (stop requests, signals, the first-session timeout), and the
+//! end of its life.
+
+use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use lazaret_netpolicy::topology::Netns;
+use lazaret_oci::ImageRecord;
+use lazaret_protocol::journal::Event;
+use lazaret_protocol::wire::{self, CoordinatorMessage};
+use lazaret_runtime::signals::Signals;
+use lazaret_runtime::Runsc;
+
+use crate::context::Context;
+use crate::journal::DomainJournal;
+use crate::layout::{DomainDir, RunDir};
+use crate::trust::TrustAnchor;
+
+use super::host::{Network, Prepared, Sandbox};
+use super::log;
+use super::stages::UndoFailure;
+
+/// How long a published Domain waits for its first session.
+const FIRST_SESSION_WAIT: Duration = Duration::from_secs(30);
+/// Most connections served at once.
+const MAX_CONNECTIONS: usize = 128;
+/// How long the last session waits for teardown before it is told anyway.
+const TEARDOWN_WAIT: Duration = Duration::from_secs(120);
+/// How long teardown waits for session threads to deliver their last Exit.
+const FAREWELL_WAIT: Duration = Duration::from_secs(10);
+
+/// The Domain's network as sessions and `lazaret debug` see it.
+pub(super) struct NetworkView {
+    /// The Sidecar ID.
+    pub sidecar: String,
+    /// The sandbox's network namespace.
+    pub sandbox_ns: Option<Netns>,
+    /// The sidecar's network namespace.
+    pub sidecar_ns: Option<Netns>,
+}
+
+/// Everything session threads share.
+pub(super) struct Domain {
+    pub ctx: Arc<Context>,
+    pub dir: DomainDir,
+    pub run: RunDir,
+    pub image: ImageRecord,
+    pub runsc: Runsc,
+    pub container: String,
+    pub cgroups_path: String,
+    pub fingerprint: String,
+    pub config_json: String,
+    pub started: Instant,
+    pub network: NetworkView,
+    /// The Trust Anchor (escalation will issue session certificates from it).
+    pub _trust: Arc<TrustAnchor>,
+    pub live: Mutex<Live>,
+    pub changed: Condvar,
+    pub connections: AtomicUsize,
+}
+
+/// Where the Domain is in its life, as sessions see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Phase {
+    Ready,
+    Stopping,
+    Down,
+}
+
+/// The Domain's mutable state, behind one lock.
+pub(super) struct Live {
+    pub journal: DomainJournal,
+    pub phase: Phase,
+    pub sessions: BTreeMap<String, SessionEntry>,
+    pub launcher: String,
+    pub launcher_connected: bool,
+    pub ever_joined: bool,
+    pub stop: Option<StopRequest>,
+    listener_fd: Option<i32>,
+}
+
+/// A connected session.
+pub(super) struct SessionEntry {
+    /// Where runsc writes the agent's PID (inside the sandbox).
+    pub pid_file: PathBuf,
+    /// A stream for one-line notices to the session's client.
+    pub notices: Option<UnixStream>,
+}
+
+/// A `lazaret stop` (or a termination signal) in progress.
+#[derive(Clone, Copy)]
+pub(super) struct StopRequest {
+    pub at: Instant,
+    pub grace: Duration,
+    pub term_sent: bool,
+    pub kill_sent: bool,
+}
+
+impl StopRequest {
+    pub fn new(grace: Duration) -> StopRequest {
+        StopRequest { at: Instant::now(), grace, term_sent: false, kill_sent: false }
+    }
+}
+
+impl Domain {
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        ctx: Arc<Context>,
+        dir: DomainDir,
+        run: RunDir,
+        prepared: Prepared,
+        sandbox: Sandbox,
+        network: &Network,
+        trust: Arc<TrustAnchor>,
+        fingerprint: String,
+        journal: DomainJournal,
+        launcher: String,
+    ) -> Domain {
+        let topology = &network.topology;
+        let view = NetworkView {
+            sidecar: topology.sidecar_id().to_string(),
+            sandbox_ns: topology.sandbox_netns().and_then(|n| n.try_clone().ok()),
+            sidecar_ns: topology.sidecar_netns().and_then(|n| n.try_clone().ok()),
+        };
+        let config_json = ctx.config.render_json().unwrap_or_default();
+        Domain {
+            ctx,
+            dir,
+            run,
+            image: prepared.image,
+            runsc: prepared.runsc,
+            container: sandbox.container,
+            cgroups_path: sandbox.cgroups_path,
+            fingerprint,
+            config_json,
+            started: Instant::now(),
+            network: view,
+            _trust: trust,
+            live: Mutex::new(Live {
+                journal,
+                phase: Phase::Ready,
+                sessions: BTreeMap::new(),
+                launcher,
+                launcher_connected: false,
+                ever_joined: false,
+                stop: None,
+                listener_fd: None,
+            }),
+            changed: Condvar::new(),
+            connections: AtomicUsize::new(0),
+        }
+    }
+
+    /// The live state; a panicking session thread must not take the Domain
+    /// down with it.
+    pub fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits up to `timeout` for a change of the live state.
+    pub fn wait<'a>(&self, live: MutexGuard<'a, Live>, timeout: Duration) -> MutexGuard<'a, Live> {
+        self.changed.wait_timeout(live, timeout).map(|(g, _)| g).unwrap_or_else(|p| p.into_inner().0)
+    }
+
+    /// Journals BeginTeardown and withdraws the socket. Called with the
+    /// state locked and no session connected.
+    pub fn begin_teardown(&self, live: &mut Live) {
+        if let Err(e) = live.journal.record(Event::BeginTeardown) {
+            log(&format!("{e}"));
+        }
+        live.phase = Phase::Stopping;
+        let _ = std::fs::remove_file(self.dir.socket());
+        if let Some(fd) = live.listener_fd.take() {
+            // `fd` is the listener's descriptor, still owned by the accept
+            // thread (which only exits after this shutdown wakes it);
+            // shutdown(2) does not close it.
+            let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Runs `unwind` (the start-up stack's) under the state lock, marks the
+    /// Domain down, and lets session threads deliver their last Exit.
+    pub fn tear_down(&self, unwind: impl FnOnce(&mut DomainJournal) -> Vec<UndoFailure>) {
+        {
+            let mut live = self.live();
+            for failure in unwind(&mut live.journal) {
+                log(&format!("teardown: {failure}"));
+            }
+            live.phase = Phase::Down;
+            self.changed.notify_all();
+        }
+        let deadline = Instant::now() + FAREWELL_WAIT;
+        while self.connections.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// After the last session left: begins teardown and waits until the
+    /// Domain is down (or [`TEARDOWN_WAIT`] passed). Returns whether it is.
+    pub fn last_session_left<'a>(&'a self, mut live: MutexGuard<'a, Live>) -> (MutexGuard<'a, Live>, bool) {
+        if live.sessions.is_empty() && live.phase == Phase::Ready {
+            self.begin_teardown(&mut live);
+            let deadline = Instant::now() + TEARDOWN_WAIT;
+            while live.phase != Phase::Down && Instant::now() < deadline {
+                live = self.wait(live, Duration::from_millis(100));
+            }
+        }
+        let down = live.phase == Phase::Down;
+        (live, down)
+    }
+
+    /// Sends `signal` to a session's agent.
+    pub fn signal_session(&self, session: &str, pid_file: &Path, signal: i32) {
+        match read_internal_pid(pid_file) {
+            Some(pid) => {
+                if let Err(e) = self.runsc.kill_process(&self.container, pid, signal) {
+                    log(&format!("session {session}: signal {signal}: {e}"));
+                }
+            }
+            None => log(&format!("session {session}: no agent PID yet for signal {signal}")),
+        }
+    }
+
+    /// SIGKILLs a session's agent and every process it started (which would
+    /// otherwise live on, re-parented to the container's init).
+    pub fn kill_session_tree(&self, session: &str, pid_file: &Path) {
+        let Some(root) = read_internal_pid(pid_file) else {
+            log(&format!("session {session}: no agent PID to kill"));
+            return;
+        };
+        let tree = match self.runsc.processes(&self.container) {
+            Ok(ps) => lazaret_runtime::runsc::descendants(&ps, root),
+            Err(e) => {
+                log(&format!("session {session}: listing processes: {e}"));
+                vec![root]
+            }
+        };
+        for pid in tree {
+            if let Err(e) = self.runsc.kill_process(&self.container, pid, libc::SIGKILL) {
+                log(&format!("session {session}: killing PID {pid}: {e}"));
+            }
+        }
+    }
+}
+
+/// The agent's PID inside the sandbox, once runsc has written it (waits up
+/// to a second).
+fn read_internal_pid(pid_file: &Path) -> Option<i32> {
+    for _ in 0..100 {
+        if let Ok(t) = std::fs::read_to_string(pid_file) {
+            if let Ok(p) = t.trim().parse::<i32>() {
+                if p > 0 {
+                    return Some(p);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    None
+}
+
+/// Serves the published Domain until teardown begins: an accept thread
+/// hands each connection to a thread of its own; this thread supervises.
+pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, signals: &mut Signals) {
+    d.live().listener_fd = Some(listener.as_raw_fd());
+    let acceptor = {
+        let d = d.clone();
+        std::thread::spawn(move || accept_loop(&d, listener))
+    };
+    supervise(d, signals);
+    let _ = acceptor.join();
+}
+
+fn accept_loop(d: &Arc<Domain>, listener: UnixListener) {
+    loop {
+        let accepted = listener.accept();
+        if d.live().phase != Phase::Ready {
+            return;
+        }
+        let stream = match accepted {
+            Ok((s, _)) => s,
+            Err(e) => {
+                log(&format!("accept: {e}"));
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if d.connections.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
+            log("refused a connection: too many open connections");
+            continue;
+        }
+        d.connections.fetch_add(1, Ordering::SeqCst);
+        let d2 = d.clone();
+        let spawned = std::thread::Builder::new().name("session".into()).spawn(move || {
+            super::session::serve_connection(&d2, stream);
+            d2.connections.fetch_sub(1, Ordering::SeqCst);
+            d2.changed.notify_all();
+        });
+        if spawned.is_err() {
+            d.connections.fetch_sub(1, Ordering::SeqCst);
+            log("refused a connection: cannot start a thread");
+        }
+    }
+}
+
+/// The main thread after publishing: handles stop requests, signals and the
+/// first-session timeout, until teardown begins.
+fn supervise(d: &Domain, signals: &mut Signals) {
+    let published = Instant::now();
+    let mut live = d.live();
+    loop {
+        if live.phase != Phase::Ready {
+            return;
+        }
+        while let Some(sig) = signals.pending_termination() {
+            log(&format!("received {sig}: stopping the Domain"));
+            live.stop.get_or_insert(StopRequest::new(Duration::from_secs(5)));
+        }
+        if let Some(stop) = live.stop {
+            live.stop = Some(escalate_stop(d, &mut live, stop));
+        }
+        let abandoned = !live.ever_joined && published.elapsed() >= FIRST_SESSION_WAIT;
+        if live.sessions.is_empty() && (live.stop.is_some() || abandoned) {
+            if !live.launcher_connected {
+                let launcher = live.launcher.clone();
+                let _ = live.journal.record(Event::AbandonLaunch { session: launcher });
+            }
+            d.begin_teardown(&mut live);
+            return;
+        }
+        live = d.wait(live, Duration::from_millis(100));
+    }
+}
+
+/// One supervision round of a stop: notice and SIGTERM, then SIGKILL of each
+/// session's tree after the grace period, then of everything inside.
+fn escalate_stop(d: &Domain, live: &mut Live, mut stop: StopRequest) -> StopRequest {
+    if !stop.term_sent {
+        stop.term_sent = true;
+        for (id, s) in live.sessions.iter_mut() {
+            if let Some(n) = s.notices.as_mut() {
+                let _ = wire::write_message(n, &CoordinatorMessage::Notice { text: "the Domain is stopping (lazaret stop); the agent gets SIGTERM".into() });
+            }
+            d.signal_session(id, &s.pid_file, libc::SIGTERM);
+        }
+    } else if !stop.kill_sent && stop.at.elapsed() >= stop.grace {
+        stop.kill_sent = true;
+        for (id, s) in live.sessions.iter() {
+            d.kill_session_tree(id, &s.pid_file);
+        }
+    } else if stop.kill_sent && stop.at.elapsed() >= stop.grace * 2 && !live.sessions.is_empty() {
+        // Agents that survived SIGKILL by PID: end everything inside.
+        let _ = d.runsc.kill(&d.container, libc::SIGKILL, true);
+    }
+    stop
+}

@@ -1,0 +1,296 @@
+//! One connection to the Domain's socket: a session (`Hello`: register it,
+//! exec its agent, relay signals, report its exit) or a one-shot request
+//! (status, debug, stop).
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use lazaret_protocol::journal::Event;
+use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, FrameError, RateLimit, WIRE_VERSION};
+use lazaret_runtime::terminal::{set_window_size, WindowSize};
+
+use crate::transport;
+use crate::LAZARET_FAILED;
+
+use super::domain::{Domain, Phase, SessionEntry, StopRequest};
+use super::{log, report, StartError};
+
+/// How long a client may take to send its first frame.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest grace period `lazaret stop` may ask for.
+const MAX_GRACE: Duration = Duration::from_secs(300);
+
+/// What a session asked for in its Hello.
+struct SessionRequest {
+    session: String,
+    tty: bool,
+    term: Option<String>,
+    args: Vec<String>,
+    cwd: Option<String>,
+    size: WindowSize,
+}
+
+/// Serves one accepted connection.
+pub(super) fn serve_connection(d: &Arc<Domain>, stream: UnixStream) {
+    if let Err(why) = peer_allowed(d, &stream) {
+        log(&format!("refused a connection: {why}"));
+        return;
+    }
+    let _ = stream.set_read_timeout(Some(HELLO_TIMEOUT));
+    let (first, fds) = match transport::read_frame_with_fds::<ClientMessage>(&stream) {
+        Ok(v) => v,
+        Err(FrameError::Closed) => return,
+        Err(e) => {
+            log(&format!("disconnected a client: {e}"));
+            return;
+        }
+    };
+    let mut out = &stream;
+    match first {
+        ClientMessage::Hello { .. } => run_session(d, &stream, first, fds),
+        ClientMessage::Status { version } | ClientMessage::Debug { version } | ClientMessage::Stop { version, .. } if version != WIRE_VERSION => {
+            let _ = wire::write_message(&mut out, &report::version_refusal(version));
+        }
+        ClientMessage::Status { .. } => {
+            let _ = wire::write_message(&mut out, &CoordinatorMessage::Status(report::status_of(d)));
+        }
+        ClientMessage::Debug { .. } => {
+            let _ = wire::write_message(&mut out, &CoordinatorMessage::Debug { text: report::debug_report(d) });
+        }
+        ClientMessage::Stop { grace_ms, .. } => {
+            let grace = Duration::from_millis(grace_ms).min(MAX_GRACE);
+            {
+                let mut live = d.live();
+                log(&format!("stop requested (grace {grace:?})"));
+                live.stop.get_or_insert(StopRequest::new(grace));
+                d.changed.notify_all();
+            }
+            let _ = wire::write_message(&mut out, &CoordinatorMessage::Stopping);
+        }
+        ClientMessage::Signal { .. } => log("disconnected a client: Signal before Hello"),
+    }
+}
+
+/// Only the developer (or root) may talk to the Domain.
+fn peer_allowed(d: &Domain, stream: &UnixStream) -> Result<(), String> {
+    let cred = nix::sys::socket::getsockopt(&stream.as_fd(), nix::sys::socket::sockopt::PeerCredentials).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+    let uid = cred.uid();
+    if uid == 0 || uid == d.ctx.developer.uid {
+        Ok(())
+    } else {
+        Err(format!("uid {uid} (pid {}) is neither root nor the developer (uid {})", cred.pid(), d.ctx.developer.uid))
+    }
+}
+
+/// A refusal to send to the client: the reason, and whether it may retry.
+struct Refusal {
+    reason: String,
+    retry: bool,
+}
+
+impl Refusal {
+    fn final_(reason: impl Into<String>) -> Refusal {
+        Refusal { reason: reason.into(), retry: false }
+    }
+}
+
+/// Checks a Hello and registers its session (journalled). Returns the
+/// session's request, or why it was refused.
+fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionRequest, Refusal> {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, tty, term, args, rows, cols, cwd } = hello else {
+        return Err(Refusal::final_("expected a Hello"));
+    };
+    if version != WIRE_VERSION {
+        return Err(Refusal::final_(report::version_mismatch(version)));
+    }
+    if profile != d.ctx.profile.name || session.is_empty() || session.len() > 64 || !session.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+        log(&format!("disconnected a client: bad Hello (profile {profile:?}, session {session:?})"));
+        return Err(Refusal::final_("malformed session request"));
+    }
+    if !tty && fds != 3 {
+        log(&format!("session {session}: refused: expected 3 stdio descriptors, got {fds}"));
+        return Err(Refusal::final_("a session without a terminal must pass its stdin, stdout and stderr"));
+    }
+    let mut live = d.live();
+    if live.phase != Phase::Ready {
+        return Err(Refusal { reason: "the Domain is shutting down".into(), retry: true });
+    }
+    if live.stop.is_some() {
+        return Err(Refusal::final_("the Domain is being stopped (lazaret stop); run again once it is down"));
+    }
+    if let Err(e) = live.journal.record(Event::ConnectSession { session: session.clone() }) {
+        log(&format!("session {session}: refused: {e}"));
+        return Err(Refusal::final_(format!("session {session} refused: {e}")));
+    }
+    if session == live.launcher {
+        live.launcher_connected = true;
+    }
+    if fingerprint != d.fingerprint {
+        let _ = live.journal.record(Event::RejectSession { session: session.clone(), fingerprint: fingerprint.clone() });
+        log(&format!("session {session}: rejected: fingerprint {fingerprint} differs from {}", d.fingerprint));
+        drop(live);
+        return Err(Refusal::final_(report::refusal_for_fingerprint(d, &fingerprint, &config_json)));
+    }
+    if let Err(e) = live.journal.record(Event::RegisterSession { session: session.clone(), fingerprint }) {
+        log(&format!("session {session}: {e}"));
+        let _ = live.journal.record(Event::DisconnectSession { session: session.clone() });
+        return Err(Refusal::final_(format!("session {session} refused: {e}")));
+    }
+    live.ever_joined = true;
+    live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices: None });
+    log(&format!("session {session} joined ({} connected)", live.sessions.len()));
+    Ok(SessionRequest { session, tty, term, args, cwd, size: WindowSize { rows, cols } })
+}
+
+/// One session: register it, exec its agent, relay signals, report its exit.
+fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: Vec<OwnedFd>) {
+    let mut out = stream;
+    let req = match register(d, hello, fds.len()) {
+        Ok(r) => r,
+        Err(Refusal { reason, retry }) => {
+            let _ = wire::write_message(&mut out, &CoordinatorMessage::Refused { reason, retry });
+            return;
+        }
+    };
+    let session = req.session.clone();
+    if let Some(entry) = d.live().sessions.get_mut(&session) {
+        entry.notices = stream.try_clone().ok();
+    }
+    let pid_file = d.run.session_pid(&session);
+    let (mut child, master) = match start_agent(d, &req, fds, &pid_file) {
+        Ok(v) => v,
+        Err(e) => {
+            log(&format!("session {session}: starting the agent failed: {e}"));
+            let _ = wire::write_message(&mut out, &CoordinatorMessage::Notice { text: format!("error: {e}") });
+            finish_session(d, stream, &session, LAZARET_FAILED);
+            return;
+        }
+    };
+    let welcome = CoordinatorMessage::Welcome { session: session.clone(), sandbox: d.container.clone(), tty: req.tty };
+    let fds: Vec<_> = master.iter().map(|m| m.as_fd()).collect();
+    if let Err(e) = transport::write_frame_with_fds(stream, &welcome, &fds) {
+        log(&format!("session {session}: the client went away before its Welcome: {e}"));
+    }
+    drop(fds);
+    drop(master);
+    // Client messages: signals for the agent; end of stream: the client is
+    // gone, so its agent goes too.
+    let exited = Arc::new(AtomicBool::new(false));
+    let reader_thread = stream.try_clone().ok().map(|r| {
+        let (d, session, pid_file, exited) = (d.clone(), session.clone(), pid_file.clone(), exited.clone());
+        std::thread::spawn(move || relay_client(&d, r, &session, &pid_file, &exited))
+    });
+    let status = match child.wait() {
+        Ok(s) => {
+            use std::os::unix::process::ExitStatusExt;
+            s.code().or_else(|| s.signal().map(|n| 128 + n)).unwrap_or(LAZARET_FAILED)
+        }
+        Err(e) => {
+            log(&format!("session {session}: waiting for runsc exec: {e}"));
+            LAZARET_FAILED
+        }
+    };
+    exited.store(true, Ordering::SeqCst);
+    finish_session(d, stream, &session, status);
+    let _ = stream.shutdown(std::net::Shutdown::Both);
+    if let Some(t) = reader_thread {
+        let _ = t.join();
+    }
+    let _ = std::fs::remove_file(&pid_file);
+    let _ = std::fs::remove_file(d.run.session_process(&session));
+}
+
+/// Journals the session's end; if it was the last, begins teardown and
+/// waits for the Domain to be down before telling the client.
+fn finish_session(d: &Domain, stream: &UnixStream, session: &str, status: i32) {
+    let mut live = d.live();
+    if let Err(e) = live.journal.record(Event::DisconnectSession { session: session.to_string() }) {
+        log(&format!("session {session}: {e}"));
+    }
+    live.sessions.remove(session);
+    log(&format!("session {session} left with status {status} ({} connected)", live.sessions.len()));
+    let (live, domain_down) = d.last_session_left(live);
+    drop(live);
+    let mut out = stream;
+    let _ = wire::write_message(&mut out, &CoordinatorMessage::Exit { status, domain_down });
+}
+
+/// Reads the client's messages until the agent exits; a client that goes
+/// away or misbehaves takes its agent's process tree with it.
+fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, exited: &AtomicBool) {
+    let _ = stream.set_read_timeout(None);
+    let mut limit = RateLimit::client_default();
+    let mut r = &stream;
+    loop {
+        let msg = wire::read_message::<ClientMessage>(&mut r).and_then(|m| limit.admit().map(|_| m));
+        if exited.load(Ordering::SeqCst) {
+            return;
+        }
+        match msg {
+            Ok(ClientMessage::Signal { signal }) if (1..=64).contains(&signal) => d.signal_session(session, pid_file, signal),
+            Ok(other) => {
+                log(&format!("session {session}: unexpected {other:?}; disconnecting and ending its agent"));
+                break;
+            }
+            Err(FrameError::Closed) => {
+                log(&format!("session {session}: the client went away; ending its agent"));
+                break;
+            }
+            Err(e) => {
+                log(&format!("session {session}: disconnecting a misbehaving client: {e}"));
+                break;
+            }
+        }
+    }
+    if !exited.load(Ordering::SeqCst) {
+        d.kill_session_tree(session, pid_file);
+    }
+}
+
+/// The agent's working directory: the client's, when it is inside the
+/// workspace and plain (no `.`/`..`), else the profile's default.
+fn agent_cwd(d: &Domain, cwd: Option<&str>) -> Option<PathBuf> {
+    let c = PathBuf::from(cwd?);
+    let plain = c.components().all(|p| !matches!(p, std::path::Component::ParentDir | std::path::Component::CurDir));
+    (plain && c.starts_with(d.ctx.workspace.root())).then_some(c)
+}
+
+/// Writes the session's process spec and starts `runsc exec`: on a PTY
+/// (whose master is returned, for the client) or on the client's own stdio.
+fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &Path) -> Result<(std::process::Child, Option<OwnedFd>), StartError> {
+    let mut spec = d.ctx.bundle_spec(&d.image, &req.args, req.tty)?;
+    if let Some(t) = req.term.as_ref().filter(|t| !t.is_empty() && t.len() < 64 && t.chars().all(|c| c.is_ascii_graphic())) {
+        spec.env.retain(|(k, _)| k != "TERM");
+        spec.env.push(("TERM".into(), t.clone()));
+    }
+    if let Some(c) = agent_cwd(d, req.cwd.as_deref()) {
+        spec.cwd = c;
+    }
+    // The process part is validated like a whole bundle, with this run's
+    // rootfs and cgroups.
+    spec.rootfs = d.run.rootfs();
+    spec.cgroups_path = d.cgroups_path.clone();
+    let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
+    let process_file = d.run.session_process(&req.session);
+    std::fs::write(&process_file, process).map_err(StartError::io(format!("writing {}", process_file.display())))?;
+    let (stdio, master) = if req.tty {
+        let pty = nix::pty::openpty(None, None).map_err(StartError::errno("allocating a PTY"))?;
+        if req.size.rows > 0 && req.size.cols > 0 {
+            let _ = set_window_size(pty.master.as_fd(), req.size);
+        }
+        let dup = |f: &OwnedFd| f.try_clone().map_err(StartError::io("duplicating the PTY"));
+        ([dup(&pty.slave)?, dup(&pty.slave)?, pty.slave], Some(pty.master))
+    } else {
+        let mut it = fds.into_iter();
+        match (it.next(), it.next(), it.next()) {
+            (Some(a), Some(b), Some(c)) => ([a, b, c], None),
+            _ => return Err(StartError::Io { context: "the client's stdio".into(), source: std::io::Error::other("missing descriptors") }),
+        }
+    };
+    let child = d.runsc.exec(&d.container, &process_file, pid_file, stdio)?;
+    Ok((child, master))
+}
