@@ -88,7 +88,7 @@ impl StderrRoute {
     }
 
     /// Points stderr back at the log.
-    pub fn to_log(&mut self) {
+    pub fn restore_log(&mut self) {
         if let Some(l) = &self.log {
             let _ = nix::unistd::dup2_stderr(l.as_fd());
         }
@@ -97,7 +97,7 @@ impl StderrRoute {
 
 impl Drop for StderrRoute {
     fn drop(&mut self) {
-        self.to_log();
+        self.restore_log();
     }
 }
 
@@ -127,7 +127,7 @@ impl HostEffects {
 
     /// Routes stderr to the log from now on.
     pub fn stderr_to_log(&mut self) {
-        self.stderr.to_log();
+        self.stderr.restore_log();
     }
 }
 

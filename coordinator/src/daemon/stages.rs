@@ -298,7 +298,7 @@ pub struct FailedStart {
     /// The stage that failed.
     pub stage: Stage,
     /// Why.
-    pub cause: StartError,
+    pub cause: Box<StartError>,
     /// Undos that failed too.
     pub undo_failures: Vec<UndoFailure>,
 }
@@ -334,7 +334,7 @@ pub fn start_up<E: Effects>(fx: &mut E, journal: &mut DomainJournal, launch: &La
                 }
             }
             undo_failures.extend(stack.unwind(fx, journal));
-            Err(FailedStart { stage: at, cause, undo_failures })
+            Err(FailedStart { stage: at, cause: Box::new(cause), undo_failures })
         }
     }
 }
@@ -596,7 +596,7 @@ mod tests {
             Err(e) => e,
         };
         assert_eq!(err.stage, Stage::Lock);
-        assert!(matches!(err.cause, StartError::Journal(JournalError::Refused(_))), "{err}");
+        assert!(matches!(*err.cause, StartError::Journal(JournalError::Refused(_))), "{err}");
         assert!(fx.log.is_empty(), "{:?}", fx.log);
     }
 
