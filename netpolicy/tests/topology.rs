@@ -66,6 +66,31 @@ fn policy_is_enforced_from_the_sandbox() {
 }
 
 #[test]
+fn special_purpose_servers_are_unreachable_by_default_and_an_allow_opens_them() {
+    let net = FakeInternet::new();
+    let domain = build(&net);
+    let sandbox = domain.sandbox_netns().expect("ns");
+    for (address, rfc) in [(CGNAT, "RFC 6598"), (BENCHMARK, "RFC 2544"), (RESERVED, "RFC 1112")] {
+        assert_eq!(connect_from(sandbox, address), Reach::Unreachable, "{address}");
+        let origin = domain.policy().decide(IpAddr::V4(address)).rule.origin.to_string();
+        assert!(origin.starts_with(&format!("default: {rfc} ")) && origin.ends_with("(IANA special-purpose)"), "{origin}");
+    }
+    assert_eq!(connect_from(sandbox, PUBLIC), Reach::Connected);
+    domain.teardown().expect("teardown");
+
+    // An explicit allow of CGNAT (a Tailscale network, say) opens exactly that block.
+    let mut policy = input();
+    policy.allow.extend(parse_prefixes(&[("100.64.0.0/10", "test.toml:2:1")]).expect("prefix"));
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(connect_from(sandbox, CGNAT), Reach::Connected);
+    assert_eq!(connect_from(sandbox, BENCHMARK), Reach::Unreachable);
+    // The pool (inside 100.64/10) stays denied: other Domains are a longer prefix.
+    assert_eq!(domain.policy().decide(IpAddr::V4(Ipv4Addr::new(100, 96, 9, 9))).rule.origin, RuleOrigin::OtherDomain);
+    domain.teardown().expect("teardown");
+}
+
+#[test]
 fn teardown_leaves_nothing_and_restores_forwarding() {
     let net = FakeInternet::new();
     let before = net.host_snapshot();
@@ -283,12 +308,15 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
         ("public IPv4 server", IpAddr::V4(PUBLIC), Reach::Connected),
         ("ULA server", IpAddr::V6(ULA6), Reach::Unreachable),
         ("the host's own IPv6 address", IpAddr::V6(HOST_WAN6), Reach::Unreachable),
+        ("a neighbour on the host's global IPv6 LAN", IpAddr::V6(WORLD_WAN6), Reach::Unreachable),
         ("the host end of the uplink", IpAddr::V6(v6.host_uplink), Reach::Unreachable),
         ("the sidecar's uplink address", IpAddr::V6(v6.sidecar_uplink), Reach::Unreachable),
         ("the sandbox's own gateway address", IpAddr::V6(v6.sidecar_inner), Reach::Unreachable),
     ] {
         assert_eq!(connect_from(sandbox, address), expected, "{what} ({address})");
     }
+    assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.origin, RuleOrigin::HostNetwork, "the host's on-link prefix");
+    assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.prefix.to_string(), "2a0b:1::/64");
     // Link-local: the only link-local peer the sandbox has is the sidecar's
     // end of their link, and the self-guard keeps it out of reach.
     let sidecar_link_local = domain

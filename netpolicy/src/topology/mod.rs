@@ -1433,11 +1433,33 @@ pub fn host_has_global_ipv6_route(host: &Netns) -> Result<bool, TopologyError> {
     }))
 }
 
+/// The host's on-link networks (its LAN): the main-table link routes the
+/// kernel (or router advertisements) made for the host's addresses, on
+/// interfaces other than loopback and Lazaret's own. Routes an operator or a
+/// VPN added (`0.0.0.0/1 dev wg0`) are not networks of the host's addresses
+/// and do not count, nor do default routes.
+fn host_networks(view: &NetView) -> Vec<Prefix> {
+    let mut networks: Vec<Prefix> = view
+        .routes
+        .iter()
+        .filter(|route| route.table == MAIN_TABLE && route.kind == RouteType::Unicast && route.gateway.is_none())
+        .filter(|route| matches!(route.protocol, RouteProtocol::Kernel | RouteProtocol::Ra) && route.prefix.prefix_len() > 0)
+        .filter_map(|route| Some((route.prefix, route.oif?)))
+        .filter(|(_, oif)| view.link_name(*oif) != "lo" && !view.is_lazaret_link(*oif))
+        .filter(|(prefix, oif)| view.addresses.iter().any(|(index, ip)| index == oif && prefix.contains(*ip)))
+        .map(|(prefix, _)| prefix)
+        .collect();
+    networks.sort();
+    networks.dedup();
+    networks
+}
+
 /// Adds what the topology knows to the configured policy: the host's
 /// addresses, the pools (other Domains) and, when known, the Domain's uplink.
 fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, addresses: Option<&DomainAddresses>) -> PolicyInput {
     let mut full = input.clone();
     full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
+    full.host_networks.extend(host_networks(view));
     if let Some(addresses) = addresses {
         full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));
         if input.ipv6 {
@@ -1529,6 +1551,52 @@ mod tests {
                 "unexpected sidecar IPv6 rule: 0: from all lookup 255",
                 "unexpected sidecar IPv6 rule: 300: from all lookup 254",
             ]
+        );
+    }
+
+    #[test]
+    fn host_networks_are_the_link_routes_of_host_addresses() {
+        let ip = |text: &str| -> IpAddr { text.parse().expect("valid test input") };
+        let prefix = |text: &str| -> Prefix { text.parse().expect("valid test input") };
+        let route = |text: &str, oif: u32, protocol: RouteProtocol, gateway: Option<&str>| HostRoute {
+            prefix: prefix(text),
+            oif: Some(oif),
+            table: MAIN_TABLE,
+            protocol,
+            kind: RouteType::Unicast,
+            gateway: gateway.map(ip),
+        };
+        let view = NetView {
+            links: vec![(1, "lo".into()), (2, "eth0".into()), (3, "wg0".into()), (4, "lzhabcdef0123".into())],
+            addresses: vec![
+                (1, ip("127.0.0.1")),
+                (2, ip("192.168.1.20")),
+                (2, ip("2a02:8070:1:2::20")),
+                (2, ip("2a02:8070:9::5")),
+                (2, ip("fe80::1")),
+                (3, ip("10.8.0.2")),
+                (4, ip("100.96.0.3")),
+            ],
+            routes: vec![
+                route("127.0.0.0/8", 1, RouteProtocol::Kernel, None),
+                route("192.168.1.0/24", 2, RouteProtocol::Kernel, None),
+                route("2a02:8070:1:2::/64", 2, RouteProtocol::Kernel, None),
+                // DHCPv6 gives a /128; the on-link prefix comes from a router advertisement.
+                route("2a02:8070:9::/64", 2, RouteProtocol::Ra, None),
+                route("fe80::/64", 2, RouteProtocol::Kernel, None),
+                route("::/0", 2, RouteProtocol::Ra, Some("fe80::99")),
+                route("0.0.0.0/0", 2, RouteProtocol::Boot, Some("192.168.1.1")),
+                // wg-quick's split default routes hold wg0's address but are no LAN.
+                route("0.0.0.0/1", 3, RouteProtocol::Boot, None),
+                route("10.8.0.0/24", 3, RouteProtocol::Kernel, None),
+                // An on-link route without an address of the host in it.
+                route("172.20.0.0/16", 2, RouteProtocol::Kernel, None),
+                route("100.96.0.2/31", 4, RouteProtocol::Kernel, None),
+            ],
+        };
+        assert_eq!(
+            host_networks(&view),
+            ["10.8.0.0/24", "192.168.1.0/24", "2a02:8070:1:2::/64", "2a02:8070:9::/64", "fe80::/64"].map(prefix).to_vec()
         );
     }
 
