@@ -36,7 +36,6 @@ fn policy_is_enforced_from_the_sandbox() {
     let cases = [
         (PUBLIC, Reach::Connected, "public address"),
         (ALLOWED_PRIVATE, Reach::Connected, "explicitly allowed part of 10/8"),
-        (RESOLVER, Reach::Connected, "DNS resolver inside 10/8"),
         (PRIVATE_10, Reach::Unreachable, "RFC 1918 10/8"),
         (PRIVATE_172, Reach::Unreachable, "RFC 1918 172.16/12"),
         (METADATA, Reach::Unreachable, "link-local metadata"),
@@ -55,11 +54,14 @@ fn policy_is_enforced_from_the_sandbox() {
         let expected_action = if expected == Reach::Connected { Action::Allow } else { Action::Deny };
         assert_eq!(verdict.action, expected_action, "compiled verdict for {address}: {verdict}");
     }
+    // The resolver inside 10/8 is routed (its DNS rule) but only port 53 gets through the sidecar's filter.
+    assert_eq!(domain.policy().decide(IpAddr::V4(RESOLVER)).rule.origin, RuleOrigin::DnsPort53);
+    assert_eq!(connect_from(sandbox, RESOLVER), Reach::Unreachable, "the resolver's port {PORT}");
     assert_eq!(domain.policy().decide(IpAddr::V4(HOST_WAN)).rule.origin, RuleOrigin::HostAddress);
     assert_eq!(domain.policy().decide(IpAddr::V4(transit)).rule.origin, RuleOrigin::DomainTransit);
     domain.verify_installed().expect("read-back matches");
-    // The world saw the three allowed connections, all from the host's address (SNAT).
-    assert_eq!(net.world_peers(), vec![IpAddr::V4(HOST_WAN); 3]);
+    // The world saw the two allowed connections, both from the host's address (SNAT).
+    assert_eq!(net.world_peers(), vec![IpAddr::V4(HOST_WAN); 2]);
     assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![domain.sidecar_id()]);
     domain.teardown().expect("teardown");
     assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![]);
@@ -397,4 +399,49 @@ fn connect_from_source(source: std::net::Ipv6Addr, target: std::net::Ipv6Addr) -
             errno => nix::errno::Errno::from_raw(errno).desc().to_string(),
         },
     }
+}
+
+#[test]
+fn a_lan_peer_cannot_reach_the_sandbox_through_the_host() {
+    let net = FakeInternet::new();
+    let peer = net.add_lan_peer("100.96.0.0/16");
+    let domain = build(&net);
+    let sandbox = domain.sandbox_netns().expect("ns");
+    let target = std::net::SocketAddr::new(IpAddr::V4(domain.addresses().sandbox), PORT);
+    // Servers inside the sandbox, on its own address.
+    let (tcp, udp) = sandbox
+        .run(move || {
+            let io = |source| TopologyError::Io { action: "sandbox server".into(), source };
+            Ok((std::net::TcpListener::bind(target).map_err(io)?, std::net::UdpSocket::bind(target).map_err(io)?))
+        })
+        .expect("sandbox servers");
+    udp.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    // The peer routes the pool via the host's uplink address; the host
+    // forwards on its uplink because the Domain needs that for its replies.
+    let tcp_outcome = peer.run(move || Ok(tcp_from(IpAddr::V4(PEER_PUBLIC), target, 1500))).expect("peer connect");
+    for source in [PEER_PUBLIC, PEER_WAN] {
+        peer.run(move || {
+            let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "peer udp".into(), source })?;
+            socket.send_to(b"from the LAN", target).map_err(|source| TopologyError::Io { action: "peer send".into(), source })
+        })
+        .expect("peer datagram");
+    }
+    let mut buffer = [0u8; 64];
+    let datagram = udp.recv_from(&mut buffer).ok().map(|(length, from)| (String::from_utf8_lossy(&buffer[..length]).to_string(), from));
+    tcp.set_nonblocking(true).expect("nonblocking");
+    let accepted = tcp.accept().ok().map(|(_, from)| from);
+    eprintln!("LAN peer -> sandbox: tcp {tcp_outcome:?}, accepted {accepted:?}, datagram {datagram:?}");
+    assert_eq!(datagram, None, "a datagram from the LAN reached the sandbox");
+    assert_eq!(accepted, None, "a TCP connection from the LAN reached the sandbox");
+    assert_ne!(tcp_outcome, "connected");
+    // The sandbox's own traffic and its replies still pass.
+    assert_eq!(connect_from(sandbox, PUBLIC), Reach::Connected);
+    // The host's other forwarding is untouched: the peer still gets to the
+    // world through the host.
+    ip_in(&peer, &["route", "add", &format!("{PUBLIC}/32"), "via", &HOST_WAN.to_string()]);
+    let forwarded = peer
+        .run(|| Ok(tcp_from(IpAddr::V4(PEER_WAN), std::net::SocketAddr::new(IpAddr::V4(PUBLIC), PORT), 1500)))
+        .expect("peer to world");
+    assert_eq!(forwarded, "connected");
+    domain.teardown().expect("teardown");
 }

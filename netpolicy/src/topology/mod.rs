@@ -42,6 +42,7 @@
 mod forwarding;
 pub mod nat;
 pub mod netns;
+mod nft;
 
 use std::fmt;
 use std::io::Read;
@@ -60,6 +61,7 @@ use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMe
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 pub use netns::Netns;
+pub use nft::SIDECAR_FILTER_TABLE;
 
 use forwarding::Switch;
 
@@ -175,6 +177,14 @@ pub enum TopologyError {
     StateFile {
         /// The file.
         path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An nftables object could not be built.
+    #[error("nftables: {action}: {reason}")]
+    Nftables {
+        /// What was being done.
+        action: String,
         /// Why.
         reason: String,
     },
@@ -956,6 +966,18 @@ fn sandbox_route_differences(view: &NetView, addresses: &DomainAddresses, ipv6: 
     differences
 }
 
+/// Differences between the sidecar's nftables state and `filter`, its only
+/// table: nothing else may be there (no table accepts or rewrites anything).
+fn sidecar_filter_differences(filter: &nft::TableSpec) -> Result<Vec<String>, TopologyError> {
+    let mut differences: Vec<String> = filter.differences()?.into_iter().map(|d| format!("sidecar {d}")).collect();
+    for table in nat::list_tables()? {
+        if !(table.family == nft::NFPROTO_INET && table.name == filter.name) {
+            differences.push(format!("unexpected nftables table {} (family {}) in the sidecar", table.name, table.family));
+        }
+    }
+    Ok(differences)
+}
+
 fn inner_rp_filter() -> PathBuf {
     PathBuf::from(format!("/proc/sys/net/ipv4/conf/{SIDECAR_INNER_LINK}/rp_filter"))
 }
@@ -1094,6 +1116,7 @@ impl DomainNetwork {
         let addresses = self.addresses;
         let routes = self.policy.routes();
         let ipv6 = self.ipv6();
+        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
         sidecar.netlink(async move |handle| {
             // Sysctls are per namespace: this thread is inside the sidecar.
             for (path, value) in sidecar_sysctls(ipv6) {
@@ -1130,7 +1153,8 @@ impl DomainNetwork {
                 install_self_guard_table(&handle, false, &addresses.v6.sidecar_own()).await?;
                 install_rules(&handle, Some(addresses.v6.sandbox)).await?;
             }
-            Ok(())
+            // Resolvers only their DNS route opens: port 53 only (routes cannot match ports).
+            filter.install()
         })
     }
 
@@ -1227,7 +1251,9 @@ impl DomainNetwork {
     /// Dumps the sidecar's routing tables and rules and the sandbox's routes
     /// over netlink and checks them against the compiled policy; also checks
     /// that the sidecar forwards IPv4 (and IPv6 exactly when it is enabled),
-    /// that it filters spoofed sources, and that the host's NAT table exists.
+    /// that it filters spoofed sources, that its nftables filter (port 53
+    /// only for resolvers the policy otherwise denies) is exactly the
+    /// expected one, and that the host's table (NAT and forward guard) is.
     /// Call it after [`Self::readdress_sandbox`] and before starting runsc:
     /// runsc's netstack mode strips the sandbox namespace's addresses (and
     /// with them its default route) once it runs.
@@ -1237,6 +1263,7 @@ impl DomainNetwork {
         let ipv6 = self.ipv6();
         let mut differences = Vec::new();
         let (own, own6) = (addresses.sidecar_own(), addresses.v6.sidecar_own());
+        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
         let (view, sysctls, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
             let mut sysctls = Vec::new();
@@ -1249,6 +1276,7 @@ impl DomainNetwork {
             if ipv6 {
                 guard.extend(self_guard_differences(&handle, Some(addresses.v6.sandbox), &own6).await?);
             }
+            guard.extend(sidecar_filter_differences(&filter)?);
             Ok((view, sysctls, guard))
         })?;
         differences.extend(guard);
@@ -1292,10 +1320,8 @@ impl DomainNetwork {
         }
         let sandbox_view = sandbox.netlink(async |handle| net_view(&handle).await)?;
         differences.extend(sandbox_route_differences(&sandbox_view, &addresses, ipv6));
-        let id = self.id;
-        if !self.host.run(nat::owned_tables)?.contains(&id) {
-            differences.push(format!("host NAT table {} is missing", nat::table_name(id)));
-        }
+        let host_table = nft::host_table(self.id, addresses.sandbox, ipv6.then_some(addresses.v6.sandbox));
+        differences.extend(self.host.run(|| host_table.differences())?.into_iter().map(|d| format!("host {d}")));
         if differences.is_empty() { Ok(()) } else { Err(TopologyError::Mismatch { differences }) }
     }
 

@@ -153,6 +153,15 @@ impl FakeInternet {
                 Ok(())
             })
             .expect("build world");
+        // Snapshots compare the host before and after a test: let the uplink's
+        // carrier (and, with IPv6, its link-local address) settle first.
+        for _ in 0..300 {
+            let lines = snapshot(&host);
+            if !lines.iter().any(|l| l.contains("Linkdown")) && (!ipv6 || lines.iter().any(|l| l.contains("LinkLocal"))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let mut listeners = vec![
             listen(&world, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
             // A service on the host itself, on every host address.
