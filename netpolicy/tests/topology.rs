@@ -445,3 +445,126 @@ fn a_lan_peer_cannot_reach_the_sandbox_through_the_host() {
     assert_eq!(forwarded, "connected");
     domain.teardown().expect("teardown");
 }
+
+/// A DNS server (UDP and TCP port 53) and a web server (TCP port 80) on
+/// [`LAN_RESOLVER`] in the world; the UDP one answers "answer: <query>"
+/// until the returned guard is dropped.
+struct LanRouter {
+    _tcp53: std::net::TcpListener,
+    _tcp80: std::net::TcpListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LanRouter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn lan_router(net: &FakeInternet) -> LanRouter {
+    let (udp, tcp53, tcp80) = net
+        .world
+        .run(|| {
+            let io = |source| TopologyError::Io { action: "LAN router servers".into(), source };
+            Ok((
+                std::net::UdpSocket::bind((LAN_RESOLVER, 53)).map_err(io)?,
+                std::net::TcpListener::bind((LAN_RESOLVER, 53)).map_err(io)?,
+                std::net::TcpListener::bind((LAN_RESOLVER, 80)).map_err(io)?,
+            ))
+        })
+        .expect("LAN router");
+    udp.set_read_timeout(Some(std::time::Duration::from_millis(50))).expect("timeout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let worker = std::thread::spawn(move || {
+        let mut buffer = [0u8; 512];
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((length, from)) = udp.recv_from(&mut buffer) {
+                let answer = [b"answer: ", &buffer[..length]].concat();
+                let _ = udp.send_to(&answer, from);
+            }
+        }
+    });
+    LanRouter { _tcp53: tcp53, _tcp80: tcp80, stop, worker: Some(worker) }
+}
+
+/// A UDP query from inside `ns` to `target` on a connected socket: the
+/// answer, or the error (an ICMP error shows up on the receive).
+fn udp_query(ns: &lazaret_netpolicy::topology::Netns, target: std::net::SocketAddr) -> Result<String, String> {
+    ns.run(move || {
+        let io = |source| TopologyError::Io { action: "udp query".into(), source };
+        let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(io)?;
+        socket.set_read_timeout(Some(std::time::Duration::from_secs(2))).map_err(io)?;
+        socket.connect(target).map_err(io)?;
+        socket.send(b"example.com A").map_err(io)?;
+        let mut buffer = [0u8; 512];
+        Ok(match socket.recv(&mut buffer) {
+            Ok(length) => Ok(String::from_utf8_lossy(&buffer[..length]).to_string()),
+            Err(error) => Err(error.to_string()),
+        })
+    })
+    .expect("udp worker")
+}
+
+#[test]
+fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
+    let net = FakeInternet::new();
+    let _router = lan_router(&net);
+    let resolver = IpAddr::V4(LAN_RESOLVER);
+    let dns = |port| std::net::SocketAddr::new(resolver, port);
+    let mut policy = input();
+    policy.dns = vec![resolver];
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(domain.policy().port53_only_resolvers(), vec![resolver]);
+    assert_eq!(udp_query(sandbox, dns(53)), Ok("answer: example.com A".to_string()), "DNS over UDP");
+    assert_eq!(connect_to(sandbox, dns(53)), Reach::Connected, "DNS over TCP");
+    assert_eq!(connect_to(sandbox, dns(80)), Reach::Unreachable, "the router's web interface");
+    assert_eq!(connect_to(sandbox, dns(22)), Reach::Unreachable);
+    // UDP elsewhere never reaches the router: without the filter its "port
+    // unreachable" would come back as ECONNREFUSED; the filter's host
+    // unreachable is not fatal for a UDP socket, so the query just times out.
+    let other_udp = udp_query(sandbox, dns(54));
+    assert!(other_udp.as_ref().is_err_and(|e| e.contains("temporarily unavailable")), "UDP to port 54: {other_udp:?}");
+    // Other addresses of the denied range stay unreachable on every port.
+    assert_eq!(connect_to(sandbox, std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 7, 2)), 53)), Reach::Unreachable);
+    domain.verify_installed().expect("read-back matches");
+    let listing = nft_in(domain.sidecar_netns().expect("ns"), &["list", "ruleset"]);
+    assert!(listing.contains("table inet lazaret-filter") && listing.contains("192.168.7.1"), "{listing}");
+
+    // Tampering with either table is found before the sandbox would start.
+    let sidecar = domain.sidecar_netns().expect("ns");
+    nft_in(sidecar, &["flush", "chain", "inet", "lazaret-filter", "forward"]);
+    nft_in(sidecar, &["add", "table", "inet", "extra"]);
+    let table = format!("lazaret-{}", domain.sidecar_id());
+    nft_in(&net.host, &["add", "rule", "inet", &table, "forward", "accept"]);
+    match domain.verify_installed() {
+        Err(TopologyError::Mismatch { differences }) => {
+            let rule = "sidecar nftables table inet lazaret-filter: rule missing: chain forward: iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.7.1 reject with icmpx host-unreachable";
+            assert!(differences.iter().any(|d| d == rule), "{differences:?}");
+            assert!(differences.iter().any(|d| d.contains("unexpected nftables table extra")), "{differences:?}");
+            assert!(differences.iter().any(|d| d.starts_with(&format!("host nftables table inet {table}: unexpected rule in chain forward"))), "{differences:?}");
+        }
+        other => panic!("tampered filters not detected: {other:?}"),
+    }
+    domain.teardown().expect("teardown");
+    assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![]);
+    assert_eq!(nft_in(&net.host, &["list", "tables"]), "", "no nftables table of the Domain is left on the host");
+
+    // An explicit allow of the resolver's address opens it fully, as before.
+    policy.allow.extend(parse_prefixes(&[("192.168.7.1/32", "test.toml:3:1")]).expect("prefix"));
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(domain.policy().port53_only_resolvers(), Vec::<IpAddr>::new());
+    assert_eq!(connect_to(sandbox, dns(80)), Reach::Connected, "explicitly allowed");
+    assert_eq!(udp_query(sandbox, dns(53)), Ok("answer: example.com A".to_string()));
+    let refused = udp_query(sandbox, dns(54));
+    assert!(refused.as_ref().is_err_and(|e| e.contains("Connection refused")), "UDP to port 54 reaches the router: {refused:?}");
+    domain.verify_installed().expect("read-back matches");
+    domain.teardown().expect("teardown");
+    assert_eq!(nft_in(&net.host, &["list", "tables"]), "");
+}

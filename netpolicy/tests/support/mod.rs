@@ -255,10 +255,13 @@ pub enum Reach {
 }
 
 pub fn connect_from(ns: &Netns, address: impl Into<IpAddr>) -> Reach {
-    let address = address.into();
+    connect_to(ns, SocketAddr::new(address.into(), PORT))
+}
+
+/// The outcome of a TCP connect from inside `ns` to `target`.
+pub fn connect_to(ns: &Netns, target: SocketAddr) -> Reach {
     ns.run(move || {
         // The timeout only bounds a broken setup; assertions are on the error kind.
-        let target = SocketAddr::new(address, PORT);
         Ok(match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
             Ok(_) => Reach::Connected,
             Err(error)
@@ -355,4 +358,18 @@ pub fn tcp_from(source: IpAddr, target: SocketAddr, millis: u16) -> String {
             errno => nix::errno::Errno::from_raw(errno).desc().to_string(),
         },
     }
+}
+
+/// Runs `nft` with `args` inside `ns` (only to inspect or tamper with a
+/// test's own namespaces); returns its standard output, panics on failure.
+pub fn nft_in(ns: &Netns, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let shown = args.join(" ");
+    let output = ns
+        .run(move || {
+            std::process::Command::new("nft").args(&args).output().map_err(|source| TopologyError::Io { action: "run nft".into(), source })
+        })
+        .expect("nft worker");
+    assert!(output.status.success(), "nft {shown}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).to_string()
 }
