@@ -36,8 +36,19 @@
 //!   the state file and restored when the last Lazaret uplink is gone. For
 //!   IPv6 that is the per-interface `force_forwarding` (Linux 6.17+); the
 //!   host's global IPv6 forwarding is never changed (see `forwarding`).
-//! * Host side, source NAT: one nftables table per Domain (`inet lazaret-<ID>`,
-//!   see [`nat`]) masquerades the sandbox's addresses on the way out.
+//! * Host side, source NAT and forward guard: one nftables table per Domain
+//!   (`inet lazaret-<ID>`, see [`nat`] and `nft::host_table`) masquerades the
+//!   sandbox's addresses on the way out, forwards nothing into `lzh<ID>` but
+//!   replies (`ct state` established or related: a LAN peer that routes the
+//!   pool via the host gets nowhere) and nothing out of it but the sandbox's
+//!   own addresses. Its chains only drop, and only packets of `lzh<ID>`, so
+//!   the host's other forwarding is untouched.
+//! * Sidecar packet filter (`inet lazaret-filter`, `nft::sidecar_filter`):
+//!   routes cannot match ports, so a DNS resolver that only its DNS route
+//!   opens (the LAN router, say) gets UDP and TCP port 53 from the sandbox
+//!   and every other packet to it is rejected.
+//! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
+//!   sysctls, and both nftables tables, chain by chain and rule by rule.
 
 mod forwarding;
 pub mod nat;

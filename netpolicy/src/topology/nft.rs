@@ -309,9 +309,9 @@ impl TableSpec {
             return Ok(vec![format!("{table} is missing")]);
         }
         let chains: Vec<DumpedChain> =
-            dump(NFT_MSG_GETCHAIN)?.iter().filter_map(DumpedChain::parse).filter(|c| belongs(&c.table, c.family)).collect();
+            dump(NFT_MSG_GETCHAIN, None)?.iter().filter_map(DumpedChain::parse).filter(|c| belongs(&c.table, c.family)).collect();
         let rules: Vec<DumpedRule> =
-            dump(NFT_MSG_GETRULE)?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
+            dump(NFT_MSG_GETRULE, Some(&self.name))?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
         let mut differences = Vec::new();
         for chain in &expected_chains {
             match chains.iter().find(|c| c.name == chain.name) {
@@ -571,21 +571,32 @@ impl DumpedRule {
 }
 
 /// Dumps every object of one kind (`NFT_MSG_GET*`) of the inet family in
-/// the calling thread's namespace.
-fn dump(request: u16) -> Result<Vec<Message>, TopologyError> {
+/// the calling thread's namespace; given a table, only that table's (the
+/// kernel filters rule dumps by table; callers filter again).
+fn dump(request: u16, table: Option<&str>) -> Result<Vec<Message>, TopologyError> {
     let run = || -> io::Result<Vec<Message>> {
         let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
         let portid = socket.portid();
         let sequence: u32 = 1;
         const NLM_F_REQUEST: u16 = 1;
         const NLM_F_DUMP: u16 = 0x300;
-        let mut message = Vec::with_capacity(NLMSG_HEADER + NFGENMSG);
-        message.extend(((NLMSG_HEADER + NFGENMSG) as u32).to_ne_bytes());
+        // NFTA_RULE_TABLE / NFTA_CHAIN_TABLE (both 1): the name with its NUL, padded.
+        let mut filter = Vec::new();
+        if let Some(name) = table {
+            let value = [name.as_bytes(), &[0]].concat();
+            filter.extend(((4 + value.len()) as u16).to_ne_bytes());
+            filter.extend(1u16.to_ne_bytes());
+            filter.extend(&value);
+            filter.resize((filter.len() + 3) & !3, 0);
+        }
+        let mut message = Vec::with_capacity(NLMSG_HEADER + NFGENMSG + filter.len());
+        message.extend(((NLMSG_HEADER + NFGENMSG + filter.len()) as u32).to_ne_bytes());
         message.extend(request.to_ne_bytes());
         message.extend((NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
         message.extend(sequence.to_ne_bytes());
         message.extend(0u32.to_ne_bytes());
         message.extend([NFPROTO_INET, 0, 0, 0]);
+        message.extend(filter);
         socket.send(&message)?;
         let mut found = Vec::new();
         let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
