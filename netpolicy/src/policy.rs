@@ -590,7 +590,7 @@ mod tests {
         }
         assert_eq!(
             policy.decide(ip("100.64.0.1")).rule.origin.to_string(),
-            "default: RFC 6598 shared address space (carrier-grade NAT, Tailscale) (IANA special-purpose)"
+            "default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose)"
         );
     }
 
@@ -873,7 +873,7 @@ mod tests {
         assert_eq!(verdict(&policy, "2606:4700::1111").0, Action::Allow);
         let (action, origin, prefix) = verdict(&policy, "fd00::1");
         assert_eq!((action, prefix), (Action::Deny, p("fc00::/7")));
-        assert_eq!(origin.to_string(), "default: RFC 4193 unique local (ULA) (IANA special-purpose)");
+        assert_eq!(origin.to_string(), "default: RFC 4193 unique local, ULA (IANA special-purpose)");
         assert_eq!(verdict(&policy, "fe80::1").0, Action::Deny);
         assert_eq!(verdict(&policy, "::ffff:10.0.0.1").0, Action::Deny);
         assert_eq!(verdict(&policy, "2001:db8::5"), (Action::Deny, RuleOrigin::HostAddress, p("2001:db8::5/128")));
@@ -914,7 +914,7 @@ mod tests {
         assert!(policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918 private-use (IANA special-purpose))"));
         assert_eq!(
             policy.explain(ip("100.100.100.100")),
-            "100.100.100.100: deny (rule deny 100.64.0.0/10, default: RFC 6598 shared address space (carrier-grade NAT, Tailscale) (IANA special-purpose))"
+            "100.100.100.100: deny (rule deny 100.64.0.0/10, default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose))"
         );
         assert!(lines.iter().any(|l| l.starts_with("224.0.0.0/4") && l.contains("deny") && l.contains("RFC 5771 multicast (IANA IPv4 multicast)")), "{table}");
     }

@@ -1,9 +1,9 @@
 //! The address blocks that are not globally reachable, from the IANA
 //! special-purpose address registries: the policy's default denials.
 //!
-//! Transcribed from `iana-ipv4-special-registry` (RFC 6890; updated
-//! 2025) and `iana-ipv6-special-registry` (RFC 6890, RFC 8190; updated
-//! 2025-10-09), plus the multicast blocks (IPv4 multicast registry, IPv6
+//! Transcribed from `iana-ipv4-special-registry` and
+//! `iana-ipv6-special-registry` (RFC 6890, RFC 8190) as of their 2025-10-09
+//! versions, plus the multicast blocks (IPv4 multicast registry, IPv6
 //! address-space registry) and IPv6's deprecated site-local block, which
 //! those two registries do not list. Every row the registries mark
 //! "Globally Reachable: False" is here, and so is every row they mark
@@ -84,9 +84,9 @@ pub const SPECIAL_BLOCKS: &[SpecialBlock] = &[
     row("0.0.0.0/8", "RFC 791", "\"this network\"", DENY, V4),
     row("0.0.0.0/32", "RFC 1122", "\"this host on this network\"", DENY, V4),
     row("10.0.0.0/8", "RFC 1918", "private-use", DENY, V4),
-    row("100.64.0.0/10", "RFC 6598", "shared address space (carrier-grade NAT, Tailscale)", DENY, V4),
+    row("100.64.0.0/10", "RFC 6598", "shared address space: carrier-grade NAT, Tailscale", DENY, V4),
     row("127.0.0.0/8", "RFC 1122", "loopback", DENY, V4),
-    row("169.254.0.0/16", "RFC 3927", "link local (cloud metadata)", DENY, V4),
+    row("169.254.0.0/16", "RFC 3927", "link local, cloud metadata", DENY, V4),
     row("172.16.0.0/12", "RFC 1918", "private-use", DENY, V4),
     row("192.0.0.0/24", "RFC 6890", "IETF protocol assignments", DENY, V4),
     row("192.0.0.0/29", "RFC 7335", "IPv4 service continuity prefix", DENY, V4),
@@ -95,16 +95,16 @@ pub const SPECIAL_BLOCKS: &[SpecialBlock] = &[
     row("192.0.0.10/32", "RFC 8155", "TURN anycast", REACHABLE, V4),
     row("192.0.0.170/32", "RFC 8880", "NAT64/DNS64 discovery", DENY, V4),
     row("192.0.0.171/32", "RFC 8880", "NAT64/DNS64 discovery", DENY, V4),
-    row("192.0.2.0/24", "RFC 5737", "documentation (TEST-NET-1)", DENY, V4),
+    row("192.0.2.0/24", "RFC 5737", "documentation TEST-NET-1", DENY, V4),
     row("192.31.196.0/24", "RFC 7535", "AS112-v4", REACHABLE, V4),
     row("192.52.193.0/24", "RFC 7450", "AMT", REACHABLE, V4),
-    row("192.88.99.0/24", "RFC 7526", "deprecated 6to4 relay anycast (registration terminated)", DENY, V4),
+    row("192.88.99.0/24", "RFC 7526", "deprecated 6to4 relay anycast, registration terminated", DENY, V4),
     row("192.88.99.2/32", "RFC 6751", "6a44-relay anycast", DENY, V4),
     row("192.168.0.0/16", "RFC 1918", "private-use", DENY, V4),
     row("192.175.48.0/24", "RFC 7534", "direct delegation AS112 service", REACHABLE, V4),
     row("198.18.0.0/15", "RFC 2544", "benchmarking", DENY, V4),
-    row("198.51.100.0/24", "RFC 5737", "documentation (TEST-NET-2)", DENY, V4),
-    row("203.0.113.0/24", "RFC 5737", "documentation (TEST-NET-3)", DENY, V4),
+    row("198.51.100.0/24", "RFC 5737", "documentation TEST-NET-2", DENY, V4),
+    row("203.0.113.0/24", "RFC 5737", "documentation TEST-NET-3", DENY, V4),
     row("240.0.0.0/4", "RFC 1112", "reserved", DENY, V4),
     row("255.255.255.255/32", "RFC 8190", "limited broadcast", DENY, V4),
     // IPv4 multicast address space registry
@@ -113,12 +113,12 @@ pub const SPECIAL_BLOCKS: &[SpecialBlock] = &[
     row("::1/128", "RFC 4291", "loopback", DENY, V6),
     row("::/128", "RFC 4291", "unspecified", DENY, V6),
     row("::ffff:0:0/96", "RFC 4291", "IPv4-mapped", DENY, V6),
-    row("64:ff9b::/96", "RFC 6052", "IPv4-IPv6 translation (well-known NAT64 prefix)", REACHABLE, V6),
+    row("64:ff9b::/96", "RFC 6052", "IPv4-IPv6 translation, well-known NAT64 prefix", REACHABLE, V6),
     row("64:ff9b:1::/48", "RFC 8215", "local-use IPv4-IPv6 translation", DENY, V6),
     row("100::/64", "RFC 6666", "discard-only", DENY, V6),
     row("100:0:0:1::/64", "RFC 9780", "dummy IPv6 prefix", DENY, V6),
     row("2001::/23", "RFC 2928", "IETF protocol assignments", DENY, V6),
-    row("2001::/32", "RFC 4380", "Teredo (registry: N/A; tunnels to IPv4)", DENY, V6),
+    row("2001::/32", "RFC 4380", "Teredo, tunnels to IPv4 (registry: N/A)", DENY, V6),
     row("2001:1::1/128", "RFC 7723", "Port Control Protocol anycast", REACHABLE, V6),
     row("2001:1::2/128", "RFC 8155", "TURN anycast", REACHABLE, V6),
     row("2001:1::3/128", "RFC 9665", "DNS-SD service registration protocol anycast", REACHABLE, V6),
@@ -129,11 +129,11 @@ pub const SPECIAL_BLOCKS: &[SpecialBlock] = &[
     row("2001:20::/28", "RFC 7343", "ORCHIDv2", REACHABLE, V6),
     row("2001:30::/28", "RFC 9374", "drone remote ID protocol entity tags", REACHABLE, V6),
     row("2001:db8::/32", "RFC 3849", "documentation", DENY, V6),
-    row("2002::/16", "RFC 3056", "6to4 (registry: N/A; tunnels to IPv4)", DENY, V6),
+    row("2002::/16", "RFC 3056", "6to4, tunnels to IPv4 (registry: N/A)", DENY, V6),
     row("2620:4f:8000::/48", "RFC 7534", "direct delegation AS112 service", REACHABLE, V6),
     row("3fff::/20", "RFC 9637", "documentation", DENY, V6),
-    row("5f00::/16", "RFC 9602", "segment routing (SRv6) SIDs", DENY, V6),
-    row("fc00::/7", "RFC 4193", "unique local (ULA)", DENY, V6),
+    row("5f00::/16", "RFC 9602", "segment routing SRv6 SIDs", DENY, V6),
+    row("fc00::/7", "RFC 4193", "unique local, ULA", DENY, V6),
     row("fe80::/10", "RFC 4291", "link-local unicast", DENY, V6),
     // IPv6 address space registry
     row("fec0::/10", "RFC 3879", "deprecated site-local", DENY, Registry::Ipv6AddressSpace),
