@@ -350,6 +350,22 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
         .expect("link-local connect");
     let refused = [nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ENETUNREACH].map(|errno| Err(Some(errno as i32)));
     assert!(refused.contains(&link_local_outcome), "the sidecar's link-local address {sidecar_link_local}: {link_local_outcome:?}");
+    // The upstream router (or a LAN peer) routing the IPv6 pool via the host
+    // gets no datagram into the sandbox: the host's forward guard drops it.
+    let sandbox6 = std::net::SocketAddr::new(IpAddr::V6(v6.sandbox), PORT);
+    let inbound = sandbox
+        .run(move || std::net::UdpSocket::bind(sandbox6).map_err(|source| TopologyError::Io { action: "sandbox udp".into(), source }))
+        .expect("sandbox udp");
+    inbound.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    ip_in(&net.world, &["-6", "route", "add", "fd6c:617a:6172::/96", "via", &HOST_WAN6.to_string()]);
+    net.world
+        .run(move || {
+            let socket = std::net::UdpSocket::bind((WORLD_WAN6, 0)).map_err(|source| TopologyError::Io { action: "world udp".into(), source })?;
+            socket.send_to(b"unsolicited", sandbox6).map_err(|source| TopologyError::Io { action: "world send".into(), source })
+        })
+        .expect("world datagram");
+    let mut buffer = [0u8; 32];
+    assert!(inbound.recv_from(&mut buffer).is_err(), "an unsolicited IPv6 datagram reached the sandbox");
     // NAT66: the world saw the sandbox as the host's IPv6 address.
     assert_eq!(net.world_peers6(), vec![IpAddr::V6(HOST_WAN6)]);
     // Forwarding through the host is per interface; the host is not made an IPv6 router.
