@@ -584,3 +584,31 @@ fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
     domain.teardown().expect("teardown");
     assert_eq!(nft_in(&net.host, &["list", "tables"]), "");
 }
+
+#[test]
+fn only_the_sandbox_address_is_forwarded_out_of_the_domain() {
+    let net = FakeInternet::new();
+    let domain = build(&net);
+    let world = net
+        .world
+        .run(|| std::net::UdpSocket::bind((PUBLIC, PORT)).map_err(|source| TopologyError::Io { action: "world udp".into(), source }))
+        .expect("world udp");
+    world.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    let send_from = |ns: &lazaret_netpolicy::topology::Netns, source: Ipv4Addr| {
+        ns.run(move || {
+            let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "udp".into(), source })?;
+            socket.send_to(source.to_string().as_bytes(), (PUBLIC, PORT)).map_err(|source| TopologyError::Io { action: "send".into(), source })
+        })
+        .expect("datagram");
+    };
+    let mut buffer = [0u8; 64];
+    // The sidecar's own uplink address (no sandbox can use it; the guard is
+    // defence in depth behind the sidecar's rp_filter): dropped on the host.
+    send_from(domain.sidecar_netns().expect("ns"), domain.addresses().sidecar_uplink);
+    assert!(world.recv_from(&mut buffer).is_err(), "a packet from the sidecar's address left the Domain");
+    // The sandbox's own address: forwarded and masqueraded.
+    send_from(domain.sandbox_netns().expect("ns"), domain.addresses().sandbox);
+    let (length, from) = world.recv_from(&mut buffer).expect("the sandbox's datagram");
+    assert_eq!((&buffer[..length], from.ip()), (domain.addresses().sandbox.to_string().as_bytes(), IpAddr::V4(HOST_WAN)));
+    domain.teardown().expect("teardown");
+}
