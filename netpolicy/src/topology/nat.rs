@@ -3,7 +3,7 @@
 //! Each Domain gets its own table, `inet lazaret-<SidecarId>`, holding one
 //! `nat`/`postrouting` base chain that masquerades the sandbox's IPv4 address
 //! and, for an IPv6-enabled Domain, its IPv6 address, and the Domain's
-//! forward guard (see [`super::nft::host_table`]). Deleting that table
+//! forward guard (see `nft::host_table`). Deleting that table
 //! removes exactly this Domain's rules and nothing else; when the last Domain
 //! is gone no Lazaret table is left. Stale tables of crashed runs are found
 //! by the Sidecar ID in their name.
@@ -76,7 +76,7 @@ pub(crate) fn send(batch: &FinalizedBatch) -> io::Result<()> {
 }
 
 /// Installs the Domain's host table `inet lazaret-<id>`
-/// ([`super::nft::host_table`]): `ip saddr <sandbox> masquerade` (and, given
+/// (`nft::host_table`): `ip saddr <sandbox> masquerade` (and, given
 /// an IPv6 address, `ip6 saddr <sandbox6> masquerade`) and the forward guard
 /// that lets only replies into the Domain and only the sandbox's addresses
 /// out of it. Must run on a thread inside the host namespace
