@@ -4,6 +4,8 @@
 //!   defaults to a longest-prefix table ([`compile`], [`CompiledPolicy::decide`],
 //!   [`CompiledPolicy::render_table`] for `lazaret policy show`,
 //!   [`CompiledPolicy::explain`] for `lazaret policy explain`).
+//! * [`special`]: the IANA special-purpose address blocks the policy denies
+//!   by default, one table naming the registry and the RFC of each row.
 //! * [`dns`]: the Domain's resolvers from config or the host's resolv.conf, and
 //!   the sandbox's `/etc/resolv.conf`.
 //! * [`topology`]: per Domain a sandbox netns and a sidecar (router) netns with
@@ -21,6 +23,7 @@
 pub mod dns;
 pub mod policy;
 pub mod prefix;
+pub mod special;
 pub mod topology;
 
 pub use dns::{DnsError, resolvers_from_resolv_conf, sandbox_resolv_conf};

@@ -4,14 +4,21 @@
 //!
 //! * Every destination is decided by the rule with the **longest prefix** that
 //!   contains it. Each family always has a `/0` rule, so every address gets a verdict.
-//! * IPv4 defaults: `0.0.0.0/0` allowed (public destinations); RFC 1918
-//!   (`10/8`, `172.16/12`, `192.168/16`) and link-local `169.254/16` (cloud
-//!   metadata) denied; the host's own addresses, the Domain's transit/uplink
-//!   addresses and other Domains' addresses denied.
-//! * IPv6, when enabled, gets the equivalent policy: `::/0` allowed; ULA
-//!   `fc00::/7`, link-local `fe80::/10` and IPv4-mapped `::ffff:0:0/96` denied;
-//!   host, transit and other-Domain addresses denied. When disabled the table
-//!   holds a single `::/0` deny, so no IPv6 traffic leaves.
+//! * Defaults: `0.0.0.0/0` (and, with IPv6, `::/0`) allowed; every block the
+//!   IANA special-purpose registries mark as not globally reachable denied
+//!   ([`crate::special`]: RFC 1918, CGNAT `100.64/10`, link-local `169.254/16`
+//!   (cloud metadata), documentation, benchmarking, multicast, reserved, ULA,
+//!   IPv6 link-local, ...), with IPv6 also the IPv4 denials inside the NAT64
+//!   prefix `64:ff9b::/96`; the host's own addresses and on-link networks (its
+//!   LAN: the prefixes of its addresses and on-link routes, unless a
+//!   special-purpose block already covers them), the Domain's transit/uplink
+//!   addresses and other Domains' addresses denied. When IPv6 is disabled the
+//!   IPv6 table holds a single `::/0` deny, so no IPv6 traffic leaves.
+//! * Rows the registries mark globally reachable inside a denied block
+//!   (`192.0.0.9/32` in `192.0.0.0/24`, the `2001::/23` exceptions) are no
+//!   defaults of their own: they take the verdict of the longest rule around
+//!   them that is not a special-purpose default (normally `0.0.0.0/0`; in
+//!   allow-list mode the config's `deny 0.0.0.0/0`).
 //! * Configuration rules (`allow_egress`, `deny_egress`) on a prefix **equal** to a
 //!   default replace that default: `allow 10.0.0.0/8` is the explicit allow that
 //!   opens RFC 1918's 10/8, `deny 0.0.0.0/0` turns the Domain into allow-list mode.
@@ -21,8 +28,11 @@
 //! * DNS resolvers get host routes (`/32`, `/128`) allowed, even inside denied
 //!   ranges, and beat a default deny on the same host prefix (e.g. a resolver that
 //!   is a host address). A config `deny` of exactly a resolver's host prefix is a
-//!   conflict error. The allowance is for the whole address, not just port 53:
-//!   routes cannot match ports, and Lazaret enforces with routes only.
+//!   conflict error. Routes cannot match ports, so a resolver the policy would
+//!   otherwise deny (origin [`RuleOrigin::DnsPort53`], e.g. the LAN router) is
+//!   opened by its route for the whole address, and the sidecar's packet filter
+//!   narrows it to UDP and TCP port 53 ([`CompiledPolicy::port53_only_resolvers`]).
+//!   An allow from the configuration that covers the resolver opens it fully.
 //! * Among defaults on an equal prefix, deny wins.
 
 use std::collections::BTreeMap;
@@ -30,6 +40,7 @@ use std::fmt;
 use std::net::IpAddr;
 
 use crate::prefix::{Prefix, PrefixError};
+use crate::special::{self, SpecialBlock};
 
 /// What happens to traffic towards a prefix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
@@ -54,14 +65,26 @@ impl fmt::Display for Action {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(tag = "kind", content = "detail", rename_all = "snake_case")]
 pub enum RuleOrigin {
-    /// A built-in default; the text names it (e.g. "RFC 1918").
+    /// A built-in default; the text names it (e.g. "public IPv4").
     Default(&'static str),
+    /// A block the IANA special-purpose registries mark as not globally reachable.
+    Special(&'static SpecialBlock),
+    /// A globally reachable registry row inside a denied block: it takes the
+    /// verdict of the rules around the special-purpose blocks.
+    SpecialReachable(&'static SpecialBlock),
+    /// A denied IPv4 block inside the NAT64 prefix `64:ff9b::/96`.
+    Nat64(&'static SpecialBlock),
     /// An `allow_egress` / `deny_egress` entry; the text is its config location.
     Config(String),
     /// Reachability for one of the Domain's DNS resolvers.
     Dns,
+    /// Reachability for a DNS resolver the policy would otherwise deny: the
+    /// sidecar's filter lets only UDP and TCP port 53 through to it.
+    DnsPort53,
     /// One of the host's own addresses.
     HostAddress,
+    /// One of the host's on-link networks (its LAN).
+    HostNetwork,
     /// The Domain's own transit or uplink addresses.
     DomainTransit,
     /// Address space of other Domains (the Lazaret address pool).
@@ -74,9 +97,20 @@ impl fmt::Display for RuleOrigin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             RuleOrigin::Default(what) => write!(f, "default: {what}"),
+            RuleOrigin::Special(block) => write!(f, "default: {} {} ({})", block.rfc, block.name, block.registry),
+            RuleOrigin::SpecialReachable(block) => {
+                write!(f, "default: {} {}, globally reachable inside a denied block ({})", block.rfc, block.name, block.registry)
+            }
+            RuleOrigin::Nat64(block) => {
+                write!(f, "default: {} {} inside the NAT64 prefix {} (RFC 6052)", block.rfc, block.name, special::NAT64_PREFIX)
+            }
             RuleOrigin::Config(location) => write!(f, "config: {location}"),
             RuleOrigin::Dns => f.write_str("DNS resolver"),
+            RuleOrigin::DnsPort53 => f.write_str(
+                "DNS resolver, UDP/TCP port 53 only (the address is otherwise denied; an allow_egress entry covering it opens it fully)",
+            ),
             RuleOrigin::HostAddress => f.write_str("default: host address"),
+            RuleOrigin::HostNetwork => f.write_str("default: the host's on-link network (LAN)"),
             RuleOrigin::DomainTransit => f.write_str("default: Domain transit/uplink address"),
             RuleOrigin::OtherDomain => f.write_str("default: other Domains (Lazaret pool)"),
             RuleOrigin::Ipv6Disabled => f.write_str("IPv6 disabled for this Domain (ipv6 = false)"),
@@ -109,6 +143,9 @@ pub struct PolicyInput {
     pub ipv6: bool,
     /// The host's own addresses (denied unless explicitly allowed).
     pub host_addresses: Vec<IpAddr>,
+    /// The host's on-link networks: the prefixes of its addresses and
+    /// on-link routes (denied unless explicitly allowed, like RFC 1918).
+    pub host_networks: Vec<Prefix>,
     /// The Domain's own transit/uplink addresses that the sandbox must not reach.
     pub own_addresses: Vec<Prefix>,
     /// Address space of other Domains (typically the whole Lazaret pool).
@@ -227,38 +264,33 @@ pub struct CompiledPolicy {
 }
 
 fn default_rules(input: &PolicyInput) -> Vec<Rule> {
-    let fixed = |text: &str, action, what: &'static str| {
-        text.parse::<Prefix>().ok().map(|prefix| Rule { prefix, action, origin: RuleOrigin::Default(what) })
-    };
-    let mut rules: Vec<Rule> = [
-        ("0.0.0.0/0", Action::Allow, "public IPv4"),
-        ("10.0.0.0/8", Action::Deny, "RFC 1918"),
-        ("172.16.0.0/12", Action::Deny, "RFC 1918"),
-        ("192.168.0.0/16", Action::Deny, "RFC 1918"),
-        ("169.254.0.0/16", Action::Deny, "link-local / cloud metadata"),
-    ]
-    .into_iter()
-    .filter_map(|(text, action, what)| fixed(text, action, what))
-    .collect();
+    let policed = |prefix: &Prefix| input.ipv6 || prefix.is_v4();
+    let mut rules = vec![Rule { prefix: Prefix::any(true), action: Action::Allow, origin: RuleOrigin::Default("public IPv4") }];
+    let denied4 = special::outermost_denied(true);
+    rules.extend(denied4.iter().map(|(prefix, block)| Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::Special(block) }));
+    let mut denied = denied4.clone();
     if input.ipv6 {
-        rules.extend(
-            [
-                ("::/0", Action::Allow, "public IPv6"),
-                ("fc00::/7", Action::Deny, "IPv6 unique local (ULA)"),
-                ("fe80::/10", Action::Deny, "IPv6 link-local"),
-                ("::ffff:0:0/96", Action::Deny, "IPv4-mapped IPv6"),
-            ]
-            .into_iter()
-            .filter_map(|(text, action, what)| fixed(text, action, what)),
-        );
+        rules.push(Rule { prefix: Prefix::any(false), action: Action::Allow, origin: RuleOrigin::Default("public IPv6") });
+        let denied6 = special::outermost_denied(false);
+        rules.extend(denied6.iter().map(|(prefix, block)| Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::Special(block) }));
+        rules.extend(denied4.iter().filter_map(|(prefix, block)| {
+            Some(Rule { prefix: special::nat64(prefix)?, action: Action::Deny, origin: RuleOrigin::Nat64(block) })
+        }));
+        denied.extend(denied6);
     } else {
         rules.push(Rule { prefix: Prefix::any(false), action: Action::Deny, origin: RuleOrigin::Ipv6Disabled });
     }
-    let policed = |prefix: &Prefix| input.ipv6 || prefix.is_v4();
     for address in &input.host_addresses {
         let prefix = Prefix::host(*address);
         if policed(&prefix) {
             rules.push(Rule { prefix, action: Action::Deny, origin: RuleOrigin::HostAddress });
+        }
+    }
+    // A LAN inside a special-purpose block (192.168.1.0/24) is denied by
+    // that block already, and stays open to an explicit allow of the block.
+    for prefix in input.host_networks.iter().filter(|p| policed(p) && p.prefix_len() > 0) {
+        if !denied.iter().any(|(block, _)| block.covers(prefix)) {
+            rules.push(Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::HostNetwork });
         }
     }
     for prefix in input.own_addresses.iter().filter(|p| policed(p)) {
@@ -268,6 +300,15 @@ fn default_rules(input: &PolicyInput) -> Vec<Rule> {
         rules.push(Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::OtherDomain });
     }
     rules
+}
+
+/// The longest rule in `table` that covers `prefix` (itself excluded) and
+/// that `eligible` accepts.
+fn longest_covering<'t>(table: &'t BTreeMap<Prefix, Rule>, prefix: &Prefix, eligible: impl Fn(&Rule) -> bool) -> Option<&'t Rule> {
+    table
+        .values()
+        .filter(|rule| rule.prefix != *prefix && rule.prefix.covers(prefix) && eligible(rule))
+        .max_by_key(|rule| rule.prefix.prefix_len())
 }
 
 /// Compiles configuration and defaults into a table; reports every problem at once.
@@ -339,6 +380,29 @@ pub fn compile(input: &PolicyInput) -> Result<CompiledPolicy, PolicyError> {
     for (prefix, (action, location)) in config {
         table.insert(prefix, Rule { prefix, action, origin: RuleOrigin::Config(location) });
     }
+    // Globally reachable rows inside denied blocks: the verdict of the rules
+    // around the special-purpose blocks (config ones included).
+    let families: &[bool] = if input.ipv6 { &[true, false] } else { &[true] };
+    for v4 in families {
+        for (prefix, block) in special::reachable_inside_denied(*v4) {
+            if table.contains_key(&prefix) {
+                continue;
+            }
+            let outside = |rule: &Rule| !matches!(rule.origin, RuleOrigin::Special(_) | RuleOrigin::Nat64(_));
+            let action = longest_covering(&table, &prefix, outside).map_or(Action::Deny, |rule| rule.action);
+            table.insert(prefix, Rule { prefix, action, origin: RuleOrigin::SpecialReachable(block) });
+        }
+    }
+    // A resolver that only its DNS rule opens gets port 53 only (in the sidecar's filter).
+    for resolver in &resolvers {
+        let prefix = Prefix::host(*resolver);
+        let without_dns = longest_covering(&table, &prefix, |_| true).map_or(Action::Deny, |rule| rule.action);
+        if let Some(rule) = table.get_mut(&prefix) {
+            if rule.origin == RuleOrigin::Dns && without_dns == Action::Deny {
+                rule.origin = RuleOrigin::DnsPort53;
+            }
+        }
+    }
 
     let mut rules: Vec<Rule> = table.into_values().collect();
     rules.sort_by(|a, b| {
@@ -375,6 +439,12 @@ impl CompiledPolicy {
     /// The resolvers the sandbox may use, in order, without duplicates.
     pub fn resolvers(&self) -> &[IpAddr] {
         &self.resolvers
+    }
+
+    /// The resolvers the policy would deny but for their DNS rule: the
+    /// sidecar's filter lets only UDP and TCP port 53 through to them.
+    pub fn port53_only_resolvers(&self) -> Vec<IpAddr> {
+        self.rules.iter().filter(|rule| rule.origin == RuleOrigin::DnsPort53).map(|rule| rule.prefix.network()).collect()
     }
 
     /// Whether IPv6 is policed (true) or disabled entirely (false).
@@ -460,13 +530,181 @@ mod tests {
     #[test]
     fn ipv4_defaults() {
         let policy = compile_ok(&base());
-        assert_eq!(verdict(&policy, "198.51.100.1"), (Action::Allow, RuleOrigin::Default("public IPv4"), p("0.0.0.0/0")));
+        assert_eq!(verdict(&policy, "11.0.0.1"), (Action::Allow, RuleOrigin::Default("public IPv4"), p("0.0.0.0/0")));
         for (address, prefix) in [("10.1.1.1", "10.0.0.0/8"), ("172.20.0.1", "172.16.0.0/12"), ("192.168.1.1", "192.168.0.0/16")] {
-            assert_eq!(verdict(&policy, address), (Action::Deny, RuleOrigin::Default("RFC 1918"), p(prefix)));
+            let (action, origin, found) = verdict(&policy, address);
+            assert_eq!((action, found), (Action::Deny, p(prefix)));
+            assert!(matches!(origin, RuleOrigin::Special(block) if block.rfc == "RFC 1918"), "{origin:?}");
         }
         assert_eq!(verdict(&policy, "169.254.169.254").0, Action::Deny);
         assert_eq!(verdict(&policy, "172.32.0.1").0, Action::Allow);
         assert_eq!(verdict(&policy, "11.0.0.1").0, Action::Allow);
+    }
+
+    #[test]
+    fn special_purpose_blocks_are_denied_by_default() {
+        let mut input = base();
+        input.ipv6 = true;
+        let policy = compile_ok(&input);
+        for (address, block, rfc) in [
+            ("0.1.2.3", "0.0.0.0/8", "RFC 791"),
+            ("100.64.0.1", "100.64.0.0/10", "RFC 6598"),
+            ("100.127.255.254", "100.64.0.0/10", "RFC 6598"),
+            ("127.0.0.1", "127.0.0.0/8", "RFC 1122"),
+            ("192.0.0.8", "192.0.0.0/24", "RFC 6890"),
+            ("192.0.2.1", "192.0.2.0/24", "RFC 5737"),
+            ("192.88.99.2", "192.88.99.0/24", "RFC 7526"),
+            ("198.18.0.1", "198.18.0.0/15", "RFC 2544"),
+            ("198.19.255.1", "198.18.0.0/15", "RFC 2544"),
+            ("198.51.100.1", "198.51.100.0/24", "RFC 5737"),
+            ("203.0.113.1", "203.0.113.0/24", "RFC 5737"),
+            ("224.0.0.251", "224.0.0.0/4", "RFC 5771"),
+            ("239.255.255.250", "224.0.0.0/4", "RFC 5771"),
+            ("240.0.0.1", "240.0.0.0/4", "RFC 1112"),
+            ("255.255.255.255", "240.0.0.0/4", "RFC 1112"),
+            ("::", "::/128", "RFC 4291"),
+            ("::1", "::1/128", "RFC 4291"),
+            ("64:ff9b:1::1", "64:ff9b:1::/48", "RFC 8215"),
+            ("100::1", "100::/64", "RFC 6666"),
+            ("2001::1", "2001::/23", "RFC 2928"),
+            ("2001:2::1", "2001::/23", "RFC 2928"),
+            ("2001:1::4", "2001::/23", "RFC 2928"),
+            ("2001:db8::1", "2001:db8::/32", "RFC 3849"),
+            ("2002:a00:1::1", "2002::/16", "RFC 3056"),
+            ("3fff::1", "3fff::/20", "RFC 9637"),
+            ("5f00::1", "5f00::/16", "RFC 9602"),
+            ("fd00::1", "fc00::/7", "RFC 4193"),
+            ("fe80::1", "fe80::/10", "RFC 4291"),
+            ("fec0::1", "fec0::/10", "RFC 3879"),
+            ("ff02::1", "ff00::/8", "RFC 4291"),
+        ] {
+            let (action, origin, prefix) = verdict(&policy, address);
+            assert_eq!((action, prefix), (Action::Deny, p(block)), "{address}");
+            assert!(matches!(origin, RuleOrigin::Special(row) if row.rfc == rfc), "{address}: {origin:?}");
+        }
+        // Just outside the blocks, and the globally reachable special blocks.
+        for address in ["100.63.255.255", "100.128.0.0", "198.17.255.255", "198.20.0.0", "223.255.255.255", "192.31.196.1",
+            "192.175.48.1", "2620:4f:8000::1", "2001:200::1", "3fff:1000::1", "2a00:1450::1", "64:ff9b::808:808"]
+        {
+            assert_eq!(verdict(&policy, address).0, Action::Allow, "{address}");
+        }
+        assert_eq!(
+            policy.decide(ip("100.64.0.1")).rule.origin.to_string(),
+            "default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose)"
+        );
+    }
+
+    #[test]
+    fn nat64_embeddings_of_denied_ipv4_blocks_are_denied() {
+        let mut input = base();
+        input.ipv6 = true;
+        let policy = compile_ok(&input);
+        for (address, block) in [("64:ff9b::a00:1", "64:ff9b::a00:0/104"), ("64:ff9b::a9fe:a9fe", "64:ff9b::a9fe:0/112"), ("64:ff9b::6440:1", "64:ff9b::6440:0/106")] {
+            let (action, origin, prefix) = verdict(&policy, address);
+            assert_eq!((action, prefix), (Action::Deny, p(block)), "{address}");
+            assert!(matches!(origin, RuleOrigin::Nat64(_)), "{address}: {origin:?}");
+        }
+        assert!(policy.explain(ip("64:ff9b::a00:1")).contains("RFC 1918 private-use inside the NAT64 prefix 64:ff9b::/96 (RFC 6052)"));
+        // Without IPv6 there is nothing to embed into.
+        assert!(!compile_ok(&base()).rules().iter().any(|rule| matches!(rule.origin, RuleOrigin::Nat64(_))));
+    }
+
+    #[test]
+    fn globally_reachable_rows_inside_denied_blocks_follow_the_public_verdict() {
+        let mut input = base();
+        input.ipv6 = true;
+        let policy = compile_ok(&input);
+        for address in ["192.0.0.9", "192.0.0.10", "2001:1::1", "2001:1::3", "2001:3::1", "2001:4:112::1", "2001:20::1", "2001:3f::1"] {
+            let (action, origin, _) = verdict(&policy, address);
+            assert_eq!(action, Action::Allow, "{address}");
+            assert!(matches!(origin, RuleOrigin::SpecialReachable(_)), "{address}: {origin:?}");
+        }
+        assert!(policy.explain(ip("192.0.0.9")).contains("RFC 7723 Port Control Protocol anycast, globally reachable inside a denied block"));
+        // Allow-list mode covers them too: they inherit the config's deny, not an allow of their own.
+        let mut allow_list = input.clone();
+        allow_list.deny = entries(&[("0.0.0.0/0", "c:1:1"), ("::/0", "c:1:2")]);
+        let policy = compile_ok(&allow_list);
+        for address in ["192.0.0.9", "2001:1::1", "2001:20::1"] {
+            assert_eq!(verdict(&policy, address).0, Action::Deny, "{address}");
+        }
+        // A config rule between the block and the row is what they inherit.
+        let mut denied_around = input.clone();
+        denied_around.allow = entries(&[("192.0.0.0/24", "c:1:1")]);
+        denied_around.deny = entries(&[("2001::/16", "c:2:1")]);
+        let policy = compile_ok(&denied_around);
+        assert_eq!(verdict(&policy, "192.0.0.9").0, Action::Allow);
+        assert_eq!(verdict(&policy, "192.0.0.200"), (Action::Allow, RuleOrigin::Config("c:1:1".into()), p("192.0.0.0/24")));
+        assert_eq!(verdict(&policy, "2001:1::1").0, Action::Deny);
+    }
+
+    #[test]
+    fn explicit_allow_opens_special_purpose_blocks() {
+        let mut input = base();
+        input.ipv6 = true;
+        for (allowed, probe) in [
+            ("100.64.0.0/10", "100.100.1.1"),
+            ("100.100.0.0/16", "100.100.1.1"),
+            ("198.18.0.0/15", "198.18.7.7"),
+            ("240.0.0.0/4", "240.1.1.1"),
+            ("192.0.0.0/24", "192.0.0.8"),
+            ("224.0.0.251/32", "224.0.0.251"),
+            ("fd7a:115c:a1e0::/48", "fd7a:115c:a1e0::1"),
+            ("2001:db8::/32", "2001:db8::1"),
+            ("64:ff9b::a00:0/104", "64:ff9b::a00:1"),
+        ] {
+            assert_eq!(compile_ok(&input).decide(ip(probe)).action, Action::Deny, "{probe} denied by default");
+            let mut with_allow = input.clone();
+            with_allow.allow = entries(&[(allowed, "c.toml:1:1")]);
+            let after = compile_ok(&with_allow);
+            let v = after.decide(ip(probe));
+            assert_eq!((v.action, v.rule.origin), (Action::Allow, RuleOrigin::Config("c.toml:1:1".into())), "{allowed}");
+            assert_eq!(after.rules().iter().filter(|r| r.prefix == p(allowed)).count(), 1, "{allowed} replaced, not duplicated");
+        }
+    }
+
+    #[test]
+    fn host_networks_are_denied_like_rfc_1918() {
+        let mut input = base();
+        input.ipv6 = true;
+        input.host_networks = vec![p("2a02:8070:1:2::/64"), p("192.168.1.0/24"), p("11.22.33.0/24"), p("fe80::/64"), p("::/0")];
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "2a02:8070:1:2::77"), (Action::Deny, RuleOrigin::HostNetwork, p("2a02:8070:1:2::/64")));
+        assert_eq!(verdict(&policy, "2a02:8070:1:3::77").0, Action::Allow);
+        assert_eq!(verdict(&policy, "11.22.33.44"), (Action::Deny, RuleOrigin::HostNetwork, p("11.22.33.0/24")));
+        // Inside a special-purpose block the block decides (and stays open to an allow of it);
+        // a default route is no network.
+        assert!(!policy.rules().iter().any(|r| [p("192.168.1.0/24"), p("fe80::/64"), p("::/0")].contains(&r.prefix) && r.origin == RuleOrigin::HostNetwork));
+        let mut opened = input.clone();
+        opened.allow = entries(&[("192.168.0.0/16", "c:1:1"), ("2a02:8070:1:2::/64", "c:2:1")]);
+        let policy = compile_ok(&opened);
+        assert_eq!(verdict(&policy, "192.168.1.5").0, Action::Allow);
+        assert_eq!(verdict(&policy, "2a02:8070:1:2::77"), (Action::Allow, RuleOrigin::Config("c:2:1".into()), p("2a02:8070:1:2::/64")));
+        assert_eq!(policy.decide(ip("2a02:8070:1:2::1")).rule.origin.to_string(), "config: c:2:1");
+        // IPv6 disabled: only the IPv4 network counts.
+        input.ipv6 = false;
+        let policy = compile_ok(&input);
+        assert!(policy.rules().iter().filter(|r| r.origin == RuleOrigin::HostNetwork).all(|r| r.prefix.is_v4()));
+    }
+
+    #[test]
+    fn resolvers_are_port_53_only_unless_the_policy_allows_them_anyway() {
+        let mut input = base();
+        input.dns = vec![ip("192.168.1.1"), ip("9.9.9.9"), ip("10.0.2.3")];
+        input.allow = entries(&[("10.0.2.0/24", "c:1:1")]);
+        let policy = compile_ok(&input);
+        assert_eq!(policy.port53_only_resolvers(), vec![ip("192.168.1.1")]);
+        assert_eq!(verdict(&policy, "9.9.9.9").1, RuleOrigin::Dns);
+        assert_eq!(verdict(&policy, "10.0.2.3").1, RuleOrigin::Dns);
+        // An allow of exactly the resolver replaces the DNS rule: fully open.
+        input.allow = entries(&[("192.168.1.1/32", "c:1:1")]);
+        let policy = compile_ok(&input);
+        assert_eq!(verdict(&policy, "192.168.1.1"), (Action::Allow, RuleOrigin::Config("c:1:1".into()), p("192.168.1.1/32")));
+        assert!(policy.port53_only_resolvers().contains(&ip("10.0.2.3")) && !policy.port53_only_resolvers().contains(&ip("192.168.1.1")));
+        // A public resolver in allow-list mode is otherwise denied too.
+        input.allow = vec![];
+        input.deny = entries(&[("0.0.0.0/0", "c:3:1")]);
+        assert!(compile_ok(&input).port53_only_resolvers().contains(&ip("9.9.9.9")));
+        assert!(compile_ok(&input).render_table().contains("DNS resolver, UDP/TCP port 53 only"));
     }
 
     #[test]
@@ -519,22 +757,22 @@ mod tests {
         assert_eq!(verdict(&policy, "8.8.8.8"), (Action::Deny, RuleOrigin::Config("c.toml:2:1".into()), p("0.0.0.0/0")));
         assert_eq!(verdict(&policy, "198.51.100.4").0, Action::Allow);
         // DNS still reachable in allow-list mode.
-        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::Dns, p("10.0.2.3/32")));
+        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::DnsPort53, p("10.0.2.3/32")));
     }
 
     #[test]
     fn host_transit_and_other_domains_denied() {
         let mut input = base();
-        input.host_addresses = vec![ip("203.0.113.5"), ip("2001:db8::5")];
+        input.host_addresses = vec![ip("11.0.113.5"), ip("2a01:db8::5")];
         input.own_addresses = vec![p("100.96.0.3/32")];
         input.other_domains = vec![p("100.96.0.0/16")];
         let policy = compile_ok(&input);
-        assert_eq!(verdict(&policy, "203.0.113.5"), (Action::Deny, RuleOrigin::HostAddress, p("203.0.113.5/32")));
-        assert_eq!(verdict(&policy, "203.0.113.6").0, Action::Allow);
+        assert_eq!(verdict(&policy, "11.0.113.5"), (Action::Deny, RuleOrigin::HostAddress, p("11.0.113.5/32")));
+        assert_eq!(verdict(&policy, "11.0.113.6").0, Action::Allow);
         assert_eq!(verdict(&policy, "100.96.0.3"), (Action::Deny, RuleOrigin::DomainTransit, p("100.96.0.3/32")));
         assert_eq!(verdict(&policy, "100.96.7.1"), (Action::Deny, RuleOrigin::OtherDomain, p("100.96.0.0/16")));
         // IPv6 disabled: the v6 host address adds nothing, ::/0 is denied.
-        assert_eq!(verdict(&policy, "2001:db8::5"), (Action::Deny, RuleOrigin::Ipv6Disabled, p("::/0")));
+        assert_eq!(verdict(&policy, "2a01:db8::5"), (Action::Deny, RuleOrigin::Ipv6Disabled, p("::/0")));
     }
 
     #[test]
@@ -581,10 +819,11 @@ mod tests {
         input.host_addresses = vec![ip("192.168.1.1")];
         let policy = compile_ok(&input);
         assert_eq!(policy.resolvers(), &[ip("10.0.2.3"), ip("192.168.1.1")]);
-        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::Dns, p("10.0.2.3/32")));
+        assert_eq!(verdict(&policy, "10.0.2.3"), (Action::Allow, RuleOrigin::DnsPort53, p("10.0.2.3/32")));
         assert_eq!(verdict(&policy, "10.0.2.4").0, Action::Deny);
         // A resolver that is also a host address: DNS wins over the default.
-        assert_eq!(verdict(&policy, "192.168.1.1"), (Action::Allow, RuleOrigin::Dns, p("192.168.1.1/32")));
+        assert_eq!(verdict(&policy, "192.168.1.1"), (Action::Allow, RuleOrigin::DnsPort53, p("192.168.1.1/32")));
+        assert_eq!(policy.port53_only_resolvers(), vec![ip("10.0.2.3"), ip("192.168.1.1")]);
     }
 
     #[test]
@@ -632,12 +871,14 @@ mod tests {
         input.allow = entries(&[("fd12:3456::/32", "c:1:1")]);
         let policy = compile_ok(&input);
         assert_eq!(verdict(&policy, "2606:4700::1111").0, Action::Allow);
-        assert_eq!(verdict(&policy, "fd00::1"), (Action::Deny, RuleOrigin::Default("IPv6 unique local (ULA)"), p("fc00::/7")));
+        let (action, origin, prefix) = verdict(&policy, "fd00::1");
+        assert_eq!((action, prefix), (Action::Deny, p("fc00::/7")));
+        assert_eq!(origin.to_string(), "default: RFC 4193 unique local, ULA (IANA special-purpose)");
         assert_eq!(verdict(&policy, "fe80::1").0, Action::Deny);
         assert_eq!(verdict(&policy, "::ffff:10.0.0.1").0, Action::Deny);
         assert_eq!(verdict(&policy, "2001:db8::5"), (Action::Deny, RuleOrigin::HostAddress, p("2001:db8::5/128")));
         assert_eq!(verdict(&policy, "fd12:3456::1").0, Action::Allow);
-        assert_eq!(verdict(&policy, "fd00::53"), (Action::Allow, RuleOrigin::Dns, p("fd00::53/128")));
+        assert_eq!(verdict(&policy, "fd00::53"), (Action::Allow, RuleOrigin::DnsPort53, p("fd00::53/128")));
     }
 
     #[test]
@@ -663,13 +904,18 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("PREFIX"), "{table}");
         // IPv4 longest first: the /32 DNS route leads, 0.0.0.0/0 is the last IPv4 row.
-        assert!(lines[1].starts_with("10.0.2.3/32") && lines[1].contains("allow") && lines[1].contains("DNS resolver"), "{table}");
+        assert!(lines[1].starts_with("10.0.2.3/32") && lines[1].contains("allow") && lines[1].contains("DNS resolver, UDP/TCP port 53 only"), "{table}");
         assert!(lines.iter().any(|l| l.starts_with("10.222.0.0/16") && l.contains("allow") && l.contains("config: lazaret.toml:12:17")));
         assert!(lines.iter().any(|l| l.starts_with("::/0") && l.contains("deny")));
         assert!(table.contains("DNS resolvers: 10.0.2.3"));
         assert!(table.contains("IPv6: disabled"));
         let explanation = policy.explain(ip("10.222.1.1"));
         assert_eq!(explanation, "10.222.1.1: allow (rule allow 10.222.0.0/16, config: lazaret.toml:12:17)");
-        assert!(policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918)"));
+        assert!(policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918 private-use (IANA special-purpose))"));
+        assert_eq!(
+            policy.explain(ip("100.100.100.100")),
+            "100.100.100.100: deny (rule deny 100.64.0.0/10, default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose))"
+        );
+        assert!(lines.iter().any(|l| l.starts_with("224.0.0.0/4") && l.contains("deny") && l.contains("RFC 5771 multicast (IANA IPv4 multicast)")), "{table}");
     }
 }

@@ -36,7 +36,6 @@ fn policy_is_enforced_from_the_sandbox() {
     let cases = [
         (PUBLIC, Reach::Connected, "public address"),
         (ALLOWED_PRIVATE, Reach::Connected, "explicitly allowed part of 10/8"),
-        (RESOLVER, Reach::Connected, "DNS resolver inside 10/8"),
         (PRIVATE_10, Reach::Unreachable, "RFC 1918 10/8"),
         (PRIVATE_172, Reach::Unreachable, "RFC 1918 172.16/12"),
         (METADATA, Reach::Unreachable, "link-local metadata"),
@@ -55,14 +54,42 @@ fn policy_is_enforced_from_the_sandbox() {
         let expected_action = if expected == Reach::Connected { Action::Allow } else { Action::Deny };
         assert_eq!(verdict.action, expected_action, "compiled verdict for {address}: {verdict}");
     }
+    // The resolver inside 10/8 is routed (its DNS rule) but only port 53 gets through the sidecar's filter.
+    assert_eq!(domain.policy().decide(IpAddr::V4(RESOLVER)).rule.origin, RuleOrigin::DnsPort53);
+    assert_eq!(connect_from(sandbox, RESOLVER), Reach::Unreachable, "the resolver's port {PORT}");
     assert_eq!(domain.policy().decide(IpAddr::V4(HOST_WAN)).rule.origin, RuleOrigin::HostAddress);
     assert_eq!(domain.policy().decide(IpAddr::V4(transit)).rule.origin, RuleOrigin::DomainTransit);
     domain.verify_installed().expect("read-back matches");
-    // The world saw the three allowed connections, all from the host's address (SNAT).
-    assert_eq!(net.world_peers(), vec![IpAddr::V4(HOST_WAN); 3]);
+    // The world saw the two allowed connections, both from the host's address (SNAT).
+    assert_eq!(net.world_peers(), vec![IpAddr::V4(HOST_WAN); 2]);
     assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![domain.sidecar_id()]);
     domain.teardown().expect("teardown");
     assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![]);
+}
+
+#[test]
+fn special_purpose_servers_are_unreachable_by_default_and_an_allow_opens_them() {
+    let net = FakeInternet::new();
+    let domain = build(&net);
+    let sandbox = domain.sandbox_netns().expect("ns");
+    for (address, rfc) in [(CGNAT, "RFC 6598"), (BENCHMARK, "RFC 2544"), (RESERVED, "RFC 1112")] {
+        assert_eq!(connect_from(sandbox, address), Reach::Unreachable, "{address}");
+        let origin = domain.policy().decide(IpAddr::V4(address)).rule.origin.to_string();
+        assert!(origin.starts_with(&format!("default: {rfc} ")) && origin.ends_with("(IANA special-purpose)"), "{origin}");
+    }
+    assert_eq!(connect_from(sandbox, PUBLIC), Reach::Connected);
+    domain.teardown().expect("teardown");
+
+    // An explicit allow of CGNAT (a Tailscale network, say) opens exactly that block.
+    let mut policy = input();
+    policy.allow.extend(parse_prefixes(&[("100.64.0.0/10", "test.toml:2:1")]).expect("prefix"));
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(connect_from(sandbox, CGNAT), Reach::Connected);
+    assert_eq!(connect_from(sandbox, BENCHMARK), Reach::Unreachable);
+    // The pool (inside 100.64/10) stays denied: other Domains are a longer prefix.
+    assert_eq!(domain.policy().decide(IpAddr::V4(Ipv4Addr::new(100, 96, 9, 9))).rule.origin, RuleOrigin::OtherDomain);
+    domain.teardown().expect("teardown");
 }
 
 #[test]
@@ -283,12 +310,15 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
         ("public IPv4 server", IpAddr::V4(PUBLIC), Reach::Connected),
         ("ULA server", IpAddr::V6(ULA6), Reach::Unreachable),
         ("the host's own IPv6 address", IpAddr::V6(HOST_WAN6), Reach::Unreachable),
+        ("a neighbour on the host's global IPv6 LAN", IpAddr::V6(WORLD_WAN6), Reach::Unreachable),
         ("the host end of the uplink", IpAddr::V6(v6.host_uplink), Reach::Unreachable),
         ("the sidecar's uplink address", IpAddr::V6(v6.sidecar_uplink), Reach::Unreachable),
         ("the sandbox's own gateway address", IpAddr::V6(v6.sidecar_inner), Reach::Unreachable),
     ] {
         assert_eq!(connect_from(sandbox, address), expected, "{what} ({address})");
     }
+    assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.origin, RuleOrigin::HostNetwork, "the host's on-link prefix");
+    assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.prefix.to_string(), "2a0b:1::/64");
     // Link-local: the only link-local peer the sandbox has is the sidecar's
     // end of their link, and the self-guard keeps it out of reach.
     let sidecar_link_local = domain
@@ -320,6 +350,22 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
         .expect("link-local connect");
     let refused = [nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ENETUNREACH].map(|errno| Err(Some(errno as i32)));
     assert!(refused.contains(&link_local_outcome), "the sidecar's link-local address {sidecar_link_local}: {link_local_outcome:?}");
+    // The upstream router (or a LAN peer) routing the IPv6 pool via the host
+    // gets no datagram into the sandbox: the host's forward guard drops it.
+    let sandbox6 = std::net::SocketAddr::new(IpAddr::V6(v6.sandbox), PORT);
+    let inbound = sandbox
+        .run(move || std::net::UdpSocket::bind(sandbox6).map_err(|source| TopologyError::Io { action: "sandbox udp".into(), source }))
+        .expect("sandbox udp");
+    inbound.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    ip_in(&net.world, &["-6", "route", "add", "fd6c:617a:6172::/96", "via", &HOST_WAN6.to_string()]);
+    net.world
+        .run(move || {
+            let socket = std::net::UdpSocket::bind((WORLD_WAN6, 0)).map_err(|source| TopologyError::Io { action: "world udp".into(), source })?;
+            socket.send_to(b"unsolicited", sandbox6).map_err(|source| TopologyError::Io { action: "world send".into(), source })
+        })
+        .expect("world datagram");
+    let mut buffer = [0u8; 32];
+    assert!(inbound.recv_from(&mut buffer).is_err(), "an unsolicited IPv6 datagram reached the sandbox");
     // NAT66: the world saw the sandbox as the host's IPv6 address.
     assert_eq!(net.world_peers6(), vec![IpAddr::V6(HOST_WAN6)]);
     // Forwarding through the host is per interface; the host is not made an IPv6 router.
@@ -369,4 +415,200 @@ fn connect_from_source(source: std::net::Ipv6Addr, target: std::net::Ipv6Addr) -
             errno => nix::errno::Errno::from_raw(errno).desc().to_string(),
         },
     }
+}
+
+#[test]
+fn a_lan_peer_cannot_reach_the_sandbox_through_the_host() {
+    let net = FakeInternet::new();
+    let peer = net.add_lan_peer("100.96.0.0/16");
+    let domain = build(&net);
+    let sandbox = domain.sandbox_netns().expect("ns");
+    let target = std::net::SocketAddr::new(IpAddr::V4(domain.addresses().sandbox), PORT);
+    // Servers inside the sandbox, on its own address.
+    let (tcp, udp) = sandbox
+        .run(move || {
+            let io = |source| TopologyError::Io { action: "sandbox server".into(), source };
+            Ok((std::net::TcpListener::bind(target).map_err(io)?, std::net::UdpSocket::bind(target).map_err(io)?))
+        })
+        .expect("sandbox servers");
+    udp.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    // The peer routes the pool via the host's uplink address; the host
+    // forwards on its uplink because the Domain needs that for its replies.
+    let tcp_outcome = peer.run(move || Ok(tcp_from(IpAddr::V4(PEER_PUBLIC), target, 1500))).expect("peer connect");
+    for source in [PEER_PUBLIC, PEER_WAN] {
+        peer.run(move || {
+            let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "peer udp".into(), source })?;
+            socket.send_to(b"from the LAN", target).map_err(|source| TopologyError::Io { action: "peer send".into(), source })
+        })
+        .expect("peer datagram");
+    }
+    let mut buffer = [0u8; 64];
+    let datagram = udp.recv_from(&mut buffer).ok().map(|(length, from)| (String::from_utf8_lossy(&buffer[..length]).to_string(), from));
+    tcp.set_nonblocking(true).expect("nonblocking");
+    let accepted = tcp.accept().ok().map(|(_, from)| from);
+    eprintln!("LAN peer -> sandbox: tcp {tcp_outcome:?}, accepted {accepted:?}, datagram {datagram:?}");
+    assert_eq!(datagram, None, "a datagram from the LAN reached the sandbox");
+    assert_eq!(accepted, None, "a TCP connection from the LAN reached the sandbox");
+    assert_ne!(tcp_outcome, "connected");
+    // The sandbox's own traffic and its replies still pass.
+    assert_eq!(connect_from(sandbox, PUBLIC), Reach::Connected);
+    // The host's other forwarding is untouched: the peer still gets to the
+    // world through the host.
+    ip_in(&peer, &["route", "add", &format!("{PUBLIC}/32"), "via", &HOST_WAN.to_string()]);
+    let forwarded = peer
+        .run(|| Ok(tcp_from(IpAddr::V4(PEER_WAN), std::net::SocketAddr::new(IpAddr::V4(PUBLIC), PORT), 1500)))
+        .expect("peer to world");
+    assert_eq!(forwarded, "connected");
+    domain.teardown().expect("teardown");
+}
+
+/// A DNS server (UDP and TCP port 53) and a web server (TCP port 80) on
+/// [`LAN_RESOLVER`] in the world; the UDP one answers "answer: <query>"
+/// until the returned guard is dropped.
+struct LanRouter {
+    _tcp53: std::net::TcpListener,
+    _tcp80: std::net::TcpListener,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    worker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for LanRouter {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(worker) = self.worker.take() {
+            let _ = worker.join();
+        }
+    }
+}
+
+fn lan_router(net: &FakeInternet) -> LanRouter {
+    let (udp, tcp53, tcp80) = net
+        .world
+        .run(|| {
+            let io = |source| TopologyError::Io { action: "LAN router servers".into(), source };
+            Ok((
+                std::net::UdpSocket::bind((LAN_RESOLVER, 53)).map_err(io)?,
+                std::net::TcpListener::bind((LAN_RESOLVER, 53)).map_err(io)?,
+                std::net::TcpListener::bind((LAN_RESOLVER, 80)).map_err(io)?,
+            ))
+        })
+        .expect("LAN router");
+    udp.set_read_timeout(Some(std::time::Duration::from_millis(50))).expect("timeout");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = stop.clone();
+    let worker = std::thread::spawn(move || {
+        let mut buffer = [0u8; 512];
+        while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+            if let Ok((length, from)) = udp.recv_from(&mut buffer) {
+                let answer = [b"answer: ", &buffer[..length]].concat();
+                let _ = udp.send_to(&answer, from);
+            }
+        }
+    });
+    LanRouter { _tcp53: tcp53, _tcp80: tcp80, stop, worker: Some(worker) }
+}
+
+/// A UDP query from inside `ns` to `target` on a connected socket: the
+/// answer, or the error (an ICMP error shows up on the receive).
+fn udp_query(ns: &lazaret_netpolicy::topology::Netns, target: std::net::SocketAddr) -> Result<String, String> {
+    ns.run(move || {
+        let io = |source| TopologyError::Io { action: "udp query".into(), source };
+        let socket = std::net::UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0)).map_err(io)?;
+        socket.set_read_timeout(Some(std::time::Duration::from_secs(2))).map_err(io)?;
+        socket.connect(target).map_err(io)?;
+        socket.send(b"example.com A").map_err(io)?;
+        let mut buffer = [0u8; 512];
+        Ok(match socket.recv(&mut buffer) {
+            Ok(length) => Ok(String::from_utf8_lossy(&buffer[..length]).to_string()),
+            Err(error) => Err(error.to_string()),
+        })
+    })
+    .expect("udp worker")
+}
+
+#[test]
+fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
+    let net = FakeInternet::new();
+    let _router = lan_router(&net);
+    let resolver = IpAddr::V4(LAN_RESOLVER);
+    let dns = |port| std::net::SocketAddr::new(resolver, port);
+    let mut policy = input();
+    policy.dns = vec![resolver];
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(domain.policy().port53_only_resolvers(), vec![resolver]);
+    assert_eq!(udp_query(sandbox, dns(53)), Ok("answer: example.com A".to_string()), "DNS over UDP");
+    assert_eq!(connect_to(sandbox, dns(53)), Reach::Connected, "DNS over TCP");
+    assert_eq!(connect_to(sandbox, dns(80)), Reach::Unreachable, "the router's web interface");
+    assert_eq!(connect_to(sandbox, dns(22)), Reach::Unreachable);
+    // UDP elsewhere never reaches the router: without the filter its "port
+    // unreachable" would come back as ECONNREFUSED; the filter's host
+    // unreachable is not fatal for a UDP socket, so the query just times out.
+    let other_udp = udp_query(sandbox, dns(54));
+    assert!(other_udp.as_ref().is_err_and(|e| e.contains("temporarily unavailable")), "UDP to port 54: {other_udp:?}");
+    // Other addresses of the denied range stay unreachable on every port.
+    assert_eq!(connect_to(sandbox, std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 7, 2)), 53)), Reach::Unreachable);
+    domain.verify_installed().expect("read-back matches");
+    let listing = nft_in(domain.sidecar_netns().expect("ns"), &["list", "ruleset"]);
+    assert!(listing.contains("table inet lazaret-filter") && listing.contains("192.168.7.1"), "{listing}");
+
+    // Tampering with either table is found before the sandbox would start.
+    let sidecar = domain.sidecar_netns().expect("ns");
+    nft_in(sidecar, &["flush", "chain", "inet", "lazaret-filter", "forward"]);
+    nft_in(sidecar, &["add", "table", "inet", "extra"]);
+    let table = format!("lazaret-{}", domain.sidecar_id());
+    nft_in(&net.host, &["add", "rule", "inet", &table, "forward", "accept"]);
+    match domain.verify_installed() {
+        Err(TopologyError::Mismatch { differences }) => {
+            let rule = "sidecar nftables table inet lazaret-filter: rule missing: chain forward: iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.7.1 reject with icmpx host-unreachable";
+            assert!(differences.iter().any(|d| d == rule), "{differences:?}");
+            assert!(differences.iter().any(|d| d.contains("unexpected nftables table extra")), "{differences:?}");
+            assert!(differences.iter().any(|d| d.starts_with(&format!("host nftables table inet {table}: unexpected rule in chain forward"))), "{differences:?}");
+        }
+        other => panic!("tampered filters not detected: {other:?}"),
+    }
+    domain.teardown().expect("teardown");
+    assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![]);
+    assert_eq!(nft_in(&net.host, &["list", "tables"]), "", "no nftables table of the Domain is left on the host");
+
+    // An explicit allow of the resolver's address opens it fully, as before.
+    policy.allow.extend(parse_prefixes(&[("192.168.7.1/32", "test.toml:3:1")]).expect("prefix"));
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy).expect("create");
+    let sandbox = domain.sandbox_netns().expect("ns");
+    assert_eq!(domain.policy().port53_only_resolvers(), Vec::<IpAddr>::new());
+    assert_eq!(connect_to(sandbox, dns(80)), Reach::Connected, "explicitly allowed");
+    assert_eq!(udp_query(sandbox, dns(53)), Ok("answer: example.com A".to_string()));
+    let refused = udp_query(sandbox, dns(54));
+    assert!(refused.as_ref().is_err_and(|e| e.contains("Connection refused")), "UDP to port 54 reaches the router: {refused:?}");
+    domain.verify_installed().expect("read-back matches");
+    domain.teardown().expect("teardown");
+    assert_eq!(nft_in(&net.host, &["list", "tables"]), "");
+}
+
+#[test]
+fn only_the_sandbox_address_is_forwarded_out_of_the_domain() {
+    let net = FakeInternet::new();
+    let domain = build(&net);
+    let world = net
+        .world
+        .run(|| std::net::UdpSocket::bind((PUBLIC, PORT)).map_err(|source| TopologyError::Io { action: "world udp".into(), source }))
+        .expect("world udp");
+    world.set_read_timeout(Some(std::time::Duration::from_millis(500))).expect("timeout");
+    let send_from = |ns: &lazaret_netpolicy::topology::Netns, source: Ipv4Addr| {
+        ns.run(move || {
+            let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "udp".into(), source })?;
+            socket.send_to(source.to_string().as_bytes(), (PUBLIC, PORT)).map_err(|source| TopologyError::Io { action: "send".into(), source })
+        })
+        .expect("datagram");
+    };
+    let mut buffer = [0u8; 64];
+    // The sidecar's own uplink address (no sandbox can use it; the guard is
+    // defence in depth behind the sidecar's rp_filter): dropped on the host.
+    send_from(domain.sidecar_netns().expect("ns"), domain.addresses().sidecar_uplink);
+    assert!(world.recv_from(&mut buffer).is_err(), "a packet from the sidecar's address left the Domain");
+    // The sandbox's own address: forwarded and masqueraded.
+    send_from(domain.sandbox_netns().expect("ns"), domain.addresses().sandbox);
+    let (length, from) = world.recv_from(&mut buffer).expect("the sandbox's datagram");
+    assert_eq!((&buffer[..length], from.ip()), (domain.addresses().sandbox.to_string().as_bytes(), IpAddr::V4(HOST_WAN)));
+    domain.teardown().expect("teardown");
 }

@@ -36,12 +36,24 @@
 //!   the state file and restored when the last Lazaret uplink is gone. For
 //!   IPv6 that is the per-interface `force_forwarding` (Linux 6.17+); the
 //!   host's global IPv6 forwarding is never changed (see `forwarding`).
-//! * Host side, source NAT: one nftables table per Domain (`inet lazaret-<ID>`,
-//!   see [`nat`]) masquerades the sandbox's addresses on the way out.
+//! * Host side, source NAT and forward guard: one nftables table per Domain
+//!   (`inet lazaret-<ID>`, see [`nat`] and `nft::host_table`) masquerades the
+//!   sandbox's addresses on the way out, forwards nothing into `lzh<ID>` but
+//!   replies (`ct state` established or related: a LAN peer that routes the
+//!   pool via the host gets nowhere) and nothing out of it but the sandbox's
+//!   own addresses. Its chains only drop, and only packets of `lzh<ID>`, so
+//!   the host's other forwarding is untouched.
+//! * Sidecar packet filter (`inet lazaret-filter`, `nft::sidecar_filter`):
+//!   routes cannot match ports, so a DNS resolver that only its DNS route
+//!   opens (the LAN router, say) gets UDP and TCP port 53 from the sandbox
+//!   and every other packet to it is rejected.
+//! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
+//!   sysctls, and both nftables tables, chain by chain and rule by rule.
 
 mod forwarding;
 pub mod nat;
 pub mod netns;
+mod nft;
 
 use std::fmt;
 use std::io::Read;
@@ -60,6 +72,7 @@ use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMe
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 pub use netns::Netns;
+pub use nft::SIDECAR_FILTER_TABLE;
 
 use forwarding::Switch;
 
@@ -175,6 +188,14 @@ pub enum TopologyError {
     StateFile {
         /// The file.
         path: PathBuf,
+        /// Why.
+        reason: String,
+    },
+    /// An nftables object could not be built.
+    #[error("nftables: {action}: {reason}")]
+    Nftables {
+        /// What was being done.
+        action: String,
         /// Why.
         reason: String,
     },
@@ -956,6 +977,18 @@ fn sandbox_route_differences(view: &NetView, addresses: &DomainAddresses, ipv6: 
     differences
 }
 
+/// Differences between the sidecar's nftables state and `filter`, its only
+/// table: nothing else may be there (no table accepts or rewrites anything).
+fn sidecar_filter_differences(filter: &nft::TableSpec) -> Result<Vec<String>, TopologyError> {
+    let mut differences: Vec<String> = filter.differences()?.into_iter().map(|d| format!("sidecar {d}")).collect();
+    for table in nat::list_tables()? {
+        if !(table.family == nft::NFPROTO_INET && table.name == filter.name) {
+            differences.push(format!("unexpected nftables table {} (family {}) in the sidecar", table.name, table.family));
+        }
+    }
+    Ok(differences)
+}
+
 fn inner_rp_filter() -> PathBuf {
     PathBuf::from(format!("/proc/sys/net/ipv4/conf/{SIDECAR_INNER_LINK}/rp_filter"))
 }
@@ -1094,6 +1127,7 @@ impl DomainNetwork {
         let addresses = self.addresses;
         let routes = self.policy.routes();
         let ipv6 = self.ipv6();
+        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
         sidecar.netlink(async move |handle| {
             // Sysctls are per namespace: this thread is inside the sidecar.
             for (path, value) in sidecar_sysctls(ipv6) {
@@ -1130,7 +1164,8 @@ impl DomainNetwork {
                 install_self_guard_table(&handle, false, &addresses.v6.sidecar_own()).await?;
                 install_rules(&handle, Some(addresses.v6.sandbox)).await?;
             }
-            Ok(())
+            // Resolvers only their DNS route opens: port 53 only (routes cannot match ports).
+            filter.install()
         })
     }
 
@@ -1227,7 +1262,9 @@ impl DomainNetwork {
     /// Dumps the sidecar's routing tables and rules and the sandbox's routes
     /// over netlink and checks them against the compiled policy; also checks
     /// that the sidecar forwards IPv4 (and IPv6 exactly when it is enabled),
-    /// that it filters spoofed sources, and that the host's NAT table exists.
+    /// that it filters spoofed sources, that its nftables filter (port 53
+    /// only for resolvers the policy otherwise denies) is exactly the
+    /// expected one, and that the host's table (NAT and forward guard) is.
     /// Call it after [`Self::readdress_sandbox`] and before starting runsc:
     /// runsc's netstack mode strips the sandbox namespace's addresses (and
     /// with them its default route) once it runs.
@@ -1237,6 +1274,7 @@ impl DomainNetwork {
         let ipv6 = self.ipv6();
         let mut differences = Vec::new();
         let (own, own6) = (addresses.sidecar_own(), addresses.v6.sidecar_own());
+        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
         let (view, sysctls, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
             let mut sysctls = Vec::new();
@@ -1249,6 +1287,7 @@ impl DomainNetwork {
             if ipv6 {
                 guard.extend(self_guard_differences(&handle, Some(addresses.v6.sandbox), &own6).await?);
             }
+            guard.extend(sidecar_filter_differences(&filter)?);
             Ok((view, sysctls, guard))
         })?;
         differences.extend(guard);
@@ -1292,10 +1331,8 @@ impl DomainNetwork {
         }
         let sandbox_view = sandbox.netlink(async |handle| net_view(&handle).await)?;
         differences.extend(sandbox_route_differences(&sandbox_view, &addresses, ipv6));
-        let id = self.id;
-        if !self.host.run(nat::owned_tables)?.contains(&id) {
-            differences.push(format!("host NAT table {} is missing", nat::table_name(id)));
-        }
+        let host_table = nft::host_table(self.id, addresses.sandbox, ipv6.then_some(addresses.v6.sandbox));
+        differences.extend(self.host.run(|| host_table.differences())?.into_iter().map(|d| format!("host {d}")));
         if differences.is_empty() { Ok(()) } else { Err(TopologyError::Mismatch { differences }) }
     }
 
@@ -1433,11 +1470,33 @@ pub fn host_has_global_ipv6_route(host: &Netns) -> Result<bool, TopologyError> {
     }))
 }
 
+/// The host's on-link networks (its LAN): the main-table link routes the
+/// kernel (or router advertisements) made for the host's addresses, on
+/// interfaces other than loopback and Lazaret's own. Routes an operator or a
+/// VPN added (`0.0.0.0/1 dev wg0`) are not networks of the host's addresses
+/// and do not count, nor do default routes.
+fn host_networks(view: &NetView) -> Vec<Prefix> {
+    let mut networks: Vec<Prefix> = view
+        .routes
+        .iter()
+        .filter(|route| route.table == MAIN_TABLE && route.kind == RouteType::Unicast && route.gateway.is_none())
+        .filter(|route| matches!(route.protocol, RouteProtocol::Kernel | RouteProtocol::Ra) && route.prefix.prefix_len() > 0)
+        .filter_map(|route| Some((route.prefix, route.oif?)))
+        .filter(|(_, oif)| view.link_name(*oif) != "lo" && !view.is_lazaret_link(*oif))
+        .filter(|(prefix, oif)| view.addresses.iter().any(|(index, ip)| index == oif && prefix.contains(*ip)))
+        .map(|(prefix, _)| prefix)
+        .collect();
+    networks.sort();
+    networks.dedup();
+    networks
+}
+
 /// Adds what the topology knows to the configured policy: the host's
 /// addresses, the pools (other Domains) and, when known, the Domain's uplink.
 fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, addresses: Option<&DomainAddresses>) -> PolicyInput {
     let mut full = input.clone();
     full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
+    full.host_networks.extend(host_networks(view));
     if let Some(addresses) = addresses {
         full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));
         if input.ipv6 {
@@ -1529,6 +1588,52 @@ mod tests {
                 "unexpected sidecar IPv6 rule: 0: from all lookup 255",
                 "unexpected sidecar IPv6 rule: 300: from all lookup 254",
             ]
+        );
+    }
+
+    #[test]
+    fn host_networks_are_the_link_routes_of_host_addresses() {
+        let ip = |text: &str| -> IpAddr { text.parse().expect("valid test input") };
+        let prefix = |text: &str| -> Prefix { text.parse().expect("valid test input") };
+        let route = |text: &str, oif: u32, protocol: RouteProtocol, gateway: Option<&str>| HostRoute {
+            prefix: prefix(text),
+            oif: Some(oif),
+            table: MAIN_TABLE,
+            protocol,
+            kind: RouteType::Unicast,
+            gateway: gateway.map(ip),
+        };
+        let view = NetView {
+            links: vec![(1, "lo".into()), (2, "eth0".into()), (3, "wg0".into()), (4, "lzhabcdef0123".into())],
+            addresses: vec![
+                (1, ip("127.0.0.1")),
+                (2, ip("192.168.1.20")),
+                (2, ip("2a02:8070:1:2::20")),
+                (2, ip("2a02:8070:9::5")),
+                (2, ip("fe80::1")),
+                (3, ip("10.8.0.2")),
+                (4, ip("100.96.0.3")),
+            ],
+            routes: vec![
+                route("127.0.0.0/8", 1, RouteProtocol::Kernel, None),
+                route("192.168.1.0/24", 2, RouteProtocol::Kernel, None),
+                route("2a02:8070:1:2::/64", 2, RouteProtocol::Kernel, None),
+                // DHCPv6 gives a /128; the on-link prefix comes from a router advertisement.
+                route("2a02:8070:9::/64", 2, RouteProtocol::Ra, None),
+                route("fe80::/64", 2, RouteProtocol::Kernel, None),
+                route("::/0", 2, RouteProtocol::Ra, Some("fe80::99")),
+                route("0.0.0.0/0", 2, RouteProtocol::Boot, Some("192.168.1.1")),
+                // wg-quick's split default routes hold wg0's address but are no LAN.
+                route("0.0.0.0/1", 3, RouteProtocol::Boot, None),
+                route("10.8.0.0/24", 3, RouteProtocol::Kernel, None),
+                // An on-link route without an address of the host in it.
+                route("172.20.0.0/16", 2, RouteProtocol::Kernel, None),
+                route("100.96.0.2/31", 4, RouteProtocol::Kernel, None),
+            ],
+        };
+        assert_eq!(
+            host_networks(&view),
+            ["10.8.0.0/24", "192.168.1.0/24", "2a02:8070:1:2::/64", "2a02:8070:9::/64", "fe80::/64"].map(prefix).to_vec()
         );
     }
 

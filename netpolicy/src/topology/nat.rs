@@ -2,23 +2,22 @@
 //!
 //! Each Domain gets its own table, `inet lazaret-<SidecarId>`, holding one
 //! `nat`/`postrouting` base chain that masquerades the sandbox's IPv4 address
-//! and, for an IPv6-enabled Domain, its IPv6 address. Deleting that table
+//! and, for an IPv6-enabled Domain, its IPv6 address, and the Domain's
+//! forward guard (see `nft::host_table`). Deleting that table
 //! removes exactly this Domain's rules and nothing else; when the last Domain
 //! is gone no Lazaret table is left. Stale tables of crashed runs are found
 //! by the Sidecar ID in their name.
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{Ipv4Addr, Ipv6Addr};
 
-use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
+use nftnl::{Batch, FinalizedBatch, MsgType, ProtoFamily, Table};
 
 use super::{SidecarId, TopologyError};
 
 /// Table names start with this; the Sidecar ID follows.
 pub const NAT_TABLE_PREFIX: &str = "lazaret-";
-/// Standard `srcnat` priority.
-const SRCNAT_PRIORITY: i32 = 100;
 /// `NFPROTO_*` numbers of the families a Lazaret table can have: `inet` now,
 /// `ip` for tables left by builds before IPv6 support.
 const NFPROTO_INET: u8 = 1;
@@ -34,10 +33,6 @@ pub fn table_name(id: SidecarId) -> String {
     format!("{NAT_TABLE_PREFIX}{id}")
 }
 
-fn c_name(text: String) -> Result<CString, TopologyError> {
-    CString::new(text).map_err(|_| TopologyError::BadInterfaceName("nft name with NUL".into()))
-}
-
 /// Sends one batch and waits for the kernel's acknowledgements.
 ///
 /// Once acknowledged the batch is committed, but closing an nftables socket
@@ -45,7 +40,7 @@ fn c_name(text: String) -> Result<CString, TopologyError> {
 /// grace period, 5-35 ms here) that nothing needs to wait for. So the socket
 /// lives on a helper thread (created on the calling thread, hence in its
 /// network namespace) that reports the result first and closes afterwards.
-fn send(batch: &FinalizedBatch) -> io::Result<()> {
+pub(crate) fn send(batch: &FinalizedBatch) -> io::Result<()> {
     let messages: Vec<Vec<u8>> = batch.iter().map(<[u8]>::to_vec).collect();
     let sequences = batch.sequence_numbers();
     let (report, result) = std::sync::mpsc::channel();
@@ -80,59 +75,21 @@ fn send(batch: &FinalizedBatch) -> io::Result<()> {
     result.recv().map_err(|_| io::Error::other("nftables worker thread panicked"))?
 }
 
-/// Installs `ip saddr <sandbox> masquerade` (and, given an IPv6 address,
-/// `ip6 saddr <sandbox6> masquerade`) for one Domain in table
-/// `inet lazaret-<id>`. Must run on a thread inside the host namespace
+/// Installs the Domain's host table `inet lazaret-<id>`
+/// (`nft::host_table`): `ip saddr <sandbox> masquerade` (and, given
+/// an IPv6 address, `ip6 saddr <sandbox6> masquerade`) and the forward guard
+/// that lets only replies into the Domain and only the sandbox's addresses
+/// out of it. Must run on a thread inside the host namespace
 /// ([`super::Netns::run`]); [`super::DomainNetwork`] calls it itself.
 pub fn install(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> Result<(), TopologyError> {
-    let name = c_name(table_name(id))?;
-    let table = Table::new(&name, ProtoFamily::Inet);
-    let mut chain = Chain::new(c"snat", &table);
-    chain.set_hook(Hook::PostRouting, SRCNAT_PRIORITY);
-    chain.set_type(ChainType::Nat);
-    chain.set_policy(Policy::Accept);
-    let comment = c_name(format!("Lazaret sidecar {id}"))?;
-    let rules = [Some(IpAddr::V4(sandbox)), sandbox6.map(IpAddr::V6)]
-        .into_iter()
-        .flatten()
-        .map(|source| masquerade(&chain, source, &comment))
-        .collect::<Result<Vec<Rule>, TopologyError>>()?;
-    let mut batch = Batch::new();
-    batch.add(&table, MsgType::Add);
-    batch.add(&chain, MsgType::Add);
-    for rule in &rules {
-        batch.add(rule, MsgType::Add);
-    }
-    send(&batch.finalize()).map_err(nft_error(format!("install masquerade for {sandbox} in table {}", table_name(id))))
+    super::nft::host_table(id, sandbox, sandbox6).install()
 }
 
 /// One nftables table: its `NFPROTO_*` family and name.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableRef {
-    family: u8,
-    name: String,
-}
-
-/// `meta nfproto <family> <family> saddr <source> masquerade`: in an inet
-/// table every payload match needs its family checked first.
-fn masquerade<'c>(chain: &'c Chain<'c>, source: IpAddr, comment: &CStr) -> Result<Rule<'c>, TopologyError> {
-    let mut rule = Rule::new(chain);
-    rule.add_expr(&nft_expr!(meta nfproto));
-    match source {
-        IpAddr::V4(address) => {
-            rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV4));
-            rule.add_expr(&nft_expr!(payload ipv4 saddr));
-            rule.add_expr(&nft_expr!(cmp == address));
-        }
-        IpAddr::V6(address) => {
-            rule.add_expr(&nft_expr!(cmp == NFPROTO_IPV6));
-            rule.add_expr(&nft_expr!(payload ipv6 saddr));
-            rule.add_expr(&nft_expr!(cmp == address));
-        }
-    }
-    rule.add_expr(&nft_expr!(masquerade));
-    rule.set_comment(comment).map_err(|reason| TopologyError::RouteBuild { prefix: crate::Prefix::host(source), reason: reason.to_string() })?;
-    Ok(rule)
+    pub(crate) family: u8,
+    pub(crate) name: String,
 }
 
 /// Every nftables table (all families) in the calling thread's namespace.

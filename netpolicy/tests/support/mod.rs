@@ -16,8 +16,9 @@ pub const HOST_WAN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 1);
 pub const WORLD_WAN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 2);
 /// Port every test server listens on.
 pub const PORT: u16 = 8080;
-/// Servers in the fake internet (on its loopback).
-pub const PUBLIC: Ipv4Addr = Ipv4Addr::new(198, 51, 100, 1);
+/// Servers in the fake internet (on its loopback). Not a documentation
+/// address: those are special-purpose blocks that the policy denies.
+pub const PUBLIC: Ipv4Addr = Ipv4Addr::new(11, 1, 1, 1);
 /// An RFC 1918 server.
 pub const PRIVATE_10: Ipv4Addr = Ipv4Addr::new(10, 1, 1, 1);
 /// Another RFC 1918 server.
@@ -28,12 +29,20 @@ pub const METADATA: Ipv4Addr = Ipv4Addr::new(169, 254, 169, 254);
 pub const ALLOWED_PRIVATE: Ipv4Addr = Ipv4Addr::new(10, 222, 0, 1);
 /// A "DNS resolver" inside a denied range.
 pub const RESOLVER: Ipv4Addr = Ipv4Addr::new(10, 1, 1, 53);
+/// A server in the shared address space (CGNAT, Tailscale), RFC 6598.
+pub const CGNAT: Ipv4Addr = Ipv4Addr::new(100, 64, 7, 7);
+/// A server in the benchmarking block, RFC 2544.
+pub const BENCHMARK: Ipv4Addr = Ipv4Addr::new(198, 18, 7, 7);
+/// A server in the reserved block 240/4, RFC 1112.
+pub const RESERVED: Ipv4Addr = Ipv4Addr::new(240, 7, 7, 7);
+/// A "LAN router" that is also the DNS resolver (an RFC 1918 address).
+pub const LAN_RESOLVER: Ipv4Addr = Ipv4Addr::new(192, 168, 7, 1);
 /// The host's IPv6 address on its "WAN" link (with [`FakeInternet::with_ipv6`]).
-pub const HOST_WAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 2);
+pub const HOST_WAN6: Ipv6Addr = Ipv6Addr::new(0x2a0b, 1, 0, 0, 0, 0, 0, 2);
 /// The fake internet's IPv6 router address.
-pub const WORLD_WAN6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 1, 0, 0, 0, 0, 1);
-/// A public IPv6 server.
-pub const PUBLIC6: Ipv6Addr = Ipv6Addr::new(0x2001, 0xdb8, 0x100, 0, 0, 0, 0, 1);
+pub const WORLD_WAN6: Ipv6Addr = Ipv6Addr::new(0x2a0b, 1, 0, 0, 0, 0, 0, 1);
+/// A public IPv6 server (outside 2001:db8::/32, which the policy denies).
+pub const PUBLIC6: Ipv6Addr = Ipv6Addr::new(0x2a0b, 0x100, 0, 0, 0, 0, 0, 1);
 /// An IPv6 unique-local (ULA) server.
 pub const ULA6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 1);
 
@@ -82,8 +91,8 @@ pub struct FakeInternet {
     pub state_dir: tempfile::TempDir,
 }
 
-fn world_addresses() -> [Ipv4Addr; 6] {
-    [PUBLIC, PRIVATE_10, PRIVATE_172, METADATA, ALLOWED_PRIVATE, RESOLVER]
+fn world_addresses() -> [Ipv4Addr; 10] {
+    [PUBLIC, PRIVATE_10, PRIVATE_172, METADATA, ALLOWED_PRIVATE, RESOLVER, CGNAT, BENCHMARK, RESERVED, LAN_RESOLVER]
 }
 
 impl FakeInternet {
@@ -144,6 +153,15 @@ impl FakeInternet {
                 Ok(())
             })
             .expect("build world");
+        // Snapshots compare the host before and after a test: let the uplink's
+        // carrier (and, with IPv6, its link-local address) settle first.
+        for _ in 0..300 {
+            let lines = snapshot(&host);
+            if !lines.iter().any(|l| l.contains("Linkdown")) && (!ipv6 || lines.iter().any(|l| l.contains("LinkLocal"))) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let mut listeners = vec![
             listen(&world, IpAddr::V4(Ipv4Addr::UNSPECIFIED)),
             // A service on the host itself, on every host address.
@@ -237,10 +255,13 @@ pub enum Reach {
 }
 
 pub fn connect_from(ns: &Netns, address: impl Into<IpAddr>) -> Reach {
-    let address = address.into();
+    connect_to(ns, SocketAddr::new(address.into(), PORT))
+}
+
+/// The outcome of a TCP connect from inside `ns` to `target`.
+pub fn connect_to(ns: &Netns, target: SocketAddr) -> Reach {
     ns.run(move || {
         // The timeout only bounds a broken setup; assertions are on the error kind.
-        let target = SocketAddr::new(address, PORT);
         Ok(match TcpStream::connect_timeout(&target, Duration::from_secs(5)) {
             Ok(_) => Reach::Connected,
             Err(error)
@@ -254,4 +275,101 @@ pub fn connect_from(ns: &Netns, address: impl Into<IpAddr>) -> Reach {
         })
     })
     .expect("connect worker")
+}
+
+/// The LAN peer's address on the host's uplink segment.
+pub const PEER_WAN: Ipv4Addr = Ipv4Addr::new(192, 0, 2, 77);
+/// A globally routable address the LAN peer owns (the world routes it to
+/// the peer), so replies from a sandbox to it are allowed by the policy.
+pub const PEER_PUBLIC: Ipv4Addr = Ipv4Addr::new(11, 77, 0, 1);
+
+/// Runs `ip` with `args` inside `ns` (tests may build their fake network
+/// with it); panics on failure.
+pub fn ip_in(ns: &Netns, args: &[&str]) {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let shown = args.join(" ");
+    let output = ns
+        .run(move || {
+            std::process::Command::new("ip")
+                .args(&args)
+                .output()
+                .map_err(|source| TopologyError::Io { action: "run ip".into(), source })
+        })
+        .expect("ip worker");
+    assert!(output.status.success(), "ip {shown}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+impl FakeInternet {
+    /// A "LAN peer": a namespace on the host's uplink segment (a bridge in
+    /// the world joins `wan1` and the peer), owning [`PEER_WAN`] and, on its
+    /// loopback, [`PEER_PUBLIC`], with a route to `pool` via the host. Call
+    /// it before any traffic, as it moves the world's address to the bridge.
+    pub fn add_lan_peer(&self, pool: &str) -> Netns {
+        let peer = Netns::create().expect("create LAN peer netns");
+        let peer_fd = std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&peer));
+        let world_wan = format!("{WORLD_WAN}/24");
+        ip_in(&self.world, &["addr", "del", &world_wan, "dev", "wan1"]);
+        ip_in(&self.world, &["link", "add", "br0", "type", "bridge"]);
+        ip_in(&self.world, &["link", "set", "wan1", "master", "br0"]);
+        ip_in(&self.world, &["addr", "add", &world_wan, "dev", "br0"]);
+        ip_in(&self.world, &["link", "set", "br0", "up"]);
+        self.world
+            .netlink(async move |handle| {
+                handle.link().add(LinkVeth::new("lanb", "lanp").build()).execute().await.map_err(nl("peer veth"))?;
+                let index = link_index_sync(&links(&handle).await?, "lanp");
+                handle.link().set(LinkUnspec::new_with_index(index).setns_by_fd(peer_fd).build()).execute().await.map_err(nl("move"))
+            })
+            .expect("LAN peer veth");
+        ip_in(&self.world, &["link", "set", "lanb", "master", "br0", "up"]);
+        ip_in(&self.world, &["route", "add", &format!("{PEER_PUBLIC}/32"), "via", &PEER_WAN.to_string()]);
+        // The world routes between the host and the peer's public address.
+        self.world
+            .run(|| std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| TopologyError::Io { action: "world ip_forward".into(), source }))
+            .expect("world forwarding");
+        ip_in(&peer, &["link", "set", "lo", "up"]);
+        ip_in(&peer, &["addr", "add", &format!("{PEER_PUBLIC}/32"), "dev", "lo"]);
+        ip_in(&peer, &["addr", "add", &format!("{PEER_WAN}/24"), "dev", "lanp"]);
+        ip_in(&peer, &["link", "set", "lanp", "up"]);
+        ip_in(&peer, &["route", "add", pool, "via", &HOST_WAN.to_string()]);
+        ip_in(&peer, &["route", "add", "default", "via", &WORLD_WAN.to_string()]);
+        peer
+    }
+}
+
+/// A TCP connect from `source` (an address of the calling thread's
+/// namespace) to `target`, given `millis`: "connected", "timed out" or the error.
+pub fn tcp_from(source: IpAddr, target: SocketAddr, millis: u16) -> String {
+    use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrStorage, bind, connect, getsockopt, socket, sockopt};
+    use std::os::fd::{AsFd, AsRawFd};
+    let family = if source.is_ipv4() { AddressFamily::Inet } else { AddressFamily::Inet6 };
+    let socket = socket(family, SockType::Stream, SockFlag::SOCK_NONBLOCK, None).expect("socket");
+    bind(socket.as_raw_fd(), &SockaddrStorage::from(SocketAddr::new(source, 0))).expect("bind");
+    match connect(socket.as_raw_fd(), &SockaddrStorage::from(target)) {
+        Ok(()) => return "connected".into(),
+        Err(nix::errno::Errno::EINPROGRESS) => {}
+        Err(errno) => return errno.desc().to_string(),
+    }
+    let mut fds = [PollFd::new(socket.as_fd(), PollFlags::POLLOUT)];
+    match poll(&mut fds, PollTimeout::from(millis)).expect("poll") {
+        0 => "timed out".into(),
+        _ => match getsockopt(&socket, sockopt::SocketError).expect("SO_ERROR") {
+            0 => "connected".into(),
+            errno => nix::errno::Errno::from_raw(errno).desc().to_string(),
+        },
+    }
+}
+
+/// Runs `nft` with `args` inside `ns` (only to inspect or tamper with a
+/// test's own namespaces); returns its standard output, panics on failure.
+pub fn nft_in(ns: &Netns, args: &[&str]) -> String {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    let shown = args.join(" ");
+    let output = ns
+        .run(move || {
+            std::process::Command::new("nft").args(&args).output().map_err(|source| TopologyError::Io { action: "run nft".into(), source })
+        })
+        .expect("nft worker");
+    assert!(output.status.success(), "nft {shown}: {}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8_lossy(&output.stdout).to_string()
 }

@@ -1,0 +1,701 @@
+//! Lazaret's nftables tables as data: one description of each table
+//! ([`TableSpec`]) is what gets installed (through nftnl, as in [`super::nat`])
+//! and what a dump of the kernel's chains and rules is compared with.
+//!
+//! The comparison is on the netlink form: the rules Lazaret would send are
+//! serialized by nftnl, the kernel's are dumped, and both are reduced to
+//! their expressions (name and attributes, attribute order and nesting
+//! flags ignored). Only `accept`-policy base chains are used, and a chain
+//! of one Lazaret table can only drop or reject: another table's verdicts
+//! (the host's own firewall) still apply on top.
+//!
+//! Two tables:
+//! * in the sidecar, `inet lazaret-filter` ([`sidecar_filter`]): traffic
+//!   from the sandbox to a resolver that only its DNS route opens gets UDP
+//!   and TCP port 53 and nothing else (routes cannot match ports);
+//! * on the host, the Domain's `inet lazaret-<ID>` ([`host_table`]): the
+//!   source NAT and a forward guard, so that the host forwards into the
+//!   Domain only replies, and out of it only the sandbox's own addresses.
+
+use std::ffi::CString;
+use std::fmt;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use nftnl::expr::{IcmpCode, RejectionType, Verdict as NftVerdict};
+use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
+
+use super::{SIDECAR_INNER_LINK, SidecarId, TopologyError};
+
+/// The sidecar's filter table (family inet).
+pub const SIDECAR_FILTER_TABLE: &str = "lazaret-filter";
+/// `NFPROTO_INET`.
+pub(crate) const NFPROTO_INET: u8 = 1;
+const NFPROTO_IPV4: u8 = 2;
+const NFPROTO_IPV6: u8 = 10;
+/// Standard `srcnat` and `filter` priorities.
+const SRCNAT_PRIORITY: i32 = 100;
+const FILTER_PRIORITY: i32 = 0;
+/// `ct state` bits (host byte order).
+const CT_ESTABLISHED: u32 = 2;
+const CT_RELATED: u32 = 4;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const DNS_PORT: u16 = 53;
+const IFNAMSIZ: usize = 16;
+
+/// One match of a rule, in nft's words.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Match {
+    /// `iifname "NAME"`.
+    IifName(String),
+    /// `oifname "NAME"`.
+    OifName(String),
+    /// `meta nfproto ipv4|ipv6` (true for IPv4); needed before any address match in an inet table.
+    Family(bool),
+    /// `ip|ip6 daddr ADDRESS`.
+    Daddr(IpAddr),
+    /// `ip|ip6 saddr ADDRESS`.
+    Saddr(IpAddr),
+    /// `ip|ip6 saddr != ADDRESS`.
+    SaddrNot(IpAddr),
+    /// `meta l4proto tcp|udp th dport PORT`.
+    Dport(u8, u16),
+    /// `ct state != established ct state != related`: a packet that starts
+    /// something (new, invalid, untracked).
+    NotEstablishedOrRelated,
+}
+
+/// What a rule does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Action {
+    Accept,
+    Drop,
+    /// `reject with icmpx host-unreachable`: fails at once, like an unreachable route.
+    Reject,
+    Masquerade,
+}
+
+/// One rule: its matches in order and its action.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RuleSpec {
+    pub matches: Vec<Match>,
+    pub action: Action,
+}
+
+/// What kind of base chain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ChainKind {
+    /// `type nat hook postrouting priority srcnat`.
+    SourceNat,
+    /// `type filter hook forward priority filter`.
+    Forward,
+}
+
+/// One base chain (policy accept).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ChainSpec {
+    pub name: &'static str,
+    pub kind: ChainKind,
+    pub rules: Vec<RuleSpec>,
+}
+
+/// One `inet` table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct TableSpec {
+    pub name: String,
+    pub chains: Vec<ChainSpec>,
+    /// The comment on every rule.
+    pub comment: String,
+}
+
+fn family_word(address: &IpAddr) -> &'static str {
+    if address.is_ipv4() { "ip" } else { "ip6" }
+}
+
+impl fmt::Display for Match {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Match::IifName(name) => write!(f, "iifname \"{name}\""),
+            Match::OifName(name) => write!(f, "oifname \"{name}\""),
+            Match::Family(v4) => write!(f, "meta nfproto {}", if *v4 { "ipv4" } else { "ipv6" }),
+            Match::Daddr(address) => write!(f, "{} daddr {address}", family_word(address)),
+            Match::Saddr(address) => write!(f, "{} saddr {address}", family_word(address)),
+            Match::SaddrNot(address) => write!(f, "{} saddr != {address}", family_word(address)),
+            Match::Dport(protocol, port) => {
+                write!(f, "meta l4proto {} th dport {port}", if *protocol == IPPROTO_TCP { "tcp" } else { "udp" })
+            }
+            Match::NotEstablishedOrRelated => f.write_str("ct state != established ct state != related"),
+        }
+    }
+}
+
+impl fmt::Display for RuleSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for item in &self.matches {
+            write!(f, "{item} ")?;
+        }
+        f.write_str(match self.action {
+            Action::Accept => "accept",
+            Action::Drop => "drop",
+            Action::Reject => "reject with icmpx host-unreachable",
+            Action::Masquerade => "masquerade",
+        })
+    }
+}
+
+impl fmt::Display for ChainSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (kind, hook, priority) = match self.kind {
+            ChainKind::SourceNat => ("nat", "postrouting", "srcnat"),
+            ChainKind::Forward => ("filter", "forward", "filter"),
+        };
+        writeln!(f, "  chain {} {{ type {kind} hook {hook} priority {priority}; policy accept;", self.name)?;
+        for rule in &self.rules {
+            writeln!(f, "    {rule}")?;
+        }
+        f.write_str("  }")
+    }
+}
+
+impl fmt::Display for TableSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "table inet {} {{", self.name)?;
+        for chain in &self.chains {
+            writeln!(f, "{chain}")?;
+        }
+        f.write_str("}")
+    }
+}
+
+fn interface_name(name: &str) -> Result<[u8; IFNAMSIZ], TopologyError> {
+    let bytes = name.as_bytes();
+    if bytes.is_empty() || bytes.len() >= IFNAMSIZ || bytes.contains(&0) {
+        return Err(TopologyError::BadInterfaceName(name.to_string()));
+    }
+    // Padded to IFNAMSIZ like nft does: an exact match, and `meta iifname` loads 16 bytes.
+    let mut padded = [0u8; IFNAMSIZ];
+    padded[..bytes.len()].copy_from_slice(bytes);
+    Ok(padded)
+}
+
+fn c_name(text: &str) -> Result<CString, TopologyError> {
+    CString::new(text).map_err(|_| TopologyError::BadInterfaceName("nft name with NUL".into()))
+}
+
+fn add_address(rule: &mut Rule<'_>, address: IpAddr, source: bool, equal: bool) {
+    match (address, source) {
+        (IpAddr::V4(_), true) => rule.add_expr(&nft_expr!(payload ipv4 saddr)),
+        (IpAddr::V4(_), false) => rule.add_expr(&nft_expr!(payload ipv4 daddr)),
+        (IpAddr::V6(_), true) => rule.add_expr(&nft_expr!(payload ipv6 saddr)),
+        (IpAddr::V6(_), false) => rule.add_expr(&nft_expr!(payload ipv6 daddr)),
+    }
+    if equal {
+        rule.add_expr(&nft_expr!(cmp == address));
+    } else {
+        rule.add_expr(&nft_expr!(cmp != address));
+    }
+}
+
+impl RuleSpec {
+    fn build<'c>(&self, chain: &'c Chain<'c>, comment: &CString) -> Result<Rule<'c>, TopologyError> {
+        let mut rule = Rule::new(chain);
+        for item in &self.matches {
+            match item {
+                Match::IifName(name) => {
+                    let name = interface_name(name)?;
+                    rule.add_expr(&nft_expr!(meta iifname));
+                    rule.add_expr(&nft_expr!(cmp == &name[..]));
+                }
+                Match::OifName(name) => {
+                    let name = interface_name(name)?;
+                    rule.add_expr(&nft_expr!(meta oifname));
+                    rule.add_expr(&nft_expr!(cmp == &name[..]));
+                }
+                Match::Family(v4) => {
+                    rule.add_expr(&nft_expr!(meta nfproto));
+                    rule.add_expr(&nft_expr!(cmp == if *v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 }));
+                }
+                Match::Daddr(address) => add_address(&mut rule, *address, false, true),
+                Match::Saddr(address) => add_address(&mut rule, *address, true, true),
+                Match::SaddrNot(address) => add_address(&mut rule, *address, true, false),
+                Match::Dport(protocol, port) => {
+                    rule.add_expr(&nft_expr!(meta l4proto));
+                    rule.add_expr(&nft_expr!(cmp == *protocol));
+                    // The same header offset for TCP and UDP (`th dport`).
+                    rule.add_expr(&nft_expr!(payload tcp dport));
+                    rule.add_expr(&nft_expr!(cmp == port.to_be()));
+                }
+                Match::NotEstablishedOrRelated => {
+                    rule.add_expr(&nft_expr!(ct state));
+                    rule.add_expr(&nft_expr!(cmp != CT_ESTABLISHED));
+                    rule.add_expr(&nft_expr!(cmp != CT_RELATED));
+                }
+            }
+        }
+        match self.action {
+            Action::Accept => rule.add_expr(&nft_expr!(verdict accept)),
+            Action::Drop => rule.add_expr(&nft_expr!(verdict drop)),
+            Action::Reject => rule.add_expr(&NftVerdict::Reject(RejectionType::Icmp(IcmpCode::HostUnreach))),
+            Action::Masquerade => rule.add_expr(&nft_expr!(masquerade)),
+        }
+        rule.set_comment(comment).map_err(|reason| TopologyError::Nftables { action: format!("build rule {self}"), reason: reason.to_string() })?;
+        Ok(rule)
+    }
+}
+
+impl TableSpec {
+    /// The whole table as one batch: the table, its chains and their rules.
+    fn batch(&self) -> Result<FinalizedBatch, TopologyError> {
+        let name = c_name(&self.name)?;
+        let comment = c_name(&self.comment)?;
+        let table = Table::new(&name, ProtoFamily::Inet);
+        let mut chains = Vec::new();
+        for spec in &self.chains {
+            let mut chain = Chain::new(&c_name(spec.name)?, &table);
+            match spec.kind {
+                ChainKind::SourceNat => {
+                    chain.set_hook(Hook::PostRouting, SRCNAT_PRIORITY);
+                    chain.set_type(ChainType::Nat);
+                }
+                ChainKind::Forward => {
+                    chain.set_hook(Hook::Forward, FILTER_PRIORITY);
+                    chain.set_type(ChainType::Filter);
+                }
+            }
+            chain.set_policy(Policy::Accept);
+            chains.push(chain);
+        }
+        let mut rules = Vec::new();
+        for (spec, chain) in self.chains.iter().zip(&chains) {
+            for rule in &spec.rules {
+                rules.push(rule.build(chain, &comment)?);
+            }
+        }
+        let mut batch = Batch::new();
+        batch.add(&table, MsgType::Add);
+        for chain in &chains {
+            batch.add(chain, MsgType::Add);
+        }
+        for rule in &rules {
+            batch.add(rule, MsgType::Add);
+        }
+        Ok(batch.finalize())
+    }
+
+    /// Installs the table in the calling thread's namespace.
+    pub fn install(&self) -> Result<(), TopologyError> {
+        let batch = self.batch()?;
+        super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
+    }
+
+    /// What the kernel should hold for this table, in netlink form.
+    fn expected(&self) -> Result<(Vec<DumpedChain>, Vec<DumpedRule>), TopologyError> {
+        let batch = self.batch()?;
+        let messages: Vec<Message> = batch.iter().flat_map(parse_messages).collect();
+        let chains = messages.iter().filter(|m| m.kind == NFT_MSG_NEWCHAIN).filter_map(DumpedChain::parse).collect();
+        let rules = messages.iter().filter(|m| m.kind == NFT_MSG_NEWRULE).filter_map(DumpedRule::parse).collect();
+        Ok((chains, rules))
+    }
+
+    /// Differences between this table and what the calling thread's
+    /// namespace holds under its name (family inet).
+    pub fn differences(&self) -> Result<Vec<String>, TopologyError> {
+        let (expected_chains, expected_rules) = self.expected()?;
+        let belongs = |table: &str, family: u8| table == self.name && family == NFPROTO_INET;
+        let tables = super::nat::list_tables()?;
+        let table = format!("nftables table inet {}", self.name);
+        if !tables.iter().any(|t| belongs(&t.name, t.family)) {
+            return Ok(vec![format!("{table} is missing")]);
+        }
+        let chains: Vec<DumpedChain> =
+            dump(NFT_MSG_GETCHAIN, None)?.iter().filter_map(DumpedChain::parse).filter(|c| belongs(&c.table, c.family)).collect();
+        let rules: Vec<DumpedRule> =
+            dump(NFT_MSG_GETRULE, Some(&self.name))?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
+        let mut differences = Vec::new();
+        for chain in &expected_chains {
+            match chains.iter().find(|c| c.name == chain.name) {
+                None => differences.push(format!("{table}: chain {} is missing", chain.name)),
+                Some(found) if found != chain => differences.push(format!("{table}: chain {} is {found:?}, expected {chain:?}", chain.name)),
+                Some(_) => {}
+            }
+        }
+        for chain in chains.iter().filter(|c| !expected_chains.iter().any(|e| e.name == c.name)) {
+            differences.push(format!("{table}: unexpected chain {}", chain.name));
+        }
+        let described: Vec<(&DumpedRule, String)> = expected_rules
+            .iter()
+            .zip(self.chains.iter().flat_map(|c| c.rules.iter().map(move |r| format!("chain {}: {r}", c.name))))
+            .collect();
+        for (rule, description) in &described {
+            if !rules.iter().any(|found| found.same_as(rule)) {
+                differences.push(format!("{table}: rule missing: {description}"));
+            }
+        }
+        for found in &rules {
+            if !expected_rules.iter().any(|rule| found.same_as(rule)) {
+                let names: Vec<&str> = found.expressions.iter().map(|(name, _)| name.as_str()).collect();
+                differences.push(format!("{table}: unexpected rule in chain {} ({})", found.chain, names.join(" ")));
+            }
+        }
+        if differences.is_empty() {
+            for chain in &self.chains {
+                let order = |list: &[DumpedRule]| -> Vec<Vec<(String, Value)>> {
+                    list.iter().filter(|r| r.chain == chain.name).map(|r| r.expressions.clone()).collect()
+                };
+                if order(&rules) != order(&expected_rules) {
+                    differences.push(format!("{table}: the rules of chain {} are out of order", chain.name));
+                }
+            }
+        }
+        Ok(differences)
+    }
+}
+
+/// The sidecar's filter: for each resolver the policy opens only because
+/// it is a resolver, `iifname "lzs0" <family> daddr R` gets UDP and TCP
+/// port 53 accepted and everything else rejected. The table exists (with
+/// an empty chain) when there is no such resolver, so the read-back is the
+/// same either way.
+pub(crate) fn sidecar_filter(port53_only: &[IpAddr]) -> TableSpec {
+    let mut rules = Vec::new();
+    for resolver in port53_only {
+        let base = vec![Match::IifName(SIDECAR_INNER_LINK.to_string()), Match::Family(resolver.is_ipv4()), Match::Daddr(*resolver)];
+        for protocol in [IPPROTO_UDP, IPPROTO_TCP] {
+            let mut matches = base.clone();
+            matches.push(Match::Dport(protocol, DNS_PORT));
+            rules.push(RuleSpec { matches, action: Action::Accept });
+        }
+        rules.push(RuleSpec { matches: base, action: Action::Reject });
+    }
+    TableSpec {
+        name: SIDECAR_FILTER_TABLE.to_string(),
+        chains: vec![ChainSpec { name: "forward", kind: ChainKind::Forward, rules }],
+        comment: "Lazaret: DNS resolvers get port 53 only".to_string(),
+    }
+}
+
+/// The host's table of one Domain: masquerade of the sandbox's addresses
+/// (`snat`), and the forward guard (`forward`):
+/// * `oifname "lzh<ID>" ct state != established ct state != related drop`:
+///   nothing that starts a connection is forwarded into the Domain (a LAN
+///   peer routing the pool via the host, another Domain); replies and their
+///   ICMP errors pass;
+/// * `iifname "lzh<ID>" meta nfproto ipv4 ip saddr != S drop` (and the same
+///   for IPv6, or every IPv6 packet when IPv6 is disabled): only the
+///   sandbox's own address is forwarded out of the Domain.
+///
+/// Both only drop: packets of other interfaces are not matched at all, so
+/// the host's other forwarding is untouched.
+pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6Addr>) -> TableSpec {
+    let link = id.host_link_name();
+    let sources = [Some(IpAddr::V4(sandbox)), sandbox6.map(IpAddr::V6)];
+    let masquerade = sources
+        .iter()
+        .flatten()
+        .map(|source| RuleSpec { matches: vec![Match::Family(source.is_ipv4()), Match::Saddr(*source)], action: Action::Masquerade })
+        .collect();
+    let mut forward = vec![RuleSpec { matches: vec![Match::OifName(link.clone()), Match::NotEstablishedOrRelated], action: Action::Drop }];
+    for (v4, source) in [(true, sources[0]), (false, sources[1])] {
+        let mut matches = vec![Match::IifName(link.clone()), Match::Family(v4)];
+        matches.extend(source.map(Match::SaddrNot));
+        forward.push(RuleSpec { matches, action: Action::Drop });
+    }
+    TableSpec {
+        name: super::nat::table_name(id),
+        chains: vec![
+            ChainSpec { name: "snat", kind: ChainKind::SourceNat, rules: masquerade },
+            ChainSpec { name: "forward", kind: ChainKind::Forward, rules: forward },
+        ],
+        comment: format!("Lazaret sidecar {id}"),
+    }
+}
+
+// ---- netlink messages of nf_tables, parsed without trusting their lengths ----
+
+const NFNL_SUBSYS_NFTABLES: u16 = 10;
+const NFT_MSG_NEWCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 3;
+const NFT_MSG_GETCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 4;
+const NFT_MSG_NEWRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 6;
+const NFT_MSG_GETRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 7;
+const NLMSG_HEADER: usize = 16;
+const NFGENMSG: usize = 4;
+
+/// One netlink message: its type, the nfgenmsg family and its attributes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Message {
+    pub kind: u16,
+    pub family: u8,
+    pub attributes: Vec<u8>,
+}
+
+/// The messages in a buffer (several may follow each other); anything
+/// malformed ends the parse.
+pub(crate) fn parse_messages(mut bytes: &[u8]) -> Vec<Message> {
+    let mut messages = Vec::new();
+    while bytes.len() >= NLMSG_HEADER {
+        let length = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
+        let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
+        if length < NLMSG_HEADER || length > bytes.len() {
+            break;
+        }
+        if length >= NLMSG_HEADER + NFGENMSG {
+            messages.push(Message {
+                kind,
+                family: bytes[NLMSG_HEADER],
+                attributes: bytes[NLMSG_HEADER + NFGENMSG..length].to_vec(),
+            });
+        }
+        let padded = (length + 3) & !3;
+        bytes = bytes.get(padded..).unwrap_or_default();
+    }
+    messages
+}
+
+/// The attributes in `bytes` (type without the nested/byte-order flags),
+/// or `None` unless the bytes are exactly a sequence of attributes.
+pub(crate) fn attributes(mut bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
+    let mut found = Vec::new();
+    while !bytes.is_empty() {
+        if bytes.len() < 4 {
+            return None;
+        }
+        let length = u16::from_ne_bytes([bytes[0], bytes[1]]) as usize;
+        let kind = u16::from_ne_bytes([bytes[2], bytes[3]]) & 0x3fff;
+        if length < 4 || length > bytes.len() {
+            return None;
+        }
+        found.push((kind, &bytes[4..length]));
+        let padded = ((length + 3) & !3).min(bytes.len());
+        bytes = &bytes[padded..];
+    }
+    Some(found)
+}
+
+fn attribute(bytes: &[u8], kind: u16) -> Option<&[u8]> {
+    attributes(bytes)?.into_iter().find(|(k, _)| *k == kind).map(|(_, v)| v)
+}
+
+fn string(value: &[u8]) -> String {
+    String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default()).to_string()
+}
+
+fn be32(value: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
+}
+
+/// An attribute value reduced for comparison: nested attributes (in any
+/// order, with or without the nested flag) or plain bytes.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Value {
+    Bytes(Vec<u8>),
+    Nested(Vec<(u16, Value)>),
+}
+
+fn normalize(bytes: &[u8]) -> Value {
+    match attributes(bytes) {
+        Some(list) if !list.is_empty() => {
+            let mut nested: Vec<(u16, Value)> = list.into_iter().map(|(kind, value)| (kind, normalize(value))).collect();
+            nested.sort();
+            Value::Nested(nested)
+        }
+        _ => Value::Bytes(bytes.to_vec()),
+    }
+}
+
+/// A base chain as dumped (or as nftnl serializes it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DumpedChain {
+    family: u8,
+    table: String,
+    name: String,
+    hook: Option<u32>,
+    priority: Option<i32>,
+    policy: Option<u32>,
+    kind: Option<String>,
+}
+
+impl DumpedChain {
+    fn parse(message: &Message) -> Option<DumpedChain> {
+        const TABLE: u16 = 1;
+        const NAME: u16 = 3;
+        const HOOK: u16 = 4;
+        const POLICY: u16 = 5;
+        const TYPE: u16 = 7;
+        let bytes = &message.attributes;
+        let hook = attribute(bytes, HOOK);
+        Some(DumpedChain {
+            family: message.family,
+            table: string(attribute(bytes, TABLE)?),
+            name: string(attribute(bytes, NAME)?),
+            hook: hook.and_then(|h| attribute(h, 1)).and_then(be32),
+            priority: hook.and_then(|h| attribute(h, 2)).and_then(be32).map(|p| p as i32),
+            policy: attribute(bytes, POLICY).and_then(be32),
+            kind: attribute(bytes, TYPE).map(string),
+        })
+    }
+}
+
+/// A rule as dumped (or as nftnl serializes it): its chain and expressions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct DumpedRule {
+    family: u8,
+    table: String,
+    chain: String,
+    expressions: Vec<(String, Value)>,
+}
+
+impl DumpedRule {
+    fn parse(message: &Message) -> Option<DumpedRule> {
+        const TABLE: u16 = 1;
+        const CHAIN: u16 = 2;
+        const EXPRESSIONS: u16 = 4;
+        let bytes = &message.attributes;
+        let mut expressions = Vec::new();
+        for (_, element) in attributes(attribute(bytes, EXPRESSIONS).unwrap_or_default())? {
+            let name = string(attribute(element, 1)?);
+            let data = attribute(element, 2).map(normalize).unwrap_or(Value::Bytes(Vec::new()));
+            expressions.push((name, data));
+        }
+        Some(DumpedRule {
+            family: message.family,
+            table: string(attribute(bytes, TABLE)?),
+            chain: string(attribute(bytes, CHAIN)?),
+            expressions,
+        })
+    }
+
+    fn same_as(&self, other: &DumpedRule) -> bool {
+        self.chain == other.chain && self.expressions == other.expressions
+    }
+}
+
+/// Dumps every object of one kind (`NFT_MSG_GET*`) of the inet family in
+/// the calling thread's namespace; given a table, only that table's (the
+/// kernel filters rule dumps by table; callers filter again).
+fn dump(request: u16, table: Option<&str>) -> Result<Vec<Message>, TopologyError> {
+    let run = || -> io::Result<Vec<Message>> {
+        let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
+        let portid = socket.portid();
+        let sequence: u32 = 1;
+        const NLM_F_REQUEST: u16 = 1;
+        const NLM_F_DUMP: u16 = 0x300;
+        // NFTA_RULE_TABLE / NFTA_CHAIN_TABLE (both 1): the name with its NUL, padded.
+        let mut filter = Vec::new();
+        if let Some(name) = table {
+            let value = [name.as_bytes(), &[0]].concat();
+            filter.extend(((4 + value.len()) as u16).to_ne_bytes());
+            filter.extend(1u16.to_ne_bytes());
+            filter.extend(&value);
+            filter.resize((filter.len() + 3) & !3, 0);
+        }
+        let mut message = Vec::with_capacity(NLMSG_HEADER + NFGENMSG + filter.len());
+        message.extend(((NLMSG_HEADER + NFGENMSG + filter.len()) as u32).to_ne_bytes());
+        message.extend(request.to_ne_bytes());
+        message.extend((NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+        message.extend(sequence.to_ne_bytes());
+        message.extend(0u32.to_ne_bytes());
+        message.extend([NFPROTO_INET, 0, 0, 0]);
+        message.extend(filter);
+        socket.send(&message)?;
+        let mut found = Vec::new();
+        let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
+        loop {
+            let length = socket.recv_raw(&mut buffer[..])?;
+            if length == 0 {
+                break;
+            }
+            let received = &buffer[..length];
+            found.extend(parse_messages(received));
+            match mnl::cb_run(received, sequence, portid)? {
+                mnl::CbResult::Stop => break,
+                mnl::CbResult::Ok => {}
+            }
+        }
+        Ok(found)
+    };
+    run().map_err(|source| TopologyError::Io { action: "nftables: dump chains and rules".into(), source })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("valid test input")
+    }
+
+    #[test]
+    fn sidecar_filter_reads_like_nft() {
+        let table = sidecar_filter(&[ip("192.168.1.1"), ip("fd00::53")]);
+        let rules: Vec<String> = table.chains[0].rules.iter().map(ToString::to_string).collect();
+        assert_eq!(rules, [
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto udp th dport 53 accept",
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto tcp th dport 53 accept",
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 reject with icmpx host-unreachable",
+            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto udp th dport 53 accept",
+            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto tcp th dport 53 accept",
+            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 reject with icmpx host-unreachable",
+        ]);
+        assert!(sidecar_filter(&[]).chains[0].rules.is_empty());
+        assert!(table.to_string().starts_with("table inet lazaret-filter {\n  chain forward { type filter hook forward priority filter; policy accept;"));
+    }
+
+    #[test]
+    fn host_table_reads_like_nft() {
+        let id: SidecarId = "abcdef0123".parse().expect("valid test input");
+        let v4_only = host_table(id, Ipv4Addr::new(100, 96, 0, 4), None);
+        assert_eq!(v4_only.name, "lazaret-abcdef0123");
+        let text = v4_only.to_string();
+        for line in [
+            "chain snat { type nat hook postrouting priority srcnat; policy accept;",
+            "meta nfproto ipv4 ip saddr 100.96.0.4 masquerade",
+            "chain forward { type filter hook forward priority filter; policy accept;",
+            "oifname \"lzhabcdef0123\" ct state != established ct state != related drop",
+            "iifname \"lzhabcdef0123\" meta nfproto ipv4 ip saddr != 100.96.0.4 drop",
+            // IPv6 disabled: nothing of it leaves the Domain.
+            "iifname \"lzhabcdef0123\" meta nfproto ipv6 drop",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        let dual = host_table(id, Ipv4Addr::new(100, 96, 0, 4), Some("fd6c:617a:6172::6460:4".parse().expect("valid test input")));
+        let text = dual.to_string();
+        assert!(text.contains("iifname \"lzhabcdef0123\" meta nfproto ipv6 ip6 saddr != fd6c:617a:6172::6460:4 drop"), "{text}");
+        assert!(text.contains("meta nfproto ipv6 ip6 saddr fd6c:617a:6172::6460:4 masquerade"), "{text}");
+    }
+
+    #[test]
+    fn serialized_rules_parse_back_into_their_expressions() {
+        let (chains, rules) = sidecar_filter(&[ip("192.168.1.1")]).expected().expect("serialize");
+        assert_eq!(chains.len(), 1);
+        assert_eq!((chains[0].hook, chains[0].priority, chains[0].policy), (Some(2), Some(0), Some(1)));
+        assert_eq!(chains[0].kind.as_deref(), Some("filter"));
+        assert_eq!(rules.len(), 3);
+        let names: Vec<&str> = rules[0].expressions.iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["meta", "cmp", "meta", "cmp", "payload", "cmp", "meta", "cmp", "payload", "cmp", "immediate"]);
+        assert_eq!(rules[2].expressions.last().map(|(name, _)| name.as_str()), Some("reject"));
+        assert!(!rules[0].same_as(&rules[1]), "UDP and TCP differ");
+        // Interface names longer than IFNAMSIZ - 1 are refused, not truncated.
+        assert!(interface_name("abcdefghijklmnop").is_err());
+    }
+
+    #[test]
+    fn normalization_ignores_attribute_order_and_flags() {
+        let attribute = |kind: u16, value: &[u8]| {
+            let mut bytes = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
+            bytes.extend(kind.to_ne_bytes());
+            bytes.extend(value);
+            while bytes.len() % 4 != 0 {
+                bytes.push(0);
+            }
+            bytes
+        };
+        let a = [attribute(1, &[0, 0, 0, 1]), attribute(0x8000 | 2, &attribute(1, &[9, 9]))].concat();
+        let b = [attribute(2, &attribute(1, &[9, 9])), attribute(1, &[0, 0, 0, 1])].concat();
+        assert_eq!(normalize(&a), normalize(&b));
+        assert_ne!(normalize(&a), normalize(&[attribute(1, &[0, 0, 0, 2]), attribute(2, &attribute(1, &[9, 9]))].concat()));
+        // Malformed lengths are plain bytes, never a panic.
+        assert_eq!(normalize(&[200, 0, 1, 0]), Value::Bytes(vec![200, 0, 1, 0]));
+        assert_eq!(attributes(&[8, 0, 1, 0, 1]), None);
+    }
+}
