@@ -17,16 +17,17 @@ use std::time::{Duration, Instant};
 pub const HOST_ADDR: &str = "203.0.113.2";
 /// The world side of the host's link (the host's default gateway).
 pub const WORLD_GATEWAY: &str = "203.0.113.1";
-/// A public server.
-pub const PUBLIC: &str = "198.51.100.1";
+/// A public server (a globally routed address, served only inside the
+/// lab's world namespace; the documentation ranges are denied by default).
+pub const PUBLIC: &str = "11.1.1.1";
 /// A public server that a `deny_egress` rule can close.
-pub const PUBLIC_DENIED: &str = "198.51.100.77";
+pub const PUBLIC_DENIED: &str = "11.1.1.77";
 /// Servers in the default-denied ranges.
 pub const PRIVATE: [&str; 6] = ["10.1.1.1", "10.222.1.1", "10.223.1.1", "172.16.1.1", "192.168.1.1", "169.254.169.254"];
 /// The DNS server, inside a denied range.
 pub const DNS: &str = "10.53.0.53";
-/// A public IPv6 server.
-pub const PUBLIC_V6: &str = "2001:db8:100::1";
+/// A public IPv6 server (globally routed, served only inside the lab).
+pub const PUBLIC_V6: &str = "2a0b:100::1";
 /// An IPv6 server at a unique-local (ULA) address, denied by default.
 pub const ULA_V6: &str = "fd00:1::1";
 /// The lab host's own IPv6 address.

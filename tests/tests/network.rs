@@ -83,7 +83,7 @@ fn default_policy_allows_public_and_denies_private_host_and_transit() {
 #[test]
 fn explicit_allow_opens_part_of_a_private_range_and_a_deny_holds_in_a_public_one() {
     let lab = NetLab::new();
-    let env = lab_env(&lab, "allow_egress = [\"10.222.0.0/16\"]\ndeny_egress = [\"198.51.100.77/32\"]\n");
+    let env = lab_env(&lab, "allow_egress = [\"10.222.0.0/16\"]\ndeny_egress = [\"11.1.1.77/32\"]\n");
     let port = PORT.to_string();
     let out = probe(
         &env,
