@@ -18,9 +18,12 @@
 //! [`topology::DomainNetwork::verify_installed`] → runsc with the sandbox
 //! namespace's [`topology::Netns::proc_path`] → [`topology::DomainNetwork::teardown`].
 
+#![forbid(unsafe_code)]
+
 pub mod dns;
 pub mod policy;
 pub mod prefix;
+mod sys;
 pub mod topology;
 
 pub use dns::{DnsError, resolvers_from_resolv_conf, sandbox_resolv_conf};
