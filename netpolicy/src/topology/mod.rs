@@ -38,7 +38,10 @@
 //!   host's global IPv6 forwarding is never changed (see `forwarding`).
 //! * Host side, source NAT: one nftables table per Domain (`inet lazaret-<ID>`,
 //!   see [`nat`]) masquerades the sandbox's addresses on the way out.
+//! * [`debug_view`] prints any namespace's links, addresses, routes of every
+//!   table and rules, like `ip`, for `lazaret debug`.
 
+mod debug;
 mod forwarding;
 pub mod nat;
 pub mod netns;
@@ -59,6 +62,7 @@ use rtnetlink::packet_route::IpProtocol;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
+pub use debug::debug_view;
 pub use netns::Netns;
 
 use forwarding::Switch;
