@@ -119,6 +119,20 @@ mod tests {
     }
 
     #[test]
+    fn raw_mode_is_restored_after_the_callers_descriptor_is_closed() {
+        let pty = openpty(None, None).expect("openpty");
+        let before = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        let callers = pty.slave.try_clone().expect("dup");
+        let guard = RawModeGuard::enter(callers.as_fd()).expect("raw");
+        drop(callers);
+        let during = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        assert!(!during.local_flags.contains(termios::LocalFlags::ICANON));
+        drop(guard);
+        let after = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
     fn window_size_round_trips_through_a_pty() {
         let pty = openpty(None, None).expect("openpty");
         set_window_size(pty.master.as_fd(), WindowSize { rows: 37, cols: 101 }).expect("set");
