@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! The `lazaret` command: parses arguments, calls the coordinator, and turns
 //! errors into one clear message and a non-zero exit.
 //!

@@ -1,3 +1,4 @@
+#![forbid(unsafe_code)]
 //! Lazaret's coordinator: owns a Domain's host configuration, identity and
 //! resources, and drives them through their lifecycle.
 //!

@@ -3,6 +3,8 @@
 //!
 //! Run as root: `cargo run -p lazaret-mounts --example assembly_bench`.
 
+#![forbid(unsafe_code)]
+
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};

@@ -18,6 +18,8 @@
 //! Call [`enter_private_mount_namespace`] first; open every fd afterwards
 //! (the new mount API refuses to clone mounts of another namespace).
 
+#![deny(unsafe_code)]
+
 pub mod anchor;
 pub mod error;
 pub mod git_sentry;
@@ -27,6 +29,7 @@ pub mod ignored_state;
 pub mod plan;
 pub mod repo;
 pub mod safe_path;
+#[allow(unsafe_code)]
 pub mod sys;
 pub mod volumes;
 pub mod wildmatch;

@@ -61,10 +61,16 @@ pub fn check_relative(rel: &Path) -> Result<&Path, MountError> {
 /// the link itself (check it with [`file_kind`]); without `O_PATH` it is an
 /// error.
 pub fn open_beneath(root: BorrowedFd<'_>, rel: &Path, flags: OFlag) -> Result<OwnedFd, MountError> {
+    open_beneath_mode(root, rel, flags, Mode::empty())
+}
+
+/// [`open_beneath`] with the mode a file created by `O_CREAT` gets.
+fn open_beneath_mode(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode) -> Result<OwnedFd, MountError> {
     check_relative(rel)?;
     let target: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
     let how = OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
+        .mode(mode)
         .resolve(
             ResolveFlag::RESOLVE_BENEATH
                 | ResolveFlag::RESOLVE_NO_SYMLINKS
@@ -180,15 +186,31 @@ pub fn ensure_dir_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, M
 }
 
 /// Ensures an empty regular file exists at `rel` beneath `root` (its parent
-/// must exist), created with `O_CREAT | O_EXCL` so nothing is followed.
-/// Returns an `O_PATH` fd of the file.
+/// must exist), created with `O_CREAT | O_EXCL` so nothing is followed, mode
+/// 0644 and owned like its parent (as [`ensure_dir_beneath`] does), so that
+/// the developer can still read a file Lazaret created in their tree (such
+/// as a missing `.git/config.worktree`). Returns an `O_PATH` fd of the file.
 pub fn ensure_file_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, MountError> {
-    match open_beneath(
+    match open_beneath_mode(
         root,
         rel,
         OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_WRONLY | OFlag::O_NONBLOCK,
+        Mode::from_bits_truncate(0o644),
     ) {
-        Ok(_) | Err(MountError::Syscall { errno: Errno::EEXIST, .. }) => {}
+        Ok(created) => {
+            // Best effort, like ensure_dir_beneath: owned like the parent.
+            let parent_rel = rel.parent().unwrap_or(Path::new(""));
+            if let Ok(parent) = open_beneath(root, parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) {
+                if let Ok(st) = stat(parent.as_fd()) {
+                    let _ = nix::unistd::fchown(
+                        created.as_fd(),
+                        Some(nix::unistd::Uid::from_raw(st.st_uid)),
+                        Some(nix::unistd::Gid::from_raw(st.st_gid)),
+                    );
+                }
+            }
+        }
+        Err(MountError::Syscall { errno: Errno::EEXIST, .. }) => {}
         Err(e) => return Err(e),
     }
     let fd = open_beneath(root, rel, OFlag::O_PATH)?;
@@ -300,6 +322,10 @@ mod tests {
         assert!(dir.path().join("a/x/y/z").is_dir());
         let file = ensure_file_beneath(root.as_fd(), Path::new("a/x/f")).expect("file");
         assert_eq!(file_kind(file.as_fd()).expect("kind"), FileKind::Regular);
+        // Readable by its owner (it used to be created with mode 0).
+        let created = std::fs::metadata(dir.path().join("a/x/f")).expect("metadata");
+        assert_ne!(std::os::unix::fs::PermissionsExt::mode(&created.permissions()) & 0o400, 0);
+        assert!(std::fs::File::open(dir.path().join("a/x/f")).is_ok());
         // Existing file is accepted, existing symlink is not.
         ensure_file_beneath(root.as_fd(), Path::new("a/x/f")).expect("again");
         assert!(ensure_file_beneath(root.as_fd(), Path::new("etc_link")).is_err());

@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt, symlink};
 use std::path::{Path, PathBuf};
 
-use common::{host_has_mount_under, in_private_mount_ns, not_root};
+use common::{host_has_mount_under, in_private_mount_ns, require_root};
 use lazaret_mounts::anchor::{escape_path, mount_anchor, prepare_anchor};
 
 fn write(path: &Path, contents: &str) {
@@ -16,9 +16,7 @@ fn write(path: &Path, contents: &str) {
 
 #[test]
 fn anchor_overlays_persist_writes_and_stay_inside_the_image() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let image = dir.path().join("image");
     write(&image.join("usr/bin/tool"), "image tool");

@@ -10,7 +10,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use common::{host_has_mount_under, in_private_mount_ns, not_root};
+use common::{host_has_mount_under, in_private_mount_ns, require_root};
 use lazaret_mounts::ignore_eval::HostGitSettings;
 use lazaret_mounts::plan::{AssembledMounts, BindMount, WorkspaceOptions, WorkspacePlan, assemble, plan_workspace};
 use lazaret_mounts::{MountError, bind_mount};
@@ -97,9 +97,7 @@ fn find<'a>(binds: &'a [BindMount], destination: &str) -> Option<&'a BindMount> 
 
 #[test]
 fn assembled_layout_isolates_ignored_paths_and_protects_git() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let f = Fixture::new();
     let plan = f.plan().expect("plan");
     let staging = f.path("run/staging");
@@ -164,9 +162,7 @@ fn assembled_layout_isolates_ignored_paths_and_protects_git() {
 
 #[test]
 fn isolation_off_mounts_only_git_sentry() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let f = Fixture::new();
     let mut options = f.options();
     options.isolate_gitignored = false;
@@ -183,9 +179,7 @@ fn isolation_off_mounts_only_git_sentry() {
 
 #[test]
 fn hostile_layouts_are_refused_or_left_unmounted() {
-    if not_root() {
-        return;
-    }
+    require_root();
     // `.git` replaced by a symlink to a host directory.
     let f = Fixture::new();
     std::fs::rename(f.ws().join(".git"), f.path("host-secret/real-git")).expect("mv");
@@ -242,9 +236,7 @@ fn hostile_layouts_are_refused_or_left_unmounted() {
 
 #[test]
 fn swapping_hooks_for_a_symlink_during_assembly_never_exposes_the_host() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let f = Fixture::new();
     let plan = f.plan().expect("plan");
     let hooks = f.ws().join(".git/hooks");
@@ -306,9 +298,7 @@ fn swapping_hooks_for_a_symlink_during_assembly_never_exposes_the_host() {
 
 #[test]
 fn linked_worktree_git_dir_is_bound_with_its_config_read_only() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let f = Fixture::new();
     let git = |cwd: &Path, args: &[&str]| {
         let status = Command::new("git")

@@ -5,7 +5,7 @@ mod common;
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use common::{host_has_mount_under, in_private_mount_ns, not_root, thread_has_mount_at};
+use common::{host_has_mount_under, in_private_mount_ns, require_root, thread_has_mount_at};
 use lazaret_mounts::safe_path::{open_beneath, open_root_dir};
 use lazaret_mounts::{MountError, bind_mount, bind_mount_fd, mount_overlay, unmount};
 use nix::fcntl::OFlag;
@@ -17,9 +17,7 @@ fn write(path: &Path, contents: &str) {
 
 #[test]
 fn overlay_merges_layers_and_stays_out_of_host_table() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path();
     write(&base.join("lower1/only1"), "one");
@@ -67,9 +65,7 @@ fn overlay_refuses_option_separators() {
 
 #[test]
 fn readonly_bind_rejects_writes_and_rw_bind_shares_them() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path();
     write(&base.join("src/file"), "original");
@@ -91,9 +87,7 @@ fn readonly_bind_rejects_writes_and_rw_bind_shares_them() {
 
 #[test]
 fn fd_bind_of_dir_and_file_readonly_and_writable() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     let base = dir.path();
     write(&base.join("src/inner"), "dir content");
@@ -131,9 +125,7 @@ fn fd_bind_of_dir_and_file_readonly_and_writable() {
 
 #[test]
 fn unmount_of_non_mount_reports_path() {
-    if not_root() {
-        return;
-    }
+    require_root();
     let dir = tempfile::tempdir().expect("tempdir");
     in_private_mount_ns(|| {
         let err = unmount(dir.path(), false).expect_err("not a mount point");

@@ -2,6 +2,8 @@
 //! runs), entirely inside a test host namespace this program creates.
 //! Needs root: `cargo run -p lazaret-netpolicy --example topology_bench`.
 
+#![forbid(unsafe_code)]
+
 #[path = "../tests/support/mod.rs"]
 mod support;
 

@@ -10,7 +10,9 @@
 //!   the sandbox's `/etc/resolv.conf`.
 //! * [`topology`]: per Domain a sandbox netns and a sidecar (router) netns with
 //!   the policy as routes, an uplink to the host, host-side forwarding and
-//!   source NAT over netlink, read-back verification and crash recovery.
+//!   source NAT over netlink, read-back verification and crash recovery;
+//!   [`topology::debug_view`] prints a namespace's links, addresses, routes
+//!   and rules like `ip` does, for `lazaret debug`.
 //!
 //! Start-up order for the coordinator (OrderedNetworkStartup):
 //! [`topology::remove_stale`] with the Sidecar IDs of Domains still alive →
@@ -20,10 +22,13 @@
 //! [`topology::DomainNetwork::verify_installed`] → runsc with the sandbox
 //! namespace's [`topology::Netns::proc_path`] → [`topology::DomainNetwork::teardown`].
 
+#![forbid(unsafe_code)]
+
 pub mod dns;
 pub mod policy;
 pub mod prefix;
 pub mod special;
+mod sys;
 pub mod topology;
 
 pub use dns::{DnsError, resolvers_from_resolv_conf, sandbox_resolv_conf};

@@ -1,6 +1,8 @@
 //! Manual check: `cargo run -p lazaret-oci --example import -- STORE NAME SOURCE`
 //! imports SOURCE into the store at STORE and prints the record and the time taken.
 
+#![forbid(unsafe_code)]
+
 use std::path::Path;
 use std::time::Instant;
 

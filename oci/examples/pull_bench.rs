@@ -14,6 +14,8 @@
 //! Lazaret's side also fsyncs every blob and the store before registering the
 //! image; the skopeo + tar side does not.
 
+#![forbid(unsafe_code)]
+
 use std::io::Read;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};

@@ -22,6 +22,8 @@
 //! <root>/tmp/                      in-progress work; cleaned by the next `open`
 //! ```
 
+#![forbid(unsafe_code)]
+
 pub mod bundle;
 mod dirsource;
 mod error;

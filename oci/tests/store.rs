@@ -6,7 +6,7 @@ mod common;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;
 
-use common::{Arena, Layout, RawTar, gzip, host_arch, ino, sha256, tar_dir, zstd};
+use common::{Arena, Layout, RawTar, gzip, host_arch, ino, require_root, sha256, tar_dir, zstd};
 use lazaret_oci::{ImageError, ImageStore, SourceKind, UnpackLimits, unpack_layer};
 
 /// A small rootfs tarball: dirs, files with owners and setuid, symlink, hard link.
@@ -59,6 +59,7 @@ fn check_rootfs(root: &Path) {
 
 #[test]
 fn tar_gzip_and_zstd_sources_share_one_rootfs() {
+    require_root();
     let arena = Arena::new();
     let tar = rootfs_tar();
     let sources = [
@@ -104,6 +105,7 @@ fn tar_gzip_and_zstd_sources_share_one_rootfs() {
 
 #[test]
 fn rootfs_directory_import_copies_without_following_symlinks() {
+    require_root();
     let arena = Arena::new();
     let tree = arena.src().join("tree");
     std::fs::create_dir(&tree).expect("mkdir");
@@ -432,6 +434,7 @@ fn open_cleans_stale_work_and_bad_sources_are_explained() {
 
 #[test]
 fn unpack_stats_report_blob_digest_and_diff_id() {
+    require_root();
     let arena = Arena::new();
     let tar = rootfs_tar();
     for (compressed, kind) in [

@@ -2,6 +2,8 @@
 //! and time: `cargo run -p lazaret-protocol --release --example check_model -- larger`.
 //! Configurations: `user` (default), `two-domains`, `larger`.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use lazaret_protocol::checker::{CheckOptions, Violation, check};

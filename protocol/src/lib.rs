@@ -15,6 +15,8 @@
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
 //!   which checks a journal against the model.
 
+#![forbid(unsafe_code)]
+
 pub mod checker;
 pub mod journal;
 pub mod model;

@@ -2,11 +2,11 @@
 //! data payload: a client hands its stdio to the coordinator, and the
 //! coordinator hands a session's PTY master back.
 
-use std::io::{IoSlice, IoSliceMut};
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::io::IoSlice;
+use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{recvmsg, sendmsg, ControlMessage, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
 
 /// Most descriptors accepted in one message; extra ones are closed.
 pub const MAX_FDS: usize = 3;
@@ -28,26 +28,7 @@ pub fn send_with_fds(stream: &UnixStream, data: &[u8], fds: &[BorrowedFd<'_>]) -
 /// descriptors that came with them (at most [`MAX_FDS`]; more are closed).
 /// 0 bytes means the peer closed the connection.
 pub fn recv_with_fds(stream: &UnixStream, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
-    let mut iov = [IoSliceMut::new(buf)];
-    let mut cmsg = nix::cmsg_space!([std::os::fd::RawFd; MAX_FDS]);
-    let msg = loop {
-        match recvmsg::<()>(stream.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
-            Err(nix::errno::Errno::EINTR) => continue,
-            other => break other?,
-        }
-    };
-    let mut fds = Vec::new();
-    for c in msg.cmsgs()? {
-        if let ControlMessageOwned::ScmRights(raw) = c {
-            for fd in raw {
-                // SAFETY: SCM_RIGHTS installed `fd` in our table just now;
-                // nothing else owns it, so we take ownership exactly once.
-                fds.push(unsafe { OwnedFd::from_raw_fd(fd) });
-            }
-        }
-    }
-    let truncated = msg.flags.contains(MsgFlags::MSG_CTRUNC);
-    let n = msg.bytes;
+    let (n, mut fds, truncated) = crate::sys::recv_with_rights(stream, buf)?;
     fds.truncate(MAX_FDS);
     if truncated {
         // Some descriptors were dropped by the kernel: the message is not

@@ -10,11 +10,17 @@
 //!
 //! The crate knows nothing about profiles, Domains or images: the coordinator
 //! hands it a bundle directory and a container ID.
+//!
+//! All `unsafe` code and raw system calls of the crate are in the private
+//! `sys` module; `unsafe_code` is denied everywhere else.
+
+#![deny(unsafe_code)]
 
 pub mod fdpass;
 pub mod pidns;
 pub mod runsc;
 pub mod signals;
+#[allow(unsafe_code)]
 mod sys;
 pub mod terminal;
 

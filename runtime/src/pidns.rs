@@ -25,7 +25,6 @@
 use std::io::IsTerminal;
 use std::os::fd::AsFd;
 
-use nix::sched::CloneFlags;
 use nix::sys::signal::Signal;
 use nix::sys::termios;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -55,13 +54,13 @@ pub enum PidNsError {
 /// parent, waits for the child and returns its exit status. Call it while the
 /// process is single-threaded, after [`Signals::block`].
 pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signals) -> i32) -> Result<ExitStatus, PidNsError> {
-    let threads = thread_count();
+    let threads = crate::sys::thread_count();
     if threads != 1 {
         return Err(PidNsError::Threaded(threads));
     }
     let stdin = std::io::stdin();
     let saved_modes = if stdin.is_terminal() { termios::tcgetattr(stdin.as_fd()).ok() } else { None };
-    nix::sched::unshare(CloneFlags::CLONE_NEWPID | CloneFlags::CLONE_NEWCGROUP)
+    crate::sys::unshare_pid_and_cgroup()
         .map_err(|source| PidNsError::Sys { context: "creating PID and cgroup namespaces", source })?;
     use std::io::Write;
     let _ = std::io::stdout().flush();
@@ -129,16 +128,8 @@ fn wait_forwarding(signals: &mut Signals, child: Pid) -> ExitStatus {
 /// `fork()` for a process that has exactly one thread (checked), so that
 /// the child is a complete copy and may run any code, allocation included.
 pub fn fork_single_threaded() -> Result<ForkResult, PidNsError> {
-    let threads = thread_count();
-    if threads != 1 {
-        return Err(PidNsError::Threaded(threads));
-    }
-    // SAFETY: the process has one thread (checked just above, and nothing in
-    // it starts threads concurrently), so no lock or allocator state can be
-    // held by another thread at the time of the fork.
-    unsafe { nix::unistd::fork() }.map_err(|source| PidNsError::Sys { context: "forking", source })
-}
-
-fn thread_count() -> usize {
-    std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+    crate::sys::fork_single_threaded().map_err(|error| match error {
+        crate::sys::ForkError::Threaded(threads) => PidNsError::Threaded(threads),
+        crate::sys::ForkError::Sys(source) => PidNsError::Sys { context: "forking", source },
+    })
 }

@@ -470,10 +470,8 @@ pub fn descendants(processes: &[(i32, i32)], root: i32) -> Vec<i32> {
 /// Enters a private mount namespace on the calling thread only and mounts a
 /// tmpfs over /proc/sys/net there (PLATFORM.md, gVisor issue 10704).
 fn hide_proc_sys_net_on_this_thread() -> std::io::Result<()> {
-    use nix::mount::{mount, MsFlags};
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)?;
-    mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)?;
-    mount(Some("tmpfs"), "/proc/sys/net", Some("tmpfs"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, Some("size=4k,mode=0555"))?;
+    crate::sys::enter_private_mount_namespace_on_this_thread()?;
+    crate::sys::mount_empty_tmpfs("/proc/sys/net")?;
     Ok(())
 }
 

@@ -5,18 +5,23 @@
 //! signalfd) and a panic hook. Only SIGKILL of Lazaret itself can leave the
 //! terminal raw, and nothing can help that.
 
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
-use std::sync::Mutex;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::sync::{Arc, Mutex};
 
 use nix::sys::termios::{self, SetArg, Termios};
 
 /// The saved modes, for the panic hook. One terminal at a time.
-static SAVED: Mutex<Option<(RawFd, Termios)>> = Mutex::new(None);
+static SAVED: Mutex<Option<(Arc<OwnedFd>, Termios)>> = Mutex::new(None);
 
 /// Puts a terminal into raw mode and restores its exact previous modes when
 /// dropped.
+///
+/// The guard (and the panic hook) hold their own close-on-exec duplicate of
+/// the terminal descriptor: terminal modes belong to the terminal, not to a
+/// descriptor, so restoring through the duplicate restores the terminal
+/// `enter` was given, even if the caller's descriptor is closed first.
 pub struct RawModeGuard {
-    fd: RawFd,
+    fd: Arc<OwnedFd>,
     saved: Termios,
 }
 
@@ -24,34 +29,25 @@ impl RawModeGuard {
     /// Saves the modes of `fd` and switches it to raw mode.
     pub fn enter(fd: BorrowedFd<'_>) -> nix::Result<RawModeGuard> {
         let saved = termios::tcgetattr(fd)?;
+        let own = Arc::new(fd.try_clone_to_owned().map_err(|e| nix::errno::Errno::from_raw(e.raw_os_error().unwrap_or(libc::EBADF)))?);
         let mut raw = saved.clone();
         termios::cfmakeraw(&mut raw);
         install_panic_restore();
         if let Ok(mut slot) = SAVED.lock() {
-            *slot = Some((fd.as_raw_fd(), saved.clone()));
+            *slot = Some((Arc::clone(&own), saved.clone()));
         }
         termios::tcsetattr(fd, SetArg::TCSADRAIN, &raw)?;
-        Ok(RawModeGuard { fd: fd.as_raw_fd(), saved })
+        Ok(RawModeGuard { fd: own, saved })
     }
 }
 
 impl Drop for RawModeGuard {
     fn drop(&mut self) {
-        let fd = borrow_terminal_fd(self.fd);
-        let _ = termios::tcsetattr(fd, SetArg::TCSADRAIN, &self.saved);
+        let _ = termios::tcsetattr(self.fd.as_fd(), SetArg::TCSADRAIN, &self.saved);
         if let Ok(mut slot) = SAVED.lock() {
             *slot = None;
         }
     }
-}
-
-/// Borrows a raw fd that the caller guarantees stays open (stdin, in
-/// practice). Kept in one place so the assumption is visible.
-fn borrow_terminal_fd(fd: RawFd) -> BorrowedFd<'static> {
-    // SAFETY: only used for the terminal fd that `RawModeGuard::enter`
-    // borrowed; the guard lives inside the scope where that fd is open
-    // (stdin for the whole process).
-    unsafe { BorrowedFd::borrow_raw(fd) }
 }
 
 fn install_panic_restore() {
@@ -61,7 +57,7 @@ fn install_panic_restore() {
         std::panic::set_hook(Box::new(move |info| {
             if let Ok(slot) = SAVED.lock() {
                 if let Some((fd, saved)) = slot.as_ref() {
-                    let _ = termios::tcsetattr(borrow_terminal_fd(*fd), SetArg::TCSADRAIN, saved);
+                    let _ = termios::tcsetattr(fd.as_fd(), SetArg::TCSADRAIN, saved);
                 }
             }
             previous(info);
@@ -118,6 +114,20 @@ mod tests {
             assert!(!during.local_flags.contains(termios::LocalFlags::ECHO));
             assert!(!during.local_flags.contains(termios::LocalFlags::ICANON));
         }
+        let after = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn raw_mode_is_restored_after_the_callers_descriptor_is_closed() {
+        let pty = openpty(None, None).expect("openpty");
+        let before = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        let callers = pty.slave.try_clone().expect("dup");
+        let guard = RawModeGuard::enter(callers.as_fd()).expect("raw");
+        drop(callers);
+        let during = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
+        assert!(!during.local_flags.contains(termios::LocalFlags::ICANON));
+        drop(guard);
         let after = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
         assert_eq!(format!("{before:?}"), format!("{after:?}"));
     }

@@ -11,6 +11,8 @@
 //! Prerequisites are never skipped silently: a missing one fails the test
 //! with a message naming it and the script that installs it.
 
+#![forbid(unsafe_code)]
+
 pub mod netlab;
 pub mod registry;
 
@@ -36,9 +38,12 @@ pub const PROBE_PASS: i32 = 42;
 /// How long any single lazaret invocation may take before the test kills it.
 pub const COMMAND_LIMIT: Duration = Duration::from_secs(120);
 
-/// Fails the test unless it runs as root.
+/// Fails the test (never skips it) unless it runs as root.
 pub fn require_root() {
-    assert!(nix::unistd::geteuid().is_root(), "these end-to-end tests need root (namespaces, mounts, runsc): run scripts/test.sh as root");
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (namespaces, mounts, runsc): run it as root, with `sudo scripts/test.sh` (which also installs runsc and builds the test image)"
+    );
 }
 
 /// The `lazaret` binary under test: `$LAZARET_BIN`, else target/debug.

@@ -61,7 +61,7 @@ pub(super) fn debug_report(d: &Domain) -> String {
             Some(ns) => {
                 let inode = ns.inode().map(|i| i.to_string()).unwrap_or_else(|e| format!("? ({e})"));
                 let _ = writeln!(out, "{label}: net:[{inode}]");
-                match Ok::<String, String>(format!("{:?}", ns.inode())) { // TEMP-DEBUGVIEW
+                match lazaret_netpolicy::topology::debug_view(ns) {
                     Ok(view) => {
                         for l in view.lines() {
                             let _ = writeln!(out, "  {l}");

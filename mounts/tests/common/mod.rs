@@ -8,11 +8,13 @@
 use std::path::Path;
 
 /// Runs `f` on a fresh thread inside a new private mount namespace and
-/// returns its result (a panic in `f` is re-raised here).
+/// returns its result (a panic in `f` is re-raised here). Privileged: fails
+/// the test unless it runs as root ([`require_root`]).
 pub fn in_private_mount_ns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    require_root();
     std::thread::scope(|scope| {
         let handle = scope.spawn(|| {
-            lazaret_mounts::enter_private_mount_namespace().expect("enter private mount namespace (are we root?)");
+            lazaret_mounts::enter_private_mount_namespace().expect("enter private mount namespace");
             f()
         });
         match handle.join() {
@@ -45,11 +47,11 @@ pub fn thread_has_mount_at(path: &Path) -> bool {
     mount_points("/proc/thread-self/mountinfo").iter().any(|mp| mp == &wanted)
 }
 
-/// Skips (by returning true) when not running as root.
-pub fn not_root() -> bool {
-    if !nix::unistd::Uid::effective().is_root() {
-        eprintln!("skipping: privileged test needs root");
-        return true;
-    }
-    false
+/// Fails the test (never skips it) unless it runs as root. Only the
+/// privileged tests call this; the others run as any user.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (mount namespaces, overlayfs, bind mounts): run it as root, with `sudo scripts/test.sh` or `cargo test -p lazaret-mounts` in a root shell"
+    );
 }

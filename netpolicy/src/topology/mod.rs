@@ -49,7 +49,10 @@
 //!   and every other packet to it is rejected.
 //! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
 //!   sysctls, and both nftables tables, chain by chain and rule by rule.
+//! * [`debug_view`] prints any namespace's links, addresses, routes of every
+//!   table and rules, like `ip`, for `lazaret debug`.
 
+mod debug;
 mod forwarding;
 pub mod nat;
 pub mod netns;
@@ -71,6 +74,7 @@ use rtnetlink::packet_route::IpProtocol;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
+pub use debug::debug_view;
 pub use netns::Netns;
 pub use nft::SIDECAR_FILTER_TABLE;
 

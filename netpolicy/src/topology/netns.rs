@@ -9,8 +9,6 @@ use std::fs::File;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::path::PathBuf;
 
-use nix::sched::{CloneFlags, setns, unshare};
-
 use super::TopologyError;
 
 /// A network namespace, kept alive by an open `/proc/.../ns/net` descriptor.
@@ -31,7 +29,7 @@ impl Netns {
         let joined = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    unshare(CloneFlags::CLONE_NEWNET)
+                    crate::sys::unshare_network_namespace()
                         .map_err(|errno| TopologyError::Namespace { action: "unshare(CLONE_NEWNET)", errno })?;
                     Netns::of_current_thread()
                 })
@@ -79,7 +77,7 @@ impl Netns {
         let joined = std::thread::scope(|scope| {
             scope
                 .spawn(|| {
-                    setns(self.fd.as_fd(), CloneFlags::CLONE_NEWNET)
+                    crate::sys::enter_network_namespace(self.fd.as_fd())
                         .map_err(|errno| TopologyError::Namespace { action: "setns(CLONE_NEWNET)", errno })?;
                     work()
                 })

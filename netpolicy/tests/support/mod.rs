@@ -50,7 +50,7 @@ pub const ULA6: Ipv6Addr = Ipv6Addr::new(0xfd00, 1, 0, 0, 0, 0, 0, 1);
 pub fn require_root() {
     assert!(
         nix::unistd::geteuid().is_root(),
-        "the topology tests need root (network namespaces, veths); run them as root: cargo test -p lazaret-netpolicy --test topology"
+        "this test needs root (network namespaces, veths, nftables): run it as root, with `sudo scripts/test.sh` or `cargo test -p lazaret-netpolicy` in a root shell"
     );
 }
 

@@ -11,6 +11,15 @@ use std::path::{Path, PathBuf};
 
 use sha2::{Digest, Sha256};
 
+/// Fails the test (never skips it) unless it runs as root. Only the tests
+/// that check preserved ownership call it; the others run as any user.
+pub fn require_root() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "this test needs root (unpacking with the archive's file ownership): run it as root, with `sudo scripts/test.sh` or `cargo test -p lazaret-oci` in a root shell"
+    );
+}
+
 /// Builds a tar stream entry by entry, with no path validation at all.
 #[derive(Default)]
 pub struct RawTar {

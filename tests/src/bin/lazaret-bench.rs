@@ -16,6 +16,8 @@
 //!
 //! Run it through `scripts/bench.sh`, which builds release binaries first.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -11,6 +11,8 @@
 //! - `dns ADDR ANSWER`: a DNS server on ADDR:53 answering every A query
 //!   with ANSWER.
 
+#![forbid(unsafe_code)]
+
 use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};

@@ -8,6 +8,8 @@
 //!
 //! Usage: `lazaret-probe CHECK [ARGS...] [-- CHECK [ARGS...]]...`
 
+#![forbid(unsafe_code)]
+
 use std::io::Read;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::Path;
