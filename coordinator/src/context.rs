@@ -12,7 +12,7 @@ use lazaret_oci::{ImageRecord, ImageStore};
 use lazaret_runtime::Platform;
 
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
-use crate::identity::{self, Developer, DomainId, IdentityError, StatePaths, Workspace};
+use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
 /// Why the context could not be resolved. Each message names the cause and
 /// the fix.
@@ -136,6 +136,18 @@ impl Context {
         self.profile.user.ids(&self.developer)
     }
 
+    /// The agent's supplementary groups: the developer's (from the host's
+    /// group database) when the agent runs as the developer, none otherwise
+    /// (root, or an explicit `uid:gid`).
+    pub fn agent_groups(&self) -> Vec<HostGroup> {
+        let (uid, gid) = self.agent_ids();
+        if uid != 0 && (uid, gid) == (self.developer.uid, self.developer.gid) {
+            self.developer.groups.clone()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The agent's working directory: where the developer stands if that is
     /// inside the workspace, else the workspace root.
     pub fn agent_cwd(&self) -> PathBuf {
@@ -192,7 +204,9 @@ impl Context {
             set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
         }
         set("HOME", self.agent_home().to_string_lossy().into_owned());
-        set("USER", if self.agent_ids().0 == 0 { "root".into() } else { self.developer.name.clone() });
+        let user = if self.agent_ids().0 == 0 { "root".to_string() } else { self.developer.name.clone() };
+        set("USER", user.clone());
+        set("LOGNAME", user);
         set("LAZARET_PROFILE", self.profile.name.clone());
         set("LAZARET_DOMAIN", self.domain_id.to_string());
         if tty {
@@ -224,7 +238,7 @@ impl Context {
             cwd: self.agent_cwd(),
             uid,
             gid,
-            additional_gids: Vec::new(),
+            additional_gids: self.agent_groups().iter().map(|g| g.gid).collect(),
             hostname: self.profile.hostname.clone().unwrap_or_else(|| format!("lazaret-{}", self.profile.name)),
             terminal: tty,
             rootfs: PathBuf::new(),

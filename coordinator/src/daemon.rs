@@ -525,6 +525,7 @@ fn start_up(
     spec.cgroups_path = res.cgroups_path.clone();
     spec.network_namespace = sandbox_netns;
     spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
+    spec.mounts.extend(crate::passwd::bind_account_files(ctx, &image.rootfs, &run_dir)?);
     let bundle = run_dir.join("bundle");
     fs::DirBuilder::new().mode(0o700).create(&bundle).map_err(sys("creating the bundle directory"))?;
     lazaret_oci::bundle::write_bundle(&bundle, &spec)?;

@@ -45,6 +45,9 @@ pub enum LaunchError {
     /// A mount could not be made.
     #[error(transparent)]
     Mount(#[from] lazaret_mounts::MountError),
+    /// The sandbox's /etc/passwd or /etc/group could not be made.
+    #[error(transparent)]
+    Passwd(#[from] crate::passwd::PasswdError),
     /// The bundle could not be written.
     #[error(transparent)]
     Bundle(#[from] lazaret_oci::bundle::BundleError),

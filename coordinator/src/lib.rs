@@ -11,6 +11,7 @@
 //! - [`journal`]: the Domain's journal, driven by the protocol model.
 //! - [`trust`]: the Domain's Trust Anchor (ephemeral CA).
 //! - [`network`]: the Domain's egress policy and sidecar network.
+//! - [`passwd`]: the developer's passwd and group entries inside the sandbox.
 //! - [`filesystem`]: State Anchor, Ignored Workspace State, Git Sentry, volumes.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
@@ -28,4 +29,5 @@ pub mod journal;
 pub mod launch;
 pub mod lock;
 pub mod network;
+pub mod passwd;
 pub mod trust;
