@@ -589,21 +589,7 @@ pub fn runsc_messages(output: &[u8]) -> String {
     let text = String::from_utf8_lossy(output);
     let mut lines: Vec<String> = Vec::new();
     for raw in text.lines() {
-        let raw = raw.trim();
-        if raw.is_empty() {
-            continue;
-        }
-        let line = match serde_json::from_str::<serde_json::Value>(raw) {
-            Ok(serde_json::Value::Object(fields)) => match fields.get("msg").and_then(|m| m.as_str()) {
-                Some(msg) => match fields.get("level").and_then(|l| l.as_str()) {
-                    None | Some("error") => msg.trim().to_string(),
-                    Some(level) => format!("{level}: {}", msg.trim()),
-                },
-                None => raw.to_string(),
-            },
-            _ => raw.to_string(),
-        };
-        lines.push(printable(&line));
+        line_messages(raw, &mut lines);
     }
     let mut kept: Vec<String> = Vec::new();
     let mut size = 0;
@@ -621,6 +607,42 @@ pub fn runsc_messages(output: &[u8]) -> String {
     }
     kept.reverse();
     kept.join("\n")
+}
+
+/// The messages of one line of runsc output into `out`: JSON log records
+/// (runsc's sandbox and gofer write several back to back, without
+/// newlines) give their `msg`, one line per line of it; text, and whatever
+/// follows the last record that parses, is taken as it is.
+fn line_messages(raw: &str, out: &mut Vec<String>) {
+    let mut push = |s: &str| {
+        let s = s.trim();
+        if !s.is_empty() {
+            out.push(printable(s));
+        }
+    };
+    let mut records = serde_json::Deserializer::from_str(raw).into_iter::<serde_json::Value>();
+    loop {
+        let start = records.byte_offset();
+        match records.next() {
+            None => break,
+            Some(Ok(serde_json::Value::Object(fields))) => match fields.get("msg").and_then(|m| m.as_str()) {
+                Some(msg) => {
+                    let level = fields.get("level").and_then(|l| l.as_str()).filter(|l| *l != "error");
+                    for (i, part) in msg.lines().map(str::trim).filter(|p| !p.is_empty()).enumerate() {
+                        match level {
+                            Some(level) if i == 0 => push(&format!("{level}: {part}")),
+                            _ => push(part),
+                        }
+                    }
+                }
+                None => push(raw.get(start..records.byte_offset()).unwrap_or_default()),
+            },
+            Some(_) => {
+                push(raw.get(start..).unwrap_or_default());
+                break;
+            }
+        }
+    }
 }
 
 /// The longest suffix of `s` of at most `max` bytes that starts on a
@@ -759,6 +781,20 @@ mod tests {
         assert_eq!(runsc_messages(b""), "");
         assert_eq!(messages_or_silence(b" \n\n", "on stderr"), "runsc printed no message on stderr");
         assert_eq!(messages_or_silence(b"boom\n", "on stderr"), "boom");
+    }
+
+    /// What runsc 20240729 really logged when a workspace's mount point was
+    /// missing (issue 14): records back to back, one message spanning lines.
+    #[test]
+    fn concatenated_log_records_are_split() {
+        let log = br#"{"msg":"Failure to resolve mounts: no such file or directory","level":"error","time":"2026-12-01T17:56:01.400040677Z"}{"msg":"Error reading mounts file: error unmarshaling mounts: unexpected end of JSON input\nJSON bytes:\n","level":"error","time":"2026-12-01T17:56:01.489183165Z"}{"msg":"creating container: cannot create sandbox: cannot read client sync file: waiting for sandbox to start: EOF","level":"error","time":"2026-12-01T17:56:01.507363788Z"}"#;
+        assert_eq!(
+            runsc_messages(log),
+            "Failure to resolve mounts: no such file or directory\nError reading mounts file: error unmarshaling mounts: unexpected end of JSON input\nJSON bytes:\ncreating container: cannot create sandbox: cannot read client sync file: waiting for sandbox to start: EOF"
+        );
+        // Text after the last record, and records after text, are kept as text.
+        assert_eq!(runsc_messages(br#"{"msg":"a"} trailing words"#), "a\ntrailing words");
+        assert_eq!(runsc_messages(br#"12 apples {"msg":"b"}"#), "12 apples {\"msg\":\"b\"}");
     }
 
     #[test]
