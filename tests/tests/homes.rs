@@ -99,6 +99,7 @@ fn workspace_below_the_developers_home() {
          echo home-writable=$(touch ~/.lazaret-e2e && echo yes)"
     );
     let out = ok(&sh(&env, &script));
+    println!("inside, as the developer:\n{out}");
     let agent_home = format!("/home/{TEST_USER}");
     assert_eq!(field(&out, "whoami"), TEST_USER, "{out}");
     assert_eq!(field(&out, "id-un"), TEST_USER);
@@ -144,6 +145,7 @@ fn workspace_below_root_for_a_root_developer() {
          echo roots=$(awk -F: '$3 == 0' /etc/passwd | wc -l); echo anchored=$(echo kept > /root/anchored && echo yes)"
     );
     let out = ok(&sh(&env, &script));
+    println!("inside, as root:\n{out}");
     for key in ["whoami", "id-un", "id-gn", "logname", "user"] {
         assert_eq!(field(&out, key), "root", "{key}: {out}");
     }
