@@ -562,6 +562,47 @@ mod tests {
     }
 
     #[test]
+    fn account_files_are_written_and_bound_read_only_for_a_non_root_agent() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(rootfs.join("etc")).expect("mkdir");
+        std::fs::write(rootfs.join("etc/passwd"), DEBIAN_PASSWD).expect("write");
+        std::fs::write(rootfs.join("etc/group"), DEBIAN_GROUP).expect("write");
+        let run = dir.path().join("run");
+        std::fs::create_dir(&run).expect("mkdir");
+        let ctx = crate::context::test_context(dir.path(), crate::context::test_developer(), "");
+        let binds = bind_account_files(&ctx, &rootfs, &run).expect("files");
+        assert_eq!(
+            binds,
+            [
+                BindMount { source: run.join("passwd"), destination: "/etc/passwd".into(), readonly: true },
+                BindMount { source: run.join("group"), destination: "/etc/group".into(), readonly: true },
+            ]
+        );
+        let passwd = std::fs::read_to_string(run.join("passwd")).expect("passwd");
+        assert!(passwd.ends_with("alice:x:1000:1000::/home/alice:/bin/sh\n"), "no bash in this image: {passwd}");
+        let group = std::fs::read_to_string(run.join("group")).expect("group");
+        assert_eq!(group, group_with(DEBIAN_GROUP, &dev()).expect("group"));
+
+        // Root: nothing written, nothing bound.
+        let root_run = dir.path().join("root-run");
+        std::fs::create_dir(&root_run).expect("mkdir");
+        let root = crate::context::test_context(dir.path(), crate::context::test_developer(), "user = \"root\"\n");
+        assert_eq!(bind_account_files(&root, &rootfs, &root_run).expect("root"), []);
+        assert_eq!(std::fs::read_dir(&root_run).expect("read_dir").count(), 0);
+
+        // An explicit uid:gid gets the developer's name but not their groups.
+        let other_run = dir.path().join("other-run");
+        std::fs::create_dir(&other_run).expect("mkdir");
+        let other = crate::context::test_context(dir.path(), crate::context::test_developer(), "user = \"2000:2001\"\n");
+        bind_account_files(&other, &rootfs, &other_run).expect("files");
+        let passwd = std::fs::read_to_string(other_run.join("passwd")).expect("passwd");
+        assert!(passwd.ends_with("alice:x:2000:2001::/home/alice:/bin/sh\n"), "{passwd}");
+        let group = std::fs::read_to_string(other_run.join("group")).expect("group");
+        assert!(group.ends_with("nogroup:x:65534:\nalice:x:2001:alice\n") && !group.contains("docker"), "{group}");
+    }
+
+    #[test]
     fn written_files_are_new_and_world_readable() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("passwd");
