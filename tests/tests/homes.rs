@@ -2,7 +2,8 @@
 //! developer's home (where the agent's persistent home is bound), below
 //! /root for a root developer, and below a volume's sandbox path. Every
 //! other test's workspace is under /tmp, which is why the wrong mount order
-//! went unnoticed. Also: the developer has a name inside.
+//! went unnoticed. Also: the developer has a name inside, and a failing
+//! `runsc create` shows runsc's own message.
 
 use std::fs;
 use std::os::unix::fs::MetadataExt;
@@ -199,4 +200,25 @@ fn workspace_below_a_volumes_sandbox_path() {
     assert!(!env.workspace.join(".git/hooks/pre-commit").exists(), "a hook was written");
     env.assert_nothing_left();
     env.assert_journal_conforms();
+}
+
+/// When `runsc create` fails, the developer sees runsc's own message (issue
+/// 14 showed "see runsc's messages above" with nothing above: by then
+/// runsc's stderr is the coordinator's log). A file bound over a directory
+/// of the image makes runsc fail deterministically.
+#[test]
+fn a_failing_runsc_create_shows_runscs_message() {
+    let env = TestEnv::new();
+    let file = env.scratch.join("a-file");
+    fs::write(&file, "not a directory\n").expect("volume file");
+    env.write_config(&format!("user = \"root\"\nvolumes = [\"{}:/usr/share\"]\n", file.display()));
+    let out = sh(&env, "true");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "stderr: {stderr}");
+    let error = stderr.lines().find(|l| l.starts_with("lazaret: error:")).unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(error.contains("runsc create"), "{error}");
+    assert!(!error.contains("above"), "{error}");
+    // runsc's message names the mount it could not make.
+    assert!(error.contains(&*file.to_string_lossy()) && error.contains("/usr/share"), "runsc's message is missing: {error}");
+    env.assert_nothing_left();
 }
