@@ -579,9 +579,10 @@ fn messages_or_silence(output: &[u8], where_: &str) -> String {
 
 /// runsc's own messages out of what it printed or logged, newest last, at
 /// most [`MESSAGE_TAIL_BYTES`] (older lines are dropped first, and a line cut
-/// by the limit is dropped whole). `--log` writes JSON lines
-/// (`{"msg":"…","level":"error","time":"…"}`): their `msg` is taken, prefixed
-/// with the level unless it is `error`; other lines are taken as they are.
+/// by the limit is dropped whole). `--log` writes JSON records
+/// (`{"msg":"…","level":"error","time":"…"}`, one per line or back to back):
+/// their `msg` is taken, prefixed with the level unless it is `error`; other
+/// text is taken as it is.
 /// Control and bidirectional-formatting characters are escaped: a message can
 /// quote workspace paths, which the agent names, and it ends up on the
 /// developer's terminal.
