@@ -12,7 +12,7 @@ use lazaret_oci::{ImageRecord, ImageStore};
 use lazaret_runtime::Platform;
 
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
-use crate::identity::{self, Developer, DomainId, IdentityError, StatePaths, Workspace};
+use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
 /// Why the context could not be resolved. Each message names the cause and
 /// the fix.
@@ -136,6 +136,18 @@ impl Context {
         self.profile.user.ids(&self.developer)
     }
 
+    /// The agent's supplementary groups: the developer's (from the host's
+    /// group database) when the agent runs as the developer, none otherwise
+    /// (root, or an explicit `uid:gid`).
+    pub fn agent_groups(&self) -> Vec<HostGroup> {
+        let (uid, gid) = self.agent_ids();
+        if uid != 0 && (uid, gid) == (self.developer.uid, self.developer.gid) {
+            self.developer.groups.clone()
+        } else {
+            Vec::new()
+        }
+    }
+
     /// The agent's working directory: where the developer stands if that is
     /// inside the workspace, else the workspace root.
     pub fn agent_cwd(&self) -> PathBuf {
@@ -192,7 +204,9 @@ impl Context {
             set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
         }
         set("HOME", self.agent_home().to_string_lossy().into_owned());
-        set("USER", if self.agent_ids().0 == 0 { "root".into() } else { self.developer.name.clone() });
+        let user = if self.agent_ids().0 == 0 { "root".to_string() } else { self.developer.name.clone() };
+        set("USER", user.clone());
+        set("LOGNAME", user);
         set("LAZARET_PROFILE", self.profile.name.clone());
         set("LAZARET_DOMAIN", self.domain_id.to_string());
         if tty {
@@ -224,7 +238,7 @@ impl Context {
             cwd: self.agent_cwd(),
             uid,
             gid,
-            additional_gids: Vec::new(),
+            additional_gids: self.agent_groups().iter().map(|g| g.gid).collect(),
             hostname: self.profile.hostname.clone().unwrap_or_else(|| format!("lazaret-{}", self.profile.name)),
             terminal: tty,
             rootfs: PathBuf::new(),
@@ -282,9 +296,83 @@ pub fn load_config(cli: Option<&Path>, developer: &Developer) -> Result<Config, 
     Config::discover(cli, &lookup, developer)
 }
 
+/// A [`Context`] for unit tests: `developer`, a profile `a` with the
+/// `extra` keys, and a workspace `ws` (with a `.git` directory) under `dir`.
+/// Touches nothing but `dir`.
+#[cfg(test)]
+pub(crate) fn test_context(dir: &Path, developer: Developer, extra: &str) -> Context {
+    let ws = dir.join("ws");
+    std::fs::create_dir_all(ws.join(".git")).expect("workspace");
+    let file = dir.join("config.toml");
+    let config = Config::parse(&format!("[profiles.a]\nimage = \"i\"\n{extra}"), &file, &developer.home).expect("config");
+    let profile = config.select_profile(Some("a")).expect("profile").clone();
+    let workspace = Workspace::discover(&ws).expect("workspace");
+    let domain_id = DomainId::new(&profile.name, &workspace);
+    let paths = StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
+    Context { developer, config, profile, workspace, domain_id, paths }
+}
+
+/// A developer for unit tests: alice, uid/gid 1000, in `sudo` (27) and
+/// `docker` (998).
+#[cfg(test)]
+pub(crate) fn test_developer() -> Developer {
+    Developer {
+        uid: 1000,
+        gid: 1000,
+        name: "alice".into(),
+        home: PathBuf::from("/home/alice"),
+        group_name: Some("alice".into()),
+        groups: vec![HostGroup { gid: 27, name: Some("sudo".into()) }, HostGroup { gid: 998, name: Some("docker".into()) }],
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn image() -> ImageRecord {
+        ImageRecord {
+            name: "i".into(),
+            digest: "sha256:00".into(),
+            rootfs: PathBuf::from("/nonexistent"),
+            size: 0,
+            created: String::new(),
+            config: lazaret_oci::ImageConfig { env: vec!["USER=image".into(), "LOGNAME=image".into()], ..Default::default() },
+            source_kind: lazaret_oci::SourceKind::RootfsDir,
+            diff_ids: Vec::new(),
+            blobs: Vec::new(),
+        }
+    }
+
+    fn value<'a>(env: &'a [(String, String)], key: &str) -> Option<&'a str> {
+        env.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    #[test]
+    fn the_agent_has_the_developers_name_and_groups() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "");
+        let spec = ctx.bundle_spec(&image(), &["sh".into()], false).expect("spec");
+        assert_eq!((spec.uid, spec.gid), (1000, 1000));
+        assert_eq!(spec.additional_gids, [27, 998]);
+        for key in ["USER", "LOGNAME"] {
+            assert_eq!(value(&spec.env, key), Some("alice"), "{key}");
+            assert_eq!(spec.env.iter().filter(|(k, _)| k == key).count(), 1, "{key} set once");
+        }
+        assert_eq!(value(&spec.env, "HOME"), Some("/home/alice"));
+    }
+
+    #[test]
+    fn root_and_explicit_ids_get_no_supplementary_groups() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = test_context(dir.path(), test_developer(), "user = \"root\"\n");
+        let spec = root.bundle_spec(&image(), &["sh".into()], false).expect("spec");
+        assert_eq!((spec.uid, spec.gid, spec.additional_gids.as_slice()), (0, 0, &[][..]));
+        assert_eq!((value(&spec.env, "USER"), value(&spec.env, "LOGNAME"), value(&spec.env, "HOME")), (Some("root"), Some("root"), Some("/root")));
+        let other = test_context(dir.path(), test_developer(), "user = \"2000:2000\"\n");
+        let spec = other.bundle_spec(&image(), &["sh".into()], false).expect("spec");
+        assert_eq!((spec.uid, spec.additional_gids.as_slice()), (2000, &[][..]));
+    }
 
     #[test]
     fn state_inside_a_mount_is_found_even_before_it_exists() {

@@ -98,6 +98,21 @@ pub struct Developer {
     pub name: String,
     /// Home directory from the password database.
     pub home: PathBuf,
+    /// Name of the primary group ([`Developer::gid`]) in the host's group
+    /// database, if it has one.
+    pub group_name: Option<String>,
+    /// Supplementary groups from the host's group database
+    /// (`getgrouplist`), without the primary group, in database order.
+    pub groups: Vec<HostGroup>,
+}
+
+/// A group of the host's group database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostGroup {
+    /// Group id.
+    pub gid: u32,
+    /// Its name, if the database has one for it.
+    pub name: Option<String>,
 }
 
 impl Developer {
@@ -150,13 +165,41 @@ impl Developer {
                 source: std::io::Error::from(errno),
             })?
             .ok_or(IdentityError::NoPasswdEntry { uid })?;
+        let gid = explicit_gid.unwrap_or(user.gid.as_raw());
+        let groups = host_groups(&user.name, gid)?;
         Ok(Developer {
             uid,
-            gid: explicit_gid.unwrap_or(user.gid.as_raw()),
+            gid,
+            group_name: group_name(gid),
             name: user.name,
             home: user.dir,
+            groups,
         })
     }
+}
+
+/// The supplementary groups of `user` (whose primary group is `gid`) in
+/// the host's group database, through NSS (`getgrouplist`, no shell).
+fn host_groups(user: &str, gid: u32) -> Result<Vec<HostGroup>, IdentityError> {
+    let group_db = || PathBuf::from("/etc/group");
+    let name = std::ffi::CString::new(user).map_err(|_| IdentityError::Io {
+        path: group_db(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, format!("user name {user:?} contains NUL")),
+    })?;
+    let gids = nix::unistd::getgrouplist(&name, nix::unistd::Gid::from_raw(gid))
+        .map_err(|errno| IdentityError::Io { path: group_db(), source: std::io::Error::from(errno) })?;
+    let mut groups: Vec<HostGroup> = Vec::new();
+    for g in gids.into_iter().map(|g| g.as_raw()) {
+        if g != gid && !groups.iter().any(|known| known.gid == g) {
+            groups.push(HostGroup { gid: g, name: group_name(g) });
+        }
+    }
+    Ok(groups)
+}
+
+/// The host's name for `gid`, if any (a failing lookup counts as none).
+fn group_name(gid: u32) -> Option<String> {
+    nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(gid)).ok().flatten().map(|g| g.name)
 }
 
 /// How a checkout's `.git` was recognised.
@@ -589,6 +632,40 @@ mod tests {
         );
     }
 
+    /// (gid, name, members) of every line of the host's /etc/group.
+    fn host_group_file() -> Vec<(u32, String, Vec<String>)> {
+        std::fs::read_to_string("/etc/group")
+            .unwrap()
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(':').collect();
+                let members = f.get(3)?.split(',').filter(|m| !m.is_empty()).map(String::from).collect();
+                Some((f.get(2)?.parse().ok()?, f[0].to_string(), members))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn groups_come_from_the_host_group_database() {
+        let file = host_group_file();
+        let name_of = |gid: u32| file.iter().find(|(g, _, _)| *g == gid).map(|(_, n, _)| n.clone());
+        for (env, real) in [(env_of(&[]), 0), (env_of(&[("SUDO_UID", "65534"), ("SUDO_GID", "100")]), 0)] {
+            let developer = Developer::resolve(&env, real, real).unwrap();
+            assert_eq!(developer.group_name, name_of(developer.gid), "primary group of {}", developer.name);
+            let mut expected: Vec<u32> = file
+                .iter()
+                .filter(|(gid, _, members)| *gid != developer.gid && members.contains(&developer.name))
+                .map(|(gid, _, _)| *gid)
+                .collect();
+            expected.dedup();
+            let got: Vec<u32> = developer.groups.iter().map(|g| g.gid).collect();
+            assert_eq!(got, expected, "supplementary groups of {}", developer.name);
+            for g in &developer.groups {
+                assert_eq!(g.name, name_of(g.gid));
+            }
+        }
+    }
+
     #[test]
     fn bad_sudo_ids_and_unknown_users_are_errors() {
         let error = Developer::resolve(&env_of(&[("SUDO_UID", "12x")]), 0, 0).unwrap_err();
@@ -743,6 +820,8 @@ mod tests {
             gid: uid,
             name: "dev".into(),
             home: PathBuf::from("/home/dev"),
+            group_name: Some("dev".into()),
+            groups: Vec::new(),
         }
     }
 

@@ -6,6 +6,7 @@
 //!   ConfigurationConfinement.
 //! - [`identity`]: the developer, the workspace, Domain IDs and state paths.
 //! - [`context`]: resolving all of the above for one invocation.
+//! - [`passwd`]: the developer's entries in the sandbox's /etc/passwd and /etc/group.
 //! - [`layout`]: every file name in a Domain's runtime directory.
 //! - [`client`]: `lazaret run` as a session, `stop`, `ls`, `debug`.
 //! - [`daemon`]: the per-Domain coordinator daemon and its start-up stages.
@@ -13,6 +14,7 @@
 //! - [`journal`]: the Domain's journal, driven by the protocol model.
 //! - [`trust`]: the Domain's Trust Anchor (ephemeral CA).
 //! - [`network`]: the Domain's egress policy and sidecar network.
+//! - [`passwd`]: the developer's passwd and group entries inside the sandbox.
 //! - [`filesystem`]: State Anchor, Ignored Workspace State, Git Sentry, volumes.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
@@ -34,6 +36,7 @@ pub mod journal;
 pub mod layout;
 pub mod lock;
 pub mod network;
+pub mod passwd;
 pub mod random;
 pub mod transport;
 pub mod trust;

@@ -17,6 +17,8 @@ fn developer(home: &Path) -> Developer {
         gid: 4321,
         name: "dev".into(),
         home: home.to_path_buf(),
+        group_name: Some("dev".into()),
+        groups: Vec::new(),
     }
 }
 

@@ -268,6 +268,8 @@ fn runtime_dir_defaults_to_run_lazaret_uid() {
         gid: 1234,
         name: "dev".into(),
         home: "/home/dev".into(),
+        group_name: Some("dev".into()),
+        groups: Vec::new(),
     };
     let config = parse("[profiles.a]\nimage = \"i\"\n");
     assert_eq!(

@@ -2,9 +2,12 @@
 //! checks that keep them from undoing other protections.
 //!
 //! A volume may not contain the host configuration file
-//! (ConfigurationConfinement), and may not overlap a Git Sentry path, on the
-//! host side (exposing it writable) or on the sandbox side (shadowing the
-//! read-only bind).
+//! (ConfigurationConfinement), may not overlap a Git Sentry path on the host
+//! side (exposing it writable), and may not lie at or inside a Git Sentry
+//! path on the sandbox side (shadowing the read-only bind). A volume above
+//! one (e.g. a volume whose sandbox path contains the workspace) is fine:
+//! the bundle mounts parents before the mounts below them
+//! (`lazaret_oci::bundle`), so the Git Sentry binds still cover their paths.
 
 use std::path::{Component, Path, PathBuf};
 
@@ -132,7 +135,9 @@ pub fn validate_volumes(
             }
         }
         for protected in sentry_sandbox {
-            if overlaps(&volume.sandbox, protected) {
+            // Above a Git Sentry path is fine: mounted first (parents
+            // before children), the Git Sentry bind then covers its path.
+            if volume.sandbox.starts_with(protected) {
                 return Err(MountError::Config(format!(
                     "volume destination {} overlaps the Git Sentry path {} inside the sandbox",
                     volume.sandbox.display(),
@@ -174,8 +179,17 @@ mod tests {
         assert!(err.to_string().contains("ConfigurationConfinement"), "{err}");
         let ws_parent = Volume { host: ws.clone(), sandbox: PathBuf::from("/w2"), readonly: true };
         assert!(validate_volumes(&[ws_parent], &config, &sentry_host, &sentry_sandbox, &[]).is_err());
-        let shadow = Volume { host: home.path().join("cache"), sandbox: PathBuf::from("/workspace/.git"), readonly: false };
-        assert!(validate_volumes(&[shadow], &config, &sentry_host, &sentry_sandbox, &[]).is_err());
+        for inside in ["/workspace/.git/hooks", "/workspace/.git/hooks/pre-commit"] {
+            let shadow = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(inside), readonly: false };
+            let err = validate_volumes(&[shadow], &config, &sentry_host, &sentry_sandbox, &[]).expect_err(inside);
+            assert!(err.to_string().contains("overlaps the Git Sentry path"), "{err}");
+        }
+        // Above a Git Sentry path (here: containing the whole workspace) is
+        // fine: the bundle mounts it before the Git Sentry binds.
+        for above in ["/workspace/.git", "/workspace"] {
+            let parent = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(above), readonly: false };
+            validate_volumes(&[parent], &config, &sentry_host, &sentry_sandbox, &[]).expect(above);
+        }
         let storage = Volume { host: home.path().join("cache"), sandbox: PathBuf::from("/c"), readonly: false };
         assert!(validate_volumes(&[storage], &config, &[], &[], &[home.path().join("cache/x")]).is_err());
         assert!(!overlaps(Path::new("/a/bc"), Path::new("/a/b")));

@@ -12,7 +12,8 @@
 //!   cgroup namespace entry: the container's processes run on gVisor's
 //!   emulated kernel, and no host namespace path is ever written;
 //! * `/proc`, `/dev` (tmpfs), `/dev/pts`, `/dev/shm`, `/dev/mqueue`, `/sys`
-//!   (read-only), a tmpfs `/tmp`, then the caller's bind mounts in order
+//!   (read-only), a tmpfs `/tmp`, then the caller's bind mounts, parents
+//!   before the mounts below them and otherwise in the caller's order
 //!   (`rbind`, `rprivate`, `nosuid`, `nodev`, plus `ro` when read-only);
 //! * all five capability sets, `noNewPrivileges: true`, rlimits (NOFILE
 //!   1048576 unless given), runc's masked and read-only paths, a device
@@ -60,8 +61,9 @@ pub struct BundleSpec {
     pub terminal: bool,
     /// Root filesystem handed to runsc: a writable, non-pristine directory.
     pub rootfs: PathBuf,
-    /// Bind mounts (workspace, volumes, anchors), applied in order after the
-    /// system mounts.
+    /// Bind mounts (workspace, volumes, anchors), applied after the system
+    /// mounts: a mount below another's destination always after that one,
+    /// otherwise in this order.
     pub mounts: Vec<BindMount>,
     /// `None`: a new, empty network namespace; `Some(path)`: join that one
     /// (the Domain's sidecar namespace, never the host's).
@@ -273,7 +275,7 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
     root.set_path(spec.rootfs.clone()).set_readonly(Some(false));
 
     let mut mounts = system_mounts();
-    for bind in &spec.mounts {
+    for bind in nesting_order(&spec.mounts) {
         let mut options = vec![
             "rbind".to_string(),
             "rprivate".into(),
@@ -400,6 +402,27 @@ fn sort_capabilities(process: &mut serde_json::Value) {
             }
         }
     }
+}
+
+/// The bind mounts in the order they must be mounted: a mount whose
+/// destination lies below another's always comes after it, whatever order
+/// the caller collected them in (runsc mounts in spec order, and a parent
+/// mounted after its child hides the child or, when the child's mount point
+/// exists only in the parent's source, fails `runsc create`).
+///
+/// A stable sort by the number of destination components is enough:
+/// destinations are absolute and free of `.`/`..` (checked), and
+/// [`Path::components`] ignores repeated and trailing slashes, so a strict
+/// ancestor always has fewer components than its descendant and sorts
+/// first. Two different destinations with the same number of components
+/// cannot contain one another, so their relative order does not matter, and
+/// the stable sort keeps it as collected. Two mounts with the same
+/// destination (a deliberate over-mount, whose order would matter) are
+/// refused by validation, so none can be swapped.
+fn nesting_order(binds: &[BindMount]) -> Vec<&BindMount> {
+    let mut ordered: Vec<&BindMount> = binds.iter().collect();
+    ordered.sort_by_key(|b| b.destination.components().count());
+    ordered
 }
 
 /// runc's default masked paths.

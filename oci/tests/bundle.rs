@@ -373,3 +373,176 @@ fn the_process_alone_is_the_whole_specs_process() {
     bad.cwd = "relative".into();
     assert!(build_process(&bad).is_err());
 }
+
+/// Destinations of the generated spec's bind mounts, in spec order.
+fn bind_destinations(spec: &BundleSpec) -> Vec<PathBuf> {
+    build_spec(spec)
+        .expect("valid spec")
+        .mounts()
+        .as_ref()
+        .expect("mounts")
+        .iter()
+        .filter(|m| m.typ().as_deref() == Some("bind"))
+        .map(|m| m.destination().clone())
+        .collect()
+}
+
+fn bind(dest: &str, readonly: bool) -> BindMount {
+    BindMount {
+        source: PathBuf::from(format!("/src{dest}")),
+        destination: PathBuf::from(dest),
+        readonly,
+    }
+}
+
+/// Issue 14: the persistent home (`/home/dev`) was collected after the
+/// workspace below it and its Git Sentry binds, so runsc could not resolve
+/// the workspace's mount point. Whatever the collection order, a parent is
+/// mounted before everything below it.
+#[test]
+fn home_is_mounted_before_the_workspace_below_it() {
+    let spec = BundleSpec {
+        mounts: vec![
+            bind("/home/dev/src/project", false),
+            bind("/home/dev/src/project/.git/hooks", true),
+            bind("/home/dev/src/project/.git/config", true),
+            bind("/home/dev/src/project/node_modules", false),
+            bind("/home/dev", false),
+            bind("/etc/resolv.conf", true),
+        ],
+        ..agent_spec()
+    };
+    let order: Vec<String> = bind_destinations(&spec)
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect();
+    assert_eq!(
+        order,
+        [
+            "/home/dev",
+            "/etc/resolv.conf",
+            "/home/dev/src/project",
+            "/home/dev/src/project/node_modules",
+            "/home/dev/src/project/.git/hooks",
+            "/home/dev/src/project/.git/config",
+        ]
+    );
+    // Sources and read-only flags travel with their destinations.
+    let built = build_spec(&spec).expect("valid");
+    let hooks = built
+        .mounts()
+        .as_ref()
+        .expect("mounts")
+        .iter()
+        .find(|m| m.destination() == Path::new("/home/dev/src/project/.git/hooks"))
+        .expect("hooks bind");
+    assert_eq!(
+        hooks.source().as_deref(),
+        Some(Path::new("/src/home/dev/src/project/.git/hooks"))
+    );
+    assert!(
+        hooks
+            .options()
+            .as_ref()
+            .is_some_and(|o| o.iter().any(|x| x == "ro"))
+    );
+    // The system mounts still come first, in their fixed order.
+    let all: Vec<String> = built
+        .mounts()
+        .as_ref()
+        .expect("mounts")
+        .iter()
+        .take(7)
+        .map(|m| m.destination().display().to_string())
+        .collect();
+    assert_eq!(
+        all,
+        [
+            "/proc",
+            "/dev",
+            "/dev/pts",
+            "/dev/shm",
+            "/dev/mqueue",
+            "/sys",
+            "/tmp"
+        ]
+    );
+}
+
+/// Every permutation of a nested set gives an order in which each mount
+/// comes after every mount whose destination contains it, and in which
+/// mounts of equal depth keep the order they were given in.
+#[test]
+fn every_collection_order_gives_parents_first() {
+    let set = [
+        bind("/w", false),
+        bind("/w/repo", false),
+        bind("/w/repo/.git/hooks", true),
+        bind("/w/repo/target", false),
+        bind("/root/.cache", false),
+        bind("/w/repo/.git/hooks/x", false),
+    ];
+    fn permutations(items: Vec<BindMount>) -> Vec<Vec<BindMount>> {
+        if items.len() <= 1 {
+            return vec![items];
+        }
+        let mut out = Vec::new();
+        for i in 0..items.len() {
+            let mut rest = items.clone();
+            let first = rest.remove(i);
+            for mut p in permutations(rest) {
+                p.insert(0, first.clone());
+                out.push(p);
+            }
+        }
+        out
+    }
+    let all = permutations(set.to_vec());
+    assert_eq!(all.len(), 720);
+    for collected in all {
+        let spec = BundleSpec {
+            mounts: collected.clone(),
+            ..agent_spec()
+        };
+        let order = bind_destinations(&spec);
+        assert_eq!(order.len(), collected.len());
+        for (i, a) in order.iter().enumerate() {
+            for b in &order[i + 1..] {
+                assert!(
+                    !a.starts_with(b),
+                    "{} is mounted before its parent {} (collected {:?})",
+                    a.display(),
+                    b.display(),
+                    collected.iter().map(|m| &m.destination).collect::<Vec<_>>()
+                );
+            }
+        }
+        let depth = |p: &Path| p.components().count();
+        for d in 1..=5 {
+            let given: Vec<&PathBuf> = collected
+                .iter()
+                .map(|m| &m.destination)
+                .filter(|p| depth(p) == d)
+                .collect();
+            let generated: Vec<&PathBuf> = order.iter().filter(|p| depth(p) == d).collect();
+            assert_eq!(generated, given, "equal-depth mounts keep their order");
+        }
+    }
+}
+
+/// Repeated and trailing slashes do not change a destination's depth.
+#[test]
+fn depth_ignores_repeated_and_trailing_slashes() {
+    let spec = BundleSpec {
+        mounts: vec![bind("/home//dev/src/project/", false), bind("/home/dev/", false)],
+        ..agent_spec()
+    };
+    let order = bind_destinations(&spec);
+    assert_eq!(
+        order,
+        [
+            PathBuf::from("/home/dev/"),
+            PathBuf::from("/home//dev/src/project/")
+        ]
+    );
+}

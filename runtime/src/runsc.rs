@@ -92,7 +92,9 @@ pub enum RunscError {
         container: String,
         /// Its exit status.
         status: std::process::ExitStatus,
-        /// What it printed on stderr (trimmed).
+        /// runsc's own messages: the tail (at most [`MESSAGE_TAIL_BYTES`])
+        /// of its stderr or, for `create`, of its log file, made safe to
+        /// print; never empty.
         stderr: String,
     },
     /// An I/O error around a runsc call.
@@ -108,6 +110,16 @@ pub enum RunscError {
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunscError {
     let context = context.into();
     move |source| RunscError::Io { context, source }
+}
+
+/// How much of runsc's own messages a [`RunscError::Failed`] carries.
+pub const MESSAGE_TAIL_BYTES: usize = 4096;
+
+/// The file `runsc create` logs to (`--log`): `runsc-create.log` in the
+/// bundle directory. runsc writes its error there as well as on stderr,
+/// which for `create` is the coordinator's log, not the developer's terminal.
+pub fn create_log_path(bundle: &Path) -> PathBuf {
+    bundle.join("runsc-create.log")
 }
 
 /// What a runsc binary is and can do.
@@ -320,6 +332,14 @@ impl Runsc {
         cmd
     }
 
+    /// [`Runsc::command`] that also logs to `log` (`--log`, a global flag
+    /// about where runsc writes, not about the container's state).
+    fn command_logging_to(&self, subcommand: &str, log: &Path) -> Command {
+        let mut cmd = Command::new(&self.info.path);
+        cmd.args(self.global_args()).arg("--log").arg(log).arg(subcommand).stdin(Stdio::null());
+        cmd
+    }
+
     fn run_quiet(&self, mut cmd: Command, subcommand: &'static str, container: &str) -> Result<String, RunscError> {
         let out = cmd
             .stdout(Stdio::piped())
@@ -333,25 +353,41 @@ impl Runsc {
                 subcommand,
                 container: container.to_string(),
                 status: out.status,
-                stderr: tail(&String::from_utf8_lossy(&out.stderr)),
+                stderr: messages_or_silence(&out.stderr, "on stderr"),
             })
         }
     }
 
     /// `runsc create`: builds the sandbox, paused before the container's
     /// first process runs, with the caller's stdio. Writes the sandbox PID
-    /// to `pid_file`.
+    /// to `pid_file`. runsc also logs to [`create_log_path`] of `bundle`; a
+    /// failure carries the tail of that log (runsc's own message).
     pub fn create(&self, id: &str, bundle: &Path, pid_file: &Path) -> Result<(), RunscError> {
-        let mut cmd = self.command("create");
+        let log = create_log_path(bundle);
+        // runsc appends; a message left by an earlier attempt must not be
+        // taken for this one's.
+        match std::fs::remove_file(&log) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io_err(format!("removing {}", log.display()))(e)),
+            _ => {}
+        }
+        let mut cmd = self.command_logging_to("create", &log);
         cmd.arg("--bundle").arg(bundle).arg("--pid-file").arg(pid_file);
         // The sandbox keeps the caller's stdio for the container's first
         // process; never pipe it to ourselves (reading to EOF would hang).
+        // runsc's message therefore comes back through its log file.
         cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
         let status = cmd.arg(id).status().map_err(io_err("running runsc create"))?;
         if status.success() {
             return Ok(());
         }
-        Err(RunscError::Failed { subcommand: "create", container: id.to_string(), status, stderr: "see runsc's messages above".to_string() })
+        // (No log at all: runsc died before opening it.)
+        let where_ = format!("in its log {} (whatever it printed on stderr went to the caller's stderr)", log.display());
+        let stderr = match read_tail(&log, 4 * MESSAGE_TAIL_BYTES) {
+            Ok(bytes) => messages_or_silence(&bytes, &where_),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => messages_or_silence(b"", &where_),
+            Err(e) => format!("runsc's log {} cannot be read ({e})", log.display()),
+        };
+        Err(RunscError::Failed { subcommand: "create", container: id.to_string(), status, stderr })
     }
 
     /// `runsc start`. With `netns_workaround`, runs in a private mount
@@ -508,10 +544,129 @@ fn is_executable(p: &Path) -> bool {
     std::fs::metadata(p).map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0).unwrap_or(false)
 }
 
-fn tail(s: &str) -> String {
-    let lines: Vec<&str> = s.trim().lines().collect();
-    let start = lines.len().saturating_sub(6);
-    lines[start..].join("\n")
+/// The whole lines among the last `max` bytes of a file (all of it when
+/// shorter; a line cut by the limit is dropped). The file lives in a
+/// root-only directory; a symlink there is still not followed.
+fn read_tail(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
+    let len = file.metadata()?.len();
+    let max = u64::try_from(max).unwrap_or(u64::MAX);
+    let start = len.saturating_sub(max);
+    file.seek(SeekFrom::Start(start))?;
+    let mut buf = Vec::new();
+    file.take(max).read_to_end(&mut buf)?;
+    if start > 0 {
+        let first_line_end = buf.iter().position(|b| *b == b'\n').map_or(buf.len(), |i| i + 1);
+        buf.drain(..first_line_end);
+    }
+    Ok(buf)
+}
+
+/// [`runsc_messages`], or a sentence saying that runsc printed nothing
+/// `where_` (so an error never ends in an empty or misleading message).
+fn messages_or_silence(output: &[u8], where_: &str) -> String {
+    let messages = runsc_messages(output);
+    if messages.is_empty() {
+        format!("runsc printed no message {where_}")
+    } else {
+        messages
+    }
+}
+
+/// runsc's own messages out of what it printed or logged, newest last, at
+/// most [`MESSAGE_TAIL_BYTES`] (older lines are dropped first, and a line cut
+/// by the limit is dropped whole). `--log` writes JSON records
+/// (`{"msg":"…","level":"error","time":"…"}`, one per line or back to back):
+/// their `msg` is taken, prefixed with the level unless it is `error`; other
+/// text is taken as it is.
+/// Control and bidirectional-formatting characters are escaped: a message can
+/// quote workspace paths, which the agent names, and it ends up on the
+/// developer's terminal.
+pub fn runsc_messages(output: &[u8]) -> String {
+    let text = String::from_utf8_lossy(output);
+    let mut lines: Vec<String> = Vec::new();
+    for raw in text.lines() {
+        line_messages(raw, &mut lines);
+    }
+    let mut kept: Vec<String> = Vec::new();
+    let mut size = 0;
+    for line in lines.into_iter().rev() {
+        let cost = line.len() + usize::from(!kept.is_empty());
+        if size + cost > MESSAGE_TAIL_BYTES {
+            if kept.is_empty() {
+                // A single line longer than the limit: keep its end.
+                kept.push(format!("…{}", tail_chars(&line, MESSAGE_TAIL_BYTES - '…'.len_utf8())));
+            }
+            break;
+        }
+        size += cost;
+        kept.push(line);
+    }
+    kept.reverse();
+    kept.join("\n")
+}
+
+/// The messages of one line of runsc output into `out`: JSON log records
+/// (runsc's sandbox and gofer write several back to back, without
+/// newlines) give their `msg`, one line per line of it; text, and whatever
+/// follows the last record that parses, is taken as it is.
+fn line_messages(raw: &str, out: &mut Vec<String>) {
+    let mut push = |s: &str| {
+        let s = s.trim();
+        if !s.is_empty() {
+            out.push(printable(s));
+        }
+    };
+    let mut records = serde_json::Deserializer::from_str(raw).into_iter::<serde_json::Value>();
+    loop {
+        let start = records.byte_offset();
+        match records.next() {
+            None => break,
+            Some(Ok(serde_json::Value::Object(fields))) => match fields.get("msg").and_then(|m| m.as_str()) {
+                Some(msg) => {
+                    let level = fields.get("level").and_then(|l| l.as_str()).filter(|l| *l != "error");
+                    for (i, part) in msg.lines().map(str::trim).filter(|p| !p.is_empty()).enumerate() {
+                        match level {
+                            Some(level) if i == 0 => push(&format!("{level}: {part}")),
+                            _ => push(part),
+                        }
+                    }
+                }
+                None => push(raw.get(start..records.byte_offset()).unwrap_or_default()),
+            },
+            Some(_) => {
+                push(raw.get(start..).unwrap_or_default());
+                break;
+            }
+        }
+    }
+}
+
+/// The longest suffix of `s` of at most `max` bytes that starts on a
+/// character boundary.
+fn tail_chars(s: &str, max: usize) -> &str {
+    let mut start = s.len().saturating_sub(max);
+    while !s.is_char_boundary(start) {
+        start += 1;
+    }
+    &s[start..]
+}
+
+/// `s` with control characters (tab excepted) and Unicode bidirectional
+/// formatting characters replaced by `\u{…}` escapes.
+fn printable(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for c in s.chars() {
+        let bidi = matches!(c, '\u{061c}' | '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+        if (c.is_control() && c != '\t') || bidi {
+            out.push_str(&format!("\\u{{{:x}}}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// Reads a host PID written by `runsc --pid-file` (a PID of the caller's
@@ -614,6 +769,103 @@ mod tests {
         std::fs::rename(&replacement, &bin).expect("rename");
         assert_eq!(Runsc::probe_cached(&bin, &cache).expect("reprobe").release, 20250101);
         assert_eq!(calls(), 4);
+    }
+
+    #[test]
+    fn log_lines_become_runsc_messages() {
+        let log = b"{\"msg\":\"loading sandbox\",\"level\":\"warning\",\"time\":\"t\"}\n{\"msg\":\"creating container: cannot mount /home/dev/src/project\\n\",\"level\":\"error\",\"time\":\"t\"}\n";
+        assert_eq!(runsc_messages(log), "warning: loading sandbox\ncreating container: cannot mount /home/dev/src/project");
+        // Plain stderr (and JSON without `msg`) is taken as it is.
+        assert_eq!(runsc_messages(b"\n  first\n{\"level\":\"error\"}\nlast  \n\n"), "first\n{\"level\":\"error\"}\nlast");
+        assert_eq!(runsc_messages(b""), "");
+        assert_eq!(messages_or_silence(b" \n\n", "on stderr"), "runsc printed no message on stderr");
+        assert_eq!(messages_or_silence(b"boom\n", "on stderr"), "boom");
+    }
+
+    /// What runsc 20240729 really logged when a workspace's mount point was
+    /// missing (issue 14): records back to back, one message spanning lines.
+    #[test]
+    fn concatenated_log_records_are_split() {
+        let log = br#"{"msg":"Failure to resolve mounts: no such file or directory","level":"error","time":"2026-12-01T17:56:01.400040677Z"}{"msg":"Error reading mounts file: error unmarshaling mounts: unexpected end of JSON input\nJSON bytes:\n","level":"error","time":"2026-12-01T17:56:01.489183165Z"}{"msg":"creating container: cannot create sandbox: cannot read client sync file: waiting for sandbox to start: EOF","level":"error","time":"2026-12-01T17:56:01.507363788Z"}"#;
+        assert_eq!(
+            runsc_messages(log),
+            "Failure to resolve mounts: no such file or directory\nError reading mounts file: error unmarshaling mounts: unexpected end of JSON input\nJSON bytes:\ncreating container: cannot create sandbox: cannot read client sync file: waiting for sandbox to start: EOF"
+        );
+        // Text after the last record, and records after text, are kept as text.
+        assert_eq!(runsc_messages(br#"{"msg":"a"} trailing words"#), "a\ntrailing words");
+        assert_eq!(runsc_messages(br#"12 apples {"msg":"b"}"#), "12 apples {\"msg\":\"b\"}");
+    }
+
+    #[test]
+    fn messages_keep_the_newest_tail_within_the_limit() {
+        let mut out = String::new();
+        for i in 0..1000 {
+            out.push_str(&format!("{{\"msg\":\"line {i:04}\",\"level\":\"error\"}}\n"));
+        }
+        let messages = runsc_messages(out.as_bytes());
+        assert!(messages.len() <= MESSAGE_TAIL_BYTES, "{}", messages.len());
+        assert!(messages.len() > MESSAGE_TAIL_BYTES - 10, "the limit is used: {}", messages.len());
+        assert!(messages.ends_with("line 0999"), "newest last");
+        assert!(messages.starts_with("line "), "no partial first line: {:?}", &messages[..20]);
+        let lines: Vec<&str> = messages.lines().collect();
+        assert_eq!(lines.len(), (MESSAGE_TAIL_BYTES + 1) / "line 0000\n".len());
+        // One huge (multi-byte) line keeps its end, cut on a character boundary.
+        let huge = format!("start {} end", "é".repeat(5000));
+        let kept = runsc_messages(huge.as_bytes());
+        assert!(kept.len() <= MESSAGE_TAIL_BYTES && kept.starts_with('…') && kept.ends_with("é end"), "{}", kept.len());
+    }
+
+    #[test]
+    fn messages_cannot_drive_the_terminal() {
+        let hostile = "mount /w/\u{1b}]0;pwned\u{7}x\u{202e}gpj.exe: no such file\r";
+        let json = serde_json::json!({"msg": hostile, "level": "error"}).to_string();
+        let shown = runsc_messages(json.as_bytes());
+        assert_eq!(shown, "mount /w/\\u{1b}]0;pwned\\u{7}x\\u{202e}gpj.exe: no such file");
+        assert!(!shown.chars().any(|c| c.is_control()), "{shown:?}");
+    }
+
+    #[test]
+    fn log_tails_are_whole_lines_and_never_followed_links() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("log");
+        std::fs::write(&log, "aaaaaaaaaa\nbbbb\ncccc\n").expect("write");
+        assert_eq!(read_tail(&log, 100).expect("read"), b"aaaaaaaaaa\nbbbb\ncccc\n");
+        assert_eq!(read_tail(&log, 12).expect("read"), b"bbbb\ncccc\n", "the cut first line is dropped");
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink(&log, &link).expect("symlink");
+        let err = read_tail(&link, 100).expect_err("a symlink is not followed");
+        assert_eq!(err.raw_os_error(), Some(libc::ELOOP));
+    }
+
+    /// A runsc that fails `create` the way the real one does (exit 128, the
+    /// error on stderr and as JSON in `--log`): the error carries runsc's
+    /// own message, however the caller's stderr is redirected.
+    #[test]
+    fn failed_create_carries_runscs_message() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let bin = dir.path().join("runsc");
+        let script = "#!/bin/sh\nlog=\nwhile [ $# -gt 0 ]; do [ \"$1\" = --log ] && { shift; log=$1; }; shift; done\n[ -n \"$log\" ] || exit 3\necho 'creating container: mount submount \"/home/dev/src/project\": no such file' >&2\nprintf '%s\\n' '{\"msg\":\"creating container: mount submount \\\"/home/dev/src/project\\\": no such file\",\"level\":\"error\",\"time\":\"t\"}' >> \"$log\"\nexit 128\n";
+        std::fs::write(&bin, script).expect("write");
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir(&bundle).expect("bundle");
+        // A message of an earlier attempt is not this one's.
+        std::fs::write(create_log_path(&bundle), "{\"msg\":\"stale\",\"level\":\"error\"}\n").expect("stale log");
+        let mut i = info(20240729);
+        i.path = bin;
+        let r = Runsc { info: i, opts: opts() };
+        let err = r.create("c1", &bundle, &dir.path().join("pid")).expect_err("create fails");
+        let RunscError::Failed { subcommand, status, ref stderr, .. } = err else { panic!("{err}") };
+        assert_eq!((subcommand, status.code()), ("create", Some(128)));
+        assert_eq!(stderr, "creating container: mount submount \"/home/dev/src/project\": no such file");
+        let shown = err.to_string();
+        assert!(shown.contains("no such file") && !shown.contains("above"), "{shown}");
+
+        // Nothing logged: said so, naming the log.
+        std::fs::write(dir.path().join("runsc"), "#!/bin/sh\nexit 1\n").expect("write");
+        let err = r.create("c1", &bundle, &dir.path().join("pid")).expect_err("create fails");
+        assert!(err.to_string().contains("runsc printed no message in its log") && err.to_string().contains("runsc-create.log"), "{err}");
     }
 
     #[test]

@@ -158,20 +158,39 @@ impl TestEnv {
 
     /// Like [`TestEnv::new`], with extra keys for `[profiles.test]`.
     pub fn with_profile(extra: &str) -> TestEnv {
+        Self::below(Path::new("/tmp"), "ws", extra)
+    }
+
+    /// Like [`TestEnv::with_profile`], with the scratch directory (which
+    /// holds the configuration, and the workspace at `scratch/WS_REL`)
+    /// created in `parent` instead of /tmp: `parent` must exist, and the
+    /// scratch directory is removed on drop like any other.
+    pub fn below(parent: &Path, ws_rel: &str, extra: &str) -> TestEnv {
         require_root();
         ensure_test_image();
-        let scratch = PathBuf::from(format!("/tmp/lazaret-e2e-{}", random_suffix()));
-        fs::create_dir_all(scratch.join("ws")).expect("scratch");
+        assert!(parent.is_dir(), "{} is not a directory", parent.display());
+        assert!(Path::new(ws_rel).is_relative() && !ws_rel.split('/').any(|c| c.is_empty() || c == "." || c == ".."), "bad workspace path {ws_rel:?}");
+        let scratch = parent.join(format!("lazaret-e2e-{}", random_suffix()));
+        fs::create_dir(&scratch).unwrap_or_else(|e| panic!("creating {}: {e}", scratch.display()));
+        // Owned by the env from here on: removed even if the rest fails.
+        let mut env = TestEnv {
+            workspace: PathBuf::new(),
+            config: scratch.join("config.toml"),
+            runtime_dir: Path::new(TEST_RUNTIME_PARENT).join(random_suffix()),
+            scratch,
+            env: Vec::new(),
+            netns: None,
+        };
+        let scratch = env.scratch.clone();
+        fs::create_dir_all(scratch.join(ws_rel)).expect("scratch");
         fs::set_permissions(&scratch, fs::Permissions::from_mode(0o755)).expect("chmod scratch");
-        let workspace = fs::canonicalize(scratch.join("ws")).expect("canonical workspace");
+        let workspace = fs::canonicalize(scratch.join(ws_rel)).expect("canonical workspace");
+        env.workspace = workspace.clone();
         git(&workspace, &["init", "-q", "-b", "main"]);
         fs::write(workspace.join("README"), "test workspace\n").expect("README");
         git(&workspace, &["add", "README"]);
         git(&workspace, &["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init"]);
         fs::create_dir_all(TEST_RUNTIME_PARENT).expect("runtime parent");
-        let runtime_dir = Path::new(TEST_RUNTIME_PARENT).join(random_suffix());
-        let config = scratch.join("config.toml");
-        let env = TestEnv { scratch, workspace, config, runtime_dir, env: Vec::new(), netns: None };
         env.write_config(extra);
         env
     }

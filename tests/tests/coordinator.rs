@@ -88,7 +88,7 @@ fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     let dbg = env.run(["debug", "test"]);
     let shown = text(&dbg.stdout);
     assert!(dbg.status.success(), "debug: {}", text(&dbg.stderr));
-    for needle in ["sandbox process: PID", "sandbox netns: net:[", "sidecar netns: net:[", "route show table all", "mounts made by the coordinator", "rootfs"] {
+    for needle in ["sandbox process: PID", "sandbox netns: net:[", "sidecar netns: net:[", "IPv4 routes (all tables):", "table main", "IPv4 rules:", "mounts made by the coordinator", "rootfs"] {
         assert!(shown.contains(needle), "debug output lacks {needle:?}: {shown}");
     }
     a.send(b"go\n");

@@ -38,6 +38,9 @@ pub enum StartError {
     /// The sandbox's filesystem.
     #[error(transparent)]
     Filesystem(#[from] crate::filesystem::FilesystemError),
+    /// The sandbox's /etc/passwd or /etc/group.
+    #[error(transparent)]
+    Passwd(#[from] crate::passwd::PasswdError),
     /// The OCI bundle.
     #[error(transparent)]
     Bundle(#[from] lazaret_oci::bundle::BundleError),

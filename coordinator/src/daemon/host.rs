@@ -275,6 +275,7 @@ impl Effects for HostEffects {
         spec.network_namespace = net.topology.sandbox_netns().map(|n| n.proc_path());
         spec.mounts = fs_.0.binds.clone();
         spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
+        spec.mounts.extend(crate::passwd::bind_account_files(&self.ctx, &prepared.image.rootfs, run.path())?);
         let bundle = run.bundle();
         make_dir(&bundle, 0o700)?;
         lazaret_oci::bundle::write_bundle(&bundle, &spec)?;

@@ -1,0 +1,224 @@
+//! Workspaces below a mount of the sandbox (issue 14): below the non-root
+//! developer's home (where the agent's persistent home is bound), below
+//! /root for a root developer, and below a volume's sandbox path. Every
+//! other test's workspace is under /tmp, which is why the wrong mount order
+//! went unnoticed. Also: the developer has a name inside, and a failing
+//! `runsc create` shows runsc's own message.
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use lazaret_tests::*;
+
+fn ok(out: &Output) -> String {
+    assert_eq!(out.status.code(), Some(0), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// `lazaret run test -- sh -c SCRIPT`, with `SUDO_UID`/`SUDO_GID` taken
+/// out of the environment unless the env sets them (the suite may itself
+/// run under sudo).
+fn sh(env: &TestEnv, script: &str) -> Output {
+    let mut cmd = env.lazaret(["run", "test", "--", "sh", "-c", script]);
+    for var in ["SUDO_UID", "SUDO_GID"] {
+        if !env.env.iter().any(|(k, _)| k == var) {
+            cmd.env_remove(var);
+        }
+    }
+    wait_output(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning lazaret"))
+}
+
+/// `KEY=value` lines of the script's output.
+fn field<'a>(out: &'a str, key: &str) -> &'a str {
+    let prefix = format!("{key}=");
+    out.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no {key}= in output:\n{out}"))
+}
+
+const IDENTITY: &str = "echo whoami=$(whoami); echo id-un=$(id -un); echo id-gn=$(id -gn); echo tilde=$(echo ~); \
+                        echo logname=$LOGNAME; echo user=$USER; echo id-Gn=$(id -Gn); echo getent=$(getent passwd $(id -u)); echo pwd=$(pwd)";
+
+fn chown_tree(path: &Path, uid: u32, gid: u32) {
+    nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).expect("chown");
+    if fs::symlink_metadata(path).expect("stat").is_dir() {
+        for e in fs::read_dir(path).expect("read_dir").flatten() {
+            chown_tree(&e.path(), uid, gid);
+        }
+    }
+}
+
+/// A host group that exists for one test, with [`TEST_USER`] as a member;
+/// deleted (with the membership) on drop.
+struct TempGroup {
+    name: String,
+    gid: u32,
+}
+
+impl TempGroup {
+    fn with_test_user() -> TempGroup {
+        let name = format!("lze2e{}", &std::process::id().to_string());
+        let status = Command::new("groupadd").arg(&name).status().expect("running groupadd");
+        assert!(status.success(), "groupadd {name} failed");
+        let group = TempGroup { gid: nix::unistd::Group::from_name(&name).ok().flatten().expect("the new group").gid.as_raw(), name };
+        let status = Command::new("gpasswd").args(["-a", TEST_USER, &group.name]).stdout(Stdio::null()).status().expect("running gpasswd");
+        assert!(status.success(), "adding {TEST_USER} to {} failed", group.name);
+        group
+    }
+}
+
+impl Drop for TempGroup {
+    fn drop(&mut self) {
+        let _ = Command::new("groupdel").arg(&self.name).status();
+    }
+}
+
+/// The non-root developer's workspace below their own home: the agent's
+/// persistent home (from the Domain Root) is bound at /home/<name> and the
+/// workspace below it; both work, and inside the developer has a name, a
+/// group, their supplementary groups and their home.
+#[test]
+fn workspace_below_the_developers_home() {
+    let (uid, gid) = test_user();
+    let user = nix::unistd::User::from_name(TEST_USER).ok().flatten().expect("test user");
+    let host_home = user.dir.clone();
+    assert!(host_home.is_dir(), "{TEST_USER}'s home {} is missing (useradd --create-home)", host_home.display());
+    let group_name = nix::unistd::Group::from_gid(gid.into()).ok().flatten().expect("the test user's group").name;
+    let extra = TempGroup::with_test_user();
+
+    let mut env = TestEnv::below(&host_home, "src/project", "");
+    env.env.push(("SUDO_UID".into(), uid.to_string()));
+    env.env.push(("SUDO_GID".into(), gid.to_string()));
+    chown_tree(&env.workspace, uid, gid);
+    // A host file next to the workspace: inside, the home is the Domain's.
+    fs::write(env.scratch.join("host-only"), "host").expect("host file");
+    let ws = env.workspace.display().to_string();
+    let scratch = env.scratch.display().to_string();
+    let script = format!(
+        "{IDENTITY}; echo written=$(echo inside > {ws}/inside.txt && echo yes); echo readme=$(cat {ws}/README); \
+         echo host-only=$(test -e {scratch}/host-only && echo visible || echo hidden); \
+         echo home-writable=$(touch ~/.lazaret-e2e && echo yes)"
+    );
+    let out = ok(&sh(&env, &script));
+    println!("inside, as the developer:\n{out}");
+    let agent_home = format!("/home/{TEST_USER}");
+    assert_eq!(field(&out, "whoami"), TEST_USER, "{out}");
+    assert_eq!(field(&out, "id-un"), TEST_USER);
+    assert_eq!(field(&out, "id-gn"), group_name);
+    assert_eq!(field(&out, "tilde"), agent_home);
+    assert_eq!(field(&out, "logname"), TEST_USER);
+    assert_eq!(field(&out, "user"), TEST_USER);
+    let groups: Vec<&str> = field(&out, "id-Gn").split_whitespace().collect();
+    assert_eq!(groups, [group_name.as_str(), extra.name.as_str()], "supplementary groups inside");
+    let shell = "/bin/bash"; // the test image (Debian minbase) has bash
+    assert_eq!(field(&out, "getent"), format!("{TEST_USER}:x:{uid}:{gid}::{agent_home}:{shell}"));
+    assert_eq!(field(&out, "pwd"), ws);
+    assert_eq!(field(&out, "written"), "yes");
+    assert_eq!(field(&out, "readme"), "test workspace");
+    assert_eq!(field(&out, "host-only"), "hidden", "the host's home is visible inside");
+    assert_eq!(field(&out, "home-writable"), "yes");
+    let inside = env.workspace.join("inside.txt");
+    assert_eq!(fs::read_to_string(&inside).expect("inside.txt on the host"), "inside\n");
+    let meta = fs::metadata(&inside).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "owner of a file the agent wrote");
+    assert!(!host_home.join(".lazaret-e2e").exists(), "the agent wrote into the host's home");
+    // The extra group is in the bundle's additionalGids (not only in the
+    // group file): `id -G` shows the process's own groups.
+    let out = ok(&sh(&env, "id -G"));
+    let gids: Vec<u32> = out.split_whitespace().filter_map(|g| g.parse().ok()).collect();
+    assert_eq!(gids, [gid, extra.gid]);
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// A root developer's workspace below /root, with /root a State Anchor
+/// overlay: the anchor is mounted before the workspace below it; root is
+/// root inside, and the image's password files are left alone.
+#[test]
+fn workspace_below_root_for_a_root_developer() {
+    let env = TestEnv::below(Path::new("/root"), "src/project", "user = \"root\"\npersistent_dirs = [\"/root\"]\n");
+    fs::write(env.scratch.join("host-only"), "host").expect("host file");
+    let ws = env.workspace.display().to_string();
+    let scratch = env.scratch.display().to_string();
+    let script = format!(
+        "{IDENTITY}; echo written=$(echo inside > {ws}/inside.txt && echo yes); \
+         echo host-only=$(test -e {scratch}/host-only && echo visible || echo hidden); \
+         echo roots=$(awk -F: '$3 == 0' /etc/passwd | wc -l); echo anchored=$(echo kept > /root/anchored && echo yes)"
+    );
+    let out = ok(&sh(&env, &script));
+    println!("inside, as root:\n{out}");
+    for key in ["whoami", "id-un", "id-gn", "logname", "user"] {
+        assert_eq!(field(&out, key), "root", "{key}: {out}");
+    }
+    assert_eq!(field(&out, "tilde"), "/root");
+    assert_eq!(field(&out, "getent"), "root:x:0:0:root:/root:/bin/bash", "the image's own root entry");
+    assert_eq!(field(&out, "roots"), "1");
+    assert_eq!(field(&out, "pwd"), ws);
+    assert_eq!(field(&out, "written"), "yes");
+    assert_eq!(field(&out, "host-only"), "hidden", "the host's /root is visible inside");
+    assert_eq!(field(&out, "anchored"), "yes");
+    assert_eq!(fs::read_to_string(env.workspace.join("inside.txt")).expect("inside.txt on the host"), "inside\n");
+    assert!(!Path::new("/root/anchored").exists(), "the anchor wrote into the host's /root");
+    // The State Anchor kept /root/anchored for the next run; the workspace
+    // is still mounted over it.
+    let out = ok(&sh(&env, &format!("cat /root/anchored; cat {ws}/README")));
+    assert_eq!(out, "kept\ntest workspace\n");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// A workspace below a volume's sandbox path: the volume is mounted first
+/// and the workspace (with its Git Sentry binds) on top of it.
+#[test]
+fn workspace_below_a_volumes_sandbox_path() {
+    let env = TestEnv::below(Path::new("/tmp"), "outer/ws", "user = \"root\"\n");
+    let volume = env.scratch.join("vol");
+    let outer: PathBuf = env.scratch.join("outer");
+    fs::create_dir(&volume).expect("volume dir");
+    fs::write(volume.join("from-volume"), "volume\n").expect("volume file");
+    fs::write(outer.join("host-only"), "host").expect("host file");
+    env.write_config(&format!("user = \"root\"\nvolumes = [\"{}:{}\"]\n", volume.display(), outer.display()));
+    let (ws, outer_s) = (env.workspace.display().to_string(), outer.display().to_string());
+    let script = format!(
+        "echo readme=$(cat {ws}/README); echo volume=$(cat {outer_s}/from-volume); \
+         echo host-only=$(test -e {outer_s}/host-only && echo visible || echo hidden); \
+         echo ws-write=$(echo inside > {ws}/inside.txt && echo yes); echo vol-write=$(echo new > {outer_s}/new && echo yes); \
+         echo hook=$(echo x 2>/dev/null > {ws}/.git/hooks/pre-commit && echo writable || echo read-only); \
+         echo status=$(git -C {ws} status --short | tr '\\n' ' ')"
+    );
+    let out = ok(&sh(&env, &script));
+    assert_eq!(field(&out, "readme"), "test workspace", "{out}");
+    assert_eq!(field(&out, "volume"), "volume");
+    assert_eq!(field(&out, "host-only"), "hidden", "the volume does not cover its sandbox path");
+    assert_eq!(field(&out, "ws-write"), "yes");
+    assert_eq!(field(&out, "vol-write"), "yes");
+    assert_eq!(field(&out, "hook"), "read-only", "Git Sentry under a volume");
+    assert_eq!(field(&out, "status").trim(), "?? inside.txt");
+    assert_eq!(fs::read_to_string(env.workspace.join("inside.txt")).expect("workspace write on the host"), "inside\n");
+    assert_eq!(fs::read_to_string(volume.join("new")).expect("volume write on the host"), "new\n");
+    assert!(!outer.join("new").exists(), "a volume write reached the host's path below the volume");
+    assert!(!env.workspace.join(".git/hooks/pre-commit").exists(), "a hook was written");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// When `runsc create` fails, the developer sees runsc's own message (issue
+/// 14 showed "see runsc's messages above" with nothing above: by then
+/// runsc's stderr is the coordinator's log). A file bound over a directory
+/// of the image makes runsc fail deterministically.
+#[test]
+fn a_failing_runsc_create_shows_runscs_message() {
+    let env = TestEnv::new();
+    let file = env.scratch.join("a-file");
+    fs::write(&file, "not a directory\n").expect("volume file");
+    env.write_config(&format!("user = \"root\"\nvolumes = [\"{}:/usr/share\"]\n", file.display()));
+    let out = sh(&env, "true");
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "stderr: {stderr}");
+    let error = stderr.lines().find(|l| l.starts_with("lazaret: error:")).unwrap_or_else(|| panic!("no error line in {stderr}"));
+    assert!(error.contains("runsc create"), "{error}");
+    assert!(!error.contains("above"), "{error}");
+    // runsc's message names the mount it could not make.
+    assert!(error.contains(&*file.to_string_lossy()) && error.contains("/usr/share"), "runsc's message is missing: {error}");
+    env.assert_nothing_left();
+}
