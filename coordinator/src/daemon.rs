@@ -467,7 +467,7 @@ fn start_up(
     let runsc = Runsc::new(RunscOptions {
         path: ctx.config.runsc.path.clone(),
         state_root: domain_dir.join("runsc"),
-        platform: ctx.runsc_platform(),
+        platform: ctx.config.runsc.platform,
         network: NetworkMode::Sandbox,
         debug_log_dir: ctx.config.runsc.debug_log_dir.clone(),
         // The Storage Root is root-only (checked when the image store opened).
