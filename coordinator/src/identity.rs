@@ -208,7 +208,7 @@ impl Workspace {
                 DotGit::Invalid(DotGitProblem::NotGitdirFile | DotGitProblem::NotFileOrDirectory) => {
                     return Err(IdentityError::BadGitMarker {
                         path: marker_path,
-                        problem: "it does not start with `gitdir:`".to_string(),
+                        problem: "it does not start with `gitdir:` followed by a path".to_string(),
                         hint: "remove the stray .git entry or run lazaret from a proper checkout"
                             .to_string(),
                     });
@@ -697,6 +697,25 @@ mod tests {
         // A short file is read safely.
         std::fs::write(root.join("repo/bogus/.git"), "gi").unwrap();
         assert!(Workspace::discover(&root.join("repo/bogus")).is_err());
+        // `gitdir:` without a path is as unusable here as when the git
+        // directories are located (the same reader decides both).
+        std::fs::write(root.join("repo/bogus/.git"), "gitdir: \n").unwrap();
+        let error = Workspace::discover(&root.join("repo/bogus")).unwrap_err();
+        assert!(
+            error.to_string().contains("does not start with `gitdir:` followed by a path"),
+            "{error}"
+        );
+        // A fifo is refused without blocking.
+        std::fs::remove_file(root.join("repo/bogus/.git")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("repo/bogus/.git"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(matches!(
+            Workspace::discover(&root.join("repo/bogus")),
+            Err(IdentityError::BadGitMarker { .. })
+        ));
     }
 
     #[test]

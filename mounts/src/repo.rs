@@ -278,3 +278,38 @@ pub fn read_repo_config(workspace: BorrowedFd<'_>, repo: &RepoLocation) -> Resul
     }
     Ok(config)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_dot_git_classifies_without_following_anything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let fd = safe_path::open_root_dir(root).expect("open");
+        let read = |worktree: &str| read_dot_git(fd.as_fd(), Path::new(worktree)).expect("read");
+        for (name, make) in [
+            ("dir", (|p: &Path| std::fs::create_dir(p)) as fn(&Path) -> std::io::Result<()>),
+            ("file", |p| std::fs::write(p, "gitdir: ../x/.git/worktrees/a\nrest\n")),
+            ("empty-target", |p| std::fs::write(p, "gitdir:  \n")),
+            ("stray", |p| std::fs::write(p, "not a gitdir")),
+            ("link", |p| std::os::unix::fs::symlink("/", p)),
+            ("fifo", |p| nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(Into::into)),
+        ] {
+            std::fs::create_dir(root.join(name)).expect("mkdir");
+            make(&root.join(name).join(".git")).expect("make .git");
+        }
+        std::fs::create_dir(root.join("none")).expect("mkdir");
+        assert!(matches!(read("dir"), DotGit::Directory(_)));
+        assert!(matches!(read("file"), DotGit::GitdirFile(t) if t == "../x/.git/worktrees/a"));
+        assert!(matches!(read("empty-target"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        assert!(matches!(read("stray"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        assert!(matches!(read("link"), DotGit::Invalid(DotGitProblem::Symlink)));
+        assert!(matches!(read("fifo"), DotGit::Invalid(DotGitProblem::NotFileOrDirectory)));
+        assert!(matches!(read("none"), DotGit::Missing));
+        // The work tree itself is resolved beneath `dir` too.
+        std::os::unix::fs::symlink(root.join("dir"), root.join("via-link")).expect("symlink");
+        assert!(read_dot_git(fd.as_fd(), Path::new("via-link")).is_err());
+    }
+}
