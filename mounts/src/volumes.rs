@@ -94,7 +94,7 @@ pub enum VolumeError {
         host: String,
     },
     /// A host or sandbox path that is not an acceptable absolute path.
-    #[error("volume {spec:?}: {} path {path:?}: {}", side.name(), problem.describe())]
+    #[error("volume {spec:?}: {} path {path:?} {}", side.name(), problem.describe())]
     Path {
         /// The entry as written.
         spec: String,
@@ -332,6 +332,7 @@ mod tests {
             error("rel:/x"),
             VolumeError::Path { spec: "rel:/x".into(), side: Side::Host, from_home: false, path: "rel".into(), problem: PathProblem::Relative }
         );
+        assert_eq!(error("rel:/x").to_string(), "volume \"rel:/x\": host path \"rel\" is a relative path");
         assert!(matches!(error("/:/x"), VolumeError::Path { side: Side::Host, problem: PathProblem::Root, .. }));
         assert!(matches!(error("~/a:/"), VolumeError::Path { side: Side::Sandbox, from_home: true, problem: PathProblem::Root, .. }));
         assert!(matches!(error("/a:"), VolumeError::Path { side: Side::Sandbox, problem: PathProblem::Empty, .. }));
