@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 
 use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
 use lazaret_oci::{ImageRecord, ImageStore};
-use lazaret_runtime::Platform;
 
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
 use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
@@ -120,15 +119,6 @@ impl Context {
         let dir = self.paths.domain_runtime_dir(&self.domain_id);
         identity::ensure_private_dir(&dir, 0, 0)?;
         Ok(dir)
-    }
-
-    /// The gVisor platform from the configuration.
-    pub fn runsc_platform(&self) -> Platform {
-        match self.config.runsc.platform {
-            config::Platform::Systrap => Platform::Systrap,
-            config::Platform::Ptrace => Platform::Ptrace,
-            config::Platform::Kvm => Platform::Kvm,
-        }
     }
 
     /// The uid and gid the agent runs as.

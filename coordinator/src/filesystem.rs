@@ -39,10 +39,6 @@ fn make_dir(path: PathBuf) -> Result<PathBuf, FilesystemError> {
     }
 }
 
-fn oci_bind(b: &plan::BindMount) -> BindMount {
-    BindMount { source: b.source.clone(), destination: b.destination.clone(), readonly: b.readonly }
-}
-
 /// Mounts what the sandbox needs on the host side and returns the binds for
 /// the bundle, in order: State Anchor overlays (parents first), then
 /// `base` (the workspace and volumes, from [`Context::bundle_spec`]) with
@@ -83,7 +79,7 @@ pub fn assemble(
         .profile
         .volumes
         .iter()
-        .map(|v| volumes::Volume { host: std::fs::canonicalize(&v.host).unwrap_or_else(|_| v.host.clone()), sandbox: v.sandbox.clone(), readonly: v.readonly })
+        .map(|v| volumes::Volume { host: std::fs::canonicalize(&v.host).unwrap_or_else(|_| v.host.clone()), ..v.value.clone() })
         .collect();
     let protected = [ctx.config.storage_root.clone(), ctx.paths.runtime_dir.clone()];
     volumes::validate_volumes(&vols, &ctx.config.file, &sentry_host, &sentry_sandbox, &protected)?;
@@ -91,12 +87,12 @@ pub fn assemble(
     let assembled = plan::assemble(&workspace_plan, &staging)?;
     mounted.extend(assembled.staged.iter().cloned());
 
-    let mut binds: Vec<BindMount> = anchor_binds.iter().map(oci_bind).collect();
+    let mut binds: Vec<BindMount> = anchor_binds;
     for b in base {
         let is_workspace = b.destination == workspace;
         binds.push(b);
         if is_workspace {
-            binds.extend(assembled.binds.iter().map(oci_bind));
+            binds.extend(assembled.binds.iter().cloned());
         }
     }
     Ok(binds)

@@ -16,11 +16,14 @@
 
 use std::ffi::OsString;
 use std::fmt;
-use std::fs::{DirBuilder, OpenOptions, Permissions};
-use std::io::Read;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::{DirBuilder, Permissions};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
+use lazaret_mounts::MountError;
+use lazaret_mounts::repo::{self, DotGit, DotGitProblem};
+use lazaret_mounts::safe_path;
 use sha2::{Digest, Sha256};
 
 /// Problems establishing who the developer is, where the workspace is, or
@@ -221,41 +224,38 @@ pub struct Workspace {
 
 impl Workspace {
     /// Canonicalises `start` (resolving symlinks) and walks up to the first
-    /// directory containing `.git`. Does not run `git`. A `.git` that is a
-    /// symlink, or a file not starting with `gitdir:`, is refused rather than
-    /// skipped, so a planted marker cannot silently widen the workspace.
+    /// directory containing `.git`. Does not run `git`. Each `.git` is read
+    /// by `lazaret_mounts::repo::read_dot_git` (fd-relative, never following
+    /// a symlink), the same reader that later locates the git directories to
+    /// protect. A `.git` that is a symlink, or a file not starting with
+    /// `gitdir: PATH`, is refused rather than skipped, so a planted marker
+    /// cannot silently widen the workspace.
     pub fn discover(start: &Path) -> Result<Workspace, IdentityError> {
         let canonical = std::fs::canonicalize(start).map_err(io_error(start))?;
         for directory in canonical.ancestors() {
             let marker_path = directory.join(".git");
-            let metadata = match std::fs::symlink_metadata(&marker_path) {
-                Ok(metadata) => metadata,
-                Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(source) => {
-                    return Err(IdentityError::Io {
+            let dot_git = safe_path::open_root_dir(directory)
+                .and_then(|dir| repo::read_dot_git(dir.as_fd(), Path::new("")))
+                .map_err(|error| marker_error(&marker_path, error))?;
+            let marker = match dot_git {
+                DotGit::Missing => continue,
+                DotGit::Directory(_) => GitMarker::Directory,
+                DotGit::GitdirFile(_) => GitMarker::GitdirFile,
+                DotGit::Invalid(DotGitProblem::Symlink) => {
+                    return Err(IdentityError::BadGitMarker {
                         path: marker_path,
-                        source,
+                        problem: "it is a symlink".to_string(),
+                        hint: "Lazaret does not follow symlinks in a workspace; replace the symlink with a `gitdir: PATH` file".to_string(),
                     });
                 }
-            };
-            let file_type = metadata.file_type();
-            let marker = if file_type.is_dir() {
-                GitMarker::Directory
-            } else if file_type.is_symlink() {
-                return Err(IdentityError::BadGitMarker {
-                    path: marker_path,
-                    problem: "it is a symlink".to_string(),
-                    hint: "Lazaret does not follow symlinks in a workspace; replace the symlink with a `gitdir: PATH` file".to_string(),
-                });
-            } else if file_type.is_file() && starts_with_gitdir(&marker_path)? {
-                GitMarker::GitdirFile
-            } else {
-                return Err(IdentityError::BadGitMarker {
-                    path: marker_path,
-                    problem: "it does not start with `gitdir:`".to_string(),
-                    hint: "remove the stray .git entry or run lazaret from a proper checkout"
-                        .to_string(),
-                });
+                DotGit::Invalid(DotGitProblem::NotGitdirFile | DotGitProblem::NotFileOrDirectory) => {
+                    return Err(IdentityError::BadGitMarker {
+                        path: marker_path,
+                        problem: "it does not start with `gitdir:` followed by a path".to_string(),
+                        hint: "remove the stray .git entry or run lazaret from a proper checkout"
+                            .to_string(),
+                    });
+                }
             };
             let subdir = canonical
                 .strip_prefix(directory)
@@ -287,22 +287,24 @@ impl Workspace {
     }
 }
 
-fn starts_with_gitdir(path: &Path) -> Result<bool, IdentityError> {
-    let mut file = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io_error(path))?;
-    let mut head = [0u8; 7];
-    let mut filled = 0;
-    while filled < head.len() {
-        let read = file.read(&mut head[filled..]).map_err(io_error(path))?;
-        if read == 0 {
-            break;
-        }
-        filled += read;
+/// A `.git` entry that could not be read: system errors stay I/O errors of
+/// that path; a refusal (e.g. an oversized `.git` file) is a bad marker.
+fn marker_error(marker_path: &Path, error: MountError) -> IdentityError {
+    match error {
+        MountError::Syscall { errno, .. } => IdentityError::Io {
+            path: marker_path.to_path_buf(),
+            source: std::io::Error::from(errno),
+        },
+        MountError::Io { source, .. } => IdentityError::Io {
+            path: marker_path.to_path_buf(),
+            source,
+        },
+        other => IdentityError::BadGitMarker {
+            path: marker_path.to_path_buf(),
+            problem: other.to_string(),
+            hint: "remove the stray .git entry or run lazaret from a proper checkout".to_string(),
+        },
     }
-    Ok(&head[..filled] == b"gitdir:")
 }
 
 /// Stable identifier of a Domain: 32 lowercase hex digits of
@@ -772,6 +774,25 @@ mod tests {
         // A short file is read safely.
         std::fs::write(root.join("repo/bogus/.git"), "gi").unwrap();
         assert!(Workspace::discover(&root.join("repo/bogus")).is_err());
+        // `gitdir:` without a path is as unusable here as when the git
+        // directories are located (the same reader decides both).
+        std::fs::write(root.join("repo/bogus/.git"), "gitdir: \n").unwrap();
+        let error = Workspace::discover(&root.join("repo/bogus")).unwrap_err();
+        assert!(
+            error.to_string().contains("does not start with `gitdir:` followed by a path"),
+            "{error}"
+        );
+        // A fifo is refused without blocking.
+        std::fs::remove_file(root.join("repo/bogus/.git")).unwrap();
+        nix::unistd::mkfifo(
+            &root.join("repo/bogus/.git"),
+            nix::sys::stat::Mode::from_bits_truncate(0o600),
+        )
+        .unwrap();
+        assert!(matches!(
+            Workspace::discover(&root.join("repo/bogus")),
+            Err(IdentityError::BadGitMarker { .. })
+        ));
     }
 
     #[test]

@@ -8,9 +8,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use lazaret_netpolicy::topology::{self, DomainNetwork, Netns, SidecarId, TopologyConfig, TopologyError};
-use lazaret_netpolicy::{CompiledPolicy, PolicyError, PolicyInput, Prefix};
+use lazaret_netpolicy::{CompiledPolicy, PolicyError, PolicyInput};
 
-use crate::config::{Config, IpPrefix, Profile};
+use crate::config::{Config, Profile};
 
 /// Errors from the network layer, with the fix where there is one.
 #[derive(Debug, thiserror::Error)]
@@ -42,12 +42,6 @@ pub enum NetworkError {
         /// The error.
         source: std::io::Error,
     },
-}
-
-fn to_prefix(p: &IpPrefix) -> (Prefix, String) {
-    // Both types hold a validated network address and length; the config
-    // parser has already refused host bits, so truncating changes nothing.
-    (Prefix::truncating(p.network(), p.length()), p.origin.clone())
 }
 
 /// A topology error, with policy problems attributed to `profile`.
@@ -86,8 +80,8 @@ pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, N
         configured.to_vec()
     };
     Ok(PolicyInput {
-        allow: profile.allow_egress.iter().map(to_prefix).collect(),
-        deny: profile.deny_egress.iter().map(to_prefix).collect(),
+        allow: profile.allow_egress.iter().map(|p| (p.value, p.origin.clone())).collect(),
+        deny: profile.deny_egress.iter().map(|p| (p.value, p.origin.clone())).collect(),
         dns,
         ipv6,
         ..PolicyInput::default()
@@ -101,10 +95,10 @@ pub fn topology_config(config: &Config, host: &Netns) -> Result<TopologyConfig, 
     std::fs::create_dir_all(&dir).map_err(|source| NetworkError::Record { path: dir.clone(), source })?;
     let mut topology = TopologyConfig::new(dir.join(format!("forwarding-{}.json", host.inode()?)));
     if let Some(pool) = &config.network.pool {
-        topology.pool = to_prefix(pool).0;
+        topology.pool = pool.value;
     }
     if let Some(pool6) = &config.network.pool6 {
-        topology.pool6 = to_prefix(pool6).0;
+        topology.pool6 = pool6.value;
     }
     Ok(topology)
 }

@@ -87,7 +87,7 @@ fn full_fixture_parses_into_typed_values() {
         .map(ToString::to_string)
         .collect();
     assert_eq!(allow, vec!["10.222.0.0/16", "fd00:1::/64"]);
-    assert_eq!(claude.allow_egress[0].length(), 16);
+    assert_eq!(claude.allow_egress[0].prefix_len(), 16);
     assert_eq!(claude.allow_egress[0].network(), ip("10.222.0.0"));
     assert!(
         claude.allow_egress[0].origin.ends_with("full.toml:28:17"),

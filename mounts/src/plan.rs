@@ -14,17 +14,10 @@ use crate::repo::{self, GitDirPath};
 use crate::safe_path::{self, FileKind};
 use crate::sys;
 
-/// One bind mount for the OCI spec.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindMount {
-    /// Host path, valid in the coordinator's private mount namespace (and so
-    /// for runsc started from it). Never a `/proc/self/fd` path.
-    pub source: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub destination: PathBuf,
-    /// Mount read-only (`ro` option).
-    pub readonly: bool,
-}
+/// One bind mount for the OCI spec (the one type shared with `lazaret_oci`,
+/// defined in `lazaret_protocol::mount`). Sources made here are valid in the
+/// coordinator's private mount namespace (and so for runsc started from it).
+pub use lazaret_protocol::mount::BindMount;
 
 /// Options for [`plan_workspace`].
 #[derive(Debug, Clone)]

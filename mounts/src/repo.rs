@@ -105,6 +105,58 @@ pub(crate) fn normalize(path: &Path) -> Option<PathBuf> {
     Some(out)
 }
 
+/// What a work tree's `.git` entry is, read by [`read_dot_git`].
+#[derive(Debug)]
+pub enum DotGit {
+    /// There is no `.git` entry.
+    Missing,
+    /// A real directory (an ordinary repository's git dir), opened `O_PATH`.
+    Directory(OwnedFd),
+    /// A regular file whose first line is `gitdir: TARGET` (linked worktree
+    /// or submodule); TARGET as written, trimmed, not yet resolved or
+    /// validated (that is [`locate`]'s job).
+    GitdirFile(String),
+    /// An entry no caller may use.
+    Invalid(DotGitProblem),
+}
+
+/// Why a `.git` entry is unusable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DotGitProblem {
+    /// A symlink (never followed: the git dir it reaches could not be
+    /// protected).
+    Symlink,
+    /// A regular file whose first line is not `gitdir: PATH`.
+    NotGitdirFile,
+    /// Neither a directory, a regular file nor a symlink (fifo, socket,
+    /// device).
+    NotFileOrDirectory,
+}
+
+/// Reads the `.git` entry of `worktree` (relative to `dir`) fd-relatively,
+/// without following symlinks anywhere: the one place that decides what a
+/// `.git` directory or `gitdir:` file is. Callers word the refusal of
+/// [`DotGit::Invalid`] for their audience.
+pub fn read_dot_git(dir: BorrowedFd<'_>, worktree: &Path) -> Result<DotGit, MountError> {
+    let dot_git = worktree.join(".git");
+    let Some(fd) = safe_path::open_path_beneath(dir, &dot_git)? else {
+        return Ok(DotGit::Missing);
+    };
+    Ok(match safe_path::file_kind(fd.as_fd())? {
+        FileKind::Directory => DotGit::Directory(fd),
+        FileKind::Symlink => DotGit::Invalid(DotGitProblem::Symlink),
+        FileKind::Regular => {
+            let contents = safe_path::read_beneath(dir, &dot_git, SMALL_FILE_LIMIT)?.unwrap_or_default();
+            let text = String::from_utf8_lossy(&contents);
+            match text.lines().next().and_then(|l| l.strip_prefix("gitdir:")).map(str::trim) {
+                Some(target) if !target.is_empty() => DotGit::GitdirFile(target.to_string()),
+                _ => DotGit::Invalid(DotGitProblem::NotGitdirFile),
+            }
+        }
+        FileKind::Other => DotGit::Invalid(DotGitProblem::NotFileOrDirectory),
+    })
+}
+
 /// Finds the repository whose work tree is `worktree` (relative to the
 /// workspace), if `worktree/.git` exists. `workspace_abs` is the canonical
 /// absolute workspace path (to interpret absolute `gitdir:` values).
@@ -114,11 +166,9 @@ pub fn locate(
     worktree: &Path,
 ) -> Result<Option<RepoLocation>, MountError> {
     let dot_git = worktree.join(".git");
-    let Some(fd) = safe_path::open_path_beneath(workspace, &dot_git)? else {
-        return Ok(None);
-    };
-    match safe_path::file_kind(fd.as_fd())? {
-        FileKind::Directory => {
+    match read_dot_git(workspace, worktree)? {
+        DotGit::Missing => Ok(None),
+        DotGit::Directory(fd) => {
             // git honours `$GIT_DIR/commondir` in any git dir; in a main
             // repository's `.git` it can only have been planted, and would
             // redirect git (config, hooks) to an unprotected place.
@@ -131,21 +181,8 @@ pub fn locate(
             let git_dir = GitDirPath::Inside(dot_git);
             Ok(Some(RepoLocation { worktree: worktree.to_owned(), common_dir: git_dir.clone(), git_dir, dot_git_is_file: false }))
         }
-        FileKind::Symlink => Err(MountError::refused(
-            &dot_git,
-            "the .git entry is a symlink; Lazaret cannot protect a git directory reached through a symlink (replace it with the real directory or a `gitdir:` file)",
-        )),
-        FileKind::Regular => {
-            let contents = safe_path::read_beneath(workspace, &dot_git, SMALL_FILE_LIMIT)?.unwrap_or_default();
-            let text = String::from_utf8_lossy(&contents);
-            let target = text
-                .lines()
-                .next()
-                .and_then(|l| l.strip_prefix("gitdir:"))
-                .map(str::trim)
-                .filter(|t| !t.is_empty())
-                .ok_or_else(|| MountError::refused(&dot_git, "a .git file must start with `gitdir: PATH`"))?;
-            let git_dir = resolve_gitdir_pointer(workspace_abs, worktree, Path::new(target))
+        DotGit::GitdirFile(target) => {
+            let git_dir = resolve_gitdir_pointer(workspace_abs, worktree, Path::new(&target))
                 .ok_or_else(|| MountError::refused(&dot_git, format!("cannot resolve gitdir {target:?}")))?;
             if let GitDirPath::Outside(abs) = &git_dir {
                 validate_linked_worktree(abs, &workspace_abs.join(&dot_git))?;
@@ -153,7 +190,16 @@ pub fn locate(
             let common_dir = common_dir_of(workspace, &git_dir)?;
             Ok(Some(RepoLocation { worktree: worktree.to_owned(), git_dir, common_dir, dot_git_is_file: true }))
         }
-        FileKind::Other => Err(MountError::refused(&dot_git, "the .git entry is neither a directory nor a file")),
+        DotGit::Invalid(DotGitProblem::Symlink) => Err(MountError::refused(
+            &dot_git,
+            "the .git entry is a symlink; Lazaret cannot protect a git directory reached through a symlink (replace it with the real directory or a `gitdir:` file)",
+        )),
+        DotGit::Invalid(DotGitProblem::NotGitdirFile) => {
+            Err(MountError::refused(&dot_git, "a .git file must start with `gitdir: PATH`"))
+        }
+        DotGit::Invalid(DotGitProblem::NotFileOrDirectory) => {
+            Err(MountError::refused(&dot_git, "the .git entry is neither a directory nor a file"))
+        }
     }
 }
 
@@ -231,4 +277,39 @@ pub fn read_repo_config(workspace: BorrowedFd<'_>, repo: &RepoLocation) -> Resul
         }
     }
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn read_dot_git_classifies_without_following_anything() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let root = dir.path();
+        let fd = safe_path::open_root_dir(root).expect("open");
+        let read = |worktree: &str| read_dot_git(fd.as_fd(), Path::new(worktree)).expect("read");
+        for (name, make) in [
+            ("dir", (|p: &Path| std::fs::create_dir(p)) as fn(&Path) -> std::io::Result<()>),
+            ("file", |p| std::fs::write(p, "gitdir: ../x/.git/worktrees/a\nrest\n")),
+            ("empty-target", |p| std::fs::write(p, "gitdir:  \n")),
+            ("stray", |p| std::fs::write(p, "not a gitdir")),
+            ("link", |p| std::os::unix::fs::symlink("/", p)),
+            ("fifo", |p| nix::unistd::mkfifo(p, nix::sys::stat::Mode::from_bits_truncate(0o600)).map_err(Into::into)),
+        ] {
+            std::fs::create_dir(root.join(name)).expect("mkdir");
+            make(&root.join(name).join(".git")).expect("make .git");
+        }
+        std::fs::create_dir(root.join("none")).expect("mkdir");
+        assert!(matches!(read("dir"), DotGit::Directory(_)));
+        assert!(matches!(read("file"), DotGit::GitdirFile(t) if t == "../x/.git/worktrees/a"));
+        assert!(matches!(read("empty-target"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        assert!(matches!(read("stray"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        assert!(matches!(read("link"), DotGit::Invalid(DotGitProblem::Symlink)));
+        assert!(matches!(read("fifo"), DotGit::Invalid(DotGitProblem::NotFileOrDirectory)));
+        assert!(matches!(read("none"), DotGit::Missing));
+        // The work tree itself is resolved beneath `dir` too.
+        std::os::unix::fs::symlink(root.join("dir"), root.join("via-link")).expect("symlink");
+        assert!(read_dot_git(fd.as_fd(), Path::new("via-link")).is_err());
+    }
 }

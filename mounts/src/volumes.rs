@@ -9,6 +9,7 @@
 //! the bundle mounts parents before the mounts below them
 //! (`lazaret_oci::bundle`), so the Git Sentry binds still cover their paths.
 
+use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use crate::error::MountError;
@@ -16,64 +17,194 @@ use crate::git_sentry::SentryPlan;
 use crate::plan::WorkspacePlan;
 use crate::repo::GitDirPath;
 
-/// One parsed volume.
+/// One volume: a host directory or file bound into the sandbox.
+///
+/// The configuration's `volumes` entries are this type (parsed by
+/// [`Volume::parse`], with their location kept by the configuration).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Volume {
-    /// Canonical host path (symlinks of the trusted host config resolved).
+    /// Absolute, normalised host path (`~/` replaced by the home given to
+    /// [`Volume::parse`]); [`parse_volume`] also canonicalises it.
     pub host: PathBuf,
-    /// Absolute, normalised sandbox path.
+    /// Absolute, normalised sandbox path (never `/`).
     pub sandbox: PathBuf,
     /// `:ro` was given.
     pub readonly: bool,
+    /// The entry as written, e.g. `~/.claude:/root/.claude` (for messages).
+    pub written: String,
 }
 
-/// Parses `HOST:SANDBOX[:ro|:rw]`; `~` or `~/...` in HOST means `home`. The
-/// host path must exist (it is canonicalised).
-pub fn parse_volume(spec: &str, home: &Path) -> Result<Volume, MountError> {
-    let parts: Vec<&str> = spec.split(':').collect();
-    let (host, sandbox, readonly) = match parts.as_slice() {
-        [host, sandbox] => (*host, *sandbox, false),
-        [host, sandbox, "ro"] => (*host, *sandbox, true),
-        [host, sandbox, "rw"] => (*host, *sandbox, false),
-        _ => {
-            return Err(MountError::Config(format!(
-                "volume {spec:?} must be HOST:SANDBOX or HOST:SANDBOX:ro (paths containing ':' are not supported)"
-            )));
+/// `HOST:SANDBOX` or `HOST:SANDBOX:ro`, with the paths as parsed.
+impl fmt::Display for Volume {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.host.display(), self.sandbox.display())?;
+        if self.readonly {
+            f.write_str(":ro")?;
         }
-    };
-    let host = if host == "~" {
-        home.to_owned()
-    } else if let Some(rest) = host.strip_prefix("~/") {
-        home.join(rest)
-    } else {
-        PathBuf::from(host)
-    };
-    if !host.is_absolute() {
-        return Err(MountError::Config(format!("volume {spec:?}: host path must be absolute or start with ~/")));
+        Ok(())
     }
-    let host = std::fs::canonicalize(&host)
-        .map_err(|e| MountError::Config(format!("volume {spec:?}: host path {}: {e}", host.display())))?;
-    let sandbox = normalize_absolute(Path::new(sandbox))
-        .ok_or_else(|| MountError::Config(format!("volume {spec:?}: sandbox path must be absolute, without '..'")))?;
-    if sandbox == Path::new("/") {
-        return Err(MountError::Config(format!("volume {spec:?}: cannot mount over the sandbox root")));
-    }
-    Ok(Volume { host, sandbox, readonly })
 }
 
-fn normalize_absolute(path: &Path) -> Option<PathBuf> {
-    if !path.is_absolute() {
-        return None;
+/// Why a path is not an acceptable absolute path (see [`normalise_absolute`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathProblem {
+    /// The path is empty.
+    Empty,
+    /// The path does not start with `/`.
+    Relative,
+    /// The path contains `..` (refused rather than resolved).
+    DotDot,
+    /// The path is `/` itself.
+    Root,
+}
+
+/// Which side of a volume a path is on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Side {
+    /// The host path (before the first `:`).
+    Host,
+    /// The sandbox path (after the first `:`).
+    Sandbox,
+}
+
+/// Why a `HOST:SANDBOX[:ro|:rw]` entry was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VolumeError {
+    /// A third part other than `ro` or `rw`.
+    #[error("volume {spec:?} has unknown option {option:?}")]
+    UnknownOption {
+        /// The entry as written.
+        spec: String,
+        /// The option as written.
+        option: String,
+    },
+    /// Not two or three `:`-separated parts.
+    #[error("volume {spec:?} is not HOST:SANDBOX[:ro]")]
+    NotHostSandbox {
+        /// The entry as written.
+        spec: String,
+    },
+    /// A `~/...` host path with a `..` component.
+    #[error("volume host path {host:?} contains `..`")]
+    HomeDotDot {
+        /// The host part as written.
+        host: String,
+    },
+    /// `~user/...` (only the developer's own `~/` is supported).
+    #[error("volume host path {host:?}: only ~/ (the developer's home) is supported")]
+    OtherHome {
+        /// The host part as written.
+        host: String,
+    },
+    /// A host or sandbox path that is not an acceptable absolute path.
+    #[error("volume {spec:?}: {} path {path:?} {}", side.name(), problem.describe())]
+    Path {
+        /// The entry as written.
+        spec: String,
+        /// Which side the path is on.
+        side: Side,
+        /// True when the host path was written as `~` or `~/...`.
+        from_home: bool,
+        /// The path checked (for a `~/` host path, after joining the home).
+        path: String,
+        /// What is wrong with it.
+        problem: PathProblem,
+    },
+}
+
+impl Side {
+    fn name(self) -> &'static str {
+        match self {
+            Side::Host => "host",
+            Side::Sandbox => "sandbox",
+        }
+    }
+}
+
+impl PathProblem {
+    fn describe(self) -> &'static str {
+        match self {
+            PathProblem::Empty => "is empty",
+            PathProblem::Relative => "is a relative path",
+            PathProblem::DotDot => "contains `..`",
+            PathProblem::Root => "may not be `/`",
+        }
+    }
+}
+
+/// Absolute path with `.` and repeated `/` removed; `..` is refused rather
+/// than resolved (resolving it lexically can be wrong under symlinks), and so
+/// is `/` itself. No filesystem access.
+pub fn normalise_absolute(text: &str) -> Result<PathBuf, PathProblem> {
+    if text.is_empty() {
+        return Err(PathProblem::Empty);
+    }
+    if !text.starts_with('/') {
+        return Err(PathProblem::Relative);
     }
     let mut out = PathBuf::from("/");
-    for component in path.components() {
+    for component in Path::new(text).components() {
         match component {
             Component::RootDir | Component::CurDir => {}
-            Component::Normal(name) => out.push(name),
-            _ => return None,
+            Component::ParentDir => return Err(PathProblem::DotDot),
+            Component::Normal(part) => out.push(part),
+            Component::Prefix(_) => return Err(PathProblem::Relative),
         }
     }
-    Some(out)
+    if out == Path::new("/") {
+        return Err(PathProblem::Root);
+    }
+    Ok(out)
+}
+
+impl Volume {
+    /// Parses `HOST:SANDBOX[:ro|:rw]`; `~` or `~/...` in HOST means `home`.
+    /// Both paths must be absolute, without `..`, and not `/`. No filesystem
+    /// access: the host path need not exist yet.
+    pub fn parse(spec: &str, home: &Path) -> Result<Volume, VolumeError> {
+        let parts: Vec<&str> = spec.split(':').collect();
+        let (host, sandbox, readonly) = match parts.as_slice() {
+            [host, sandbox] => (*host, *sandbox, false),
+            [host, sandbox, "ro"] => (*host, *sandbox, true),
+            [host, sandbox, "rw"] => (*host, *sandbox, false),
+            [_, _, option] => {
+                return Err(VolumeError::UnknownOption { spec: spec.to_string(), option: option.to_string() });
+            }
+            _ => return Err(VolumeError::NotHostSandbox { spec: spec.to_string() }),
+        };
+        let path_error = |side, from_home, path: &str, problem| VolumeError::Path {
+            spec: spec.to_string(),
+            side,
+            from_home,
+            path: path.to_string(),
+            problem,
+        };
+        let host_path = if host == "~" || host.starts_with("~/") {
+            let rest = host.trim_start_matches('~').trim_start_matches('/');
+            if rest.split('/').any(|part| part == "..") {
+                return Err(VolumeError::HomeDotDot { host: host.to_string() });
+            }
+            let joined = home.join(rest).to_string_lossy().into_owned();
+            normalise_absolute(&joined).map_err(|problem| path_error(Side::Host, true, &joined, problem))?
+        } else if host.starts_with('~') {
+            return Err(VolumeError::OtherHome { host: host.to_string() });
+        } else {
+            normalise_absolute(host).map_err(|problem| path_error(Side::Host, false, host, problem))?
+        };
+        let from_home = host.starts_with('~');
+        let sandbox_path =
+            normalise_absolute(sandbox).map_err(|problem| path_error(Side::Sandbox, from_home, sandbox, problem))?;
+        Ok(Volume { host: host_path, sandbox: sandbox_path, readonly, written: spec.to_string() })
+    }
+}
+
+/// [`Volume::parse`], then canonicalises the host path, which must exist
+/// (symlinks of the trusted host configuration are resolved).
+pub fn parse_volume(spec: &str, home: &Path) -> Result<Volume, MountError> {
+    let mut volume = Volume::parse(spec, home).map_err(|e| MountError::Config(e.to_string()))?;
+    volume.host = std::fs::canonicalize(&volume.host)
+        .map_err(|e| MountError::Config(format!("volume {spec:?}: host path {}: {e}", volume.host.display())))?;
+    Ok(volume)
 }
 
 /// True if one path is the other or contains it (component-wise).
@@ -177,21 +308,48 @@ mod tests {
         let whole_home = parse_volume("~:/home/dev", home.path()).expect("parse");
         let err = validate_volumes(&[whole_home], &config, &sentry_host, &sentry_sandbox, &[]).expect_err("config");
         assert!(err.to_string().contains("ConfigurationConfinement"), "{err}");
-        let ws_parent = Volume { host: ws.clone(), sandbox: PathBuf::from("/w2"), readonly: true };
+        let ws_parent = Volume { host: ws.clone(), sandbox: PathBuf::from("/w2"), readonly: true, written: String::new() };
         assert!(validate_volumes(&[ws_parent], &config, &sentry_host, &sentry_sandbox, &[]).is_err());
         for inside in ["/workspace/.git/hooks", "/workspace/.git/hooks/pre-commit"] {
-            let shadow = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(inside), readonly: false };
+            let shadow = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(inside), readonly: false, written: String::new() };
             let err = validate_volumes(&[shadow], &config, &sentry_host, &sentry_sandbox, &[]).expect_err(inside);
             assert!(err.to_string().contains("overlaps the Git Sentry path"), "{err}");
         }
         // Above a Git Sentry path (here: containing the whole workspace) is
         // fine: the bundle mounts it before the Git Sentry binds.
         for above in ["/workspace/.git", "/workspace"] {
-            let parent = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(above), readonly: false };
+            let parent = Volume { host: home.path().join("cache"), sandbox: PathBuf::from(above), readonly: false, written: String::new() };
             validate_volumes(&[parent], &config, &sentry_host, &sentry_sandbox, &[]).expect(above);
         }
-        let storage = Volume { host: home.path().join("cache"), sandbox: PathBuf::from("/c"), readonly: false };
+        let storage = Volume { host: home.path().join("cache"), sandbox: PathBuf::from("/c"), readonly: false, written: String::new() };
         assert!(validate_volumes(&[storage], &config, &[], &[], &[home.path().join("cache/x")]).is_err());
         assert!(!overlaps(Path::new("/a/bc"), Path::new("/a/b")));
+    }
+
+    #[test]
+    fn parse_is_lexical_and_says_what_is_wrong() {
+        let home = Path::new("/home/dev");
+        let v = Volume::parse("~/.claude:/root/.claude", home).expect("parse");
+        assert_eq!(v.host, PathBuf::from("/home/dev/.claude"));
+        assert_eq!(v.written, "~/.claude:/root/.claude");
+        assert_eq!(v.to_string(), "/home/dev/.claude:/root/.claude");
+        let v = Volume::parse("/a/./b//c:/x:rw", home).expect("parse");
+        assert_eq!((v.host, v.readonly), (PathBuf::from("/a/b/c"), false));
+        assert_eq!(Volume::parse("~:/h:ro", home).expect("parse").to_string(), "/home/dev:/h:ro");
+        let error = |spec: &str| Volume::parse(spec, home).expect_err(spec);
+        assert_eq!(error("/a:/b:rx").to_string(), "volume \"/a:/b:rx\" has unknown option \"rx\"");
+        assert!(matches!(error("/a"), VolumeError::NotHostSandbox { .. }));
+        assert!(matches!(error("/a:/b:ro:x"), VolumeError::NotHostSandbox { .. }));
+        assert!(matches!(error("~/../etc:/e"), VolumeError::HomeDotDot { .. }));
+        assert!(matches!(error("~root/x:/e"), VolumeError::OtherHome { .. }));
+        assert_eq!(
+            error("rel:/x"),
+            VolumeError::Path { spec: "rel:/x".into(), side: Side::Host, from_home: false, path: "rel".into(), problem: PathProblem::Relative }
+        );
+        assert_eq!(error("rel:/x").to_string(), "volume \"rel:/x\": host path \"rel\" is a relative path");
+        assert!(matches!(error("/:/x"), VolumeError::Path { side: Side::Host, problem: PathProblem::Root, .. }));
+        assert!(matches!(error("~/a:/"), VolumeError::Path { side: Side::Sandbox, from_home: true, problem: PathProblem::Root, .. }));
+        assert!(matches!(error("/a:"), VolumeError::Path { side: Side::Sandbox, problem: PathProblem::Empty, .. }));
+        assert!(matches!(error("/a:/b/../c"), VolumeError::Path { side: Side::Sandbox, problem: PathProblem::DotDot, .. }));
     }
 }

@@ -80,16 +80,9 @@ pub struct BundleSpec {
     pub pids_limit: Option<i64>,
 }
 
-/// A bind mount from the host into the container.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct BindMount {
-    /// Host path (absolute).
-    pub source: PathBuf,
-    /// Path inside the container (absolute, not `/`, not under /proc, /sys, /dev).
-    pub destination: PathBuf,
-    /// Mount read-only.
-    pub readonly: bool,
-}
+/// A bind mount from the host into the container (the one type shared with
+/// `lazaret_mounts`, defined in `lazaret_protocol::mount`).
+pub use lazaret_protocol::mount::BindMount;
 
 /// Which capabilities the container process holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -13,13 +13,16 @@
 //!   fairness the specification assumes, liveness;
 //! - [`journal`]: the [`Machine`] a coordinator drives before each real
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
-//!   which checks a journal against the model.
+//!   which checks a journal against the model;
+//! - [`mount`]: vocabulary shared by crates that must not depend on each
+//!   other ([`mount::BindMount`], used by `mounts` and `oci`).
 
 #![forbid(unsafe_code)]
 
 pub mod checker;
 pub mod journal;
 pub mod model;
+pub mod mount;
 pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};

@@ -14,7 +14,12 @@ use std::process::{Command, Stdio};
 pub const MIN_RELEASE: u32 = 20240729;
 
 /// The gVisor platform (how the sandbox intercepts system calls).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+///
+/// Also the value of the configuration's `[runsc] platform` key: it
+/// serialises as its flag name (`"systrap"`, `"ptrace"`, `"kvm"`), which the
+/// Configuration Fingerprint hashes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Platform {
     /// seccomp-based interception; the default and the fastest without KVM.
     #[default]
@@ -33,6 +38,13 @@ impl Platform {
             Platform::Ptrace => "ptrace",
             Platform::Kvm => "kvm",
         }
+    }
+
+    /// The platform whose [`Platform::as_flag`] name is `name`, if any.
+    pub fn from_flag(name: &str) -> Option<Platform> {
+        [Platform::Systrap, Platform::Ptrace, Platform::Kvm]
+            .into_iter()
+            .find(|platform| platform.as_flag() == name)
     }
 }
 
@@ -694,6 +706,19 @@ pub fn kernel_major() -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn platform_names_round_trip_and_serialise_as_flags() {
+        for platform in [Platform::Systrap, Platform::Ptrace, Platform::Kvm] {
+            assert_eq!(Platform::from_flag(platform.as_flag()), Some(platform));
+            assert_eq!(
+                serde_json::to_string(&platform).expect("serialise"),
+                format!("\"{}\"", platform.as_flag())
+            );
+        }
+        assert_eq!(Platform::from_flag("firecracker"), None);
+        assert_eq!(Platform::from_flag("Systrap"), None);
+    }
 
     #[test]
     fn ps_tables_give_process_trees() {

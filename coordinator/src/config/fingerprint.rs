@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
-use super::{Config, ConfigError, EscalationSettings, IpPrefix, Profile, RunscSettings};
+use lazaret_netpolicy::Prefix;
+
+use super::{Config, ConfigError, EscalationSettings, Located, Profile, RunscSettings};
 
 /// Version tag hashed into every fingerprint; bump it when the canonical form
 /// changes meaning.
@@ -49,13 +51,13 @@ struct Canonical<'a> {
     command: &'a [String],
     isolate_gitignored: bool,
     persistent_dirs: Vec<&'a PathBuf>,
-    allow_egress: Vec<&'a IpPrefix>,
-    deny_egress: Vec<&'a IpPrefix>,
+    allow_egress: Vec<&'a Located<Prefix>>,
+    deny_egress: Vec<&'a Located<Prefix>>,
     ipv6: Option<bool>,
     /// Effective resolvers: the profile's, else the top-level list.
     dns: &'a [IpAddr],
     env: &'a std::collections::BTreeMap<String, super::EnvValue>,
-    volumes: &'a [super::Volume],
+    volumes: &'a [Located<super::Volume>],
     user: super::UserChoice,
     hostname: Option<&'a str>,
     memory_limit: Option<u64>,

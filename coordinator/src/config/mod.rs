@@ -18,6 +18,7 @@ mod confine;
 mod diag;
 mod discover;
 mod fingerprint;
+mod located;
 mod net;
 mod parse;
 
@@ -29,6 +30,7 @@ use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use lazaret_netpolicy::Prefix;
 use serde::{Serialize, Serializer};
 
 use crate::identity::Developer;
@@ -37,7 +39,11 @@ pub use confine::{ConfinementError, check_confinement};
 pub use diag::{ConfigError, Diagnostic};
 pub use discover::{ConfigPathSource, config_path, config_path_with_source};
 pub use fingerprint::Fingerprint;
-pub use net::{IpPrefix, PrefixError};
+pub use located::Located;
+/// One `volumes` entry (the mounts crate's type and parser).
+pub use lazaret_mounts::volumes::Volume;
+/// The gVisor platform of `[runsc] platform` (runsc's own type).
+pub use lazaret_runtime::Platform;
 
 /// Default Storage Root when the configuration does not set `storage_root`.
 pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/lazaret";
@@ -99,40 +105,17 @@ impl Default for RunscSettings {
     }
 }
 
-/// gVisor platform (`runsc --platform`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Platform {
-    /// Default: seccomp-trap based, works without virtualisation.
-    Systrap,
-    /// ptrace based; slowest to start, widely compatible.
-    Ptrace,
-    /// KVM based; needs /dev/kvm (hangs on nested-virtualisation VMs).
-    Kvm,
-}
-
-impl Platform {
-    /// The value passed to `runsc --platform`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Platform::Systrap => "systrap",
-            Platform::Ptrace => "ptrace",
-            Platform::Kvm => "kvm",
-        }
-    }
-}
-
 /// The `[network]` table: where Domains take their transit addresses from.
 /// `None` keeps Lazaret's default pool.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct NetworkSettings {
     /// IPv4 pool (/30 or shorter), default 100.96.0.0/16; each Domain takes a /30.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pool: Option<IpPrefix>,
+    pub pool: Option<Located<Prefix>>,
     /// IPv6 pool (/96 or shorter), default fd6c:617a:6172::/96; a Domain's
     /// IPv6 addresses are this prefix with its IPv4 addresses as the last 32 bits.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub pool6: Option<IpPrefix>,
+    pub pool6: Option<Located<Prefix>>,
 }
 
 /// The `[escalation]` table.
@@ -179,9 +162,9 @@ pub struct Profile {
     /// Sandbox paths kept in the State Anchor across restarts (default none).
     pub persistent_dirs: Vec<PathBuf>,
     /// Destination prefixes opened in addition to the defaults.
-    pub allow_egress: Vec<IpPrefix>,
+    pub allow_egress: Vec<Located<Prefix>>,
     /// Destination prefixes closed in addition to the defaults.
-    pub deny_egress: Vec<IpPrefix>,
+    pub deny_egress: Vec<Located<Prefix>>,
     /// IPv6 on or off; `None` leaves the choice to the network policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<bool>,
@@ -191,7 +174,7 @@ pub struct Profile {
     /// Environment variables of the agent.
     pub env: BTreeMap<String, EnvValue>,
     /// Extra host directories bound into the sandbox, in mount order.
-    pub volumes: Vec<Volume>,
+    pub volumes: Vec<Located<Volume>>,
     /// Which user the agent runs as.
     pub user: UserChoice,
     /// Sandbox hostname; `None` lets the launcher choose.
@@ -238,37 +221,6 @@ impl fmt::Display for EnvValue {
 }
 
 impl Serialize for EnvValue {
-    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-/// One `volumes` entry: a host directory or file bound into the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Volume {
-    /// Absolute host path (`~/` already replaced by the developer's home).
-    pub host: PathBuf,
-    /// Absolute path inside the sandbox.
-    pub sandbox: PathBuf,
-    /// Mounted read-only (`:ro`).
-    pub readonly: bool,
-    /// The entry as written, e.g. `~/.claude:/root/.claude`.
-    pub written: String,
-    /// Where the entry was written, `FILE:LINE:COLUMN`.
-    pub origin: String,
-}
-
-impl fmt::Display for Volume {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}:{}", self.host.display(), self.sandbox.display())?;
-        if self.readonly {
-            f.write_str(":ro")?;
-        }
-        Ok(())
-    }
-}
-
-impl Serialize for Volume {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }

@@ -4,15 +4,17 @@
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::ops::Range;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
+use lazaret_mounts::volumes::{PathProblem, Side, Volume, VolumeError, normalise_absolute};
+use lazaret_netpolicy::Prefix;
 use toml::Spanned;
 use toml::de::{DeArray, DeTable, DeValue};
 
 use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
 use super::{
     Config, DEFAULT_COMMAND, DEFAULT_STORAGE_ROOT, EnvValue, EscalationRule, EscalationSettings,
-    IpPrefix, NetworkSettings, Platform, Profile, RunscSettings, UserChoice, Volume,
+    Located, NetworkSettings, Platform, Profile, RunscSettings, UserChoice, net,
 };
 
 type Value<'i> = Spanned<DeValue<'i>>;
@@ -295,39 +297,12 @@ impl<'a> Walker<'a> {
         example: &str,
     ) -> Option<PathBuf> {
         match normalise_absolute(text) {
-            Err(PathProblem::Relative) => {
-                self.error(
-                    span,
-                    format!("`{key}`: {text:?} is a relative path"),
-                    format!("use an absolute path, e.g. {example}"),
-                );
-                None
-            }
-            Err(PathProblem::DotDot) => {
-                self.error(
-                    span,
-                    format!("`{key}`: {text:?} contains `..`"),
-                    format!("write the path without `..`, e.g. {example}"),
-                );
-                None
-            }
-            Err(PathProblem::Empty) => {
-                self.error(
-                    span,
-                    format!("`{key}` is empty"),
-                    format!("use an absolute path, e.g. {example}"),
-                );
-                None
-            }
-            Ok(path) if path == Path::new("/") => {
-                self.error(
-                    span,
-                    format!("`{key}` may not be `/`"),
-                    format!("name a directory below `/`, e.g. {example}"),
-                );
-                None
-            }
             Ok(path) => Some(path),
+            Err(problem) => {
+                let (message, hint) = path_problem(problem, text, key, example);
+                self.error(span, message, hint);
+                None
+            }
         }
     }
 
@@ -463,17 +438,17 @@ impl<'a> Walker<'a> {
         let platform = match keys.get("platform") {
             None => Platform::Systrap,
             Some(value) => match self.string(value, "runsc.platform", "\"systrap\"") {
-                Some("systrap") => Platform::Systrap,
-                Some("ptrace") => Platform::Ptrace,
-                Some("kvm") => Platform::Kvm,
-                Some(other) => {
-                    self.error(
-                        &value.span(),
-                        format!("unknown runsc platform {other:?}"),
-                        "use \"systrap\" (default), \"ptrace\" or \"kvm\"",
-                    );
-                    return None;
-                }
+                Some(name) => match Platform::from_flag(name) {
+                    Some(platform) => platform,
+                    None => {
+                        self.error(
+                            &value.span(),
+                            format!("unknown runsc platform {name:?}"),
+                            "use \"systrap\" (default), \"ptrace\" or \"kvm\"",
+                        );
+                        return None;
+                    }
+                },
                 None => return None,
             },
         };
@@ -493,12 +468,11 @@ impl<'a> Walker<'a> {
     }
 
     /// An address pool: one prefix of the given family, `max_length` or shorter.
-    fn pool(&mut self, value: &Value<'_>, key: &str, v4: bool, max_length: u8, example: &str) -> Option<IpPrefix> {
+    fn pool(&mut self, value: &Value<'_>, key: &str, v4: bool, max_length: u8, example: &str) -> Option<Located<Prefix>> {
         let text = self.string(value, key, example)?;
-        match text.parse::<IpPrefix>() {
-            Ok(mut prefix) if prefix.network().is_ipv4() == v4 && prefix.length() <= max_length => {
-                prefix.origin = self.map.origin(&value.span());
-                Some(prefix)
+        match text.parse::<Prefix>() {
+            Ok(prefix) if prefix.is_v4() == v4 && prefix.prefix_len() <= max_length => {
+                Some(Located::new(prefix, self.map.origin(&value.span())))
             }
             Ok(prefix) => {
                 let family = if v4 { "IPv4" } else { "IPv6" };
@@ -506,7 +480,8 @@ impl<'a> Walker<'a> {
                 None
             }
             Err(error) => {
-                self.error(&value.span(), format!("`{key}`: {error}"), error.hint());
+                let (message, hint) = net::describe(text, &error);
+                self.error(&value.span(), format!("`{key}`: {message}"), hint);
                 None
             }
         }
@@ -735,7 +710,7 @@ impl<'a> Walker<'a> {
             }
         }
         if ipv6 == Some(Some(false)) {
-            for prefix in allow.iter().chain(&deny).filter(|p| !p.is_ipv4()) {
+            for prefix in allow.iter().chain(&deny).filter(|p| !p.is_v4()) {
                 let message = format!("IPv6 prefix {prefix} given while `ipv6 = false`");
                 self.error_at_origin(
                     &prefix.origin,
@@ -867,17 +842,17 @@ impl<'a> Walker<'a> {
     }
 
     /// The valid prefixes of a list, and whether every element was valid.
-    fn prefixes(&mut self, value: &Value<'_>, key: &str) -> (Vec<IpPrefix>, bool) {
+    fn prefixes(&mut self, value: &Value<'_>, key: &str) -> (Vec<Located<Prefix>>, bool) {
         let example = "[\"10.222.0.0/16\", \"fd00:1::/64\"]";
         let Some(items) = self.strings(value, key, example) else {
             return (Vec::new(), false);
         };
         let mut ok = items.len() == self.array(value, key, example).map_or(0, |a| a.len());
-        let mut prefixes: Vec<IpPrefix> = Vec::new();
+        let mut prefixes: Vec<Located<Prefix>> = Vec::new();
         for (text, span) in items {
-            match text.parse::<IpPrefix>() {
-                Ok(mut prefix) => {
-                    prefix.origin = self.map.origin(&span);
+            match text.parse::<Prefix>() {
+                Ok(prefix) => {
+                    let prefix = Located::new(prefix, self.map.origin(&span));
                     if let Some(first) = prefixes.iter().find(|p| **p == prefix) {
                         self.error(
                             &span,
@@ -893,7 +868,8 @@ impl<'a> Walker<'a> {
                     }
                 }
                 Err(error) => {
-                    self.error(&span, format!("`{key}`: {error}"), error.hint());
+                    let (message, hint) = net::describe(text, &error);
+                    self.error(&span, format!("`{key}`: {message}"), hint);
                     ok = false;
                 }
             }
@@ -940,11 +916,11 @@ impl<'a> Walker<'a> {
         ok.then_some(env)
     }
 
-    fn volumes(&mut self, value: &Value<'_>) -> Option<Vec<Volume>> {
+    fn volumes(&mut self, value: &Value<'_>) -> Option<Vec<Located<Volume>>> {
         let example = "[\"~/.claude:/root/.claude\", \"/srv/data:/data:ro\"]";
         let items = self.strings(value, "volumes", example)?;
         let mut ok = items.len() == self.array(value, "volumes", example).map_or(0, |a| a.len());
-        let mut volumes: Vec<Volume> = Vec::new();
+        let mut volumes: Vec<Located<Volume>> = Vec::new();
         for (text, span) in items {
             match self.volume(text, &span) {
                 Some(volume) => {
@@ -968,75 +944,34 @@ impl<'a> Walker<'a> {
         ok.then_some(volumes)
     }
 
-    fn volume(&mut self, text: &str, span: &Range<usize>) -> Option<Volume> {
+    fn volume(&mut self, text: &str, span: &Range<usize>) -> Option<Located<Volume>> {
         const HINT: &str = "write \"HOST:SANDBOX\" or \"HOST:SANDBOX:ro\", HOST absolute or starting with ~/ (your home), SANDBOX absolute, e.g. \"~/.claude:/root/.claude\"";
-        let parts: Vec<&str> = text.split(':').collect();
-        let (host, sandbox, readonly) = match parts.as_slice() {
-            [host, sandbox] => (*host, *sandbox, false),
-            [host, sandbox, "ro"] => (*host, *sandbox, true),
-            [host, sandbox, "rw"] => (*host, *sandbox, false),
-            [_, _, option] => {
-                self.error(
-                    span,
-                    format!("volume {text:?} has unknown option {option:?}"),
-                    "the only options are `ro` (read-only) and `rw` (default)",
-                );
-                return None;
-            }
-            _ => {
-                self.error(
-                    span,
-                    format!("volume {text:?} is not HOST:SANDBOX[:ro]"),
-                    HINT,
-                );
-                return None;
+        let error = match Volume::parse(text, self.home) {
+            Ok(volume) => return Some(Located::new(volume, self.map.origin(span))),
+            Err(error) => error,
+        };
+        let (message, hint) = match &error {
+            VolumeError::UnknownOption { .. } => (
+                error.to_string(),
+                "the only options are `ro` (read-only) and `rw` (default)".to_string(),
+            ),
+            VolumeError::NotHostSandbox { .. }
+            | VolumeError::HomeDotDot { .. }
+            | VolumeError::OtherHome { .. } => (error.to_string(), HINT.to_string()),
+            VolumeError::Path { side, from_home, path, problem, .. } => {
+                let (key, example) = match (side, from_home) {
+                    (Side::Host, true) => ("volumes (host side)", "\"~/.claude:/root/.claude\""),
+                    (Side::Host, false) => (
+                        "volumes (host side)",
+                        "\"/srv/data:/data\" or \"~/.claude:/root/.claude\"",
+                    ),
+                    (Side::Sandbox, _) => ("volumes (sandbox side)", "\"~/.claude:/root/.claude\""),
+                };
+                path_problem(*problem, path, key, example)
             }
         };
-        let host_path = if host == "~" || host.starts_with("~/") {
-            let rest = host.trim_start_matches('~').trim_start_matches('/');
-            if rest.split('/').any(|part| part == "..") {
-                self.error(
-                    span,
-                    format!("volume host path {host:?} contains `..`"),
-                    HINT,
-                );
-                return None;
-            }
-            let joined = self.home.join(rest);
-            self.absolute_path(
-                &joined.to_string_lossy(),
-                span,
-                "volumes (host side)",
-                "\"~/.claude:/root/.claude\"",
-            )?
-        } else if host.starts_with('~') {
-            self.error(
-                span,
-                format!("volume host path {host:?}: only ~/ (the developer's home) is supported"),
-                HINT,
-            );
-            return None;
-        } else {
-            self.absolute_path(
-                host,
-                span,
-                "volumes (host side)",
-                "\"/srv/data:/data\" or \"~/.claude:/root/.claude\"",
-            )?
-        };
-        let sandbox_path = self.absolute_path(
-            sandbox,
-            span,
-            "volumes (sandbox side)",
-            "\"~/.claude:/root/.claude\"",
-        )?;
-        Some(Volume {
-            host: host_path,
-            sandbox: sandbox_path,
-            readonly,
-            written: text.to_string(),
-            origin: self.map.origin(span),
-        })
+        self.error(span, message, hint);
+        None
     }
 }
 
@@ -1128,31 +1063,26 @@ fn parse_origin_position(origin: &str) -> Option<(usize, usize)> {
     Some((line, column))
 }
 
-enum PathProblem {
-    Empty,
-    Relative,
-    DotDot,
-}
-
-/// Absolute path with `.` and repeated `/` removed; `..` is refused rather
-/// than resolved (resolving it lexically can be wrong under symlinks).
-fn normalise_absolute(text: &str) -> Result<PathBuf, PathProblem> {
-    if text.is_empty() {
-        return Err(PathProblem::Empty);
+/// The diagnostic (message, hint) for the path `text` of `key`.
+fn path_problem(problem: PathProblem, text: &str, key: &str, example: &str) -> (String, String) {
+    match problem {
+        PathProblem::Relative => (
+            format!("`{key}`: {text:?} is a relative path"),
+            format!("use an absolute path, e.g. {example}"),
+        ),
+        PathProblem::DotDot => (
+            format!("`{key}`: {text:?} contains `..`"),
+            format!("write the path without `..`, e.g. {example}"),
+        ),
+        PathProblem::Empty => (
+            format!("`{key}` is empty"),
+            format!("use an absolute path, e.g. {example}"),
+        ),
+        PathProblem::Root => (
+            format!("`{key}` may not be `/`"),
+            format!("name a directory below `/`, e.g. {example}"),
+        ),
     }
-    if !text.starts_with('/') {
-        return Err(PathProblem::Relative);
-    }
-    let mut out = PathBuf::from("/");
-    for component in Path::new(text).components() {
-        match component {
-            Component::RootDir | Component::CurDir => {}
-            Component::ParentDir => return Err(PathProblem::DotDot),
-            Component::Normal(part) => out.push(part),
-            Component::Prefix(_) => return Err(PathProblem::Relative),
-        }
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -208,7 +208,7 @@ impl Effects for HostEffects {
         let runsc = Runsc::new(RunscOptions {
             path: ctx.config.runsc.path.clone(),
             state_root: self.dir.runsc_state(),
-            platform: ctx.runsc_platform(),
+            platform: ctx.config.runsc.platform,
             network: NetworkMode::Sandbox,
             debug_log_dir: ctx.config.runsc.debug_log_dir.clone(),
             // The Storage Root is root-only (checked when the image store opened).
