@@ -80,13 +80,13 @@ fn shows_links_addresses_routes_of_every_table_and_rules_of_both_families() {
     assert!(view.contains(" veth link-netnsid "), "no veth details:\n{view}");
     let wan_block = link_block(&view, "wan0");
     assert!(wan_block.contains("inet 192.0.2.1/24 scope global"), "wan0 lacks its IPv4 address:\n{wan_block}");
-    assert!(wan_block.contains("inet6 2001:db8:1::2/64 scope global"), "wan0 lacks its IPv6 address:\n{wan_block}");
+    assert!(wan_block.contains(&format!("inet6 {}/64 scope global", support::HOST_WAN6)), "wan0 lacks its IPv6 address:\n{wan_block}");
     assert!(view.contains("inet 127.0.0.1/8 scope host"), "{view}");
     assert!(view.contains("inet6 ::1/128 scope host"), "{view}");
 
     // Routes of every table: main, local and 100, both families.
     assert!(view.contains("\n  default via 192.0.2.2 dev wan0 table main proto static"), "{view}");
-    assert!(view.contains("\n  default via 2001:db8:1::1 dev wan0 table main proto static"), "{view}");
+    assert!(view.contains(&format!("\n  default via {} dev wan0 table main proto static", support::WORLD_WAN6)), "{view}");
     assert!(view.contains("\n  192.0.2.0/24 dev wan0 table main proto kernel scope link src 192.0.2.1"), "{view}");
     assert!(view.contains("\n  unreachable 203.0.113.0/24 table 100 proto static"), "{view}");
     // (The kernel puts IPv6 reject routes on `lo`.)
