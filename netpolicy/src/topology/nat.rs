@@ -99,24 +99,30 @@ pub(crate) fn list_tables() -> Result<Vec<TableRef>, TopologyError> {
         let portid = socket.portid();
         let sequence = 0;
         socket.send(&nftnl::table::get_tables_nlmsg(sequence))?;
-        let mut tables = Vec::new();
-        let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
-        loop {
-            let length = socket.recv_raw(&mut buffer[..])?;
-            if length == 0 {
-                break;
-            }
-            let received = &buffer[..length];
-            tables.extend(parse_table_messages(received));
-            // mnl checks sequence, port and NLMSG_ERROR and tells when the dump is done.
-            match mnl::cb_run(received, sequence, portid)? {
-                mnl::CbResult::Stop => break,
-                mnl::CbResult::Ok => {}
-            }
-        }
-        Ok(tables)
+        receive_dump(&socket, sequence, portid, parse_table_messages)
     };
     list().map_err(nft_error("list tables".into()))
+}
+
+/// Receives the answers to a dump request sent on `socket` until the
+/// kernel says it is done, parsing each batch with `parse`. mnl checks
+/// sequence, port and NLMSG_ERROR and tells when the dump is done.
+pub(crate) fn receive_dump<T>(socket: &mnl::Socket, sequence: u32, portid: u32, parse: impl Fn(&[u8]) -> Vec<T>) -> io::Result<Vec<T>> {
+    let mut found = Vec::new();
+    let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
+    loop {
+        let length = socket.recv_raw(&mut buffer[..])?;
+        if length == 0 {
+            break;
+        }
+        let received = &buffer[..length];
+        found.extend(parse(received));
+        match mnl::cb_run(received, sequence, portid)? {
+            mnl::CbResult::Stop => break,
+            mnl::CbResult::Ok => {}
+        }
+    }
+    Ok(found)
 }
 
 /// The tables in a buffer of netlink messages from an nftables table dump

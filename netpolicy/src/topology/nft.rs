@@ -598,21 +598,7 @@ fn dump(request: u16, table: Option<&str>) -> Result<Vec<Message>, TopologyError
         message.extend([NFPROTO_INET, 0, 0, 0]);
         message.extend(filter);
         socket.send(&message)?;
-        let mut found = Vec::new();
-        let mut buffer = vec![0; nftnl::nft_nlmsg_maxsize() as usize];
-        loop {
-            let length = socket.recv_raw(&mut buffer[..])?;
-            if length == 0 {
-                break;
-            }
-            let received = &buffer[..length];
-            found.extend(parse_messages(received));
-            match mnl::cb_run(received, sequence, portid)? {
-                mnl::CbResult::Stop => break,
-                mnl::CbResult::Ok => {}
-            }
-        }
-        Ok(found)
+        super::nat::receive_dump(&socket, sequence, portid, parse_messages)
     };
     run().map_err(|source| TopologyError::Io { action: "nftables: dump chains and rules".into(), source })
 }
