@@ -186,9 +186,12 @@ impl Effects for HostEffects {
                 Err(e) => eprintln!("lazaret: cannot remove {}: {e}", run.path().display()),
             }
         }
+        // Stale state under another container ID does not disturb this run.
         let state = self.dir.runsc_state();
         if state.exists() {
-            fs::remove_dir_all(&state).map_err(StartError::io(format!("removing stale runsc state {}", state.display())))?;
+            if let Err(e) = fs::remove_dir_all(&state) {
+                eprintln!("lazaret: cannot remove stale runsc state {}: {e}", state.display());
+            }
         }
         for stale in self.dir.published_files() {
             match fs::remove_file(&stale) {

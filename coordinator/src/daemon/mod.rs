@@ -151,9 +151,13 @@ impl StatusPipe {
         }
     }
 
-    /// Reports a failure to the launcher and the log; returns the exit status.
+    /// Reports a failure to the launcher and the log; returns the exit
+    /// status. Every line is marked as the error's, so that a hint or an
+    /// undo failure on its own line stays with it.
     fn fail(&mut self, error: &dyn std::fmt::Display) -> i32 {
-        self.say(&format!("lazaret: error: {error}"));
+        for line in error.to_string().lines() {
+            self.say(&format!("lazaret: error: {line}"));
+        }
         log(&format!("failed: {error}"));
         LAZARET_FAILED
     }

@@ -98,9 +98,10 @@ impl Refusal {
     }
 }
 
-/// Checks a Hello and registers its session (journalled). Returns the
-/// session's request, or why it was refused.
-fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionRequest, Refusal> {
+/// Checks a Hello and registers its session (journalled), with `notices`
+/// the stream its one-line notices go to. Returns the session's request,
+/// or why it was refused.
+fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixStream>) -> Result<SessionRequest, Refusal> {
     let ClientMessage::Hello { version, session, profile, fingerprint, config_json, tty, term, args, rows, cols, cwd } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
@@ -141,7 +142,7 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionReque
         return Err(Refusal::final_(format!("session {session} refused: {e}")));
     }
     live.ever_joined = true;
-    live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices: None });
+    live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices });
     log(&format!("session {session} joined ({} connected)", live.sessions.len()));
     Ok(SessionRequest { session, tty, term, args, cwd, size: WindowSize { rows, cols } })
 }
@@ -149,7 +150,7 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionReque
 /// One session: register it, exec its agent, relay signals, report its exit.
 fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: Vec<OwnedFd>) {
     let mut out = stream;
-    let req = match register(d, hello, fds.len()) {
+    let req = match register(d, hello, fds.len(), stream.try_clone().ok()) {
         Ok(r) => r,
         Err(Refusal { reason, retry }) => {
             let _ = wire::write_message(&mut out, &CoordinatorMessage::Refused { reason, retry });
@@ -157,9 +158,6 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
         }
     };
     let session = req.session.clone();
-    if let Some(entry) = d.live().sessions.get_mut(&session) {
-        entry.notices = stream.try_clone().ok();
-    }
     let pid_file = d.run.session_pid(&session);
     let (mut child, master) = match start_agent(d, &req, fds, &pid_file) {
         Ok(v) => v,
