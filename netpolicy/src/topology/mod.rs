@@ -1531,7 +1531,12 @@ fn host_networks(view: &NetView) -> Vec<Prefix> {
 /// addresses, the pools (other Domains) and, when known, the Domain's uplink.
 fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, addresses: Option<&DomainAddresses>) -> PolicyInput {
     let mut full = input.clone();
-    full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
+    // Addresses on Lazaret's own uplinks are the pools' (denied as other
+    // Domains or as this Domain's transit) or link-local (fe80::/10): not
+    // host addresses, or every Domain's start would change every other's table.
+    full.host_addresses.extend(
+        view.addresses.iter().filter(|(index, _)| !view.is_lazaret_link(*index)).map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()),
+    );
     full.host_networks.extend(host_networks(view));
     if let Some(addresses) = addresses {
         full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));
