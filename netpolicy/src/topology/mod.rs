@@ -49,6 +49,10 @@
 //!   and every other packet to it is rejected.
 //! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
 //!   sysctls, and both nftables tables, chain by chain and rule by rule.
+//! * Live host addresses (`live`): [`HostWatcher`] follows the host's address
+//!   and route notifications and [`DomainNetwork::refresh_host`] moves the
+//!   sidecar to the policy recompiled with the host's addresses and on-link
+//!   networks now (new denials first, removals last), then reads it back.
 //! * [`debug_view`] prints any namespace's links, addresses, routes of every
 //!   table and rules, like `ip`, for `lazaret debug`.
 
