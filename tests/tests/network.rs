@@ -270,8 +270,27 @@ fn an_address_the_host_gains_during_a_session_is_denied_within_a_second() {
     assert_eq!(status.code(), Some(0), "{outcome}; stderr: {stderr}");
     assert!(outcome.starts_with("denied after"), "{outcome}");
     assert!(elapsed < std::time::Duration::from_secs(2), "took {elapsed:?}");
+    // The denial came from the policy (an immediate "no route" from the
+    // sidecar, well inside the probe's 5 s connect timeout), and the
+    // coordinator logged the update.
+    let logs = coordinator_logs(&env.runtime_dir);
+    assert!(logs.contains(&format!("+deny {NEW}/32 (default: host address)")), "coordinator log: {logs}");
     lab.host_ip(&["addr", "del", &format!("{NEW}/32"), "dev", "wan0"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
     assert_lab_clean(&lab);
+}
+
+/// Every coordinator.log under `dir`, concatenated.
+fn coordinator_logs(dir: &std::path::Path) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            text.push_str(&coordinator_logs(&path));
+        } else if path.file_name().is_some_and(|name| name == "coordinator.log") {
+            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    text
 }
