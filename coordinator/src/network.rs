@@ -6,8 +6,9 @@
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use lazaret_netpolicy::topology::{self, DomainNetwork, Netns, SidecarId, TopologyConfig, TopologyError};
+use lazaret_netpolicy::topology::{self, DomainNetwork, HostWatcher, Netns, SidecarId, TopologyConfig, TopologyError};
 use lazaret_netpolicy::{CompiledPolicy, PolicyError, PolicyInput};
 
 use crate::config::{Config, Profile};
@@ -135,6 +136,21 @@ pub fn bring_up(config: &Config, profile: &Profile, record: &Path) -> Result<Dom
     let network = DomainNetwork::create(&host, &topo, &input).map_err(|e| for_profile(profile, e))?;
     std::fs::write(record, format!("{}\n", network.sidecar_id())).map_err(|source| NetworkError::Record { path: record.to_path_buf(), source })?;
     Ok(network)
+}
+
+/// Keeps the running Domain's policy in step with the host's addresses and
+/// on-link networks (a VPN coming up, a new IPv6 temporary address): a
+/// thread applies each change to the sidecar as it happens and writes what
+/// changed, or why it could not, to `log`. The protocol journal has no event
+/// for it (the model knows nothing of host addresses), so the coordinator's
+/// log is the record. Dropping the watcher stops and joins the thread; it
+/// holds the topology only as a `Weak`, so once dropped the start-up stack's
+/// handle is the last one again.
+pub fn watch_host(topology: &Arc<DomainNetwork>, log: impl Fn(&str) + Send + 'static) -> Result<HostWatcher, NetworkError> {
+    Ok(HostWatcher::start(topology, move |result| match result {
+        Ok(update) => log(&format!("host addresses changed; sidecar policy updated and verified: {update}")),
+        Err(e) => log(&format!("host addresses changed, but updating the sidecar policy failed (retried at the next change): {e}")),
+    })?)
 }
 
 /// Takes the Domain's network down and forgets its Sidecar ID.

@@ -20,7 +20,11 @@
 //! [`sandbox_resolv_conf`] into the sandbox → before every runsc start
 //! [`topology::DomainNetwork::readdress_sandbox`] and
 //! [`topology::DomainNetwork::verify_installed`] → runsc with the sandbox
-//! namespace's [`topology::Netns::proc_path`] → [`topology::DomainNetwork::teardown`].
+//! namespace's [`topology::Netns::proc_path`] → while the Domain runs, a
+//! [`topology::HostWatcher`] (the host's address and route notifications →
+//! [`topology::DomainNetwork::refresh_host`], so an address the host gains
+//! is denied within milliseconds), dropped before →
+//! [`topology::DomainNetwork::teardown`].
 
 #![forbid(unsafe_code)]
 

@@ -185,6 +185,12 @@ impl NetLab {
         }
     }
 
+    /// Runs `ip ARGS` in the lab host namespace (e.g. to give the host an
+    /// address while a Domain runs); panics on failure.
+    pub fn host_ip(&self, args: &[&str]) {
+        ip(&self.host, args);
+    }
+
     /// Links of the lab host namespace (names).
     pub fn host_links(&self) -> Vec<String> {
         let out = Command::new("nsenter")

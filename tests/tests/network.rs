@@ -227,3 +227,70 @@ fn kill_9_mid_run_is_recovered_by_the_next_run() {
     env.assert_journal_conforms();
     assert_lab_clean(&lab);
 }
+
+/// Issue 15, item 3: an address the host gains while a session runs is
+/// denied to the sandbox within about a second (the coordinator follows the
+/// host's address notifications), without restarting anything.
+#[test]
+fn an_address_the_host_gains_during_a_session_is_denied_within_a_second() {
+    const NEW: &str = "11.7.7.7";
+    let lab = NetLab::new();
+    let env = lab_env(&lab, "");
+    let probe = env.install_probe();
+    // Polls for up to 2 s (20 x 0.1 s) until a connection to NEW is refused by the policy.
+    let script = format!(
+        "echo up; read line; i=0; while [ $i -lt 20 ]; do {} tcp {NEW} {PORT} unreachable 2>/dev/null; \
+         if [ $? -eq {PROBE_PASS} ]; then echo \"denied after $i polls\"; exit 0; fi; sleep 0.1; i=$((i+1)); done; echo never denied; exit 1",
+        probe.display()
+    );
+    let mut child = env
+        .lazaret(["run", "test", "--", "sh", "-c", &script])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn the session");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    assert_eq!(lines.next().and_then(Result::ok).as_deref(), Some("up"));
+    let added = std::time::Instant::now();
+    lab.host_ip(&["addr", "add", &format!("{NEW}/32"), "dev", "wan0"]);
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().expect("stdin");
+        stdin.write_all(b"go\n").expect("tell the session to poll");
+    }
+    let outcome = lines.next().and_then(Result::ok).unwrap_or_default();
+    let elapsed = added.elapsed();
+    let status = wait_with_limit(&mut child);
+    let mut stderr = String::new();
+    if let Some(mut e) = child.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut e, &mut stderr);
+    }
+    eprintln!("host address {NEW} added -> denied in the sandbox: {outcome} ({elapsed:?} including the session's polling)");
+    assert_eq!(status.code(), Some(0), "{outcome}; stderr: {stderr}");
+    assert!(outcome.starts_with("denied after"), "{outcome}");
+    assert!(elapsed < std::time::Duration::from_secs(2), "took {elapsed:?}");
+    // The denial came from the policy (an immediate "no route" from the
+    // sidecar, well inside the probe's 5 s connect timeout), and the
+    // coordinator logged the update.
+    let logs = coordinator_logs(&env.runtime_dir);
+    assert!(logs.contains(&format!("+deny {NEW}/32 (default: host address)")), "coordinator log: {logs}");
+    lab.host_ip(&["addr", "del", &format!("{NEW}/32"), "dev", "wan0"]);
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab);
+}
+
+/// Every coordinator.log under `dir`, concatenated.
+fn coordinator_logs(dir: &std::path::Path) -> String {
+    let mut text = String::new();
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            text.push_str(&coordinator_logs(&path));
+        } else if path.file_name().is_some_and(|name| name == "coordinator.log") {
+            text.push_str(&std::fs::read_to_string(&path).unwrap_or_default());
+        }
+    }
+    text
+}

@@ -271,9 +271,12 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
 
     let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
     let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, fingerprint, journal, args.session.clone()));
+    // Live host addresses; stopped (thread joined, its Weak gone) before teardown.
+    let host_watch = crate::network::watch_host(&network.topology, log).map_err(|e| log(&format!("not following host address changes: {e}"))).ok();
     // The stack's handle must be the network's last one at teardown.
     drop(network);
     domain::serve(&domain, listener, signals);
+    drop(host_watch);
 
     crash_point(TEARDOWN);
     domain.tear_down(|journal| stack.unwind(&mut fx, journal));

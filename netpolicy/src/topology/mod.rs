@@ -49,11 +49,16 @@
 //!   and every other packet to it is rejected.
 //! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
 //!   sysctls, and both nftables tables, chain by chain and rule by rule.
+//! * Live host addresses (`live`): [`HostWatcher`] follows the host's address
+//!   and route notifications and [`DomainNetwork::refresh_host`] moves the
+//!   sidecar to the policy recompiled with the host's addresses and on-link
+//!   networks now (new denials first, removals last), then reads it back.
 //! * [`debug_view`] prints any namespace's links, addresses, routes of every
 //!   table and rules, like `ip`, for `lazaret debug`.
 
 mod debug;
 mod forwarding;
+mod live;
 pub mod nat;
 pub mod netns;
 mod nft;
@@ -64,6 +69,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+use std::sync::{Mutex, MutexGuard};
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::AddressFamily;
@@ -75,6 +81,7 @@ use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMe
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
 pub use debug::debug_view;
+pub use live::{HostWatch, HostWatcher, PolicyUpdate};
 pub use netns::Netns;
 pub use nft::SIDECAR_FILTER_TABLE;
 
@@ -1014,6 +1021,44 @@ fn restore_forwarding_if_unused(state_file: &Path) -> Result<(), TopologyError> 
     })
 }
 
+/// Differences between the policy routes in the sidecar's main table
+/// (`view`, a dump of the sidecar) and `expected`.
+fn policy_route_differences(view: &NetView, addresses: &DomainAddresses, expected: &[PolicyRoute]) -> Vec<String> {
+    let mut differences = Vec::new();
+    let uplink = view.link_index(SIDECAR_UPLINK);
+    let gateways = [IpAddr::V4(addresses.host_uplink), IpAddr::V6(addresses.v6.host_uplink)];
+    let mut installed = Vec::new();
+    for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.protocol != RouteProtocol::Kernel) {
+        match route.kind {
+            RouteType::Unreachable => installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Unreachable }),
+            RouteType::Unicast
+                if route.gateway.is_some_and(|g| gateways.contains(&g)) && route.oif.is_some() && route.oif == uplink =>
+            {
+                installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Uplink })
+            }
+            other => differences.push(format!(
+                "unexpected sidecar route {} type {:?} via {:?} dev {}",
+                route.prefix,
+                other,
+                route.gateway,
+                route.oif.map(|i| view.link_name(i)).unwrap_or_else(|| "-".into())
+            )),
+        }
+    }
+    installed.sort();
+    for route in expected {
+        if !installed.contains(route) {
+            differences.push(format!("missing sidecar route {} {:?}", route.prefix, route.kind));
+        }
+    }
+    for route in &installed {
+        if !expected.contains(route) {
+            differences.push(format!("extra sidecar route {} {:?}", route.prefix, route.kind));
+        }
+    }
+    differences
+}
+
 /// One Domain's sandbox + sidecar network, with its policy installed.
 /// Dropping it tears it down (best effort); prefer [`DomainNetwork::teardown`].
 #[derive(Debug)]
@@ -1023,7 +1068,13 @@ pub struct DomainNetwork {
     sidecar: Option<Netns>,
     sandbox: Option<Netns>,
     addresses: DomainAddresses,
-    policy: CompiledPolicy,
+    /// The installed policy; [`DomainNetwork::refresh_host`] replaces it
+    /// (under this lock, which also keeps a verification from seeing an
+    /// update half done).
+    policy: Mutex<CompiledPolicy>,
+    /// What the policy is recompiled from when the host's addresses change.
+    input: PolicyInput,
+    config: TopologyConfig,
     state_file: PathBuf,
 }
 
@@ -1101,7 +1152,9 @@ impl DomainNetwork {
             sidecar: Some(sidecar),
             sandbox: Some(sandbox),
             addresses,
-            policy,
+            policy: Mutex::new(policy),
+            input: input.clone(),
+            config: config.clone(),
             state_file: config.forwarding_state_file.clone(),
         };
         // On any failure, `network` is dropped and its Drop tears down what exists.
@@ -1120,7 +1173,13 @@ impl DomainNetwork {
     }
 
     fn ipv6(&self) -> bool {
-        self.policy.ipv6_enabled()
+        self.input.ipv6
+    }
+
+    /// The installed policy, locked (a panic elsewhere cannot poison it for good:
+    /// the policy itself is only ever replaced whole).
+    fn locked_policy(&self) -> MutexGuard<'_, CompiledPolicy> {
+        self.policy.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn build_sidecar(&self) -> Result<(), TopologyError> {
@@ -1129,9 +1188,12 @@ impl DomainNetwork {
         let host_fd = self.host.as_fd().as_raw_fd();
         let host_link = self.id.host_link_name();
         let addresses = self.addresses;
-        let routes = self.policy.routes();
+        let (routes, port53_only) = {
+            let policy = self.locked_policy();
+            (policy.routes(), policy.port53_only_resolvers())
+        };
         let ipv6 = self.ipv6();
-        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
+        let filter = nft::sidecar_filter(&port53_only);
         sidecar.netlink(async move |handle| {
             // Sysctls are per namespace: this thread is inside the sidecar.
             for (path, value) in sidecar_sysctls(ipv6) {
@@ -1211,8 +1273,10 @@ impl DomainNetwork {
         let addresses = self.addresses;
         let state_file = self.state_file.clone();
         let ipv6 = self.ipv6();
-        let egress = egress_interfaces(view, &self.policy, true);
-        let egress6 = if ipv6 { egress_interfaces(view, &self.policy, false) } else { Vec::new() };
+        let (egress, egress6) = {
+            let policy = self.locked_policy();
+            (egress_interfaces(view, &policy, true), if ipv6 { egress_interfaces(view, &policy, false) } else { Vec::new() })
+        };
         let slot = addresses.slot;
         let id = self.id;
         self.host.netlink(async move |handle| {
@@ -1274,11 +1338,13 @@ impl DomainNetwork {
     /// with them its default route) once it runs.
     pub fn verify_installed(&self) -> Result<(), TopologyError> {
         let (sidecar, sandbox) = self.namespaces()?;
+        // Held throughout: an update of the host's addresses waits.
+        let policy = self.locked_policy();
         let addresses = self.addresses;
         let ipv6 = self.ipv6();
         let mut differences = Vec::new();
         let (own, own6) = (addresses.sidecar_own(), addresses.v6.sidecar_own());
-        let filter = nft::sidecar_filter(&self.policy.port53_only_resolvers());
+        let filter = nft::sidecar_filter(&policy.port53_only_resolvers());
         let (view, sysctls, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
             let mut sysctls = Vec::new();
@@ -1301,38 +1367,7 @@ impl DomainNetwork {
                 differences.push(format!("sidecar {path} is {actual}, expected {expected}"));
             }
         }
-        let uplink = view.link_index(SIDECAR_UPLINK);
-        let gateways = [IpAddr::V4(addresses.host_uplink), IpAddr::V6(addresses.v6.host_uplink)];
-        let mut installed = Vec::new();
-        for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.protocol != RouteProtocol::Kernel) {
-            match route.kind {
-                RouteType::Unreachable => installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Unreachable }),
-                RouteType::Unicast
-                    if route.gateway.is_some_and(|g| gateways.contains(&g)) && route.oif.is_some() && route.oif == uplink =>
-                {
-                    installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Uplink })
-                }
-                other => differences.push(format!(
-                    "unexpected sidecar route {} type {:?} via {:?} dev {}",
-                    route.prefix,
-                    other,
-                    route.gateway,
-                    route.oif.map(|i| view.link_name(i)).unwrap_or_else(|| "-".into())
-                )),
-            }
-        }
-        installed.sort();
-        let expected = self.policy.routes();
-        for route in &expected {
-            if !installed.contains(route) {
-                differences.push(format!("missing sidecar route {} {:?}", route.prefix, route.kind));
-            }
-        }
-        for route in &installed {
-            if !expected.contains(route) {
-                differences.push(format!("extra sidecar route {} {:?}", route.prefix, route.kind));
-            }
-        }
+        differences.extend(policy_route_differences(&view, &addresses, &policy.routes()));
         let sandbox_view = sandbox.netlink(async |handle| net_view(&handle).await)?;
         differences.extend(sandbox_route_differences(&sandbox_view, &addresses, ipv6));
         let host_table = nft::host_table(self.id, addresses.sandbox, ipv6.then_some(addresses.v6.sandbox));
@@ -1350,9 +1385,10 @@ impl DomainNetwork {
         self.addresses
     }
 
-    /// The installed policy (for `policy show`/`explain` of a running Domain).
-    pub fn policy(&self) -> &CompiledPolicy {
-        &self.policy
+    /// The installed policy (for `policy show`/`explain` of a running
+    /// Domain): a copy, as [`Self::refresh_host`] may replace it any time.
+    pub fn policy(&self) -> CompiledPolicy {
+        self.locked_policy().clone()
     }
 
     /// The sandbox namespace, for runsc (see [`Netns::proc_path`]).
@@ -1499,7 +1535,12 @@ fn host_networks(view: &NetView) -> Vec<Prefix> {
 /// addresses, the pools (other Domains) and, when known, the Domain's uplink.
 fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, addresses: Option<&DomainAddresses>) -> PolicyInput {
     let mut full = input.clone();
-    full.host_addresses.extend(view.addresses.iter().map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
+    // Addresses on Lazaret's own uplinks are the pools' (denied as other
+    // Domains or as this Domain's transit) or link-local (fe80::/10): not
+    // host addresses, or every Domain's start would change every other's table.
+    full.host_addresses.extend(
+        view.addresses.iter().filter(|(index, _)| !view.is_lazaret_link(*index)).map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()),
+    );
     full.host_networks.extend(host_networks(view));
     if let Some(addresses) = addresses {
         full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));

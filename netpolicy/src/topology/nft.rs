@@ -245,8 +245,10 @@ impl RuleSpec {
 }
 
 impl TableSpec {
-    /// The whole table as one batch: the table, its chains and their rules.
-    fn batch(&self) -> Result<FinalizedBatch, TopologyError> {
+    /// The whole table as one batch: the table, its chains and their rules;
+    /// with `replacing`, an existing table of the name is deleted first in
+    /// the same transaction (so no packet ever sees it half built or gone).
+    fn batch(&self, replacing: bool) -> Result<FinalizedBatch, TopologyError> {
         let name = c_name(&self.name)?;
         let comment = c_name(&self.comment)?;
         let table = Table::new(&name, ProtoFamily::Inet);
@@ -273,6 +275,11 @@ impl TableSpec {
             }
         }
         let mut batch = Batch::new();
+        if replacing {
+            // Adding an existing table is no error; deleting a missing one would be.
+            batch.add(&table, MsgType::Add);
+            batch.add(&table, MsgType::Del);
+        }
         batch.add(&table, MsgType::Add);
         for chain in &chains {
             batch.add(chain, MsgType::Add);
@@ -285,13 +292,20 @@ impl TableSpec {
 
     /// Installs the table in the calling thread's namespace.
     pub fn install(&self) -> Result<(), TopologyError> {
-        let batch = self.batch()?;
+        let batch = self.batch(false)?;
         super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
+    }
+
+    /// Replaces the table of this name in the calling thread's namespace
+    /// with this one, atomically (one nftables transaction).
+    pub fn replace(&self) -> Result<(), TopologyError> {
+        let batch = self.batch(true)?;
+        super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: replace table inet {}", self.name), source })
     }
 
     /// What the kernel should hold for this table, in netlink form.
     fn expected(&self) -> Result<(Vec<DumpedChain>, Vec<DumpedRule>), TopologyError> {
-        let batch = self.batch()?;
+        let batch = self.batch(false)?;
         let messages: Vec<Message> = batch.iter().flat_map(parse_messages).collect();
         let chains = messages.iter().filter(|m| m.kind == NFT_MSG_NEWCHAIN).filter_map(DumpedChain::parse).collect();
         let rules = messages.iter().filter(|m| m.kind == NFT_MSG_NEWRULE).filter_map(DumpedRule::parse).collect();
