@@ -5,6 +5,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::process::Command;
 
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
@@ -112,4 +113,30 @@ pub(crate) fn recv_with_rights(stream: &UnixStream, buf: &mut [u8]) -> std::io::
         }
     }
     Ok((msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
+}
+
+/// Makes `cmd`'s child keep the descriptors `fds` (numbers of this process,
+/// close-on-exec here) open across its exec: FD_CLOEXEC is cleared in the
+/// child only, between fork and exec, so no other process this one starts
+/// meanwhile can inherit them. The caller keeps them open until `spawn`
+/// returns. Numbers below 3 are refused (the child's stdio goes there).
+pub(crate) fn inherit_in_child(cmd: &mut Command, fds: Vec<RawFd>) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    if fds.iter().any(|&fd| fd < 3) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a descriptor to pass is below 3"));
+    }
+    // SAFETY: the closure runs in the forked child before exec; it only
+    // calls fcntl(2), which is async-signal-safe, reads the moved-in vector
+    // (no allocation), and builds an io::Error from errno (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }

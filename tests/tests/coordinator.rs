@@ -310,7 +310,8 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     assert_eq!(a.next_line(), "up");
     let socket = env.domain_dir().expect("domain dir").join("coordinator.sock");
     // A well-formed request from root is answered ...
-    let status = poke(&socket, &frame("{\"type\":\"Status\",\"version\":1}"));
+    // (version 2: WIRE_VERSION, since the Hello names its terminal streams)
+    let status = poke(&socket, &frame("{\"type\":\"Status\",\"version\":2}"));
     assert!(!status.is_empty(), "root's Status request got no answer");
     // ... garbage, an oversized frame, unknown and malformed messages, a
     // wrong version and a cut-off frame are not.
@@ -319,7 +320,7 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
         ("oversized", { let mut v = (u32::MAX).to_be_bytes().to_vec(); v.extend_from_slice(&[b'x'; 4096]); v }),
         ("unknown message", frame("{\"type\":\"Launch\",\"command\":\"rm -rf /\"}")),
         ("malformed json", frame("{\"type\":")),
-        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":1}"); v.truncate(9); v }),
+        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":2}"); v.truncate(9); v }),
     ] {
         let back = poke(&socket, &data);
         assert!(back.is_empty(), "{what}: the coordinator answered {back:?}");
@@ -329,7 +330,7 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     // Another uid (allowed through the file permissions by a capability,
     // so only SO_PEERCRED stands in its way) gets nothing.
     let (uid, gid) = test_user();
-    let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":1}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
+    let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":2}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
     let other = std::process::Command::new("setpriv")
         .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--inh-caps=+dac_override".into(), "--ambient-caps=+dac_override".into()])
         .args(["python3", "-c", script])
