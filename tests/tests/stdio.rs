@@ -189,14 +189,14 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
     let mut next = || lines.next().and_then(Result::ok).unwrap_or_default();
     assert_eq!(next(), "out-is-a-pipe", "terminal showed {:?}", term.seen);
     assert_eq!(next(), "ready");
-    term.expect("in-tty");
-    term.expect("err-tty");
     let ours = term.slave_path();
     let execs = wait_execs(&env, 1);
     let fds = fds_of(execs[0]);
     assert!(fds.iter().all(|(_, l)| *l != ours), "runsc exec holds the developer's terminal {ours}: {fds:?}");
     assert!(fds.iter().any(|(n, l)| *n == 0 && l.starts_with("/dev/pts/")), "stdin is not a PTY: {fds:?}");
     assert!(fds.iter().all(|(n, l)| !is_pty(l) || *n <= 2), "runsc exec holds more PTY descriptors than its stdio: {fds:?}");
+    term.expect("in-tty");
+    term.expect("err-tty");
     term.write(b"hello\r");
     assert_eq!(next(), "got-hello");
     assert_eq!(next(), "", "more output than expected");
