@@ -454,7 +454,8 @@ impl Runsc {
     /// (`--pass-fd`; with a terminal, runsc makes all of 0, 1 and 2 the
     /// terminal, so a stream that is not goes in as one of these). Nothing
     /// else of the caller's reaches `runsc exec`: every descriptor here is
-    /// close-on-exec in the caller and opened up only in the child.
+    /// close-on-exec in the caller and opened up only in the child, and
+    /// the child closes on exec whatever else it inherited.
     pub fn exec(
         &self,
         id: &str,
@@ -475,9 +476,7 @@ impl Runsc {
         cmd.arg("--process").arg(process).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
         let [stdin, stdout, stderr] = stdio;
         cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
-        if !kept.is_empty() {
-            crate::sys::inherit_in_child(&mut cmd, kept.iter().map(|f| f.as_raw_fd()).collect()).map_err(io_err("passing descriptors to runsc exec"))?;
-        }
+        crate::sys::only_these_in_child(&mut cmd, kept.iter().map(|f| f.as_raw_fd()).collect()).map_err(io_err("passing descriptors to runsc exec"))?;
         let child = cmd.spawn().map_err(io_err("running runsc exec"));
         drop(kept);
         drop(extra);

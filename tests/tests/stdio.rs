@@ -132,6 +132,15 @@ impl Terminal {
         Terminal { master: p.master, slave: p.slave, seen: String::new() }
     }
 
+    /// Like [`Terminal::new`], but both ends are inherited by every child
+    /// the test starts (plain `openpty`), as a careless caller's terminal
+    /// descriptors would be: Lazaret must not hand them on either.
+    fn leaky() -> Terminal {
+        let ws = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+        let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
+        Terminal { master: p.master, slave: p.slave, seen: String::new() }
+    }
+
     /// The slave's path, as /proc shows it.
     fn slave_path(&self) -> String {
         std::fs::read_link(format!("/proc/self/fd/{}", self.slave.as_raw_fd())).expect("slave path").to_string_lossy().into_owned()
@@ -208,11 +217,13 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
 /// Every descriptor the coordinator makes for a session is close-on-exec
 /// but the three it hands to that session's `runsc exec`: a terminal
 /// session's `runsc exec` holds its PTY slave on 0, 1 and 2 only, and no
-/// master; a session started while it runs holds no PTY at all.
+/// master; a session started while it runs holds no PTY at all. The first
+/// client leaks its own terminal's descriptors into the coordinator it
+/// starts: no `runsc exec` gets those either.
 #[test]
 fn a_sessions_pty_reaches_only_its_own_runsc_exec() {
     let env = TestEnv::new();
-    let mut term = Terminal::new();
+    let mut term = Terminal::leaky();
     let mut a = term.command(&env, &["run", "test", "--", "sh", "-c", "echo a-up; read x; echo a-done"]).stdin(term.io()).stdout(term.io()).stderr(term.io()).spawn().expect("spawning session A");
     term.expect("a-up");
     let a_exec = wait_execs(&env, 1)[0];
