@@ -141,6 +141,32 @@ fn a_killed_client_takes_only_its_own_agent_along() {
     env.assert_journal_conforms();
 }
 
+/// What issue 17 still asks for: a process the agent double-forked (here
+/// `(sleep 1000 &)`, re-parented to the container's init) must end with its
+/// session. `kill_session_tree` follows `runsc ps` parent links and misses
+/// it; ignored until a sound way is in place.
+#[test]
+#[ignore = "issue 17: double-forked processes outlive their session"]
+fn a_killed_clients_double_forked_processes_go_too() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^[s]leep 1000'"]);
+    assert_eq!(a.next_line(), "up");
+    let mut c = Session::start(&env, &["run", "test", "--", "sh", "-c", "(sleep 1000 &); echo c-up; sleep 1000"]);
+    assert_eq!(c.next_line(), "c-up");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.child.id() as i32), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the client");
+    let _ = wait_with_limit(&mut c.child);
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while ls_json(&env).first().and_then(|d| d["sessions"].as_array().map(Vec::len)) != Some(1) {
+        assert!(Instant::now() < deadline, "the killed client's session never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(rest, vec!["0".to_string()], "processes of the killed session left inside; stderr: {err}");
+    assert_eq!(status, Some(1), "grep -c found none (exit 1)");
+    env.assert_nothing_left();
+}
+
 #[test]
 fn sessions_on_terminals_have_their_own_pty() {
     let env = TestEnv::new();
