@@ -20,7 +20,9 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 
 /// Version of this message set; both sides must agree.
-pub const WIRE_VERSION: u32 = 1;
+/// Version 2: the Hello says which streams are terminals ([`ClientMessage::Hello`]'s
+/// `terminal`), and the client passes fresh pipes, never its own stdio.
+pub const WIRE_VERSION: u32 = 2;
 
 /// Largest frame either side accepts (the body, without the length prefix).
 /// A Hello carries the client's rendered configuration, so this is generous
@@ -44,9 +46,17 @@ pub enum ClientMessage {
         /// The client's configuration rendered as canonical JSON, so a
         /// mismatch can be explained setting by setting.
         config_json: String,
-        /// Whether the client is on a terminal (a PTY for the agent) or
-        /// passed its stdin, stdout and stderr with the frame (SCM_RIGHTS).
+        /// Whether the agent gets a PTY: any of the client's stdin, stdout
+        /// and stderr is a terminal (exactly when `terminal` has a `true`).
         tty: bool,
+        /// Which of stdin, stdout and stderr are the agent's PTY (the
+        /// client's own stream is a terminal). Every other stream is a
+        /// fresh pipe whose agent end travels with this frame (SCM_RIGHTS),
+        /// in stream order; the client relays between it and its own fd.
+        /// A host terminal, or any other descriptor of the client's, never
+        /// reaches the agent.
+        #[serde(default)]
+        terminal: [bool; 3],
         /// The client's TERM, for the agent's environment.
         #[serde(default)]
         term: Option<String>,
@@ -284,6 +294,7 @@ mod tests {
             fingerprint: "sha256:ab".into(),
             config_json: "{}".into(),
             tty: false,
+            terminal: [false; 3],
             term: None,
             args: vec!["sh".into()],
             rows: 24,

@@ -449,13 +449,38 @@ impl Runsc {
     /// one more process in a running container and returns the `runsc exec`
     /// child, which exits with the process's status (128 + N for signal N).
     /// `stdio` are its stdin, stdout and stderr: a PTY slave three times
-    /// when the process spec asks for a terminal, else the client's own fds.
-    pub fn exec(&self, id: &str, process: &Path, internal_pid_file: &Path, stdio: [std::os::fd::OwnedFd; 3]) -> Result<std::process::Child, RunscError> {
+    /// when the process spec asks for a terminal, else fresh pipes. `extra`
+    /// are more descriptors for the process, each with its number inside
+    /// (`--pass-fd`; with a terminal, runsc makes all of 0, 1 and 2 the
+    /// terminal, so a stream that is not goes in as one of these). Nothing
+    /// else of the caller's reaches `runsc exec`: every descriptor here is
+    /// close-on-exec in the caller and opened up only in the child, and
+    /// the child closes on exec whatever else it inherited.
+    pub fn exec(
+        &self,
+        id: &str,
+        process: &Path,
+        internal_pid_file: &Path,
+        stdio: [std::os::fd::OwnedFd; 3],
+        extra: Vec<(std::os::fd::OwnedFd, i32)>,
+    ) -> Result<std::process::Child, RunscError> {
+        use std::os::fd::AsRawFd;
         let mut cmd = self.command("exec");
+        // Duplicates are close-on-exec and numbered 3 or more.
+        let mut kept = Vec::new();
+        for (fd, guest) in &extra {
+            let dup = fd.try_clone().map_err(io_err("duplicating a descriptor for runsc exec"))?;
+            cmd.arg("--pass-fd").arg(format!("{}:{guest}", dup.as_raw_fd()));
+            kept.push(dup);
+        }
         cmd.arg("--process").arg(process).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
         let [stdin, stdout, stderr] = stdio;
         cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
-        cmd.spawn().map_err(io_err("running runsc exec"))
+        crate::sys::only_these_in_child(&mut cmd, kept.iter().map(|f| f.as_raw_fd()).collect()).map_err(io_err("passing descriptors to runsc exec"))?;
+        let child = cmd.spawn().map_err(io_err("running runsc exec"));
+        drop(kept);
+        drop(extra);
+        child
     }
 
     /// `runsc kill --pid PID ID SIGNAL`: signals one process of the sandbox

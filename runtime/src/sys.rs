@@ -5,6 +5,7 @@
 
 use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::process::Command;
 
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
@@ -112,4 +113,43 @@ pub(crate) fn recv_with_rights(stream: &UnixStream, buf: &mut [u8]) -> std::io::
         }
     }
     Ok((msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
+}
+
+/// Makes `cmd`'s child start its program with exactly its stdio and the
+/// descriptors `fds` (numbers of this process, close-on-exec here, kept
+/// open by the caller until `spawn` returns): between fork and exec, the
+/// child marks every descriptor from 3 up close-on-exec
+/// (`close_range(CLOSE_RANGE_CLOEXEC)`), whatever this process inherited or
+/// a library left open, and then clears the flag on `fds` only. Numbers
+/// below 3 are refused (the child's stdio goes there).
+pub(crate) fn only_these_in_child(cmd: &mut Command, fds: Vec<RawFd>) -> std::io::Result<()> {
+    use std::os::unix::process::CommandExt;
+    if fds.iter().any(|&fd| fd < 3) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "a descriptor to pass is below 3"));
+    }
+    // SAFETY: the closure runs in the forked child before exec; it only
+    // makes raw close_range(2) and fcntl(2) calls, which are
+    // async-signal-safe, reads the moved-in vector (no allocation), and
+    // builds an io::Error from errno (no allocation).
+    unsafe {
+        cmd.pre_exec(move || {
+            let rc = libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC);
+            if rc < 0 {
+                // Kernels before 5.11: one descriptor at a time.
+                for fd in 3..4096 {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    if flags >= 0 {
+                        libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC);
+                    }
+                }
+            }
+            for &fd in &fds {
+                if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(())
 }

@@ -65,6 +65,31 @@ fn install_panic_restore() {
     });
 }
 
+/// A PTY pair, both ends close-on-exec.
+#[derive(Debug)]
+pub struct Pty {
+    /// The master (the client's side).
+    pub master: OwnedFd,
+    /// The slave (the agent's terminal).
+    pub slave: OwnedFd,
+}
+
+/// Allocates a PTY whose master and slave are both close-on-exec from the
+/// moment they exist (`posix_openpt(O_CLOEXEC)`, then the slave opened by
+/// name with `O_CLOEXEC`), so that no process another thread starts at the
+/// same time inherits either end. Neither becomes a controlling terminal of
+/// the caller (`O_NOCTTY`).
+pub fn open_pty() -> nix::Result<Pty> {
+    use nix::fcntl::OFlag;
+    let flags = OFlag::O_RDWR | OFlag::O_NOCTTY | OFlag::O_CLOEXEC;
+    let master = nix::pty::posix_openpt(flags)?;
+    nix::pty::grantpt(&master)?;
+    nix::pty::unlockpt(&master)?;
+    let name = nix::pty::ptsname_r(&master)?;
+    let slave = nix::fcntl::open(name.as_str(), flags, nix::sys::stat::Mode::empty())?;
+    Ok(Pty { master: OwnedFd::from(master), slave })
+}
+
 /// Whether `fd` is a terminal.
 pub fn is_terminal(fd: impl AsFd) -> bool {
     nix::unistd::isatty(fd).unwrap_or(false)
@@ -130,6 +155,19 @@ mod tests {
         drop(guard);
         let after = termios::tcgetattr(pty.slave.as_fd()).expect("tcgetattr");
         assert_eq!(format!("{before:?}"), format!("{after:?}"));
+    }
+
+    #[test]
+    fn both_ends_of_a_new_pty_are_close_on_exec() {
+        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        let pty = open_pty().expect("open_pty");
+        for fd in [&pty.master, &pty.slave] {
+            let flags = FdFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFD).expect("F_GETFD"));
+            assert!(flags.contains(FdFlag::FD_CLOEXEC), "a PTY end without FD_CLOEXEC");
+        }
+        assert!(is_terminal(pty.slave.as_fd()));
+        set_window_size(pty.master.as_fd(), WindowSize { rows: 5, cols: 6 }).expect("set");
+        assert_eq!(window_size(pty.slave.as_fd()).expect("get"), WindowSize { rows: 5, cols: 6 });
     }
 
     #[test]

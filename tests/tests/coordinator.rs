@@ -141,6 +141,32 @@ fn a_killed_client_takes_only_its_own_agent_along() {
     env.assert_journal_conforms();
 }
 
+/// What issue 17 still asks for: a process the agent double-forked (here
+/// `(sleep 1000 &)`, re-parented to the container's init) must end with its
+/// session. `kill_session_tree` follows `runsc ps` parent links and misses
+/// it; ignored until a sound way is in place.
+#[test]
+#[ignore = "issue 17: double-forked processes outlive their session"]
+fn a_killed_clients_double_forked_processes_go_too() {
+    let env = TestEnv::new();
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^[s]leep 1000'"]);
+    assert_eq!(a.next_line(), "up");
+    let mut c = Session::start(&env, &["run", "test", "--", "sh", "-c", "(sleep 1000 &); echo c-up; sleep 1000"]);
+    assert_eq!(c.next_line(), "c-up");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.child.id() as i32), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the client");
+    let _ = wait_with_limit(&mut c.child);
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while ls_json(&env).first().and_then(|d| d["sessions"].as_array().map(Vec::len)) != Some(1) {
+        assert!(Instant::now() < deadline, "the killed client's session never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(rest, vec!["0".to_string()], "processes of the killed session left inside; stderr: {err}");
+    assert_eq!(status, Some(1), "grep -c found none (exit 1)");
+    env.assert_nothing_left();
+}
+
 #[test]
 fn sessions_on_terminals_have_their_own_pty() {
     let env = TestEnv::new();
@@ -310,7 +336,8 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     assert_eq!(a.next_line(), "up");
     let socket = env.domain_dir().expect("domain dir").join("coordinator.sock");
     // A well-formed request from root is answered ...
-    let status = poke(&socket, &frame("{\"type\":\"Status\",\"version\":1}"));
+    // (version 2: WIRE_VERSION, since the Hello names its terminal streams)
+    let status = poke(&socket, &frame("{\"type\":\"Status\",\"version\":2}"));
     assert!(!status.is_empty(), "root's Status request got no answer");
     // ... garbage, an oversized frame, unknown and malformed messages, a
     // wrong version and a cut-off frame are not.
@@ -319,7 +346,7 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
         ("oversized", { let mut v = (u32::MAX).to_be_bytes().to_vec(); v.extend_from_slice(&[b'x'; 4096]); v }),
         ("unknown message", frame("{\"type\":\"Launch\",\"command\":\"rm -rf /\"}")),
         ("malformed json", frame("{\"type\":")),
-        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":1}"); v.truncate(9); v }),
+        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":2}"); v.truncate(9); v }),
     ] {
         let back = poke(&socket, &data);
         assert!(back.is_empty(), "{what}: the coordinator answered {back:?}");
@@ -329,7 +356,7 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     // Another uid (allowed through the file permissions by a capability,
     // so only SO_PEERCRED stands in its way) gets nothing.
     let (uid, gid) = test_user();
-    let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":1}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
+    let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":2}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
     let other = std::process::Command::new("setpriv")
         .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--inh-caps=+dac_override".into(), "--ambient-caps=+dac_override".into()])
         .args(["python3", "-c", script])

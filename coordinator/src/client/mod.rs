@@ -2,28 +2,26 @@
 //! (starting the coordinator first when the Domain is not running), and the
 //! one-shot commands `lazaret stop`, `ls`, `debug` ([`control`]).
 //!
-//! A session on a terminal gets the PTY master of its agent from the
-//! coordinator (SCM_RIGHTS) and copies between it and the developer's
-//! terminal itself, in raw mode ([`terminal`]); window-size changes go
-//! straight to that master. A session without a terminal hands its own
-//! stdin, stdout and stderr to the coordinator, which gives them to the
-//! agent directly. Either way, only signals and the exit status travel as
-//! messages.
+//! The client never hands its own descriptors to the agent ([`terminal`]):
+//! when any of stdin, stdout and stderr is a terminal, the agent gets a PTY
+//! for those streams, whose master comes from the coordinator (SCM_RIGHTS)
+//! and which the client copies to and from the developer's terminal (raw
+//! mode while stdin is a terminal); window-size changes go straight to that
+//! master. Every other stream is a fresh pipe the client relays. Only
+//! signals and the exit status travel as messages.
 
 mod control;
 mod error;
 mod spawn;
 mod terminal;
 
-use std::io::IsTerminal;
-use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::wire::{ClientMessage, CoordinatorMessage, FrameError, WIRE_VERSION};
 use lazaret_runtime::signals::Signals;
-use lazaret_runtime::terminal::window_size;
 use lazaret_runtime::ExitStatus;
 
 use crate::context::{require_root, Context, ContextError};
@@ -61,9 +59,9 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
     let ctx = Context::resolve(req.config.as_deref(), req.profile.as_deref(), &req.dir)?;
     let dir = DomainDir::new(ctx.domain_runtime_dir()?);
     let session = format!("s-{}", crate::random::hex(8).map_err(ClientError::io("reading randomness for the Session ID"))?);
-    let stdin = std::io::stdin();
-    let tty = stdin.is_terminal() && std::io::stdout().is_terminal();
-    let (rows, cols) = if tty { window_size(stdin.as_fd()).map(|w| (w.rows, w.cols)).unwrap_or((0, 0)) } else { (0, 0) };
+    let io = terminal::SessionIo::new()?;
+    let tty = io.tty();
+    let (rows, cols) = io.window_size();
     let hello = ClientMessage::Hello {
         version: WIRE_VERSION,
         session: session.clone(),
@@ -71,6 +69,7 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         fingerprint: ctx.config.fingerprint(&ctx.profile.name).map_err(ContextError::from)?.to_string(),
         config_json: ctx.config.render_json().map_err(ContextError::from)?,
         tty,
+        terminal: io.terminal,
         term: std::env::var("TERM").ok(),
         args: req.args.clone(),
         rows,
@@ -88,12 +87,13 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
             if req.reset_anchor && launched.is_none() {
                 return Err(ClientError::ResetWhileRunning { profile: ctx.profile.name.clone() });
             }
-            match handshake(&stream, &hello, tty)? {
+            let answer = handshake(&stream, &hello, &io.agent_ends())?;
+            match answer {
                 Handshake::Joined(master) => {
                     if let Some(l) = launched.as_mut() {
                         l.relay(false);
                     }
-                    return terminal::attach(&stream, master, &mut signals, &dir);
+                    return terminal::attach(&stream, master, io, &mut signals, &dir);
                 }
                 Handshake::Finished(status) => return Ok(ExitStatus(status)),
                 Handshake::Retry => std::thread::sleep(Duration::from_millis(20)),
@@ -143,10 +143,9 @@ enum Handshake {
     Refused(String),
 }
 
-fn handshake(stream: &UnixStream, hello: &ClientMessage, tty: bool) -> Result<Handshake, ClientError> {
-    let (i, o, e) = (std::io::stdin(), std::io::stdout(), std::io::stderr());
-    let fds: Vec<BorrowedFd<'_>> = if tty { Vec::new() } else { vec![i.as_fd(), o.as_fd(), e.as_fd()] };
-    match transport::write_frame_with_fds(stream, hello, &fds) {
+/// Sends the Hello with the agent's pipe ends (`fds`) and reads the answer.
+fn handshake(stream: &UnixStream, hello: &ClientMessage, fds: &[BorrowedFd<'_>]) -> Result<Handshake, ClientError> {
+    match transport::write_frame_with_fds(stream, hello, fds) {
         Ok(()) => {}
         Err(FrameError::Io(_)) => return Ok(Handshake::Retry),
         Err(e) => return Err(e.into()),

@@ -1,20 +1,25 @@
-//! A session's terminal side: copies between the developer's terminal (in
-//! raw mode, restored on every exit path) and the agent's PTY master,
-//! forwards signals as messages, and returns the agent's exit status.
-//! Without a terminal the agent has the client's own stdio and this only
-//! waits for the exit.
+//! A session's I/O: the client never hands its own descriptors to the
+//! agent. Each of stdin, stdout and stderr that is a terminal is the agent's
+//! PTY (the master comes from the coordinator); each other stream is a fresh
+//! pipe whose far end goes to the coordinator, and this relays between the
+//! pipe and the client's own descriptor, so file offsets and pipes behave
+//! as if the agent wrote there itself. The developer's terminal is in raw
+//! mode (restored on every exit path) while stdin is a terminal; signals go
+//! to the coordinator as messages, and the agent's exit status comes back.
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
 use std::time::Duration;
 
 use nix::errno::Errno;
+use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage};
 use lazaret_runtime::signals::Signals;
-use lazaret_runtime::terminal::{sync_window_size, RawModeGuard};
+use lazaret_runtime::terminal::{is_terminal, sync_window_size, RawModeGuard};
 use lazaret_runtime::ExitStatus;
 
 use crate::layout::DomainDir;
@@ -26,18 +31,138 @@ use super::ClientError;
 /// How long a client waits for a Domain to finish going down.
 const DOWN_LIMIT: Duration = Duration::from_secs(60);
 
-/// Serves the session until the coordinator reports the agent's exit.
-pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, signals: &mut Signals, dir: &DomainDir) -> Result<ExitStatus, ClientError> {
-    let stdin = std::io::stdin();
-    let raw = match &master {
-        Some(_) => Some(RawModeGuard::enter(stdin.as_fd()).map_err(ClientError::errno("setting the terminal to raw mode"))?),
-        None => None,
-    };
-    if let Some(m) = &master {
-        sync_window_size(stdin.as_fd(), m.as_fd());
-        let _ = nix::fcntl::fcntl(m, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK));
+/// The client's own stdin, stdout and stderr, by number.
+struct Std {
+    i: std::io::Stdin,
+    o: std::io::Stdout,
+    e: std::io::Stderr,
+}
+
+impl Std {
+    fn get() -> Std {
+        Std { i: std::io::stdin(), o: std::io::stdout(), e: std::io::stderr() }
     }
-    let mut relay = Relay { stream, master_open: master.is_some(), input_open: master.is_some(), master, raw: raw.is_some(), ..Relay::new(stream) };
+
+    fn fd(&self, n: usize) -> BorrowedFd<'_> {
+        match n {
+            0 => self.i.as_fd(),
+            1 => self.o.as_fd(),
+            _ => self.e.as_fd(),
+        }
+    }
+}
+
+/// How a session's three streams reach the agent: which are the PTY, the
+/// pipe ends for the agent (sent with the Hello) and the client's ends.
+pub(super) struct SessionIo {
+    /// Which of stdin, stdout and stderr are terminals (the agent's PTY).
+    pub terminal: [bool; 3],
+    /// The agent's pipe ends, one per stream that is not a terminal, in
+    /// stream order (stdout and stderr may share one pipe).
+    agent: Vec<OwnedFd>,
+    /// Write end of the agent's stdin pipe.
+    stdin: Option<OwnedFd>,
+    /// Read ends of the agent's output pipes, with the client stream each
+    /// is copied to.
+    outputs: Vec<(OwnedFd, usize)>,
+}
+
+impl SessionIo {
+    /// Looks at the client's stdio and makes a pipe for each stream that is
+    /// not a terminal. stdout and stderr on the same file (`2>&1`, one pipe)
+    /// share one pipe, which keeps their interleaving.
+    pub fn new() -> Result<SessionIo, ClientError> {
+        let std = Std::get();
+        let terminal = [0, 1, 2].map(|n| is_terminal(std.fd(n)));
+        let pipe = || nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(ClientError::errno("creating a pipe for the agent"));
+        let mut io = SessionIo { terminal, agent: Vec::new(), stdin: None, outputs: Vec::new() };
+        if !terminal[0] {
+            let (r, w) = pipe()?;
+            io.agent.push(r);
+            io.stdin = Some(w);
+        }
+        let shared = !terminal[1] && !terminal[2] && same_file(std.fd(1), std.fd(2));
+        if !terminal[1] {
+            let (r, w) = pipe()?;
+            if shared {
+                io.agent.push(w.try_clone().map_err(ClientError::io("duplicating a pipe"))?);
+            }
+            io.agent.push(w);
+            io.outputs.push((r, 1));
+        }
+        if !terminal[2] && !shared {
+            let (r, w) = pipe()?;
+            io.agent.push(w);
+            io.outputs.push((r, 2));
+        }
+        Ok(io)
+    }
+
+    /// Whether the agent gets a PTY.
+    pub fn tty(&self) -> bool {
+        self.terminal.iter().any(|t| *t)
+    }
+
+    /// The size of the client's terminal that sizes the PTY (stdin if it
+    /// is one, else stdout, else stderr); (0, 0) when unknown.
+    pub fn window_size(&self) -> (u16, u16) {
+        let std = Std::get();
+        (0..3)
+            .find(|&n| self.terminal[n])
+            .and_then(|n| lazaret_runtime::terminal::window_size(std.fd(n)).ok())
+            .map(|w| (w.rows, w.cols))
+            .unwrap_or((0, 0))
+    }
+
+    /// The agent's pipe ends, to send with the Hello.
+    pub fn agent_ends(&self) -> Vec<BorrowedFd<'_>> {
+        self.agent.iter().map(|f| f.as_fd()).collect()
+    }
+}
+
+/// Whether two descriptors are the same file (device and inode).
+fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
+    let meta = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().ok().map(std::fs::File::from).and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+    matches!((meta(a), meta(b)), (Some(x), Some(y)) if x == y)
+}
+
+/// Serves the session until the coordinator reports the agent's exit.
+pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo, signals: &mut Signals, dir: &DomainDir) -> Result<ExitStatus, ClientError> {
+    let SessionIo { terminal, agent, stdin, outputs } = io;
+    // The agent's ends are with the coordinator now: ours must go, or the
+    // agent would never see end of file.
+    drop(agent);
+    if master.is_some() != terminal.iter().any(|t| *t) {
+        return Err(ClientError::Unexpected { request: "Hello", answer: "a Welcome without the PTY the session needs".into() });
+    }
+    let std = Std::get();
+    let raw = match (&master, terminal[0]) {
+        (Some(_), true) => Some(RawModeGuard::enter(std.fd(0)).map_err(ClientError::errno("setting the terminal to raw mode"))?),
+        _ => None,
+    };
+    let sizing = (0..3).find(|&n| terminal[n]);
+    if let (Some(m), Some(n)) = (&master, sizing) {
+        sync_window_size(std.fd(n), m.as_fd());
+    }
+    for fd in master.iter().chain(stdin.iter()).chain(outputs.iter().map(|(f, _)| f)) {
+        let _ = fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK));
+    }
+    let mut relay = Relay {
+        stream,
+        input_open: master.is_some() && terminal[0] || stdin.is_some(),
+        input_to_master: terminal[0],
+        master_out: [1, 2, 0].into_iter().find(|&n| terminal[n]).unwrap_or(1),
+        sizing,
+        master,
+        stdin,
+        outputs: outputs.into_iter().map(|(fd, to)| Output { fd: Some(fd), to }).collect(),
+        raw: raw.is_some(),
+        std,
+        to_agent: Vec::new(),
+        exit: None,
+        terminations: 0,
+        buf: vec![0u8; 16 * 1024],
+    };
     let outcome = relay.run(signals, dir);
     drop(raw);
     outcome?;
@@ -51,15 +176,33 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, signals: &mut
 /// Most bytes buffered for the agent before the developer's input waits.
 const INPUT_BACKLOG: usize = 64 * 1024;
 
+/// One of the agent's output pipes and the client stream it goes to.
+struct Output {
+    fd: Option<OwnedFd>,
+    to: usize,
+}
+
 /// The state of one session's relay.
 struct Relay<'a> {
     stream: &'a UnixStream,
+    /// The PTY master, while it gives output.
     master: Option<OwnedFd>,
-    master_open: bool,
+    /// Where the PTY's output goes: the client's first terminal among
+    /// stdout, stderr, stdin.
+    master_out: usize,
+    /// The client's terminal that sizes the PTY.
+    sizing: Option<usize>,
+    /// Whether the client's stdin is still read.
     input_open: bool,
+    /// stdin is a terminal: input goes to the PTY, not to a pipe.
+    input_to_master: bool,
+    /// The agent's stdin pipe (write end), until the client's stdin ends.
+    stdin: Option<OwnedFd>,
+    outputs: Vec<Output>,
     /// Whether the developer's terminal is in raw mode (notices need CRLF).
     raw: bool,
-    to_master: Vec<u8>,
+    std: Std,
+    to_agent: Vec<u8>,
     /// The agent's status and whether the Domain went down, once known.
     exit: Option<(i32, bool)>,
     terminations: u32,
@@ -72,36 +215,39 @@ struct Ready {
     socket: PollFlags,
     master: PollFlags,
     input: PollFlags,
+    stdin_pipe: PollFlags,
+    outputs: Vec<PollFlags>,
     timed_out: bool,
 }
 
-impl<'a> Relay<'a> {
-    fn new(stream: &'a UnixStream) -> Relay<'a> {
-        Relay { stream, master: None, master_open: false, input_open: false, raw: false, to_master: Vec::new(), exit: None, terminations: 0, buf: vec![0u8; 16 * 1024] }
+const READABLE: PollFlags = PollFlags::POLLIN.union(PollFlags::POLLHUP).union(PollFlags::POLLERR);
+
+impl Relay<'_> {
+    /// Whether any of the agent's output may still come.
+    fn output_open(&self) -> bool {
+        self.master.is_some() || self.outputs.iter().any(|o| o.fd.is_some())
     }
 
-    /// Relays until the agent's exit is known and its output drained.
+    /// Relays until the agent's exit is known and its output drained (or
+    /// quiet for a moment: something it left behind may hold a pipe).
     fn run(&mut self, signals: &mut Signals, dir: &DomainDir) -> Result<(), ClientError> {
         loop {
             let ready = match self.poll(signals)? {
                 Some(r) => r,
                 None => continue,
             };
-            if self.exit.is_some() && (ready.timed_out || !self.master_open) {
+            if self.exit.is_some() && (ready.timed_out || !self.output_open()) {
                 return Ok(());
             }
             if ready.signals {
                 self.on_signals(signals);
             }
-            if ready.socket.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
+            if ready.socket.intersects(READABLE) {
                 self.on_message(dir)?;
-                if self.exit.is_some() && !self.master_open {
-                    return Ok(());
-                }
             }
-            self.pump_master(ready.master);
-            self.pump_input(ready.input);
-            if self.exit.is_some() && !self.master_open {
+            self.pump_outputs(&ready);
+            self.pump_input(&ready);
+            if self.exit.is_some() && !self.output_open() {
                 return Ok(());
             }
         }
@@ -109,27 +255,29 @@ impl<'a> Relay<'a> {
 
     /// Waits for the next events; `None` when interrupted.
     fn poll(&self, signals: &Signals) -> Result<Option<Ready>, ClientError> {
-        let stdin = std::io::stdin();
         let mut fds = vec![PollFd::new(signals.fd(), PollFlags::POLLIN)];
-        let socket = self.exit.is_none().then(|| {
-            fds.push(PollFd::new(self.stream.as_fd(), PollFlags::POLLIN));
-            fds.len() - 1
-        });
-        let master = match (&self.master, self.master_open) {
-            (Some(m), true) => {
+        fn add<'f>(fds: &mut Vec<PollFd<'f>>, fd: BorrowedFd<'f>, flags: PollFlags) -> Option<usize> {
+            fds.push(PollFd::new(fd, flags));
+            Some(fds.len() - 1)
+        }
+        let socket = if self.exit.is_none() { add(&mut fds, self.stream.as_fd(), PollFlags::POLLIN) } else { None };
+        let master = match &self.master {
+            Some(m) => {
                 let mut f = PollFlags::POLLIN;
-                if !self.to_master.is_empty() {
+                if self.input_to_master && !self.to_agent.is_empty() {
                     f |= PollFlags::POLLOUT;
                 }
-                fds.push(PollFd::new(m.as_fd(), f));
-                Some(fds.len() - 1)
+                add(&mut fds, m.as_fd(), f)
             }
+            None => None,
+        };
+        let stdin_pipe = match &self.stdin {
+            Some(p) if !self.to_agent.is_empty() => add(&mut fds, p.as_fd(), PollFlags::POLLOUT),
             _ => None,
         };
-        let input = (self.input_open && self.master_open && self.to_master.len() < INPUT_BACKLOG).then(|| {
-            fds.push(PollFd::new(stdin.as_fd(), PollFlags::POLLIN));
-            fds.len() - 1
-        });
+        let destination = if self.input_to_master { self.master.is_some() } else { self.stdin.is_some() };
+        let input = if self.input_open && destination && self.to_agent.len() < INPUT_BACKLOG { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
+        let outputs: Vec<Option<usize>> = self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
         let timeout = if self.exit.is_some() { PollTimeout::from(100u16) } else { PollTimeout::NONE };
         let n = match poll(&mut fds, timeout) {
             Err(Errno::EINTR) => return Ok(None),
@@ -142,6 +290,8 @@ impl<'a> Relay<'a> {
             socket: revents(socket),
             master: revents(master),
             input: revents(input),
+            stdin_pipe: revents(stdin_pipe),
+            outputs: outputs.into_iter().map(revents).collect(),
             timed_out: n == 0,
         }))
     }
@@ -150,13 +300,12 @@ impl<'a> Relay<'a> {
     /// raw mode the terminal sends no INT/QUIT; a hangup or a signal from
     /// another process ends the agent too), SIGKILL from the second one on.
     fn on_signals(&mut self, signals: &mut Signals) {
-        let stdin = std::io::stdin();
         let mut out = self.stream;
         while let Some(sig) = signals.next_pending() {
             match sig {
                 Signal::SIGWINCH => {
-                    if let Some(m) = &self.master {
-                        sync_window_size(stdin.as_fd(), m.as_fd());
+                    if let (Some(m), Some(n)) = (&self.master, self.sizing) {
+                        sync_window_size(self.std.fd(n), m.as_fd());
                     }
                 }
                 Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
@@ -187,56 +336,94 @@ impl<'a> Relay<'a> {
         Ok(())
     }
 
-    /// Agent output to the terminal; buffered input to the agent.
-    fn pump_master(&mut self, events: PollFlags) {
-        let Some(m) = &self.master else { return };
-        if !self.master_open {
-            return;
-        }
-        if events.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
-            match nix::unistd::read(m.as_fd(), &mut self.buf) {
-                Ok(0) | Err(Errno::EIO) => self.master_open = false,
-                Ok(n) => write_all(std::io::stdout().as_fd(), &self.buf[..n]),
-                Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
-                Err(_) => self.master_open = false,
+    /// The agent's output (PTY and pipes) to the client's streams.
+    fn pump_outputs(&mut self, ready: &Ready) {
+        if let Some(m) = &self.master {
+            if ready.master.intersects(READABLE) {
+                match nix::unistd::read(m.as_fd(), &mut self.buf) {
+                    Ok(0) | Err(Errno::EIO) => self.master = None,
+                    Ok(n) => {
+                        let _ = write_all(self.std.fd(self.master_out), &self.buf[..n]);
+                    }
+                    Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
+                    Err(_) => self.master = None,
+                }
             }
         }
-        if self.master_open && events.contains(PollFlags::POLLOUT) && !self.to_master.is_empty() {
-            match nix::unistd::write(m.as_fd(), &self.to_master) {
+        for (o, events) in self.outputs.iter_mut().zip(&ready.outputs) {
+            let Some(fd) = &o.fd else { continue };
+            if !events.intersects(READABLE) {
+                continue;
+            }
+            match nix::unistd::read(fd.as_fd(), &mut self.buf) {
+                Ok(0) => o.fd = None,
                 Ok(n) => {
-                    self.to_master.drain(..n);
+                    // A stream nobody reads any more (a closed pipe): the
+                    // agent gets EPIPE too, as it would writing there itself.
+                    if write_all(self.std.fd(o.to), &self.buf[..n]).is_err() {
+                        o.fd = None;
+                    }
                 }
                 Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
-                Err(_) => self.to_master.clear(),
+                Err(_) => o.fd = None,
             }
         }
     }
 
-    /// The developer's keystrokes, buffered for the agent.
-    fn pump_input(&mut self, events: PollFlags) {
-        if events.intersects(PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR) {
-            match nix::unistd::read(std::io::stdin().as_fd(), &mut self.buf) {
+    /// The client's stdin, buffered for the agent (its PTY or its pipe); at
+    /// the end of stdin, the agent's stdin pipe is closed once drained.
+    fn pump_input(&mut self, ready: &Ready) {
+        if ready.input.intersects(READABLE) {
+            match nix::unistd::read(self.std.fd(0), &mut self.buf) {
                 Ok(0) => self.input_open = false,
-                Ok(n) => self.to_master.extend_from_slice(&self.buf[..n]),
+                Ok(n) => self.to_agent.extend_from_slice(&self.buf[..n]),
                 Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
                 Err(_) => self.input_open = false,
             }
         }
+        let target = if self.input_to_master { (self.master.as_ref(), ready.master) } else { (self.stdin.as_ref(), ready.stdin_pipe) };
+        if let (Some(fd), events) = target {
+            if events.contains(PollFlags::POLLOUT) && !self.to_agent.is_empty() {
+                match nix::unistd::write(fd, &self.to_agent) {
+                    Ok(n) => {
+                        self.to_agent.drain(..n);
+                    }
+                    Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
+                    Err(_) => {
+                        self.to_agent.clear();
+                        self.input_open = false;
+                        if !self.input_to_master {
+                            self.stdin = None;
+                        }
+                    }
+                }
+            } else if !self.input_to_master && events.intersects(PollFlags::POLLERR | PollFlags::POLLHUP) {
+                // The agent closed its stdin.
+                self.to_agent.clear();
+                self.input_open = false;
+                self.stdin = None;
+            }
+        }
+        if !self.input_to_master && !self.input_open && self.to_agent.is_empty() {
+            self.stdin = None;
+        }
     }
 }
 
-fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) {
+/// Writes all of `data` to one of the client's own streams (which may be
+/// non-blocking: then it waits for room). Fails when the stream is gone.
+fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> Result<(), Errno> {
     while !data.is_empty() {
         match nix::unistd::write(fd, data) {
-            Ok(0) => return,
+            Ok(0) => return Err(Errno::EIO),
             Ok(n) => data = &data[n..],
             Err(Errno::EINTR) => {}
             Err(Errno::EAGAIN) => {
                 let mut p = [PollFd::new(fd, PollFlags::POLLOUT)];
                 let _ = poll(&mut p, PollTimeout::from(1000u16));
             }
-            Err(_) => return,
+            Err(e) => return Err(e),
         }
     }
+    Ok(())
 }
-

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use lazaret_protocol::journal::Event;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, FrameError, RateLimit, WIRE_VERSION};
-use lazaret_runtime::terminal::{set_window_size, WindowSize};
+use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
 
 use crate::transport;
 use crate::LAZARET_FAILED;
@@ -28,6 +28,8 @@ const MAX_GRACE: Duration = Duration::from_secs(300);
 struct SessionRequest {
     session: String,
     tty: bool,
+    /// Which of stdin, stdout and stderr are the PTY (the rest came as pipes).
+    terminal: [bool; 3],
     term: Option<String>,
     args: Vec<String>,
     cwd: Option<String>,
@@ -102,7 +104,7 @@ impl Refusal {
 /// the stream its one-line notices go to. Returns the session's request,
 /// or why it was refused.
 fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixStream>) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, tty, term, args, rows, cols, cwd } = hello else {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, tty, terminal, term, args, rows, cols, cwd } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
@@ -112,9 +114,10 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixSt
         log(&format!("disconnected a client: bad Hello (profile {profile:?}, session {session:?})"));
         return Err(Refusal::final_("malformed session request"));
     }
-    if !tty && fds != 3 {
-        log(&format!("session {session}: refused: expected 3 stdio descriptors, got {fds}"));
-        return Err(Refusal::final_("a session without a terminal must pass its stdin, stdout and stderr"));
+    let pipes = terminal.iter().filter(|t| !**t).count();
+    if tty != terminal.iter().any(|t| *t) || fds != pipes {
+        log(&format!("session {session}: refused: terminal streams {terminal:?} (tty {tty}) with {fds} descriptors"));
+        return Err(Refusal::final_(format!("a session must pass one pipe for each stream that is not a terminal ({pipes}), got {fds}")));
     }
     let mut live = d.live();
     if live.phase != Phase::Ready {
@@ -144,7 +147,7 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixSt
     live.ever_joined = true;
     live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices });
     log(&format!("session {session} joined ({} connected)", live.sessions.len()));
-    Ok(SessionRequest { session, tty, term, args, cwd, size: WindowSize { rows, cols } })
+    Ok(SessionRequest { session, tty, terminal, term, args, cwd, size: WindowSize { rows, cols } })
 }
 
 /// One session: register it, exec its agent, relay signals, report its exit.
@@ -257,8 +260,10 @@ fn agent_cwd(d: &Domain, cwd: Option<&str>) -> Option<PathBuf> {
     (plain && c.starts_with(d.ctx.workspace.root())).then_some(c)
 }
 
-/// Writes the session's process spec and starts `runsc exec`: on a PTY
-/// (whose master is returned, for the client) or on the client's own stdio.
+/// Writes the session's process spec and starts `runsc exec` on the
+/// client's pipes and, if any stream is a terminal, a PTY whose master is
+/// returned (for the client). Every descriptor here is close-on-exec; only
+/// this session's `runsc exec` gets them, as its stdio or `--pass-fd`.
 fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &Path) -> Result<(std::process::Child, Option<OwnedFd>), StartError> {
     let mut spec = d.ctx.bundle_spec(&d.image, &req.args, req.tty)?;
     if let Some(t) = req.term.as_ref().filter(|t| !t.is_empty() && t.len() < 64 && t.chars().all(|c| c.is_ascii_graphic())) {
@@ -272,23 +277,68 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     // rootfs and cgroups.
     spec.rootfs = d.run.rootfs();
     spec.cgroups_path = d.cgroups_path.clone();
+    if req.tty && req.terminal.iter().any(|t| !t) {
+        spec.args = stdio_wrapper(&req.terminal, std::mem::take(&mut spec.args));
+    }
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
     let process_file = d.run.session_process(&req.session);
     std::fs::write(&process_file, process).map_err(StartError::io(format!("writing {}", process_file.display())))?;
-    let (stdio, master) = if req.tty {
-        let pty = nix::pty::openpty(None, None).map_err(StartError::errno("allocating a PTY"))?;
+    let missing = || StartError::Io { context: "the client's pipes".into(), source: std::io::Error::other("missing descriptors") };
+    let mut pipes = fds.into_iter();
+    let (stdio, extra, master) = if req.tty {
+        let pty = open_pty().map_err(StartError::errno("allocating a PTY"))?;
         if req.size.rows > 0 && req.size.cols > 0 {
             let _ = set_window_size(pty.master.as_fd(), req.size);
         }
         let dup = |f: &OwnedFd| f.try_clone().map_err(StartError::io("duplicating the PTY"));
-        ([dup(&pty.slave)?, dup(&pty.slave)?, pty.slave], Some(pty.master))
+        // runsc makes all of 0, 1 and 2 the terminal: a stream that is not
+        // one goes in as descriptor 3 + its number, which the wrapper moves.
+        let mut extra = Vec::new();
+        for (i, on_pty) in req.terminal.iter().enumerate() {
+            if !on_pty {
+                extra.push((pipes.next().ok_or_else(missing)?, 3 + i as i32));
+            }
+        }
+        ([dup(&pty.slave)?, dup(&pty.slave)?, pty.slave], extra, Some(pty.master))
     } else {
-        let mut it = fds.into_iter();
-        match (it.next(), it.next(), it.next()) {
-            (Some(a), Some(b), Some(c)) => ([a, b, c], None),
-            _ => return Err(StartError::Io { context: "the client's stdio".into(), source: std::io::Error::other("missing descriptors") }),
+        match (pipes.next(), pipes.next(), pipes.next()) {
+            (Some(a), Some(b), Some(c)) => ([a, b, c], Vec::new(), None),
+            _ => return Err(missing()),
         }
     };
-    let child = d.runsc.exec(&d.container, &process_file, pid_file, stdio)?;
+    let child = d.runsc.exec(&d.container, &process_file, pid_file, stdio, extra)?;
     Ok((child, master))
+}
+
+/// The agent's command behind a `/bin/sh` that moves each stream that is
+/// not the terminal from descriptor 3 + N (where runsc put it, see
+/// [`start_agent`]) to N, closes the original and execs the command, which
+/// keeps the shell's PID and the PTY as its controlling terminal.
+fn stdio_wrapper(terminal: &[bool; 3], args: Vec<String>) -> Vec<String> {
+    let mut script = String::new();
+    for (n, on_pty) in terminal.iter().enumerate() {
+        if !on_pty {
+            let from = 3 + n;
+            let dir = if n == 0 { '<' } else { '>' };
+            script.push_str(&format!("exec {n}{dir}&{from} {from}{dir}&-; "));
+        }
+    }
+    script.push_str("exec \"$@\"");
+    let mut wrapped = vec!["/bin/sh".to_string(), "-c".to_string(), script, "lazaret-stdio".to_string()];
+    wrapped.extend(args);
+    wrapped
+}
+
+#[cfg(test)]
+mod tests {
+    use super::stdio_wrapper;
+
+    #[test]
+    fn the_wrapper_moves_only_the_streams_that_are_not_the_terminal() {
+        let w = stdio_wrapper(&[true, false, true], vec!["agent".into(), "--flag".into()]);
+        assert_eq!(w, ["/bin/sh", "-c", "exec 1>&4 4>&-; exec \"$@\"", "lazaret-stdio", "agent", "--flag"]);
+        let w = stdio_wrapper(&[false, true, false], vec!["a b".into()]);
+        assert_eq!(w[2], "exec 0<&3 3<&-; exec 2>&5 5>&-; exec \"$@\"");
+        assert_eq!(w[4], "a b");
+    }
 }
