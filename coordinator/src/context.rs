@@ -44,16 +44,10 @@ pub enum ContextError {
         /// The mount's host path (canonical).
         mount_path: PathBuf,
     },
-    /// A profile asks for a root agent in a configuration root does not own.
-    #[error("profile {profile:?} runs the agent as uid 0, so it can create root-owned files (setuid ones too) in your workspace; only a configuration owned by root may ask for that, and {file} is owned by uid {owner}\n  hint: use `user = \"developer\"`, or `sudo chown root: {file}` if you mean it")]
-    RootAgentNeedsRootConfig {
-        /// The profile.
-        profile: String,
-        /// The configuration file.
-        file: PathBuf,
-        /// Its owner.
-        owner: u32,
-    },
+    /// A setting the configuration's owner may not make (see
+    /// [`config::trust`]).
+    #[error(transparent)]
+    Trust(#[from] config::trust::TrustError),
     /// A host directory Lazaret manages could not be prepared.
     #[error("{context}: {source}")]
     Io {
@@ -96,7 +90,7 @@ impl Context {
         config::check_confinement(&config.file, &profile.host_mounts(workspace.root()))?;
         let domain_id = DomainId::new(&profile.name, &workspace);
         let paths = StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
-        require_trusted_config_for_root_agent(&config, &profile, &developer)?;
+        config::trust::check_trust(&config, &profile, &developer, workspace.root(), &config::trust::developer_access(&developer))?;
         let mounts = profile.host_mounts(workspace.root());
         for (what, path) in [("storage_root", &paths.storage_root), ("runtime_dir", &paths.runtime_dir)] {
             if let Some((label, mount)) = exposing_mount(path, &mounts) {
@@ -240,24 +234,6 @@ impl Context {
             memory_limit: self.profile.memory_limit.map(|m| m as i64),
             pids_limit: self.profile.pids_limit.map(|m| m as i64),
         })
-    }
-}
-
-/// A root agent writes root-owned (even setuid-root) files into the
-/// workspace on the host, so it is a decision for root: the configuration
-/// asking for it must be root's. (A developer allowed to run only `sudo
-/// lazaret` could otherwise gain root through their own configuration.)
-fn require_trusted_config_for_root_agent(config: &Config, profile: &Profile, developer: &Developer) -> Result<(), ContextError> {
-    if profile.user.ids(developer).0 != 0 {
-        return Ok(());
-    }
-    let owner = std::fs::metadata(&config.file)
-        .map_err(|source| ContextError::Io { context: format!("inspecting {}", config.file.display()), source })?
-        .uid();
-    if owner == 0 {
-        Ok(())
-    } else {
-        Err(ContextError::RootAgentNeedsRootConfig { profile: profile.name.clone(), file: config.file.clone(), owner })
     }
 }
 

@@ -22,6 +22,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use lazaret_mounts::MountError;
+use lazaret_protocol::display::escaped;
 use lazaret_mounts::repo::{self, DotGit, DotGitProblem};
 use lazaret_mounts::safe_path;
 use sha2::{Digest, Sha256};
@@ -32,14 +33,14 @@ use sha2::{Digest, Sha256};
 pub enum IdentityError {
     /// No `.git` between the start directory and `/`.
     #[error(
-        "not inside a git checkout (searched from {start} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR"
+        "not inside a git checkout (searched from {} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR", escaped(start)
     )]
     NotInGitCheckout {
         /// Where the search started (canonical).
         start: PathBuf,
     },
     /// A `.git` entry exists but is not a directory or a `gitdir:` file.
-    #[error("{path} is not a git directory or a `gitdir:` file ({problem})\n  hint: {hint}")]
+    #[error("{} is not a git directory or a `gitdir:` file ({problem})\n  hint: {hint}", escaped(path))]
     BadGitMarker {
         /// The `.git` path.
         path: PathBuf,
@@ -65,7 +66,7 @@ pub enum IdentityError {
         uid: u32,
     },
     /// A state directory exists with the wrong type, owner or mode.
-    #[error("unsafe directory {path}: {problem}\n  hint: {hint}")]
+    #[error("unsafe directory {}: {problem}\n  hint: {hint}", escaped(path))]
     UnsafeDirectory {
         /// The directory.
         path: PathBuf,
@@ -75,7 +76,7 @@ pub enum IdentityError {
         hint: String,
     },
     /// A filesystem operation failed.
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", escaped(path))]
     Io {
         /// The path involved.
         path: PathBuf,
