@@ -48,6 +48,18 @@ pub enum ContextError {
     /// [`config::trust`]).
     #[error(transparent)]
     Trust(#[from] config::trust::TrustError),
+    /// An `env:NAME` value names a variable the launching environment lacks.
+    #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
+    MissingHostEnv {
+        /// Where the profile is written, `FILE:LINE:COLUMN`.
+        origin: String,
+        /// The profile.
+        profile: String,
+        /// The agent's variable.
+        name: String,
+        /// The host variable it is taken from.
+        host: String,
+    },
     /// A host directory Lazaret manages could not be prepared.
     #[error("{context}: {source}")]
     Io {
@@ -172,8 +184,14 @@ impl Context {
 
     /// The environment of the agent: the image's, then Lazaret's defaults,
     /// then the profile's (`env:NAME` values taken from `host_env`; a missing
-    /// one is left out with a warning on stderr).
-    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Vec<(String, String)> {
+    /// one is an error naming it).
+    ///
+    /// This is where secrets live: the values exist only in the
+    /// coordinator's memory and in the agent's environment. The spec that
+    /// carries them to runsc is never written to disk (see
+    /// `lazaret_runtime::Runsc::exec_spec`), and the container's first
+    /// process gets none of them ([`Context::init_bundle_spec`]).
+    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Result<Vec<(String, String)>, ContextError> {
         let mut env: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: String| {
             env.retain(|(key, _)| key != k);
@@ -200,25 +218,46 @@ impl Context {
         for (name, value) in &self.profile.env {
             match value.resolve(host_env) {
                 Some(v) => set(name, v.to_string_lossy().into_owned()),
-                None => eprintln!("lazaret: warning: {name} is not set in your environment, so profile {:?} runs without it (under sudo, pass it with `sudo --preserve-env={name}`)", self.profile.name),
+                None => {
+                    let host = match value {
+                        config::EnvValue::FromHost(host) => host.clone(),
+                        config::EnvValue::Literal(_) => name.clone(),
+                    };
+                    return Err(ContextError::MissingHostEnv { origin: self.profile.origin.clone(), profile: self.profile.name.clone(), name: name.clone(), host });
+                }
             }
         }
-        env
+        Ok(env)
+    }
+
+    /// The bundle of the container's first process, which only reaps
+    /// orphans (agents are `runsc exec`'d): the profile's mounts, ids and
+    /// limits, but only `PATH` for an environment, so that the bundle's
+    /// `config.json` on disk holds no value of the profile's `env`.
+    pub fn init_bundle_spec(&self, image: &ImageRecord, args: &[String]) -> Result<BundleSpec, ContextError> {
+        let mut spec = self.spec_with_env(image, args, false, Vec::new())?;
+        spec.env = vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())];
+        Ok(spec)
     }
 
     /// The OCI bundle description for the agent. The caller fills in the
     /// rootfs and cgroups path of this particular run.
     pub fn bundle_spec(&self, image: &ImageRecord, args: &[String], tty: bool) -> Result<BundleSpec, ContextError> {
+        let lookup = |name: &str| std::env::var_os(name);
+        let env = self.agent_env(image, &lookup, tty)?;
+        self.spec_with_env(image, args, tty, env)
+    }
+
+    fn spec_with_env(&self, _image: &ImageRecord, args: &[String], tty: bool, env: Vec<(String, String)>) -> Result<BundleSpec, ContextError> {
         let (uid, gid) = self.agent_ids();
         let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
         let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
         for v in &self.profile.volumes {
             mounts.push(BindMount { source: v.host.clone(), destination: v.sandbox.clone(), readonly: v.readonly });
         }
-        let lookup = |name: &str| std::env::var_os(name);
         Ok(BundleSpec {
             args: argv,
-            env: self.agent_env(image, &lookup, tty),
+            env,
             cwd: self.agent_cwd(),
             uid,
             gid,
@@ -338,6 +377,31 @@ mod tests {
         let other = test_context(dir.path(), test_developer(), "user = \"2000:2000\"\n");
         let spec = other.bundle_spec(&image(), &["sh".into()], false).expect("spec");
         assert_eq!((spec.uid, spec.additional_gids.as_slice()), (2000, &[][..]));
+    }
+
+    #[test]
+    fn a_missing_host_variable_is_an_error_naming_it_and_sudo() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"env:MY_TOKEN\", MODE = \"x\" }\n");
+        let set = |name: &str| (name == "MY_TOKEN").then(|| OsString::from("s3cret"));
+        let env = ctx.agent_env(&image(), &set, false).expect("set");
+        assert_eq!((value(&env, "TOKEN"), value(&env, "MODE")), (Some("s3cret"), Some("x")));
+        let unset = |_: &str| None;
+        let text = ctx.agent_env(&image(), &unset, false).expect_err("unset").to_string();
+        assert!(text.contains("TOKEN = \"env:MY_TOKEN\", but MY_TOKEN is not set"), "{text}");
+        assert!(text.contains("sudo --preserve-env=MY_TOKEN"), "{text}");
+        assert!(text.starts_with(&format!("{}:1:1: profile \"a\"", dir.path().join("config.toml").display())), "{text}");
+    }
+
+    #[test]
+    fn the_init_process_gets_no_profile_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"literal-secret\" }\n");
+        let spec = ctx.init_bundle_spec(&image(), &["/init".into()]).expect("spec");
+        assert_eq!(spec.env, [("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())]);
+        assert_eq!((spec.uid, spec.gid, spec.args.as_slice()), (1000, 1000, &["/init".to_string()][..]));
+        let agent = ctx.bundle_spec(&image(), &["sh".into()], false).expect("agent");
+        assert_eq!(value(&agent.env, "TOKEN"), Some("literal-secret"));
     }
 
     #[test]

@@ -458,6 +458,31 @@ impl Runsc {
         cmd.spawn().map_err(io_err("running runsc exec"))
     }
 
+    /// Like [`Runsc::exec`], with the process spec (`process.json`'s text)
+    /// given as bytes: it is written to an anonymous memory file (memfd)
+    /// that only this `runsc exec` child inherits, and runsc reads it as
+    /// `--process /proc/self/fd/N`. The spec (with the agent's environment,
+    /// secrets included) is therefore never in a file on disk, nor on the
+    /// command line.
+    pub fn exec_spec(&self, id: &str, process_json: &[u8], internal_pid_file: &Path, stdio: [std::os::fd::OwnedFd; 3]) -> Result<std::process::Child, RunscError> {
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let memfd = memfd_create(c"lazaret-process", MFdFlags::MFD_CLOEXEC).map_err(|e| RunscError::Io { context: "creating the process spec's memory file".into(), source: e.into() })?;
+        let mut file = std::fs::File::from(memfd);
+        file.write_all(process_json).map_err(io_err("writing the process spec's memory file"))?;
+        let fd = file.as_raw_fd();
+        let mut cmd = self.command("exec");
+        cmd.arg("--process").arg(format!("/proc/self/fd/{fd}")).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
+        crate::sys::keep_fd_in_child(&mut cmd, fd);
+        let [stdin, stdout, stderr] = stdio;
+        cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
+        let child = cmd.spawn().map_err(io_err("running runsc exec"));
+        // The child has its own copy; ours closes here.
+        drop(file);
+        child
+    }
+
     /// `runsc kill --pid PID ID SIGNAL`: signals one process of the sandbox
     /// (a PID of the sandbox's root PID namespace, as `exec` writes it).
     pub fn kill_process(&self, id: &str, pid: i32, signal: i32) -> Result<(), RunscError> {

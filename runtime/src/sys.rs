@@ -113,3 +113,22 @@ pub(crate) fn recv_with_rights(stream: &UnixStream, buf: &mut [u8]) -> std::io::
     }
     Ok((msg.bytes, fds, msg.flags.contains(MsgFlags::MSG_CTRUNC)))
 }
+
+/// Makes `fd` (open with `FD_CLOEXEC` in this process) survive the `exec`
+/// of `cmd`'s child only: the flag is cleared in the child, between fork
+/// and exec, so no other child of this process inherits the descriptor.
+pub(crate) fn keep_fd_in_child(cmd: &mut std::process::Command, fd: RawFd) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and calls
+    // only fcntl(2), which is async-signal-safe; it allocates nothing and
+    // touches no lock. `fd` stays open in the parent until the child has
+    // been spawned (the caller keeps its OwnedFd across `spawn`).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::fcntl(fd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}

@@ -275,8 +275,6 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     spec.rootfs = d.run.rootfs();
     spec.cgroups_path = d.cgroups_path.clone();
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
-    let process_file = d.run.session_process(&req.session);
-    std::fs::write(&process_file, process).map_err(StartError::io(format!("writing {}", process_file.display())))?;
     let (stdio, master) = if req.tty {
         let pty = nix::pty::openpty(None, None).map_err(StartError::errno("allocating a PTY"))?;
         if req.size.rows > 0 && req.size.cols > 0 {
@@ -291,6 +289,7 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
             _ => return Err(StartError::Io { context: "the client's stdio".into(), source: std::io::Error::other("missing descriptors") }),
         }
     };
-    let child = d.runsc.exec(&d.container, &process_file, pid_file, stdio)?;
+    // The spec holds the agent's environment (secrets too): never on disk.
+    let child = d.runsc.exec_spec(&d.container, process.as_bytes(), pid_file, stdio)?;
     Ok((child, master))
 }
