@@ -109,6 +109,14 @@ pub enum RunscError {
         /// print; never empty.
         stderr: String,
     },
+    /// The debug log directory could be read by someone other than root.
+    #[error("runsc debug log directory {}: {problem}; runsc writes every container's spec and every exec'd process (the agent's environment, secrets included) there\n  hint: `sudo chown root: {dir} && sudo chmod 700 {dir}`, or remove `debug_log_dir` from [runsc]", dir.display(), dir = .dir.display())]
+    DebugLogDirUnsafe {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner or mode.
+        problem: String,
+    },
     /// An I/O error around a runsc call.
     #[error("{context}: {source}")]
     Io {
@@ -117,6 +125,33 @@ pub enum RunscError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// Creates the debug log directory (root's, 0700) or checks that it is
+/// root's and closed to everyone else: runsc's debug logs hold container
+/// specs and exec'd processes, environment included.
+fn prepare_debug_log_dir(dir: &Path) -> Result<(), RunscError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(RunscError::Io { context: format!("creating runsc debug log directory {}", dir.display()), source: e }),
+    }
+    let metadata = std::fs::symlink_metadata(dir).map_err(io_err(format!("inspecting {}", dir.display())))?;
+    debug_log_dir_problem(metadata.is_dir(), metadata.uid(), metadata.mode()).map_or(Ok(()), |problem| Err(RunscError::DebugLogDirUnsafe { dir: dir.to_path_buf(), problem }))
+}
+
+/// What is wrong with a debug log directory of that type, owner and mode.
+fn debug_log_dir_problem(is_dir: bool, uid: u32, mode: u32) -> Option<String> {
+    if !is_dir {
+        Some("not a directory (a symlink is not followed)".into())
+    } else if uid != 0 {
+        Some(format!("owned by uid {uid}, not root"))
+    } else if mode & 0o077 != 0 {
+        Some(format!("mode {:o}: open to group or others", mode & 0o7777))
+    } else {
+        None
+    }
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunscError {
@@ -281,6 +316,9 @@ impl Runsc {
     /// Locates and probes runsc and refuses one that is too old or lacks a
     /// feature Lazaret relies on.
     pub fn new(opts: RunscOptions) -> Result<Runsc, RunscError> {
+        if let Some(dir) = &opts.debug_log_dir {
+            prepare_debug_log_dir(dir)?;
+        }
         let path = Self::locate(opts.path.as_deref())?;
         let info = match &opts.probe_cache {
             Some(cache) => Self::probe_cached(&path, cache)?,
@@ -743,6 +781,14 @@ mod tests {
         }
         assert_eq!(Platform::from_flag("firecracker"), None);
         assert_eq!(Platform::from_flag("Systrap"), None);
+    }
+
+    #[test]
+    fn debug_logs_go_only_to_a_root_only_directory() {
+        assert_eq!(debug_log_dir_problem(true, 0, 0o40700), None);
+        assert!(debug_log_dir_problem(true, 0, 0o40755).expect("755").contains("mode 755"));
+        assert!(debug_log_dir_problem(true, 1000, 0o40700).expect("uid").contains("uid 1000"));
+        assert!(debug_log_dir_problem(false, 0, 0o120777).expect("link").contains("not a directory"));
     }
 
     #[test]
