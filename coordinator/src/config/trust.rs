@@ -146,18 +146,6 @@ fn check_developer_settings(config: &Config, profile: &Profile, developer: &Deve
         let origin = config.origins.get(key).cloned().unwrap_or_else(|| format!("{file}:1:1"));
         Err(TrustError::NeedsRootConfig { origin, key: key.to_string(), why, file: config.file.clone(), owner: OwnerShown(config.file_owner), hint })
     };
-    if let Some(path) = &config.runsc.path {
-        return refuse("runsc.path", format!("makes Lazaret execute {} as root", escaped(path)), format!("remove `path` from [runsc] (runsc is then found on root's PATH), or {chown}"));
-    }
-    if config.runsc.debug_log_dir.is_some() {
-        return refuse("runsc.debug_log_dir", "makes Lazaret, as root, create and write runsc's debug logs in that directory".into(), format!("remove `debug_log_dir` from [runsc], or {chown}"));
-    }
-    if config.storage_root != Path::new(DEFAULT_STORAGE_ROOT) {
-        return refuse("storage_root", "is where Lazaret, as root, creates and changes its images and Domain Roots".into(), format!("remove `storage_root` (default {DEFAULT_STORAGE_ROOT}), or {chown}"));
-    }
-    if config.runtime_dir.is_some() {
-        return refuse("runtime_dir", "is where Lazaret, as root, creates sockets, runsc state and logs".into(), format!("remove `runtime_dir` (default /run/lazaret/<uid>), or {chown}"));
-    }
     let user_key = format!("profiles.{}.user", profile.name);
     match profile.user {
         UserChoice::Developer => {}
@@ -172,6 +160,18 @@ fn check_developer_settings(config: &Config, profile: &Profile, developer: &Deve
                 format!("use `user = \"developer\"` (or \"{}:{}\"), or {chown}", developer.uid, developer.gid),
             );
         }
+    }
+    if let Some(path) = &config.runsc.path {
+        return refuse("runsc.path", format!("makes Lazaret execute {} as root", escaped(path)), format!("remove `path` from [runsc] (runsc is then found on root's PATH), or {chown}"));
+    }
+    if config.runsc.debug_log_dir.is_some() {
+        return refuse("runsc.debug_log_dir", "makes Lazaret, as root, create and write runsc's debug logs in that directory".into(), format!("remove `debug_log_dir` from [runsc], or {chown}"));
+    }
+    if config.storage_root != Path::new(DEFAULT_STORAGE_ROOT) {
+        return refuse("storage_root", "is where Lazaret, as root, creates and changes its images and Domain Roots".into(), format!("remove `storage_root` (default {DEFAULT_STORAGE_ROOT}), or {chown}"));
+    }
+    if config.runtime_dir.is_some() {
+        return refuse("runtime_dir", "is where Lazaret, as root, creates sockets, runsc state and logs".into(), format!("remove `runtime_dir` (default /run/lazaret/<uid>), or {chown}"));
     }
     for volume in &profile.volumes {
         let (mode, what) = if volume.readonly { (libc::R_OK, "read") } else { (libc::R_OK | libc::W_OK, "read and write") };
