@@ -1,7 +1,7 @@
 //! `env:NAME` values (secrets from the launching environment) reach the
 //! agent and nothing else: no file Lazaret writes (Domain Root, runtime
 //! directory with its run directory and runsc state, coordinator log,
-//! journal) and no output of `config show` or `ls --json` holds them, while
+//! journal), no runsc debug log and no output of `config show` or `ls --json` holds them, while
 //! a session is running.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -44,7 +44,12 @@ fn files_containing(dir: &Path, needle: &[u8]) -> (Vec<PathBuf>, usize) {
 #[test]
 fn env_secrets_reach_the_agent_and_are_written_nowhere() {
     let secret = format!("lzsecret{}{}", std::process::id(), random_hex());
-    let mut env = TestEnv::with_profile("user = \"root\"\nenv = { AGENT_SECRET = \"env:LAZARET_TEST_SECRET\" }\n");
+    let profile = "user = \"root\"\nenv = { AGENT_SECRET = \"env:LAZARET_TEST_SECRET\" }\n";
+    let mut env = TestEnv::with_profile(profile);
+    // runsc's debug logs too (runsc 20240729 logs an exec's arguments, not
+    // its environment; the spec it reads is a memfd).
+    let debug = env.scratch.join("runsc-debug");
+    env.write_config(&format!("{profile}\n[runsc]\ndebug_log_dir = \"{}\"\n", debug.display()));
     env.env.push(("LAZARET_TEST_SECRET".into(), secret.clone()));
 
     // A session that prints the secret, then waits for a line on stdin.
@@ -66,7 +71,7 @@ fn env_secrets_reach_the_agent_and_are_written_nowhere() {
     assert!(domain_root.join("journal.jsonl").is_file(), "no journal at {}", domain_root.display());
     let log = env.domain_dir().expect("domain dir").join("coordinator.log");
     assert!(log.is_file(), "no coordinator log at {}", log.display());
-    for dir in [&domain_root, &runtime] {
+    for dir in [&domain_root, &runtime, &debug] {
         let (found, read) = files_containing(dir, secret.as_bytes());
         assert!(read > 0, "read no file under {}", dir.display());
         assert!(found.is_empty(), "the secret is written in {found:?}");
@@ -92,9 +97,14 @@ fn env_secrets_reach_the_agent_and_are_written_nowhere() {
     assert_eq!(status.code(), Some(0), "stderr: {stderr}");
     assert_eq!(rest.trim(), "bye");
     assert!(!stderr.contains(&secret), "lazaret's stderr shows the secret: {stderr}");
-    // And after the Domain is gone, the Domain Root still holds none.
-    let (found, _) = files_containing(&domain_root, secret.as_bytes());
-    assert!(found.is_empty(), "the secret is written in {found:?}");
+    // And after the Domain is gone, the Domain Root and the debug logs
+    // (of every runsc call, exec's included) still hold none.
+    for dir in [&domain_root, &debug] {
+        let (found, _) = files_containing(dir, secret.as_bytes());
+        assert!(found.is_empty(), "the secret is written in {found:?}");
+    }
+    let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&debug).expect("debug dir"));
+    assert_eq!(mode & 0o777, 0o700, "the debug log directory is root's only");
     env.assert_nothing_left();
 }
 
