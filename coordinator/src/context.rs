@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
 use lazaret_oci::{ImageRecord, ImageStore};
 
+use lazaret_protocol::display::escaped;
+
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
 use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
@@ -33,7 +35,7 @@ pub enum ContextError {
     #[error(transparent)]
     Image(#[from] lazaret_oci::ImageError),
     /// Lazaret's own state would be visible inside the sandbox.
-    #[error("{setting} {path} lies inside the {mount} mounted into the sandbox (host path {mount_path}); the agent could reach Lazaret's state there\n  hint: set `{setting}` to a path outside the workspace and volumes")]
+    #[error("{setting} {} lies inside the {mount} mounted into the sandbox (host path {}); the agent could reach Lazaret's state there\n  hint: set `{setting}` to a path outside the workspace and volumes", escaped(.path), escaped(.mount_path))]
     StateExposed {
         /// The configuration key.
         setting: &'static str,

@@ -988,4 +988,21 @@ mod tests {
         let error = ensure_storage_root(&foreign.join("store")).unwrap_err();
         assert!(error.to_string().contains("owned by uid 9999"), "{error}");
     }
+
+    #[test]
+    fn workspace_paths_in_messages_cannot_drive_the_terminal() {
+        use std::os::unix::ffi::OsStrExt;
+        let hostile = PathBuf::from(std::ffi::OsStr::from_bytes(b"/w/evil\x1b]0;owned\x07\rname\xe2\x80\xae"));
+        let errors: Vec<String> = vec![
+            IdentityError::NotInGitCheckout { start: hostile.clone() }.to_string(),
+            IdentityError::BadGitMarker { path: hostile.clone(), problem: "p".into(), hint: "h".into() }.to_string(),
+            IdentityError::UnsafeDirectory { path: hostile.clone(), problem: "p".into(), hint: "h".into() }.to_string(),
+            IdentityError::Io { path: hostile.clone(), source: std::io::Error::other("x") }.to_string(),
+            lazaret_mounts::MountError::Refused { path: hostile.clone(), reason: "r".into() }.to_string(),
+        ];
+        for text in errors {
+            assert!(!text.chars().any(|c| c == '\x1b' || c == '\x07' || c == '\r' || c == '\u{202e}'), "{text:?}");
+            assert!(text.contains("/w/evil\\e]0;owned\\x07\\rname\\u{202e}"), "{text}");
+        }
+    }
 }

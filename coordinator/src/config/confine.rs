@@ -5,13 +5,16 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use lazaret_protocol::display::escaped;
+
 /// Why the configuration is not confined, or could not be checked.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfinementError {
     /// The configuration file lies inside a host path that would be mounted
     /// into the sandbox.
     #[error(
-        "configuration {config_file} lies inside the {mount} mounted into the sandbox (host path {mount_path}); the agent could read or change it\n  hint: move the configuration outside {mount_path} (e.g. to ~/.config/lazaret/config.toml) or remove that mount from the profile"
+        "configuration {} lies inside the {mount} mounted into the sandbox (host path {mp}); the agent could read or change it\n  hint: move the configuration outside {mp} (e.g. to ~/.config/lazaret/config.toml) or remove that mount from the profile",
+        escaped(.config_file), mp = escaped(.mount_path)
     )]
     Inside {
         /// The configuration file (canonical).
@@ -22,7 +25,7 @@ pub enum ConfinementError {
         mount_path: PathBuf,
     },
     /// A path could not be resolved or inspected.
-    #[error("cannot check configuration confinement: {path}: {source}")]
+    #[error("cannot check configuration confinement: {}: {source}", escaped(.path))]
     Io {
         /// The path that failed.
         path: PathBuf,
