@@ -341,6 +341,22 @@ impl Config {
     /// its real location (see [`check_directories`]). Records the owner
     /// ([`Config::file_owner`]) for [`trust`].
     pub fn load(path: &Path, developer: &Developer) -> Result<Config, ConfigError> {
+        // Root reads it on the developer's behalf: not a file they could not
+        // read themselves (its errors would leak a root-only file's text).
+        if developer.uid != 0 {
+            let groups: Vec<u32> = developer.groups.iter().map(|g| g.gid).collect();
+            match lazaret_mounts::access_as(path, developer.uid, developer.gid, &groups, libc::R_OK) {
+                Ok(Err(errno @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM))) => {
+                    return Err(ConfigError::Insecure {
+                        path: path.to_path_buf(),
+                        reason: format!("you (uid {}) may not read it yourself ({errno}), and Lazaret reads it as root only on your behalf", developer.uid),
+                        hint: "point --config (or $LAZARET_CONFIG) at a configuration you may read".to_string(),
+                    });
+                }
+                Ok(_) => {}
+                Err(source) => return Err(ConfigError::Read { path: path.to_path_buf(), source }),
+            }
+        }
         // One open, then fstat: the checked file is the file that is read.
         // O_NONBLOCK: opening a FIFO planted at the path must not hang.
         let opened = std::fs::OpenOptions::new()
