@@ -49,7 +49,7 @@ pub enum ContextError {
     /// A setting the configuration's owner may not make (see
     /// [`config::trust`]).
     #[error(transparent)]
-    Trust(#[from] config::trust::TrustError),
+    Trust(Box<config::trust::TrustError>),
     /// An `env:NAME` value names a variable the launching environment lacks.
     #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
     MissingHostEnv {
@@ -70,6 +70,12 @@ pub enum ContextError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<config::trust::TrustError> for ContextError {
+    fn from(error: config::trust::TrustError) -> Self {
+        ContextError::Trust(Box::new(error))
+    }
 }
 
 /// Refuses to go on unless the effective uid is 0.

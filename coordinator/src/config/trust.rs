@@ -29,6 +29,9 @@
 //! second), which is left for the mount step to close (open once, bind the
 //! fd).
 
+// The error is built once, on the way out, and boxed in `ContextError`.
+#![allow(clippy::result_large_err)]
+
 use std::path::{Path, PathBuf};
 
 use lazaret_protocol::display::escaped;
@@ -138,8 +141,11 @@ pub fn check_trust(config: &Config, profile: &Profile, developer: &Developer, wo
     Ok(())
 }
 
+/// An access check's answer, or why it could not be made.
+type Checked = Result<Result<(), nix::errno::Errno>, TrustError>;
+
 /// The rules for a configuration root does not own.
-fn check_developer_settings(config: &Config, profile: &Profile, developer: &Developer, check: &dyn Fn(&Path, libc::c_int) -> Result<Result<(), nix::errno::Errno>, TrustError>) -> Result<(), TrustError> {
+fn check_developer_settings(config: &Config, profile: &Profile, developer: &Developer, check: &dyn Fn(&Path, libc::c_int) -> Checked) -> Result<(), TrustError> {
     let file = config.file.display().to_string();
     let chown = format!("`sudo chown root: {file}` if root means it");
     let refuse = |key: &str, why: String, hint: String| {
