@@ -10,6 +10,8 @@ use std::path::{Path, PathBuf};
 use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
 use lazaret_oci::{ImageRecord, ImageStore};
 
+use lazaret_protocol::display::escaped;
+
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
 use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
@@ -33,7 +35,7 @@ pub enum ContextError {
     #[error(transparent)]
     Image(#[from] lazaret_oci::ImageError),
     /// Lazaret's own state would be visible inside the sandbox.
-    #[error("{setting} {path} lies inside the {mount} mounted into the sandbox (host path {mount_path}); the agent could reach Lazaret's state there\n  hint: set `{setting}` to a path outside the workspace and volumes")]
+    #[error("{setting} {} lies inside the {mount} mounted into the sandbox (host path {}); the agent could reach Lazaret's state there\n  hint: set `{setting}` to a path outside the workspace and volumes", escaped(.path), escaped(.mount_path))]
     StateExposed {
         /// The configuration key.
         setting: &'static str,
@@ -44,15 +46,21 @@ pub enum ContextError {
         /// The mount's host path (canonical).
         mount_path: PathBuf,
     },
-    /// A profile asks for a root agent in a configuration root does not own.
-    #[error("profile {profile:?} runs the agent as uid 0, so it can create root-owned files (setuid ones too) in your workspace; only a configuration owned by root may ask for that, and {file} is owned by uid {owner}\n  hint: use `user = \"developer\"`, or `sudo chown root: {file}` if you mean it")]
-    RootAgentNeedsRootConfig {
+    /// A setting the configuration's owner may not make (see
+    /// [`config::trust`]).
+    #[error(transparent)]
+    Trust(Box<config::trust::TrustError>),
+    /// An `env:NAME` value names a variable the launching environment lacks.
+    #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
+    MissingHostEnv {
+        /// Where the profile is written, `FILE:LINE:COLUMN`.
+        origin: String,
         /// The profile.
         profile: String,
-        /// The configuration file.
-        file: PathBuf,
-        /// Its owner.
-        owner: u32,
+        /// The agent's variable.
+        name: String,
+        /// The host variable it is taken from.
+        host: String,
     },
     /// A host directory Lazaret manages could not be prepared.
     #[error("{context}: {source}")]
@@ -62,6 +70,12 @@ pub enum ContextError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<config::trust::TrustError> for ContextError {
+    fn from(error: config::trust::TrustError) -> Self {
+        ContextError::Trust(Box::new(error))
+    }
 }
 
 /// Refuses to go on unless the effective uid is 0.
@@ -96,7 +110,7 @@ impl Context {
         config::check_confinement(&config.file, &profile.host_mounts(workspace.root()))?;
         let domain_id = DomainId::new(&profile.name, &workspace);
         let paths = StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
-        require_trusted_config_for_root_agent(&config, &profile, &developer)?;
+        config::trust::check_trust(&config, &profile, &developer, workspace.root(), &config::trust::developer_access(&developer))?;
         let mounts = profile.host_mounts(workspace.root());
         for (what, path) in [("storage_root", &paths.storage_root), ("runtime_dir", &paths.runtime_dir)] {
             if let Some((label, mount)) = exposing_mount(path, &mounts) {
@@ -178,8 +192,14 @@ impl Context {
 
     /// The environment of the agent: the image's, then Lazaret's defaults,
     /// then the profile's (`env:NAME` values taken from `host_env`; a missing
-    /// one is left out with a warning on stderr).
-    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Vec<(String, String)> {
+    /// one is an error naming it).
+    ///
+    /// This is where secrets live: the values exist only in the
+    /// coordinator's memory and in the agent's environment. The spec that
+    /// carries them to runsc is never written to disk (see
+    /// `lazaret_runtime::Runsc::exec`), and the container's first
+    /// process gets none of them ([`Context::init_bundle_spec`]).
+    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Result<Vec<(String, String)>, ContextError> {
         let mut env: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: String| {
             env.retain(|(key, _)| key != k);
@@ -206,25 +226,46 @@ impl Context {
         for (name, value) in &self.profile.env {
             match value.resolve(host_env) {
                 Some(v) => set(name, v.to_string_lossy().into_owned()),
-                None => eprintln!("lazaret: warning: {name} is not set in your environment, so profile {:?} runs without it (under sudo, pass it with `sudo --preserve-env={name}`)", self.profile.name),
+                None => {
+                    let host = match value {
+                        config::EnvValue::FromHost(host) => host.clone(),
+                        config::EnvValue::Literal(_) => name.clone(),
+                    };
+                    return Err(ContextError::MissingHostEnv { origin: self.profile.origin.clone(), profile: self.profile.name.clone(), name: name.clone(), host });
+                }
             }
         }
-        env
+        Ok(env)
+    }
+
+    /// The bundle of the container's first process, which only reaps
+    /// orphans (agents are `runsc exec`'d): the profile's mounts, ids and
+    /// limits, but only `PATH` for an environment, so that the bundle's
+    /// `config.json` on disk holds no value of the profile's `env`.
+    pub fn init_bundle_spec(&self, image: &ImageRecord, args: &[String]) -> Result<BundleSpec, ContextError> {
+        let mut spec = self.spec_with_env(image, args, false, Vec::new())?;
+        spec.env = vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())];
+        Ok(spec)
     }
 
     /// The OCI bundle description for the agent. The caller fills in the
     /// rootfs and cgroups path of this particular run.
     pub fn bundle_spec(&self, image: &ImageRecord, args: &[String], tty: bool) -> Result<BundleSpec, ContextError> {
+        let lookup = |name: &str| std::env::var_os(name);
+        let env = self.agent_env(image, &lookup, tty)?;
+        self.spec_with_env(image, args, tty, env)
+    }
+
+    fn spec_with_env(&self, _image: &ImageRecord, args: &[String], tty: bool, env: Vec<(String, String)>) -> Result<BundleSpec, ContextError> {
         let (uid, gid) = self.agent_ids();
         let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
         let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
         for v in &self.profile.volumes {
             mounts.push(BindMount { source: v.host.clone(), destination: v.sandbox.clone(), readonly: v.readonly });
         }
-        let lookup = |name: &str| std::env::var_os(name);
         Ok(BundleSpec {
             args: argv,
-            env: self.agent_env(image, &lookup, tty),
+            env,
             cwd: self.agent_cwd(),
             uid,
             gid,
@@ -240,24 +281,6 @@ impl Context {
             memory_limit: self.profile.memory_limit.map(|m| m as i64),
             pids_limit: self.profile.pids_limit.map(|m| m as i64),
         })
-    }
-}
-
-/// A root agent writes root-owned (even setuid-root) files into the
-/// workspace on the host, so it is a decision for root: the configuration
-/// asking for it must be root's. (A developer allowed to run only `sudo
-/// lazaret` could otherwise gain root through their own configuration.)
-fn require_trusted_config_for_root_agent(config: &Config, profile: &Profile, developer: &Developer) -> Result<(), ContextError> {
-    if profile.user.ids(developer).0 != 0 {
-        return Ok(());
-    }
-    let owner = std::fs::metadata(&config.file)
-        .map_err(|source| ContextError::Io { context: format!("inspecting {}", config.file.display()), source })?
-        .uid();
-    if owner == 0 {
-        Ok(())
-    } else {
-        Err(ContextError::RootAgentNeedsRootConfig { profile: profile.name.clone(), file: config.file.clone(), owner })
     }
 }
 
@@ -362,6 +385,31 @@ mod tests {
         let other = test_context(dir.path(), test_developer(), "user = \"2000:2000\"\n");
         let spec = other.bundle_spec(&image(), &["sh".into()], false).expect("spec");
         assert_eq!((spec.uid, spec.additional_gids.as_slice()), (2000, &[][..]));
+    }
+
+    #[test]
+    fn a_missing_host_variable_is_an_error_naming_it_and_sudo() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"env:MY_TOKEN\", MODE = \"x\" }\n");
+        let set = |name: &str| (name == "MY_TOKEN").then(|| OsString::from("s3cret"));
+        let env = ctx.agent_env(&image(), &set, false).expect("set");
+        assert_eq!((value(&env, "TOKEN"), value(&env, "MODE")), (Some("s3cret"), Some("x")));
+        let unset = |_: &str| None;
+        let text = ctx.agent_env(&image(), &unset, false).expect_err("unset").to_string();
+        assert!(text.contains("TOKEN = \"env:MY_TOKEN\", but MY_TOKEN is not set"), "{text}");
+        assert!(text.contains("sudo --preserve-env=MY_TOKEN"), "{text}");
+        assert!(text.starts_with(&format!("{}:1:1: profile \"a\"", dir.path().join("config.toml").display())), "{text}");
+    }
+
+    #[test]
+    fn the_init_process_gets_no_profile_environment() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"literal-secret\" }\n");
+        let spec = ctx.init_bundle_spec(&image(), &["/init".into()]).expect("spec");
+        assert_eq!(spec.env, [("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())]);
+        assert_eq!((spec.uid, spec.gid, spec.args.as_slice()), (1000, 1000, &["/init".to_string()][..]));
+        let agent = ctx.bundle_spec(&image(), &["sh".into()], false).expect("agent");
+        assert_eq!(value(&agent.env, "TOKEN"), Some("literal-secret"));
     }
 
     #[test]

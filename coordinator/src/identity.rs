@@ -22,6 +22,7 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use lazaret_mounts::MountError;
+use lazaret_protocol::display::escaped;
 use lazaret_mounts::repo::{self, DotGit, DotGitProblem};
 use lazaret_mounts::safe_path;
 use sha2::{Digest, Sha256};
@@ -32,14 +33,14 @@ use sha2::{Digest, Sha256};
 pub enum IdentityError {
     /// No `.git` between the start directory and `/`.
     #[error(
-        "not inside a git checkout (searched from {start} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR"
+        "not inside a git checkout (searched from {} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR", escaped(start)
     )]
     NotInGitCheckout {
         /// Where the search started (canonical).
         start: PathBuf,
     },
     /// A `.git` entry exists but is not a directory or a `gitdir:` file.
-    #[error("{path} is not a git directory or a `gitdir:` file ({problem})\n  hint: {hint}")]
+    #[error("{} is not a git directory or a `gitdir:` file ({problem})\n  hint: {hint}", escaped(path))]
     BadGitMarker {
         /// The `.git` path.
         path: PathBuf,
@@ -65,7 +66,7 @@ pub enum IdentityError {
         uid: u32,
     },
     /// A state directory exists with the wrong type, owner or mode.
-    #[error("unsafe directory {path}: {problem}\n  hint: {hint}")]
+    #[error("unsafe directory {}: {problem}\n  hint: {hint}", escaped(path))]
     UnsafeDirectory {
         /// The directory.
         path: PathBuf,
@@ -75,7 +76,7 @@ pub enum IdentityError {
         hint: String,
     },
     /// A filesystem operation failed.
-    #[error("{path}: {source}")]
+    #[error("{}: {source}", escaped(path))]
     Io {
         /// The path involved.
         path: PathBuf,
@@ -986,5 +987,22 @@ mod tests {
         std::os::unix::fs::lchown(&foreign, Some(9999), None).unwrap();
         let error = ensure_storage_root(&foreign.join("store")).unwrap_err();
         assert!(error.to_string().contains("owned by uid 9999"), "{error}");
+    }
+
+    #[test]
+    fn workspace_paths_in_messages_cannot_drive_the_terminal() {
+        use std::os::unix::ffi::OsStrExt;
+        let hostile = PathBuf::from(std::ffi::OsStr::from_bytes(b"/w/evil\x1b]0;owned\x07\rname\xe2\x80\xae"));
+        let errors: Vec<String> = vec![
+            IdentityError::NotInGitCheckout { start: hostile.clone() }.to_string(),
+            IdentityError::BadGitMarker { path: hostile.clone(), problem: "p".into(), hint: "h".into() }.to_string(),
+            IdentityError::UnsafeDirectory { path: hostile.clone(), problem: "p".into(), hint: "h".into() }.to_string(),
+            IdentityError::Io { path: hostile.clone(), source: std::io::Error::other("x") }.to_string(),
+            lazaret_mounts::MountError::Refused { path: hostile.clone(), reason: "r".into() }.to_string(),
+        ];
+        for text in errors {
+            assert!(!text.chars().any(|c| c == '\x1b' || c == '\x07' || c == '\r' || c == '\u{202e}'), "{text:?}");
+            assert!(text.contains("/w/evil\\e]0;owned\\x07\\rname\\u{202e}"), "{text}");
+        }
     }
 }

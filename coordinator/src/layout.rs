@@ -148,11 +148,6 @@ impl RunDir {
     pub fn session_pid(&self, session: &str) -> PathBuf {
         self.0.join(format!("session-{session}.pid"))
     }
-
-    /// The process spec `runsc exec` reads for session `session`.
-    pub fn session_process(&self, session: &str) -> PathBuf {
-        self.0.join(format!("session-{session}.json"))
-    }
 }
 
 #[cfg(test)]

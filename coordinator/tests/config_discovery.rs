@@ -114,6 +114,8 @@ fn missing_file_names_the_path_and_how_to_create_one() {
 }
 
 fn write_config(dir: &Path, text: &str) -> PathBuf {
+    // The developer (uid 4321) must be able to read it themselves.
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).unwrap();
     let path = dir.join("config.toml");
     std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
@@ -176,4 +178,19 @@ fn invalid_file_reports_its_path_in_locations() {
             .starts_with(&format!("{}:3:1: unknown key `bogus`", path.display())),
         "{error}"
     );
+}
+
+#[test]
+fn refuses_a_file_the_developer_could_not_read_themselves() {
+    if !nix::unistd::geteuid().is_root() {
+        return; // dropping to another uid needs root
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = write_config(dir.path(), "[profiles.a]\nimage = \"i\"\n");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let dev = developer(Path::new("/home/dev"));
+    let error = Config::load(&path, &dev).unwrap_err();
+    assert!(error.to_string().contains("you (uid 4321) may not read it yourself"), "{error}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    Config::load(&path, &dev).unwrap();
 }

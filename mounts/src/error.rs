@@ -4,11 +4,13 @@ use std::path::PathBuf;
 
 /// Everything that can go wrong while planning or making Lazaret's mounts.
 ///
-/// Every variant names the path concerned so that the message is actionable.
+/// Every variant names the path concerned so that the message is actionable;
+/// paths are shown escaped (`lazaret_protocol::display::escaped`), since
+/// workspace file names may hold terminal control sequences.
 #[derive(Debug, thiserror::Error)]
 pub enum MountError {
     /// A system call failed.
-    #[error("{operation} failed for {}: {errno}", path.display())]
+    #[error("{operation} failed for {}: {errno}", lazaret_protocol::display::escaped(path))]
     Syscall {
         /// What was being done (e.g. `mount overlay`, `openat2`).
         operation: &'static str,
@@ -19,7 +21,7 @@ pub enum MountError {
     },
     /// A path in the workspace (or another input) has a shape that cannot be
     /// protected, e.g. a symlink where a directory is required.
-    #[error("refusing {}: {reason}", path.display())]
+    #[error("refusing {}: {reason}", lazaret_protocol::display::escaped(path))]
     Refused {
         /// The offending path.
         path: PathBuf,
@@ -27,7 +29,7 @@ pub enum MountError {
         reason: String,
     },
     /// Reading or writing a file failed.
-    #[error("{operation} {}: {source}", path.display())]
+    #[error("{operation} {}: {source}", lazaret_protocol::display::escaped(path))]
     Io {
         /// What was being done.
         operation: &'static str,

@@ -438,7 +438,7 @@ impl Walker<'_, '_> {
             Ok(Some(text)) => parse_patterns(&text, &rel),
             Ok(None) => Vec::new(),
             Err(e) => {
-                self.scan.warnings.push(format!("{} skipped (git skips it too): {e}", rel_path.join(".gitignore").display()));
+                self.scan.warnings.push(format!("{} skipped (git skips it too): {e}", lazaret_protocol::display::escaped(&rel_path.join(".gitignore"))));
                 Vec::new()
             }
         };

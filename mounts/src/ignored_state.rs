@@ -45,7 +45,7 @@ pub fn plan_ignored(scan: &IgnoreScan, domain_root: &Path) -> (Vec<IgnoredMount>
             }),
             FileKind::Symlink | FileKind::Other => warnings.push(format!(
                 "{}: ignored but a {}; it is not isolated (the sandbox sees the link itself and can replace it)",
-                entry.path.display(),
+                lazaret_protocol::display::escaped(&entry.path),
                 if entry.kind == FileKind::Symlink { "symlink" } else { "special file" }
             )),
         }

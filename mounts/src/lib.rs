@@ -36,4 +36,4 @@ pub mod wildmatch;
 
 pub use error::MountError;
 pub use plan::{AssembledMounts, BindMount, WorkspaceOptions, WorkspacePlan, assemble, plan_workspace};
-pub use sys::{bind_mount, bind_mount_fd, enter_private_mount_namespace, mount_overlay, mount_proc, unmount};
+pub use sys::{access_as, bind_mount, bind_mount_fd, enter_private_mount_namespace, mount_overlay, mount_proc, unmount};

@@ -231,7 +231,7 @@ fn validate_linked_worktree(git_dir: &Path, dot_git_abs: &Path) -> Result<(), Mo
             format!(
                 "its `gitdir` back-link names {:?}, not this workspace's {}; refusing to mount a git directory the workspace merely points at",
                 back.trim(),
-                dot_git_abs.display()
+                lazaret_protocol::display::escaped(dot_git_abs)
             ),
         ));
     }

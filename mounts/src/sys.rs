@@ -280,3 +280,41 @@ pub(crate) fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
     std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .unwrap_or_else(|_| format!("fd {}", fd.as_raw_fd()).into())
 }
+
+/// Whether the user `uid`/`gid` with supplementary `groups` may access
+/// `path` with `mode` (`libc::R_OK | libc::W_OK | libc::X_OK` bits), decided
+/// by the kernel itself: permission bits, ACLs, every directory on the way,
+/// LSMs and read-only mounts included.
+///
+/// A fresh thread drops to those ids with the *raw* `setgroups`,
+/// `setresgid` and `setresuid` system calls, which (unlike the libc
+/// wrappers, which broadcast to every thread) change only that thread's
+/// credentials; moving all three uids away from 0 also clears its
+/// capabilities. It then calls `access(2)` (real ids = the dropped ones) and
+/// exits, so no code ever runs on it with the changed credentials afterwards.
+/// `Ok(Err(errno))` is a refusal (`EACCES`, `ENOENT`, ...); `Err` means the
+/// check itself could not be made.
+pub fn access_as(path: &Path, uid: u32, gid: u32, groups: &[u32], mode: libc::c_int) -> std::io::Result<Result<(), Errno>> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| std::io::Error::other("path contains NUL"))?;
+    let groups: Vec<libc::gid_t> = groups.to_vec();
+    let worker = std::thread::Builder::new().name("access-as".into()).spawn(move || -> std::io::Result<Result<(), Errno>> {
+        // SAFETY: raw system calls with plain integer arguments and, for
+        // setgroups, a pointer to `groups.len()` live gid_t values. They only
+        // change this thread's credentials (see above); the thread ends when
+        // this closure returns.
+        let rc = unsafe { libc::syscall(libc::SYS_setgroups, groups.len() as libc::size_t, groups.as_ptr()) };
+        if rc != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // SAFETY: as above.
+        if unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(nix::unistd::access(c_path.as_c_str(), nix::unistd::AccessFlags::from_bits_truncate(mode)))
+    })?;
+    worker.join().map_err(|_| std::io::Error::other("the access-check thread panicked"))?
+}

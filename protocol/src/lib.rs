@@ -14,12 +14,14 @@
 //! - [`journal`]: the [`Machine`] a coordinator drives before each real
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
 //!   which checks a journal against the model;
+//! - [`display`]: untrusted text (file names) in messages, escaped;
 //! - [`mount`]: vocabulary shared by crates that must not depend on each
 //!   other ([`mount::BindMount`], used by `mounts` and `oci`).
 
 #![forbid(unsafe_code)]
 
 pub mod checker;
+pub mod display;
 pub mod journal;
 pub mod model;
 pub mod mount;

@@ -109,6 +109,14 @@ pub enum RunscError {
         /// print; never empty.
         stderr: String,
     },
+    /// The debug log directory could be read by someone other than root.
+    #[error("runsc debug log directory {}: {problem}; runsc writes every container's spec and every exec'd process (the agent's environment, secrets included) there\n  hint: `sudo chown root: {dir} && sudo chmod 700 {dir}`, or remove `debug_log_dir` from [runsc]", dir.display(), dir = .dir.display())]
+    DebugLogDirUnsafe {
+        /// The directory.
+        dir: PathBuf,
+        /// Its owner or mode.
+        problem: String,
+    },
     /// An I/O error around a runsc call.
     #[error("{context}: {source}")]
     Io {
@@ -117,6 +125,33 @@ pub enum RunscError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+/// Creates the debug log directory (root's, 0700) or checks that it is
+/// root's and closed to everyone else: runsc's debug logs hold container
+/// specs and exec'd processes, environment included.
+fn prepare_debug_log_dir(dir: &Path) -> Result<(), RunscError> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(RunscError::Io { context: format!("creating runsc debug log directory {}", dir.display()), source: e }),
+    }
+    let metadata = std::fs::symlink_metadata(dir).map_err(io_err(format!("inspecting {}", dir.display())))?;
+    debug_log_dir_problem(metadata.is_dir(), metadata.uid(), metadata.mode()).map_or(Ok(()), |problem| Err(RunscError::DebugLogDirUnsafe { dir: dir.to_path_buf(), problem }))
+}
+
+/// What is wrong with a debug log directory of that type, owner and mode.
+fn debug_log_dir_problem(is_dir: bool, uid: u32, mode: u32) -> Option<String> {
+    if !is_dir {
+        Some("not a directory (a symlink is not followed)".into())
+    } else if uid != 0 {
+        Some(format!("owned by uid {uid}, not root"))
+    } else if mode & 0o077 != 0 {
+        Some(format!("mode {:o}: open to group or others", mode & 0o7777))
+    } else {
+        None
+    }
 }
 
 fn io_err(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> RunscError {
@@ -281,6 +316,9 @@ impl Runsc {
     /// Locates and probes runsc and refuses one that is too old or lacks a
     /// feature Lazaret relies on.
     pub fn new(opts: RunscOptions) -> Result<Runsc, RunscError> {
+        if let Some(dir) = &opts.debug_log_dir {
+            prepare_debug_log_dir(dir)?;
+        }
         let path = Self::locate(opts.path.as_deref())?;
         let info = match &opts.probe_cache {
             Some(cache) => Self::probe_cached(&path, cache)?,
@@ -445,26 +483,29 @@ impl Runsc {
         }
     }
 
-    /// `runsc exec --process PROCESS --internal-pid-file PIDFILE ID`: starts
-    /// one more process in a running container and returns the `runsc exec`
-    /// child, which exits with the process's status (128 + N for signal N).
-    /// `stdio` are its stdin, stdout and stderr: a PTY slave three times
-    /// when the process spec asks for a terminal, else fresh pipes. `extra`
-    /// are more descriptors for the process, each with its number inside
-    /// (`--pass-fd`; with a terminal, runsc makes all of 0, 1 and 2 the
-    /// terminal, so a stream that is not goes in as one of these). Nothing
-    /// else of the caller's reaches `runsc exec`: every descriptor here is
-    /// close-on-exec in the caller and opened up only in the child, and
-    /// the child closes on exec whatever else it inherited.
+    /// `runsc exec` of the process spec `process_json` (`process.json`'s
+    /// text) in container `id`, with `stdio` as its stdin, stdout and
+    /// stderr and each of `extra` passed as the given descriptor number
+    /// inside (`--pass-fd`). The spec (with the agent's environment,
+    /// secrets included) is written to an anonymous memory file (memfd)
+    /// that only this child inherits, read by runsc as `--process
+    /// /proc/self/fd/N`: it is never on disk or on a command line. The
+    /// child starts with exactly its stdio, the memfd and `extra`, whatever
+    /// else this process has open.
     pub fn exec(
         &self,
         id: &str,
-        process: &Path,
+        process_json: &[u8],
         internal_pid_file: &Path,
         stdio: [std::os::fd::OwnedFd; 3],
         extra: Vec<(std::os::fd::OwnedFd, i32)>,
     ) -> Result<std::process::Child, RunscError> {
+        use nix::sys::memfd::{MFdFlags, memfd_create};
+        use std::io::Write;
         use std::os::fd::AsRawFd;
+        let memfd = memfd_create(c"lazaret-process", MFdFlags::MFD_CLOEXEC).map_err(|e| RunscError::Io { context: "creating the process spec's memory file".into(), source: e.into() })?;
+        let mut spec = std::fs::File::from(memfd);
+        spec.write_all(process_json).map_err(io_err("writing the process spec's memory file"))?;
         let mut cmd = self.command("exec");
         // Duplicates are close-on-exec and numbered 3 or more.
         let mut kept = Vec::new();
@@ -473,13 +514,16 @@ impl Runsc {
             cmd.arg("--pass-fd").arg(format!("{}:{guest}", dup.as_raw_fd()));
             kept.push(dup);
         }
-        cmd.arg("--process").arg(process).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
+        cmd.arg("--process").arg(format!("/proc/self/fd/{}", spec.as_raw_fd())).arg("--internal-pid-file").arg(internal_pid_file).arg(id);
         let [stdin, stdout, stderr] = stdio;
         cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
-        crate::sys::only_these_in_child(&mut cmd, kept.iter().map(|f| f.as_raw_fd()).collect()).map_err(io_err("passing descriptors to runsc exec"))?;
+        let passed: Vec<_> = kept.iter().map(|f| f.as_raw_fd()).chain([spec.as_raw_fd()]).collect();
+        crate::sys::only_these_in_child(&mut cmd, passed).map_err(io_err("passing descriptors to runsc exec"))?;
         let child = cmd.spawn().map_err(io_err("running runsc exec"));
+        // The child has its own copies; ours close here.
         drop(kept);
         drop(extra);
+        drop(spec);
         child
     }
 
@@ -743,6 +787,14 @@ mod tests {
         }
         assert_eq!(Platform::from_flag("firecracker"), None);
         assert_eq!(Platform::from_flag("Systrap"), None);
+    }
+
+    #[test]
+    fn debug_logs_go_only_to_a_root_only_directory() {
+        assert_eq!(debug_log_dir_problem(true, 0, 0o40700), None);
+        assert!(debug_log_dir_problem(true, 0, 0o40755).expect("755").contains("mode 755"));
+        assert!(debug_log_dir_problem(true, 1000, 0o40700).expect("uid").contains("uid 1000"));
+        assert!(debug_log_dir_problem(false, 0, 0o120777).expect("link").contains("not a directory"));
     }
 
     #[test]

@@ -196,8 +196,71 @@ fn root_agent_needs_a_root_owned_configuration() {
     nix::unistd::chown(&env.config, Some(uid.into()), Some(gid.into())).expect("chown config");
     let out = env.run(["run", "test", "--", "true"]);
     assert_refused(&env, &out, &["runs the agent as uid 0", "owned by root", "sudo chown root:"]);
-    // The same configuration owned by root is accepted.
+    // The same configuration owned by root is accepted (in a workspace the
+    // developer may write: Lazaret mounts it read-write for them).
     nix::unistd::chown(&env.config, Some(0.into()), Some(0.into())).expect("chown config back");
+    nix::unistd::chown(&env.workspace, Some(uid.into()), Some(gid.into())).expect("chown workspace");
     let out = env.run(["run", "test", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
+}
+
+/// A configuration as the developer (`lazaret-test`) owns it: no
+/// `storage_root`/`runtime_dir` (their defaults need no trust), `top` before
+/// the profile and `profile` keys in it. Returns the env with `SUDO_UID`
+/// set and the workspace the developer's.
+fn developer_env(top: &str, profile: &str) -> TestEnv {
+    let (uid, gid) = test_user();
+    let mut env = TestEnv::new();
+    env.env.push(("SUDO_UID".into(), uid.to_string()));
+    env.env.push(("SUDO_GID".into(), gid.to_string()));
+    std::fs::write(&env.config, format!("{top}[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{profile}")).expect("config");
+    nix::unistd::chown(&env.config, Some(uid.into()), Some(gid.into())).expect("chown config");
+    nix::unistd::chown(&env.workspace, Some(uid.into()), Some(gid.into())).expect("chown workspace");
+    env
+}
+
+/// Settings that make root run or expose something of the developer's
+/// choosing are refused from the developer's own file, with the key's
+/// location, why, and the fix.
+#[test]
+fn developer_owned_configuration_cannot_use_roots_power() {
+    let cases: [(&str, &str, &[&str]); 5] = [
+        ("[runsc]\npath = \"/usr/local/bin/runsc\"\n", "", &["config.toml:2:8: `runsc.path`", "execute /usr/local/bin/runsc as root", "sudo chown root:"]),
+        ("[runsc]\ndebug_log_dir = \"/var/tmp/lazaret-runsc-debug\"\n", "", &["config.toml:2:17: `runsc.debug_log_dir`", "sudo chown root:"]),
+        ("storage_root = \"/etc/lazaret-e2e\"\n", "", &["config.toml:1:16: `storage_root`", "owned by root"]),
+        ("", "user = \"0:42\"\n", &["config.toml:4:8: `profiles.test.user`", "ids that are not yours", "use `user = \"developer\"`"]),
+        ("", "volumes = [\"/etc/shadow:/shadow:ro\"]\n", &["config.toml:4:12: volume \"/etc/shadow:/shadow:ro\"", "may not read /etc/shadow yourself", "as root, would mount it"]),
+    ];
+    for (top, profile, needles) in cases {
+        let env = developer_env(top, profile);
+        let out = env.run(["run", "test", "--", "true"]);
+        assert_refused(&env, &out, needles);
+        assert!(!std::path::Path::new("/var/tmp/lazaret-runsc-debug").exists() && !std::path::Path::new("/etc/lazaret-e2e").exists(), "a refused key was acted on");
+    }
+}
+
+/// Whoever owns the configuration, the workspace must be one the developer
+/// may read and write themselves.
+#[test]
+fn a_workspace_the_developer_cannot_write_is_refused() {
+    let env = developer_env("", "");
+    nix::unistd::chown(&env.workspace, Some(0.into()), Some(0.into())).expect("chown workspace to root");
+    std::fs::set_permissions(&env.workspace, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let out = env.run(["run", "test", "--", "true"]);
+    assert_refused(&env, &out, &["workspace", "may not read and write it yourself", "(uid "]);
+}
+
+/// A configuration reached through a symlink that lies inside a volume
+/// could be retargeted by the agent: refused.
+#[test]
+fn a_configuration_symlink_inside_a_volume_is_refused() {
+    let env = TestEnv::new();
+    let volume = env.scratch.join("vol");
+    std::fs::create_dir(&volume).expect("volume");
+    let cfg = std::fs::read_to_string(&env.config).expect("config");
+    std::fs::write(&env.config, format!("{cfg}volumes = [\"{}:/vol\"]\n", volume.display())).expect("config");
+    let link = volume.join("config.toml");
+    std::os::unix::fs::symlink(&env.config, &link).expect("symlink");
+    let out = env.in_netns().arg(lazaret_bin()).arg("--config").arg(&link).args(["run", "test", "--", "true"]).current_dir(&env.workspace).stdin(std::process::Stdio::null()).output().expect("lazaret");
+    assert_refused(&env, &out, &["lies inside the volume", "move the configuration"]);
 }

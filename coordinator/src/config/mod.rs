@@ -21,6 +21,7 @@ mod fingerprint;
 mod located;
 mod net;
 mod parse;
+pub mod trust;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -80,6 +81,15 @@ pub struct Config {
     pub default_profile: Option<String>,
     /// The Agent Profiles by name.
     pub profiles: BTreeMap<String, Profile>,
+    /// Where some keys were written, `FILE:LINE:COLUMN`, by dotted key:
+    /// `storage_root`, `runtime_dir`, `runsc.path`, `runsc.debug_log_dir`,
+    /// `profiles.NAME.user` (for the trust checks of [`trust`]).
+    #[serde(skip)]
+    pub origins: BTreeMap<String, String>,
+    /// The owner of the file as read by [`Config::load`] (`None` when
+    /// parsed from text: then it is not trusted like root's).
+    #[serde(skip)]
+    pub file_owner: Option<u32>,
 }
 
 /// The `[runsc]` table.
@@ -291,14 +301,62 @@ impl Profile {
     }
 }
 
+/// Refuses a configuration whose real location (of the opened file, after
+/// every symlink) has a directory above it that someone other than root or
+/// the developer could change: owned by another user, or writable by group
+/// or others without the sticky bit. Such a user could replace the file (or
+/// a directory on its way) between runs.
+fn check_directories(file: &std::fs::File, path: &Path, developer: &Developer) -> Result<(), ConfigError> {
+    use std::os::fd::AsRawFd;
+    let read_error = |source| ConfigError::Read { path: path.to_path_buf(), source };
+    let real = std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).map_err(read_error)?;
+    for dir in real.ancestors().skip(1) {
+        let metadata = std::fs::metadata(dir).map_err(read_error)?;
+        let owner_ok = metadata.uid() == 0 || metadata.uid() == developer.uid;
+        let others_may_write = metadata.mode() & 0o022 != 0 && metadata.mode() & 0o1000 == 0;
+        if !owner_ok || others_may_write {
+            let reason = if owner_ok {
+                format!("its directory {} is writable by group or others (mode {:o}), who could replace the file", dir.display(), metadata.mode() & 0o7777)
+            } else {
+                format!("its directory {} is owned by uid {}, neither root nor the developer (uid {}), who could replace the file", dir.display(), metadata.uid(), developer.uid)
+            };
+            let hint = if real.as_path() != path {
+                format!("{} is where {} points; keep the configuration in a directory only you (or root) may change", real.display(), path.display())
+            } else {
+                format!("keep the configuration in a directory only you (or root) may change, e.g. `chmod go-w {}`", dir.display())
+            };
+            return Err(ConfigError::Insecure { path: path.to_path_buf(), reason, hint });
+        }
+    }
+    Ok(())
+}
+
 impl Config {
     /// Reads and validates the configuration at `path`. `~/` in volumes is
     /// the developer's home.
     ///
     /// Refuses a file that is not a regular file, or that someone other than
     /// root or the developer could modify (it decides what gets mounted into
-    /// a sandbox started by root).
+    /// a sandbox started by root), directly or by changing a directory above
+    /// its real location (see [`check_directories`]). Records the owner
+    /// ([`Config::file_owner`]) for [`trust`].
     pub fn load(path: &Path, developer: &Developer) -> Result<Config, ConfigError> {
+        // Root reads it on the developer's behalf: not a file they could not
+        // read themselves (its errors would leak a root-only file's text).
+        if developer.uid != 0 {
+            let groups: Vec<u32> = developer.groups.iter().map(|g| g.gid).collect();
+            match lazaret_mounts::access_as(path, developer.uid, developer.gid, &groups, libc::R_OK) {
+                Ok(Err(errno @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM))) => {
+                    return Err(ConfigError::Insecure {
+                        path: path.to_path_buf(),
+                        reason: format!("you (uid {}) may not read it yourself ({errno}), and Lazaret reads it as root only on your behalf", developer.uid),
+                        hint: "point --config (or $LAZARET_CONFIG) at a configuration you may read".to_string(),
+                    });
+                }
+                Ok(_) => {}
+                Err(source) => return Err(ConfigError::Read { path: path.to_path_buf(), source }),
+            }
+        }
         // One open, then fstat: the checked file is the file that is read.
         // O_NONBLOCK: opening a FIFO planted at the path must not hang.
         let opened = std::fs::OpenOptions::new()
@@ -353,9 +411,12 @@ impl Config {
                 hint: format!("chmod go-w {}", path.display()),
             });
         }
+        check_directories(&file, path, developer)?;
         let mut text = String::new();
         file.read_to_string(&mut text).map_err(read_error)?;
-        Config::parse(&text, path, &developer.home)
+        let mut config = Config::parse(&text, path, &developer.home)?;
+        config.file_owner = Some(metadata.uid());
+        Ok(config)
     }
 
     /// Parses and validates configuration text. `file` is used in error

@@ -72,8 +72,13 @@ pub(crate) fn parse(text: &str, file: &Path, home: &Path) -> Result<Config, Conf
         map,
         home,
         diagnostics: Vec::new(),
+        origins: BTreeMap::new(),
     };
     let config = walker.document(file, document.get_ref(), &document.span());
+    let config = config.map(|mut config| {
+        config.origins = std::mem::take(&mut walker.origins);
+        config
+    });
     let mut diagnostics = walker.diagnostics;
     diagnostics.sort_by_key(|d| (d.line, d.column));
     match config {
@@ -86,6 +91,9 @@ struct Walker<'a> {
     map: SourceMap<'a>,
     home: &'a Path,
     diagnostics: Vec<Diagnostic>,
+    /// `FILE:LINE:COLUMN` of the keys whose trust is checked later
+    /// (see [`Config::origins`]).
+    origins: BTreeMap<String, String>,
 }
 
 /// The known entries of one table, looked up by key.
@@ -307,6 +315,7 @@ impl<'a> Walker<'a> {
     }
 
     fn path_value(&mut self, value: &Value<'_>, key: &str, example: &str) -> Option<PathBuf> {
+        self.origins.insert(key.to_string(), self.map.origin(&value.span()));
         let text = self.string(value, key, &format!("\"{example}\""))?;
         self.absolute_path(text, &value.span(), key, example)
     }
@@ -411,6 +420,8 @@ impl<'a> Walker<'a> {
             network: network?,
             default_profile,
             profiles,
+            origins: BTreeMap::new(),
+            file_owner: None,
         })
         .filter(|_| profiles_ok)
     }
@@ -734,6 +745,9 @@ impl<'a> Walker<'a> {
             Some(v) => self.volumes(v),
             None => Some(Vec::new()),
         };
+        if let Some(v) = keys.get("user") {
+            self.origins.insert(format!("profiles.{name_text}.user"), self.map.origin(&v.span()));
+        }
         let user = match keys.get("user") {
             Some(v) => self.string(v, "user", "\"developer\"").and_then(|text| {
                 let parsed = parse_user(text);

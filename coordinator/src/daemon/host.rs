@@ -218,7 +218,7 @@ impl Effects for HostEffects {
             probe_cache: Some(ctx.config.storage_root.join("runsc-probe.json")),
         })?;
         // The container's first process only reaps orphans; agents are exec'd.
-        let spec = ctx.bundle_spec(&image, &init_command(), false)?;
+        let spec = ctx.init_bundle_spec(&image, &init_command())?;
         Ok(Prepared { image, runsc, spec })
     }
 

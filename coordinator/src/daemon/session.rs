@@ -202,7 +202,6 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
         let _ = t.join();
     }
     let _ = std::fs::remove_file(&pid_file);
-    let _ = std::fs::remove_file(d.run.session_process(&session));
 }
 
 /// Journals the session's end; if it was the last, begins teardown and
@@ -281,8 +280,6 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
         spec.args = stdio_wrapper(&req.terminal, std::mem::take(&mut spec.args));
     }
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
-    let process_file = d.run.session_process(&req.session);
-    std::fs::write(&process_file, process).map_err(StartError::io(format!("writing {}", process_file.display())))?;
     let missing = || StartError::Io { context: "the client's pipes".into(), source: std::io::Error::other("missing descriptors") };
     let mut pipes = fds.into_iter();
     let (stdio, extra, master) = if req.tty {
@@ -306,7 +303,8 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
             _ => return Err(missing()),
         }
     };
-    let child = d.runsc.exec(&d.container, &process_file, pid_file, stdio, extra)?;
+    // The spec holds the agent's environment (secrets too): never on disk.
+    let child = d.runsc.exec(&d.container, process.as_bytes(), pid_file, stdio, extra)?;
     Ok((child, master))
 }
 
