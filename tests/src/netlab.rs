@@ -110,7 +110,7 @@ impl NetLab {
             ip(&world, &["addr", "add", &format!("{a}/32"), "dev", "lo"]);
         }
         for a in [PUBLIC_V6, ULA_V6] {
-            ip(&world, &["addr", "add", &format!("{a}/128"), "dev", "lo"]);
+            ip(&world, &["addr", "add", &format!("{a}/128"), "dev", "lo", "nodad"]);
         }
 
         let mut serve: Vec<String> = vec!["serve".into(), PORT.to_string()];

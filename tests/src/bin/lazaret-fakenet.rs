@@ -17,6 +17,21 @@ use std::io::Write;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 
+/// Binds, waiting up to 3 s while the address is not usable yet: the
+/// kernel can answer EADDRNOTAVAIL for an IPv6 address added an instant
+/// before (seen under load on the lab's loopback addresses).
+fn bind_when_ready<T>(bind: impl Fn() -> std::io::Result<T>) -> std::io::Result<T> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(3);
+    loop {
+        match bind() {
+            Err(e) if e.kind() == std::io::ErrorKind::AddrNotAvailable && std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            other => return other,
+        }
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let out = Arc::new(Mutex::new(std::io::stdout()));
@@ -26,14 +41,14 @@ fn main() {
             let port: u16 = args[1].parse().expect("PORT");
             for a in &args[2..] {
                 let ip: IpAddr = a.parse().expect("ADDR");
-                let tcp = TcpListener::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("tcp {ip}:{port}: {e}"));
+                let tcp = bind_when_ready(|| TcpListener::bind(SocketAddr::new(ip, port))).unwrap_or_else(|e| panic!("tcp {ip}:{port}: {e}"));
                 handles.push(std::thread::spawn(move || {
                     for conn in tcp.incoming().flatten() {
                         let mut conn = conn;
                         let _ = writeln!(conn, "hello from {ip}");
                     }
                 }));
-                let udp = UdpSocket::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("udp {ip}:{port}: {e}"));
+                let udp = bind_when_ready(|| UdpSocket::bind(SocketAddr::new(ip, port))).unwrap_or_else(|e| panic!("udp {ip}:{port}: {e}"));
                 let out = out.clone();
                 handles.push(std::thread::spawn(move || {
                     let mut buf = [0u8; 2048];
@@ -54,7 +69,7 @@ fn main() {
             // Reads a byte count line, sends that many bytes, closes.
             let ip: IpAddr = args[2].parse().expect("ADDR");
             let port: u16 = args[1].parse().expect("PORT");
-            let tcp = TcpListener::bind(SocketAddr::new(ip, port)).unwrap_or_else(|e| panic!("bulk {ip}:{port}: {e}"));
+            let tcp = bind_when_ready(|| TcpListener::bind(SocketAddr::new(ip, port))).unwrap_or_else(|e| panic!("bulk {ip}:{port}: {e}"));
             handles.push(std::thread::spawn(move || {
                 for conn in tcp.incoming().flatten() {
                     std::thread::spawn(move || {
@@ -80,7 +95,7 @@ fn main() {
         Some("dns") if args.len() == 3 => {
             let ip: IpAddr = args[1].parse().expect("ADDR");
             let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
-            let udp = UdpSocket::bind(SocketAddr::new(ip, 53)).unwrap_or_else(|e| panic!("dns {ip}:53: {e}"));
+            let udp = bind_when_ready(|| UdpSocket::bind(SocketAddr::new(ip, 53))).unwrap_or_else(|e| panic!("dns {ip}:53: {e}"));
             handles.push(std::thread::spawn(move || {
                 let mut buf = [0u8; 1500];
                 while let Ok((n, from)) = udp.recv_from(&mut buf) {
