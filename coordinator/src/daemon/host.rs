@@ -163,7 +163,10 @@ impl Effects for HostEffects {
     type Sandbox = Sandbox;
     type Listener = UnixListener;
 
+    /// Logs the stage's end (timestamped: `lazaret-bench run` reads these
+    /// lines for its per-stage breakdown), then passes its crash point.
     fn reached(&mut self, stage: Stage) {
+        log(&format!("stage {stage} done"));
         super::crash_point(stage.name());
     }
 
