@@ -153,29 +153,36 @@ fn epoch_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// Journal events recorded during start-up (each stage's first step); the
+/// log's `stage NAME done` lines delimit those stages more exactly.
+const START_EVENTS: [&str; 6] = ["AcquireDomainLock", "MountStateAnchor", "CreateTrustAnchor", "StartSidecar", "StartSandbox", "PublishDomain"];
+
 /// The last run's milestones, in time order: the client's start, return
-/// and the lock's release (measured here), every journal event of the
-/// Domain's last run (`timestamp_ms`), and the coordinator log's `stage
-/// NAME done` lines of that run; returned as consecutive differences.
+/// and the lock's release (measured here); start-up as the coordinator
+/// log's `stage NAME done` lines (or, from a coordinator without them, its
+/// journal events); then the journal events of the session and teardown
+/// (`timestamp_ms`). Returned as consecutive differences.
 fn stage_breakdown(env: &TestEnv, begun: u64, returned: u64, unlocked: u64) -> anyhow::Result<Vec<(String, String, u64)>> {
     let mut marks: Vec<(u64, String)> = vec![(begun, "client started".into())];
     for id in env.domain_ids() {
-        let path = Path::new(TEST_STORAGE).join("domains").join(&id).join("journal.jsonl");
-        let text = std::fs::read_to_string(&path)?;
-        for line in text.lines() {
-            let v: serde_json::Value = serde_json::from_str(line)?;
-            let (Some(t), Some(action)) = (v["timestamp_ms"].as_u64(), v["action"].as_str()) else { continue };
-            if t >= begun {
-                marks.push((t, format!("journal {action}")));
-            }
-        }
         let log = std::fs::read_to_string(env.runtime_dir.join(&id).join("coordinator.log")).unwrap_or_default();
+        let mut stages = 0;
         for line in log.lines() {
             // "[TIMESTAMP_MS] stage NAME done"
             let Some((stamp, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] ")) else { continue };
             let (Ok(t), Some(stage)) = (stamp.parse::<u64>(), rest.strip_prefix("stage ").and_then(|r| r.strip_suffix(" done"))) else { continue };
             if t >= begun {
                 marks.push((t, format!("stage {stage} done")));
+                stages += 1;
+            }
+        }
+        let path = Path::new(TEST_STORAGE).join("domains").join(&id).join("journal.jsonl");
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            let (Some(t), Some(action)) = (v["timestamp_ms"].as_u64(), v["action"].as_str()) else { continue };
+            if t >= begun && (stages == 0 || !START_EVENTS.contains(&action)) {
+                marks.push((t, format!("journal {action}")));
             }
         }
     }
