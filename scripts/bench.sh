@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
 # Usage: sudo scripts/bench.sh [run|net|git|mounts|model|all] [ARG]
-#   run [RUNS]    lazaret run test -- true vs bare runsc run (issue 2)
+#   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
+#                 cold, teardown tail, back to back, joining; then one cold
+#                 run stage by stage from its journal and coordinator log
 #   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3)
 #   git [FILES]   git status in a FILES-file repository, host vs sandbox (issue 4)
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)

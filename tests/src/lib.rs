@@ -287,9 +287,28 @@ impl TestEnv {
             .unwrap_or_default()
     }
 
-    /// Asserts that no runsc container, run directory, cgroup, host mount or
+    /// Waits (up to [`COMMAND_LIMIT`] in all) until no coordinator holds the
+    /// lock of any of this env's Domains: `lazaret run` returns as soon as
+    /// its agent exited, and the Domain goes down behind it, its lock held
+    /// until everything is gone. Returns the Domains still locked when the
+    /// wait ran out.
+    pub fn wait_domains_unlocked(&self) -> Vec<String> {
+        let deadline = Instant::now() + COMMAND_LIMIT;
+        self.domain_ids()
+            .into_iter()
+            .filter(|id| {
+                let lock = lazaret_coordinator::layout::DomainDir::new(self.runtime_dir.join(id)).lock();
+                !lazaret_coordinator::client::wait_unlocked(&lock, deadline.saturating_duration_since(Instant::now()))
+            })
+            .collect()
+    }
+
+    /// Asserts that every Domain of this env went down (its lock released)
+    /// and that no runsc container, run directory, cgroup, host mount or
     /// process of this env is left.
     pub fn assert_nothing_left(&self) {
+        let locked = self.wait_domains_unlocked();
+        assert_eq!(locked, Vec::<String>::new(), "Domains still locked (not down) after {COMMAND_LIMIT:?}");
         assert_eq!(self.leftover_containers(), Vec::<String>::new(), "runsc containers left behind");
         for id in self.domain_ids() {
             let dir = self.runtime_dir.join(&id);
@@ -313,8 +332,11 @@ impl TestEnv {
     /// Asserts that every journal of this env's Domains replays against the
     /// protocol model (`lazaret journal --check --file`), that at least one
     /// exists, and that each Domain's current journal records a finished run
-    /// (the Domain is down). Call it after the Domains went down.
+    /// (the Domain is down). Call it after the last session left: it first
+    /// waits for the Domains' locks ([`TestEnv::wait_domains_unlocked`]).
     pub fn assert_journal_conforms(&self) {
+        let locked = self.wait_domains_unlocked();
+        assert_eq!(locked, Vec::<String>::new(), "Domains still locked (not down) after {COMMAND_LIMIT:?}");
         let mut journals = Vec::new();
         for id in self.domain_ids() {
             let root = Path::new(TEST_STORAGE).join("domains").join(&id);
@@ -364,9 +386,11 @@ impl TestEnv {
         all.iter().copied().filter(|pid| parent_pid(*pid).is_none_or(|pp| !all.contains(&pp))).collect()
     }
 
-    /// Waits (up to [`COMMAND_LIMIT`]) until no process mentions this env's
-    /// runtime directory; returns what is left if the wait ran out.
+    /// Waits (up to [`COMMAND_LIMIT`]) until every Domain lock of this env is
+    /// free and no process mentions this env's runtime directory; returns
+    /// what is left if the wait ran out.
     pub fn wait_no_processes(&self) -> Vec<String> {
+        let _ = self.wait_domains_unlocked();
         let needle = self.runtime_dir.to_string_lossy().into_owned();
         let deadline = Instant::now() + COMMAND_LIMIT;
         loop {
@@ -406,7 +430,11 @@ pub struct HostCounts {
 impl HostCounts {
     /// Counts now, for `env` (veths seen from `netns`, a path for
     /// `nsenter --net=`, or this process's namespace).
+    ///
+    /// Every Domain of `env` is waited for first: call it when no session
+    /// is running (a Domain goes down behind its last session's Exit).
     pub fn take(env: &TestEnv, netns: Option<&Path>) -> HostCounts {
+        let _ = env.wait_domains_unlocked();
         let needle = env.runtime_dir.to_string_lossy().into_owned();
         let procs = processes_mentioning(&needle);
         // Network namespaces: those of this env's processes, plus any pinned

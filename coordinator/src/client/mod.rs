@@ -101,6 +101,10 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
             }
         }
         match launched.as_mut() {
+            // The lock is held: a coordinator is starting (its socket will
+            // answer) or going down behind its last session's Exit (a new
+            // one can start once it released the lock). Wait for either.
+            None if !wait_unlocked(&dir.lock(), Duration::ZERO) => {}
             None => launched = Some(spawn::spawn_coordinator(req, &ctx, &dir, &session)?),
             Some(l) => {
                 l.relay(false);
@@ -110,9 +114,8 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
                         Some(c) if c == EXIT_BUSY || c == 0 => {
                             // Another coordinator owns the Domain (perhaps
                             // still going down): connect to it, or start
-                            // again once it is gone.
+                            // again once it released the lock (above).
                             launched = None;
-                            std::thread::sleep(Duration::from_millis(20));
                         }
                         _ => {
                             return Err(match l.status.errors() {

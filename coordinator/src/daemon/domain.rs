@@ -30,8 +30,6 @@ use super::stages::UndoFailure;
 const FIRST_SESSION_WAIT: Duration = Duration::from_secs(30);
 /// Most connections served at once.
 const MAX_CONNECTIONS: usize = 128;
-/// How long the last session waits for teardown before it is told anyway.
-const TEARDOWN_WAIT: Duration = Duration::from_secs(120);
 /// How long teardown waits for session threads to deliver their last Exit.
 const FAREWELL_WAIT: Duration = Duration::from_secs(10);
 
@@ -202,18 +200,14 @@ impl Domain {
         }
     }
 
-    /// After the last session left: begins teardown and waits until the
-    /// Domain is down (or [`TEARDOWN_WAIT`] passed). Returns whether it is.
-    pub fn last_session_left<'a>(&'a self, mut live: MutexGuard<'a, Live>) -> (MutexGuard<'a, Live>, bool) {
+    /// After a session left: if it was the last, begins teardown (which
+    /// the main thread finishes behind the session's Exit: the client gets
+    /// its status as soon as its agent exited, and the Domain lock, held
+    /// until everything is down, makes a new run wait for it).
+    pub fn last_session_left(&self, live: &mut Live) {
         if live.sessions.is_empty() && live.phase == Phase::Ready {
-            self.begin_teardown(&mut live);
-            let deadline = Instant::now() + TEARDOWN_WAIT;
-            while live.phase != Phase::Down && Instant::now() < deadline {
-                live = self.wait(live, Duration::from_millis(100));
-            }
+            self.begin_teardown(live);
         }
-        let down = live.phase == Phase::Down;
-        (live, down)
     }
 
     /// Sends `signal` to a session's agent.

@@ -87,6 +87,14 @@ impl StderrRoute {
         StderrRoute { log }
     }
 
+    /// A timestamped line in the Domain's log only, never on the
+    /// launcher's pipe (stderr may point there during start-up).
+    pub fn log_only(&self, line: &str) {
+        if let Some(l) = &self.log {
+            let _ = nix::unistd::write(l, format!("[{}] {line}\n", crate::journal::now_ms()).as_bytes());
+        }
+    }
+
     /// Points stderr back at the log.
     pub fn restore_log(&mut self) {
         if let Some(l) = &self.log {
@@ -163,7 +171,10 @@ impl Effects for HostEffects {
     type Sandbox = Sandbox;
     type Listener = UnixListener;
 
+    /// Logs the stage's end (timestamped: `lazaret-bench run` reads these
+    /// lines for its per-stage breakdown), then passes its crash point.
     fn reached(&mut self, stage: Stage) {
+        self.stderr.log_only(&format!("stage {stage} done"));
         super::crash_point(stage.name());
     }
 

@@ -3,7 +3,10 @@
 //! `lazaret-bench run [RUNS]`: end-to-end `lazaret run test -- true`, both
 //! starting and tearing down its Domain and joining a running one, against
 //! a bare `runsc run` of an equivalent bundle (same image overlay, argv,
-//! user, flags): median and p90 of each, and the ratios.
+//! user, flags): median and p90 of each, and the ratios; the teardown that
+//! follows a cold run (the client returns first), back-to-back runs (each
+//! waits for the previous teardown), and one cold run stage by stage from
+//! its journal's and log's timestamps.
 //!
 //! `lazaret-bench net [RUNS]`: build and teardown time of a Domain's sidecar
 //! topology, then TCP connect latency and bulk throughput to a server in a
@@ -48,18 +51,54 @@ fn stats(mut samples: Vec<Duration>) -> (f64, f64) {
 
 fn bench_run(runs: usize) -> anyhow::Result<()> {
     anyhow::ensure!(runs >= 10, "use at least 10 runs");
-    let env = TestEnv::new();
+    // Every lazaret invocation enters one namespace made here (`nsenter`),
+    // rather than a fresh `unshare --net` each (which alone costs ~20 ms
+    // more per invocation on the bench VM, and bare runsc pays neither).
+    let netns = lazaret_netpolicy::topology::Netns::create()?;
+    let mut env = TestEnv::new();
+    env.netns = Some(netns.proc_path());
     // Warm up caches (image files, binaries) once for both.
     let warm = env.run(["run", "test", "--", "true"]);
     anyhow::ensure!(warm.status.success(), "lazaret run failed: {}", String::from_utf8_lossy(&warm.stderr));
 
+    let lock = domain_lock(&env)?;
+
+    // Cold: the Domain is down (its lock free) before each run. `lazaret
+    // run` returns with the agent's status; the Domain goes down behind it,
+    // and the time until its lock is free is the teardown tail.
     let mut lazaret = Vec::new();
+    let mut tails = Vec::new();
     for _ in 0..runs {
+        anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
         let t = Instant::now();
         let status = env.lazaret(["run", "test", "--", "true"]).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
         lazaret.push(t.elapsed());
         anyhow::ensure!(status.success(), "lazaret run failed");
+        let t = Instant::now();
+        anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+        tails.push(t.elapsed());
     }
+
+    // Back to back: each run starts as soon as the previous one returned,
+    // so it waits for that run's teardown before its own coordinator can
+    // take the lock (what a developer re-running at once sees).
+    let mut rerun = Vec::new();
+    for _ in 0..runs {
+        let t = Instant::now();
+        let status = env.lazaret(["run", "test", "--", "true"]).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        rerun.push(t.elapsed());
+        anyhow::ensure!(status.success(), "lazaret run (back to back) failed");
+    }
+    anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+
+    // One more cold run, for the per-stage breakdown from its journal.
+    let begun = epoch_ms();
+    let status = env.lazaret(["run", "test", "--", "true"]).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+    let returned = epoch_ms();
+    anyhow::ensure!(status.success(), "lazaret run failed");
+    anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+    let unlocked = epoch_ms();
+    let breakdown = stage_breakdown(&env, begun, returned, unlocked)?;
 
     // A session joining a Domain that is already running (another session
     // holds it open), as every terminal after the first does.
@@ -79,6 +118,8 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
 
     let bare = bare_runsc(runs)?;
     let (lm, lp) = stats(lazaret);
+    let (tm, tp) = stats(tails);
+    let (rm, rp) = stats(rerun);
     let (jm, jp) = stats(joins);
     let (bm, bp) = stats(bare);
     println!("lazaret run vs bare runsc run, `true`, {runs} runs each ({})", lazaret_bin().display());
@@ -86,9 +127,70 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
     println!("{:<44} {:>10.1} {:>10.1}", "runsc run (same image, argv, flags)", bm, bp);
     println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, Domain started and torn down", lm, lp);
     println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", lm / bm, lp / bp);
+    println!("{:<44} {:>10.1} {:>10.1}", "  then teardown until the lock is free", tm, tp);
+    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, back to back (waits teardown)", rm, rp);
     println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, joining a running Domain", jm, jp);
     println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", jm / bm, jp / bp);
+    println!();
+    println!("one cold run, stage by stage (journal and coordinator log timestamps)");
+    println!("{:<60} {:>8}", "from -> to", "ms");
+    for (from, to, ms) in breakdown {
+        println!("{:<60} {:>8}", format!("{from} -> {to}"), ms);
+    }
     Ok(())
+}
+
+/// How long the bench waits for a Domain to go down.
+const DOWN_LIMIT: Duration = Duration::from_secs(60);
+
+/// The lock file of `env`'s single Domain (it exists after a first run).
+fn domain_lock(env: &TestEnv) -> anyhow::Result<PathBuf> {
+    let dir = env.domain_dir().ok_or_else(|| anyhow::anyhow!("no Domain directory under {}", env.runtime_dir.display()))?;
+    Ok(lazaret_coordinator::layout::DomainDir::new(dir).lock())
+}
+
+fn epoch_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// Journal events recorded during start-up (each stage's first step); the
+/// log's `stage NAME done` lines delimit those stages more exactly.
+const START_EVENTS: [&str; 6] = ["AcquireDomainLock", "MountStateAnchor", "CreateTrustAnchor", "StartSidecar", "StartSandbox", "PublishDomain"];
+
+/// The last run's milestones, in time order: the client's start, return
+/// and the lock's release (measured here); start-up as the coordinator
+/// log's `stage NAME done` lines (or, from a coordinator without them, its
+/// journal events); then the journal events of the session and teardown
+/// (`timestamp_ms`). Returned as consecutive differences.
+fn stage_breakdown(env: &TestEnv, begun: u64, returned: u64, unlocked: u64) -> anyhow::Result<Vec<(String, String, u64)>> {
+    let mut marks: Vec<(u64, String)> = vec![(begun, "client started".into())];
+    for id in env.domain_ids() {
+        let log = std::fs::read_to_string(env.runtime_dir.join(&id).join("coordinator.log")).unwrap_or_default();
+        let mut stages = 0;
+        for line in log.lines() {
+            // "[TIMESTAMP_MS] stage NAME done"
+            let Some((stamp, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] ")) else { continue };
+            let (Ok(t), Some(stage)) = (stamp.parse::<u64>(), rest.strip_prefix("stage ").and_then(|r| r.strip_suffix(" done"))) else { continue };
+            if t >= begun {
+                marks.push((t, format!("stage {stage} done")));
+                stages += 1;
+            }
+        }
+        let path = Path::new(TEST_STORAGE).join("domains").join(&id).join("journal.jsonl");
+        let text = std::fs::read_to_string(&path)?;
+        for line in text.lines() {
+            let v: serde_json::Value = serde_json::from_str(line)?;
+            let (Some(t), Some(action)) = (v["timestamp_ms"].as_u64(), v["action"].as_str()) else { continue };
+            if t >= begun && (stages == 0 || !START_EVENTS.contains(&action)) {
+                marks.push((t, format!("journal {action}")));
+            }
+        }
+    }
+    marks.push((returned, "client returned".into()));
+    marks.push((unlocked, "lock free".into()));
+    // Stable: equal timestamps keep their order above.
+    marks.sort_by_key(|m| m.0);
+    Ok(marks.windows(2).map(|w| (w[0].1.clone(), w[1].1.clone(), w[1].0 - w[0].0)).collect())
 }
 
 /// Times `runsc run` of a bundle equivalent to what `lazaret run` writes,
