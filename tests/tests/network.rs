@@ -283,7 +283,7 @@ fn an_address_the_host_gains_during_a_session_is_denied_within_a_second() {
     lab.host_ip(&["addr", "del", &format!("{NEW}/32"), "dev", "wan0"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
-    assert_lab_clean(&lab);
+    assert_lab_clean(&lab, &[&env]);
 }
 
 /// Every coordinator.log under `dir`, concatenated.

@@ -10,7 +10,6 @@
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
@@ -25,11 +24,7 @@ use lazaret_runtime::ExitStatus;
 use crate::layout::DomainDir;
 use crate::LAZARET_FAILED;
 
-use super::control::wait_unlocked;
 use super::ClientError;
-
-/// How long a client waits for a Domain to finish going down.
-const DOWN_LIMIT: Duration = Duration::from_secs(60);
 
 /// The client's own stdin, stdout and stderr, by number.
 struct Std {
@@ -166,10 +161,9 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
     let outcome = relay.run(signals, dir);
     drop(raw);
     outcome?;
-    let (status, domain_down) = relay.exit.unwrap_or((LAZARET_FAILED, false));
-    if domain_down {
-        wait_unlocked(&dir.lock(), DOWN_LIMIT);
-    }
+    // The coordinator sends the exit before it tears the Domain down; a
+    // rerun waits for the Domain lock itself.
+    let (status, _) = relay.exit.unwrap_or((LAZARET_FAILED, false));
     Ok(ExitStatus(status))
 }
 
