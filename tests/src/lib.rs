@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod netlab;
+pub mod pty;
 pub mod registry;
 
 use std::ffi::OsStr;

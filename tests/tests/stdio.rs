@@ -5,13 +5,11 @@
 //! PTY reaches no `runsc exec` but its own.
 
 use std::io::{BufRead, BufReader};
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use lazaret_tests::pty::TestTerminal;
 use lazaret_tests::*;
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
 
 /// Runs `sh -c SCRIPT` in the env's network namespace, in the workspace,
 /// with `$LZ` standing for `lazaret --config CONFIG`; returns its output.
@@ -116,69 +114,6 @@ fn is_pty(link: &str) -> bool {
     link.starts_with("/dev/pts/") || link.ends_with("ptmx")
 }
 
-/// The test's own terminal: a PTY pair whose slave plays the developer's.
-struct Terminal {
-    master: OwnedFd,
-    slave: OwnedFd,
-    seen: String,
-}
-
-impl Terminal {
-    fn new() -> Terminal {
-        // Close-on-exec, so that only the stdio of the processes given it
-        // holds it (a plain openpty would leak into every child).
-        let p = open_pty().expect("open_pty");
-        set_window_size(p.master.as_fd(), WindowSize { rows: 24, cols: 80 }).expect("TIOCSWINSZ");
-        Terminal { master: p.master, slave: p.slave, seen: String::new() }
-    }
-
-    /// Like [`Terminal::new`], but both ends are inherited by every child
-    /// the test starts (plain `openpty`), as a careless caller's terminal
-    /// descriptors would be: Lazaret must not hand them on either.
-    fn leaky() -> Terminal {
-        let ws = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
-        let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
-        Terminal { master: p.master, slave: p.slave, seen: String::new() }
-    }
-
-    /// The slave's path, as /proc shows it.
-    fn slave_path(&self) -> String {
-        std::fs::read_link(format!("/proc/self/fd/{}", self.slave.as_raw_fd())).expect("slave path").to_string_lossy().into_owned()
-    }
-
-    fn io(&self) -> Stdio {
-        Stdio::from(self.slave.try_clone().expect("dup slave"))
-    }
-
-    /// `lazaret ARGS` with this terminal as its controlling terminal, in a
-    /// fresh network namespace (`setsid -c unshare --net --`).
-    fn command(&self, env: &TestEnv, args: &[&str]) -> Command {
-        let mut cmd = Command::new("setsid");
-        cmd.arg("-c").args(["unshare", "--net", "--"]).arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
-        cmd
-    }
-
-    fn expect(&mut self, needle: &str) {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while !self.seen.contains(needle) {
-            assert!(Instant::now() < deadline, "never saw {needle:?}; terminal showed {:?}", self.seen);
-            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
-            if poll(&mut fds, PollTimeout::from(200u16)).unwrap_or(0) == 0 {
-                continue;
-            }
-            let mut buf = [0u8; 4096];
-            match nix::unistd::read(self.master.as_fd(), &mut buf) {
-                Ok(n) if n > 0 => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
-                _ => std::thread::sleep(Duration::from_millis(20)),
-            }
-        }
-    }
-
-    fn write(&self, data: &[u8]) {
-        nix::unistd::write(self.master.as_fd(), data).expect("write to master");
-    }
-}
-
 /// `lazaret run -- agent | tee log`: stdin and stderr are the developer's
 /// terminal, stdout a pipe. The agent gets a PTY of its own for stdin and
 /// stderr and a pipe for stdout; the developer's terminal is in no process
@@ -186,7 +121,7 @@ impl Terminal {
 #[test]
 fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
     let env = TestEnv::new();
-    let mut term = Terminal::new();
+    let mut term = TestTerminal::new(24, 80);
     let mut child = term
         .command(&env, &["run", "test", "--", "sh", "-c", "test -t 0 && echo in-tty >&2; test -t 1 || echo out-is-a-pipe; test -t 2 && echo err-tty >&2; echo ready; read line; echo got-$line"])
         .stdin(term.io())
@@ -196,7 +131,7 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
         .expect("spawning setsid -c lazaret");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     let mut next = || lines.next().and_then(Result::ok).unwrap_or_default();
-    assert_eq!(next(), "out-is-a-pipe", "terminal showed {:?}", term.seen);
+    assert_eq!(next(), "out-is-a-pipe", "terminal showed {:?}", term.seen());
     assert_eq!(next(), "ready");
     let ours = term.slave_path();
     let execs = wait_execs(&env, 1);
@@ -209,7 +144,7 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
     term.write(b"hello\r");
     assert_eq!(next(), "got-hello");
     assert_eq!(next(), "", "more output than expected");
-    assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", term.seen);
+    assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", term.seen());
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
@@ -223,7 +158,7 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
 #[test]
 fn a_sessions_pty_reaches_only_its_own_runsc_exec() {
     let env = TestEnv::new();
-    let mut term = Terminal::leaky();
+    let mut term = TestTerminal::leaky();
     let mut a = term.command(&env, &["run", "test", "--", "sh", "-c", "echo a-up; read x; echo a-done"]).stdin(term.io()).stdout(term.io()).stderr(term.io()).spawn().expect("spawning session A");
     term.expect("a-up");
     let a_exec = wait_execs(&env, 1)[0];
@@ -249,7 +184,7 @@ fn a_sessions_pty_reaches_only_its_own_runsc_exec() {
     assert_eq!(wait_with_limit(&mut b).code(), Some(0));
     term.write(b"x\r");
     term.expect("a-done");
-    assert_eq!(wait_with_limit(&mut a).code(), Some(0), "terminal showed {:?}", term.seen);
+    assert_eq!(wait_with_limit(&mut a).code(), Some(0), "terminal showed {:?}", term.seen());
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }

@@ -1,0 +1,107 @@
+//! A pseudo-terminal the test drives, standing in for the developer's
+//! terminal: its slave is given to `lazaret`, the test reads and writes the
+//! master.
+
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
+use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::sys::termios;
+
+use crate::{lazaret_bin, TestEnv};
+
+/// The test's terminal.
+pub struct TestTerminal {
+    master: OwnedFd,
+    slave: OwnedFd,
+    seen: String,
+}
+
+impl TestTerminal {
+    /// A terminal of `rows` × `cols`, both ends close-on-exec, so that only
+    /// the processes given its slave as stdio hold it.
+    pub fn new(rows: u16, cols: u16) -> TestTerminal {
+        let p = open_pty().expect("open_pty");
+        set_window_size(p.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new() }
+    }
+
+    /// Like [`TestTerminal::new`] (24 × 80), but both ends are inherited by
+    /// every child the test starts (plain `openpty`), as a careless
+    /// caller's terminal descriptors would be: Lazaret must not hand them on.
+    pub fn leaky() -> TestTerminal {
+        let ws = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
+        let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new() }
+    }
+
+    /// The slave's path, as /proc shows it.
+    pub fn slave_path(&self) -> String {
+        std::fs::read_link(format!("/proc/self/fd/{}", self.slave.as_raw_fd())).expect("slave path").to_string_lossy().into_owned()
+    }
+
+    /// The slave, for one of a child's stdio streams.
+    pub fn io(&self) -> Stdio {
+        Stdio::from(self.slave.try_clone().expect("dup slave"))
+    }
+
+    /// `lazaret ARGS` with this terminal as its controlling terminal
+    /// (`setsid -c`, so that resizes reach it as SIGWINCH), in a fresh
+    /// network namespace (`unshare --net`, which execs in place). The
+    /// caller chooses its stdio.
+    pub fn command(&self, env: &TestEnv, args: &[&str]) -> Command {
+        let mut cmd = Command::new("setsid");
+        cmd.arg("-c").args(["unshare", "--net", "--"]).arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
+        cmd
+    }
+
+    /// [`TestTerminal::command`] with all three streams on the terminal.
+    pub fn spawn(&self, env: &TestEnv, args: &[&str]) -> Child {
+        self.command(env, args).stdin(self.io()).stdout(self.io()).stderr(self.io()).spawn().expect("spawning setsid -c lazaret (util-linux)")
+    }
+
+    /// Reads the master until `needle` has been seen (fails after 60 s),
+    /// then consumes the output up to it, so the next call sees only what
+    /// came after.
+    pub fn expect(&mut self, needle: &str) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !self.seen.contains(needle) {
+            assert!(Instant::now() < deadline, "never saw {needle:?}; terminal showed {:?}", self.seen);
+            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut fds, PollTimeout::from(200u16)).unwrap_or(0) == 0 {
+                continue;
+            }
+            let mut buf = [0u8; 4096];
+            match nix::unistd::read(self.master.as_fd(), &mut buf) {
+                Ok(n) if n > 0 => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                _ => std::thread::sleep(Duration::from_millis(20)),
+            }
+        }
+        if let Some(i) = self.seen.find(needle) {
+            self.seen.drain(..i + needle.len());
+        }
+    }
+
+    /// What the terminal showed since the last match of [`TestTerminal::expect`].
+    pub fn seen(&self) -> &str {
+        &self.seen
+    }
+
+    /// Types `data`.
+    pub fn write(&self, data: &[u8]) {
+        nix::unistd::write(self.master.as_fd(), data).expect("write to master");
+    }
+
+    /// Resizes the terminal through its master, as a terminal emulator
+    /// does; the kernel then signals the foreground group.
+    pub fn resize(&self, rows: u16, cols: u16) {
+        set_window_size(self.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
+    }
+
+    /// The terminal's modes, for comparing before and after.
+    pub fn modes(&self) -> String {
+        format!("{:?}", termios::tcgetattr(self.slave.as_fd()).expect("tcgetattr"))
+    }
+}
