@@ -698,41 +698,8 @@ impl<'a> Walker<'a> {
             Some(v) => self.boolean(v, "ipv6").map(Some),
             None => Some(None),
         };
-        // Conflicts are checked on the valid elements even when a list also
-        // has bad ones, so one run reports both kinds of mistakes.
-        let (allow, allow_ok) = match keys.get("allow_egress") {
-            Some(v) => self.prefixes(v, "allow_egress"),
-            None => (Vec::new(), true),
-        };
-        let (deny, deny_ok) = match keys.get("deny_egress") {
-            Some(v) => self.prefixes(v, "deny_egress"),
-            None => (Vec::new(), true),
-        };
-        ok &= allow_ok && deny_ok;
-        for denied in &deny {
-            if let Some(allowed) = allow.iter().find(|a| *a == denied) {
-                let message = format!(
-                    "{denied} is both allowed (allow_egress at {}) and denied (deny_egress at {})",
-                    short_origin(&allowed.origin),
-                    short_origin(&denied.origin)
-                );
-                self.error_at_origin(&denied.origin, message, "an equal prefix cannot be both allowed and denied; remove one of the two entries");
-                ok = false;
-            }
-        }
-        if ipv6 == Some(Some(false)) {
-            for prefix in allow.iter().chain(&deny).filter(|p| !p.is_v4()) {
-                let message = format!("IPv6 prefix {prefix} given while `ipv6 = false`");
-                self.error_at_origin(
-                    &prefix.origin,
-                    message,
-                    "remove the IPv6 prefix or set ipv6 = true",
-                );
-                ok = false;
-            }
-        }
-        let allow_egress = Some(allow);
-        let deny_egress = Some(deny);
+        let (allow_egress, deny_egress, egress_ok) = self.egress(keys.get("allow_egress"), keys.get("deny_egress"), ipv6);
+        ok &= egress_ok;
         let dns = match keys.get("dns") {
             Some(v) => self.dns(v, "dns").map(Some),
             None => Some(None),
@@ -749,24 +716,11 @@ impl<'a> Walker<'a> {
             self.origins.insert(format!("profiles.{name_text}.user"), self.map.origin(&v.span()));
         }
         let user = match keys.get("user") {
-            Some(v) => self.string(v, "user", "\"developer\"").and_then(|text| {
-                let parsed = parse_user(text);
-                if parsed.is_none() {
-                    self.error(&v.span(), format!("`user` = {text:?} is not valid"), "use \"developer\" (default: your uid/gid), \"root\" or numeric \"UID:GID\" such as \"1000:1000\"");
-                }
-                parsed
-            }),
+            Some(v) => self.user(v),
             None => Some(UserChoice::Developer),
         };
         let hostname = match keys.get("hostname") {
-            Some(v) => self.string(v, "hostname", "\"lazaret\"").and_then(|text| {
-                if valid_hostname(text) {
-                    Some(Some(text.to_string()))
-                } else {
-                    self.error(&v.span(), format!("`hostname` = {text:?} is not a valid host name"), "use letters, digits and `-` in dot-separated labels of at most 63 characters, not starting or ending with `-`, e.g. \"agent-box\"");
-                    None
-                }
-            }),
+            Some(v) => self.hostname(v).map(Some),
             None => Some(None),
         };
         let memory_limit = match keys.get("memory_limit") {
@@ -798,6 +752,63 @@ impl<'a> Walker<'a> {
             pids_limit: pids_limit?,
             origin,
         })
+    }
+
+    /// `allow_egress` and `deny_egress` with their conflicts: an equal
+    /// prefix both allowed and denied, and IPv6 prefixes with `ipv6 =
+    /// false`. Conflicts are checked on the valid elements even when a list
+    /// also has bad ones, so one run reports both kinds of mistakes.
+    /// Returns both lists and whether all of it was valid.
+    fn egress(&mut self, allow: Option<&Value<'_>>, deny: Option<&Value<'_>>, ipv6: Option<Option<bool>>) -> (Option<Vec<Located<Prefix>>>, Option<Vec<Located<Prefix>>>, bool) {
+        let (allow, allow_ok) = match allow {
+            Some(v) => self.prefixes(v, "allow_egress"),
+            None => (Vec::new(), true),
+        };
+        let (deny, deny_ok) = match deny {
+            Some(v) => self.prefixes(v, "deny_egress"),
+            None => (Vec::new(), true),
+        };
+        let mut ok = allow_ok && deny_ok;
+        for denied in &deny {
+            if let Some(allowed) = allow.iter().find(|a| *a == denied) {
+                let message = format!(
+                    "{denied} is both allowed (allow_egress at {}) and denied (deny_egress at {})",
+                    short_origin(&allowed.origin),
+                    short_origin(&denied.origin)
+                );
+                self.error_at_origin(&denied.origin, message, "an equal prefix cannot be both allowed and denied; remove one of the two entries");
+                ok = false;
+            }
+        }
+        if ipv6 == Some(Some(false)) {
+            for prefix in allow.iter().chain(&deny).filter(|p| !p.is_v4()) {
+                let message = format!("IPv6 prefix {prefix} given while `ipv6 = false`");
+                self.error_at_origin(&prefix.origin, message, "remove the IPv6 prefix or set ipv6 = true");
+                ok = false;
+            }
+        }
+        (Some(allow), Some(deny), ok)
+    }
+
+    /// A profile's `user`.
+    fn user(&mut self, v: &Value<'_>) -> Option<UserChoice> {
+        let text = self.string(v, "user", "\"developer\"")?;
+        let parsed = parse_user(text);
+        if parsed.is_none() {
+            self.error(&v.span(), format!("`user` = {text:?} is not valid"), "use \"developer\" (default: your uid/gid), \"root\" or numeric \"UID:GID\" such as \"1000:1000\"");
+        }
+        parsed
+    }
+
+    /// A profile's `hostname`.
+    fn hostname(&mut self, v: &Value<'_>) -> Option<String> {
+        let text = self.string(v, "hostname", "\"lazaret\"")?;
+        if valid_hostname(text) {
+            Some(text.to_string())
+        } else {
+            self.error(&v.span(), format!("`hostname` = {text:?} is not a valid host name"), "use letters, digits and `-` in dot-separated labels of at most 63 characters, not starting or ending with `-`, e.g. \"agent-box\"");
+            None
+        }
     }
 
     fn image(&mut self, image: &str, span: &Range<usize>) -> Option<String> {
