@@ -698,8 +698,9 @@ impl<'a> Walker<'a> {
             Some(v) => self.boolean(v, "ipv6").map(Some),
             None => Some(None),
         };
-        let (allow_egress, deny_egress, egress_ok) = self.egress(keys.get("allow_egress"), keys.get("deny_egress"), ipv6);
+        let (allow, deny, egress_ok) = self.egress(keys.get("allow_egress"), keys.get("deny_egress"), ipv6);
         ok &= egress_ok;
+        let (allow_egress, deny_egress) = (Some(allow), Some(deny));
         let dns = match keys.get("dns") {
             Some(v) => self.dns(v, "dns").map(Some),
             None => Some(None),
@@ -759,7 +760,7 @@ impl<'a> Walker<'a> {
     /// false`. Conflicts are checked on the valid elements even when a list
     /// also has bad ones, so one run reports both kinds of mistakes.
     /// Returns both lists and whether all of it was valid.
-    fn egress(&mut self, allow: Option<&Value<'_>>, deny: Option<&Value<'_>>, ipv6: Option<Option<bool>>) -> (Option<Vec<Located<Prefix>>>, Option<Vec<Located<Prefix>>>, bool) {
+    fn egress(&mut self, allow: Option<&Value<'_>>, deny: Option<&Value<'_>>, ipv6: Option<Option<bool>>) -> (Vec<Located<Prefix>>, Vec<Located<Prefix>>, bool) {
         let (allow, allow_ok) = match allow {
             Some(v) => self.prefixes(v, "allow_egress"),
             None => (Vec::new(), true),
@@ -787,7 +788,7 @@ impl<'a> Walker<'a> {
                 ok = false;
             }
         }
-        (Some(allow), Some(deny), ok)
+        (allow, deny, ok)
     }
 
     /// A profile's `user`.
