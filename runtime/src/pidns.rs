@@ -54,7 +54,7 @@ pub enum PidNsError {
 /// parent, waits for the child and returns its exit status. Call it while the
 /// process is single-threaded, after [`Signals::block`].
 pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signals) -> i32) -> Result<ExitStatus, PidNsError> {
-    let threads = crate::sys::thread_count();
+    let threads = crate::sys::settled_thread_count();
     if threads != 1 {
         return Err(PidNsError::Threaded(threads));
     }

@@ -38,6 +38,25 @@ pub(crate) fn thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
 }
 
+/// How long [`settled_thread_count`] waits for exiting threads to go.
+const THREAD_EXIT_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// [`thread_count`], once threads that are already exiting have gone: a
+/// thread that was joined can still be listed in `/proc/self/task` for a
+/// moment (join returns when the thread clears its TID, before the kernel
+/// has released it). Polls for up to a second while more than one thread is
+/// listed; a thread that really lives on is still counted after that.
+pub(crate) fn settled_thread_count() -> usize {
+    let deadline = std::time::Instant::now() + THREAD_EXIT_WAIT;
+    loop {
+        let n = thread_count();
+        if n <= 1 || std::time::Instant::now() >= deadline {
+            return n;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
 /// Why [`fork_single_threaded`] did not fork.
 #[derive(Debug)]
 pub(crate) enum ForkError {
@@ -51,7 +70,7 @@ pub(crate) enum ForkError {
 /// so that the child is a complete copy and may run any code, allocation
 /// included.
 pub(crate) fn fork_single_threaded() -> Result<ForkResult, ForkError> {
-    let threads = thread_count();
+    let threads = settled_thread_count();
     if threads != 1 {
         return Err(ForkError::Threaded(threads));
     }

@@ -106,12 +106,21 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> i32 {
         Ok(s) => s,
         Err(e) => return status.fail(&format!("blocking signals: {e}")),
     };
-    let code = match pidns::run_as_namespace_init(&mut signals, |signals| namespace_init(ctx, dir, args, status, signals)) {
+    // The status pipe goes to PID 1 of the new namespace; if that never
+    // starts, the launcher still hears why.
+    let mut status = Some(status);
+    let code = match pidns::run_as_namespace_init(&mut signals, |signals| match status.take() {
+        Some(status) => namespace_init(ctx, dir, args, status, signals),
+        None => LAZARET_FAILED,
+    }) {
         Ok(s) => s.0,
-        Err(e) => {
-            eprintln!("lazaret coordinator: {e}");
-            LAZARET_FAILED
-        }
+        Err(e) => match status.take() {
+            Some(mut status) => status.fail(&e),
+            None => {
+                eprintln!("lazaret coordinator: {e}");
+                LAZARET_FAILED
+            }
+        },
     };
     log(&format!("coordinator exits with {code}"));
     drop(lock);
