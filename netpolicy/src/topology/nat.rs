@@ -214,10 +214,11 @@ pub(crate) fn remove_where(remove: impl Fn(SidecarId) -> bool) -> Result<Vec<Sid
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
+    /// One netlink attribute (length, kind, value, padding), for tests.
+    pub(crate) fn attribute(kind: u16, value: &[u8]) -> Vec<u8> {
         let mut bytes = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
         bytes.extend(kind.to_ne_bytes());
         bytes.extend(value);

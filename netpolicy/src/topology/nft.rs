@@ -681,15 +681,7 @@ mod tests {
 
     #[test]
     fn normalization_ignores_attribute_order_and_flags() {
-        let attribute = |kind: u16, value: &[u8]| {
-            let mut bytes = ((4 + value.len()) as u16).to_ne_bytes().to_vec();
-            bytes.extend(kind.to_ne_bytes());
-            bytes.extend(value);
-            while bytes.len() % 4 != 0 {
-                bytes.push(0);
-            }
-            bytes
-        };
+        use crate::topology::nat::tests::attribute;
         let a = [attribute(1, &[0, 0, 0, 1]), attribute(0x8000 | 2, &attribute(1, &[9, 9]))].concat();
         let b = [attribute(2, &attribute(1, &[9, 9])), attribute(1, &[0, 0, 0, 1])].concat();
         assert_eq!(normalize(&a), normalize(&b));
