@@ -129,9 +129,6 @@ pub enum CoordinatorMessage {
     Exit {
         /// Its status as a shell reports it (128 + N for signal N).
         status: i32,
-        /// This was the last session: the Domain was taken down before this
-        /// message was sent; the coordinator exits next.
-        domain_down: bool,
     },
     /// The answer to [`ClientMessage::Status`].
     Status(DomainStatus),
@@ -314,12 +311,12 @@ mod tests {
     #[test]
     fn two_frames_in_one_stream_are_read_in_order() {
         let mut stream = encode(&CoordinatorMessage::Stopping).expect("encode");
-        stream.extend(encode(&CoordinatorMessage::Exit { status: 143, domain_down: true }).expect("encode"));
+        stream.extend(encode(&CoordinatorMessage::Exit { status: 143 }).expect("encode"));
         let mut r = stream.as_slice();
         assert_eq!(read_message::<CoordinatorMessage>(&mut r).expect("first"), CoordinatorMessage::Stopping);
         assert_eq!(
             read_message::<CoordinatorMessage>(&mut r).expect("second"),
-            CoordinatorMessage::Exit { status: 143, domain_down: true }
+            CoordinatorMessage::Exit { status: 143 }
         );
         assert!(matches!(read_message::<CoordinatorMessage>(&mut r), Err(FrameError::Closed)));
     }

@@ -163,7 +163,7 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
     outcome?;
     // The coordinator sends the exit before it tears the Domain down; a
     // rerun waits for the Domain lock itself.
-    let (status, _) = relay.exit.unwrap_or((LAZARET_FAILED, false));
+    let status = relay.exit.unwrap_or(LAZARET_FAILED);
     Ok(ExitStatus(status))
 }
 
@@ -197,8 +197,8 @@ struct Relay<'a> {
     raw: bool,
     std: Std,
     to_agent: Vec<u8>,
-    /// The agent's status and whether the Domain went down, once known.
-    exit: Option<(i32, bool)>,
+    /// The agent's status, once known.
+    exit: Option<i32>,
     terminations: u32,
     buf: Vec<u8>,
 }
@@ -316,7 +316,7 @@ impl Relay<'_> {
     fn on_message(&mut self, dir: &DomainDir) -> Result<(), ClientError> {
         let mut from = self.stream;
         match wire::read_message::<CoordinatorMessage>(&mut from) {
-            Ok(CoordinatorMessage::Exit { status, domain_down }) => self.exit = Some((status, domain_down)),
+            Ok(CoordinatorMessage::Exit { status }) => self.exit = Some(status),
             Ok(CoordinatorMessage::Notice { text }) => {
                 if self.raw {
                     eprint!("\r\nlazaret: {text}\r\n");

@@ -68,7 +68,6 @@ pub(super) struct Domain {
 pub(super) enum Phase {
     Ready,
     Stopping,
-    Down,
 }
 
 /// The Domain's mutable state, behind one lock.
@@ -183,16 +182,14 @@ impl Domain {
         self.changed.notify_all();
     }
 
-    /// Runs `unwind` (the start-up stack's) under the state lock, marks the
-    /// Domain down, and lets session threads deliver their last Exit.
+    /// Runs `unwind` (the start-up stack's) under the state lock, then lets
+    /// session threads finish (they have sent their Exit already).
     pub fn tear_down(&self, unwind: impl FnOnce(&mut DomainJournal) -> Vec<UndoFailure>) {
         {
             let mut live = self.live();
             for failure in unwind(&mut live.journal) {
                 log(&format!("teardown: {failure}"));
             }
-            live.phase = Phase::Down;
-            self.changed.notify_all();
         }
         let deadline = Instant::now() + FAREWELL_WAIT;
         while self.connections.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {

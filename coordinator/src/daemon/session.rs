@@ -206,15 +206,15 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
 
 /// Journals the session's end and tells the client its agent's status at
 /// once; if it was the last session, begins teardown, which finishes behind
-/// the Exit (`domain_down` is therefore always false: the client that wants
-/// the Domain gone waits for its lock, as `lazaret stop` does).
+/// the Exit (a client that wants the Domain gone waits for its lock, as
+/// `lazaret stop` does).
 ///
 /// The Exit goes first: it is no resource, and the client should not wait
 /// for the journal's fsync (the model allows results to connected sessions
 /// only, and the session is still connected until `DisconnectSession`).
 fn finish_session(d: &Domain, stream: &UnixStream, session: &str, status: i32) {
     let mut out = stream;
-    let _ = wire::write_message(&mut out, &CoordinatorMessage::Exit { status, domain_down: false });
+    let _ = wire::write_message(&mut out, &CoordinatorMessage::Exit { status });
     let mut live = d.live();
     if let Err(e) = live.journal.record(Event::DisconnectSession { session: session.to_string() }) {
         log(&format!("session {session}: {e}"));
