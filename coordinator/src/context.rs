@@ -15,6 +15,10 @@ use lazaret_protocol::display::escaped;
 use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
 use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
+/// The agent's PATH when the image sets none, and the only variable of the
+/// container's first process.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
 /// Why the context could not be resolved. Each message names the cause and
 /// the fix.
 #[derive(Debug, thiserror::Error)]
@@ -211,7 +215,7 @@ impl Context {
             }
         }
         if !image.config.env.iter().any(|kv| kv.starts_with("PATH=")) {
-            set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+            set("PATH", DEFAULT_PATH.into());
         }
         set("HOME", self.agent_home().to_string_lossy().into_owned());
         let user = if self.agent_ids().0 == 0 { "root".to_string() } else { self.developer.name.clone() };
@@ -242,10 +246,8 @@ impl Context {
     /// orphans (agents are `runsc exec`'d): the profile's mounts, ids and
     /// limits, but only `PATH` for an environment, so that the bundle's
     /// `config.json` on disk holds no value of the profile's `env`.
-    pub fn init_bundle_spec(&self, image: &ImageRecord, args: &[String]) -> Result<BundleSpec, ContextError> {
-        let mut spec = self.spec_with_env(image, args, false, Vec::new())?;
-        spec.env = vec![("PATH".into(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into())];
-        Ok(spec)
+    pub fn init_bundle_spec(&self, args: &[String]) -> Result<BundleSpec, ContextError> {
+        self.spec_with_env(args, false, vec![("PATH".into(), DEFAULT_PATH.into())])
     }
 
     /// The OCI bundle description for the agent. The caller fills in the
@@ -253,10 +255,10 @@ impl Context {
     pub fn bundle_spec(&self, image: &ImageRecord, args: &[String], tty: bool) -> Result<BundleSpec, ContextError> {
         let lookup = |name: &str| std::env::var_os(name);
         let env = self.agent_env(image, &lookup, tty)?;
-        self.spec_with_env(image, args, tty, env)
+        self.spec_with_env(args, tty, env)
     }
 
-    fn spec_with_env(&self, _image: &ImageRecord, args: &[String], tty: bool, env: Vec<(String, String)>) -> Result<BundleSpec, ContextError> {
+    fn spec_with_env(&self, args: &[String], tty: bool, env: Vec<(String, String)>) -> Result<BundleSpec, ContextError> {
         let (uid, gid) = self.agent_ids();
         let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
         let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
@@ -405,7 +407,7 @@ mod tests {
     fn the_init_process_gets_no_profile_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"literal-secret\" }\n");
-        let spec = ctx.init_bundle_spec(&image(), &["/init".into()]).expect("spec");
+        let spec = ctx.init_bundle_spec(&["/init".into()]).expect("spec");
         assert_eq!(spec.env, [("PATH".to_string(), "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string())]);
         assert_eq!((spec.uid, spec.gid, spec.args.as_slice()), (1000, 1000, &["/init".to_string()][..]));
         let agent = ctx.bundle_spec(&image(), &["sh".into()], false).expect("agent");

@@ -229,7 +229,7 @@ impl Effects for HostEffects {
             probe_cache: Some(ctx.config.storage_root.join("runsc-probe.json")),
         })?;
         // The container's first process only reaps orphans; agents are exec'd.
-        let spec = ctx.init_bundle_spec(&image, &init_command())?;
+        let spec = ctx.init_bundle_spec(&init_command())?;
         Ok(Prepared { image, runsc, spec })
     }
 
