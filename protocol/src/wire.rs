@@ -46,11 +46,9 @@ pub enum ClientMessage {
         /// The client's configuration rendered as canonical JSON, so a
         /// mismatch can be explained setting by setting.
         config_json: String,
-        /// Whether the agent gets a PTY: any of the client's stdin, stdout
-        /// and stderr is a terminal (exactly when `terminal` has a `true`).
-        tty: bool,
         /// Which of stdin, stdout and stderr are the agent's PTY (the
-        /// client's own stream is a terminal). Every other stream is a
+        /// client's own stream is a terminal; the agent gets a PTY when any
+        /// is). Every other stream is a
         /// fresh pipe whose agent end travels with this frame (SCM_RIGHTS),
         /// in stream order; the client relays between it and its own fd.
         /// A host terminal, or any other descriptor of the client's, never
@@ -290,7 +288,6 @@ mod tests {
             profile: "dev".into(),
             fingerprint: "sha256:ab".into(),
             config_json: "{}".into(),
-            tty: false,
             terminal: [false; 3],
             term: None,
             args: vec!["sh".into()],

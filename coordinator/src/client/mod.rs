@@ -60,7 +60,6 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
     let dir = DomainDir::new(ctx.domain_runtime_dir()?);
     let session = format!("s-{}", crate::random::hex(8).map_err(ClientError::io("reading randomness for the Session ID"))?);
     let io = terminal::SessionIo::new()?;
-    let tty = io.tty();
     let (rows, cols) = io.window_size();
     let hello = ClientMessage::Hello {
         version: WIRE_VERSION,
@@ -68,7 +67,6 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         profile: ctx.profile.name.clone(),
         fingerprint: ctx.config.fingerprint(&ctx.profile.name).map_err(ContextError::from)?.to_string(),
         config_json: ctx.config.render_json().map_err(ContextError::from)?,
-        tty,
         terminal: io.terminal,
         term: std::env::var("TERM").ok(),
         args: req.args.clone(),

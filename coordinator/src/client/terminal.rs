@@ -93,11 +93,6 @@ impl SessionIo {
         Ok(io)
     }
 
-    /// Whether the agent gets a PTY.
-    pub fn tty(&self) -> bool {
-        self.terminal.iter().any(|t| *t)
-    }
-
     /// The size of the client's terminal that sizes the PTY (stdin if it
     /// is one, else stdout, else stderr); (0, 0) when unknown.
     pub fn window_size(&self) -> (u16, u16) {

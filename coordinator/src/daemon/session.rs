@@ -104,7 +104,7 @@ impl Refusal {
 /// the stream its one-line notices go to. Returns the session's request,
 /// or why it was refused.
 fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixStream>) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, tty, terminal, term, args, rows, cols, cwd } = hello else {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
@@ -115,8 +115,8 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixSt
         return Err(Refusal::final_("malformed session request"));
     }
     let pipes = terminal.iter().filter(|t| !**t).count();
-    if tty != terminal.iter().any(|t| *t) || fds != pipes {
-        log(&format!("session {session}: refused: terminal streams {terminal:?} (tty {tty}) with {fds} descriptors"));
+    if fds != pipes {
+        log(&format!("session {session}: refused: terminal streams {terminal:?} with {fds} descriptors"));
         return Err(Refusal::final_(format!("a session must pass one pipe for each stream that is not a terminal ({pipes}), got {fds}")));
     }
     let mut live = d.live();
@@ -147,7 +147,7 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixSt
     live.ever_joined = true;
     live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices });
     log(&format!("session {session} joined ({} connected)", live.sessions.len()));
-    Ok(SessionRequest { session, tty, terminal, term, args, cwd, size: WindowSize { rows, cols } })
+    Ok(SessionRequest { session, tty: terminal.iter().any(|t| *t), terminal, term, args, cwd, size: WindowSize { rows, cols } })
 }
 
 /// One session: register it, exec its agent, relay signals, report its exit.
