@@ -244,13 +244,11 @@ impl Domain {
 /// The agent's PID inside the sandbox, once runsc has written it (waits up
 /// to a second).
 fn read_internal_pid(pid_file: &Path) -> Option<i32> {
+    // The agent is never PID 1 (that is the container's reaper), which
+    // read_pid_file refuses anyway.
     for _ in 0..100 {
-        if let Ok(t) = std::fs::read_to_string(pid_file) {
-            if let Ok(p) = t.trim().parse::<i32>() {
-                if p > 0 {
-                    return Some(p);
-                }
-            }
+        if let Ok(pid) = lazaret_runtime::runsc::read_pid_file(pid_file) {
+            return Some(pid.as_raw());
         }
         std::thread::sleep(Duration::from_millis(10));
     }
