@@ -22,6 +22,7 @@
 
 pub mod checker;
 pub mod display;
+pub mod escalation;
 pub mod journal;
 pub mod model;
 pub mod mount;

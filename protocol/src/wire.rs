@@ -22,7 +22,11 @@ use serde::{Deserialize, Serialize};
 /// Version of this message set; both sides must agree.
 /// Version 2: the Hello says which streams are terminals ([`ClientMessage::Hello`]'s
 /// `terminal`), and the client passes fresh pipes, never its own stdio.
-pub const WIRE_VERSION: u32 = 2;
+/// Version 3: escalation. The Hello carries the host environment a host
+/// command of the session may see ([`ClientMessage::Hello`]'s `host_env`);
+/// the coordinator shows prompts through the client
+/// ([`CoordinatorMessage::Prompt`], [`ClientMessage::PromptAnswer`]).
+pub const WIRE_VERSION: u32 = 3;
 
 /// Largest frame either side accepts (the body, without the length prefix).
 /// A Hello carries the client's rendered configuration, so this is generous
@@ -70,6 +74,20 @@ pub enum ClientMessage {
         /// The client's working directory (the agent's, if inside the workspace).
         #[serde(default)]
         cwd: Option<String>,
+        /// The variables of the client's environment that a host command of
+        /// this session may be given: `SSH_AUTH_SOCK`, `LANG`, the `LC_*`
+        /// variables, and the ones the profile's escalation rules name. The
+        /// coordinator never takes anything else from the client's
+        /// environment, and nothing from the agent's.
+        #[serde(default)]
+        host_env: Vec<(String, String)>,
+    },
+    /// The developer's answer to a [`CoordinatorMessage::Prompt`].
+    PromptAnswer {
+        /// The Escalation Request ID the prompt showed.
+        request: String,
+        /// What the developer decided.
+        decision: PromptDecision,
     },
     /// Forward a signal to this session's agent (non-terminal sessions; a
     /// terminal's ^C travels through the PTY).
@@ -137,6 +155,73 @@ pub enum CoordinatorMessage {
     },
     /// The answer to [`ClientMessage::Stop`]: the stop is under way.
     Stopping,
+    /// An escalation request of this session that no rule approves: the
+    /// client shows it on the developer's terminal, holding the agent's
+    /// output back, and answers with [`ClientMessage::PromptAnswer`]. Only
+    /// sent to a session whose stdin is a terminal. Every text field is
+    /// what the agent sent: the client must make it inert before display.
+    Prompt(PromptRequest),
+    /// The prompt for `request` is over without an answer (it timed out, or
+    /// the agent cancelled it): the client closes it.
+    PromptWithdrawn {
+        /// The Escalation Request ID.
+        request: String,
+        /// Why, for the developer (e.g. "timed out after 60 s").
+        reason: String,
+    },
+}
+
+/// What a prompt shows the developer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PromptRequest {
+    /// The Escalation Request ID (random, chosen by the coordinator's peer).
+    pub request: String,
+    /// The Domain's profile.
+    pub profile: String,
+    /// The requesting session (the verified Session ID).
+    pub session: String,
+    /// The working directory on the host the command would run in.
+    pub cwd: String,
+    /// The command, one argument per element.
+    pub argv: Vec<String>,
+    /// The agent's justification.
+    pub justification: String,
+    /// Seconds until the prompt times out and the request is denied.
+    pub timeout_secs: u64,
+}
+
+/// A developer's decision on a prompt.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "decision")]
+pub enum PromptDecision {
+    /// Run the command as requested, once.
+    Approve,
+    /// Run the command as requested, and approve this exact argument vector
+    /// (and working directory) for the rest of the Domain's life.
+    ApproveForDomain,
+    /// Run this edited argument vector instead, once.
+    Edit {
+        /// The edited command, one argument per element.
+        argv: Vec<String>,
+    },
+    /// Do not run it.
+    Deny,
+}
+
+/// An escalation request that is not finished, as `lazaret ls` shows it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PendingRequest {
+    /// The requesting session.
+    pub session: String,
+    /// The Escalation Request ID.
+    pub request: String,
+    /// The command, one argument per element (agent-controlled: make it
+    /// inert before display).
+    pub argv: Vec<String>,
+    /// `queued`, `awaiting-approval` or `running`.
+    pub state: String,
+    /// Seconds since the request arrived.
+    pub age_secs: u64,
 }
 
 /// A Domain as `lazaret ls` shows it.
@@ -160,6 +245,9 @@ pub struct DomainStatus {
     pub sidecar: String,
     /// The coordinator's PID on the host.
     pub coordinator_pid: u32,
+    /// Escalation requests not yet finished, oldest first.
+    #[serde(default)]
+    pub pending: Vec<PendingRequest>,
 }
 
 /// Why a frame could not be read or written.
@@ -294,6 +382,7 @@ mod tests {
             rows: 24,
             cols: 80,
             cwd: None,
+            host_env: vec![("SSH_AUTH_SOCK".into(), "/tmp/ssh-x/agent.1".into())],
         }
     }
 
@@ -338,6 +427,26 @@ mod tests {
         assert!(matches!(read_message::<ClientMessage>(&mut cut.as_slice()), Err(FrameError::Io(_))));
         let half_prefix = [0u8, 0];
         assert!(matches!(read_message::<ClientMessage>(&mut half_prefix.as_slice()), Err(FrameError::Io(_))));
+    }
+
+    #[test]
+    fn prompts_and_answers_round_trip() {
+        let prompt = CoordinatorMessage::Prompt(PromptRequest {
+            request: "r1".into(),
+            profile: "dev".into(),
+            session: "s-1".into(),
+            cwd: "/home/u/src/p".into(),
+            argv: vec!["git".into(), "push".into(), "\u{1b}[2J".into()],
+            justification: "push\r\nfix".into(),
+            timeout_secs: 60,
+        });
+        let back: CoordinatorMessage = read_message(&mut encode(&prompt).expect("encode").as_slice()).expect("decode");
+        assert_eq!(back, prompt);
+        for decision in [PromptDecision::Approve, PromptDecision::ApproveForDomain, PromptDecision::Deny, PromptDecision::Edit { argv: vec!["git".into()] }] {
+            let answer = ClientMessage::PromptAnswer { request: "r1".into(), decision };
+            let back: ClientMessage = read_message(&mut encode(&answer).expect("encode").as_slice()).expect("decode");
+            assert_eq!(back, answer);
+        }
     }
 
     #[test]

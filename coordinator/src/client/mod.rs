@@ -73,6 +73,7 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         rows,
         cols,
         cwd: Some(ctx.agent_cwd().display().to_string()),
+        host_env: Vec::new(),
     };
     let socket = dir.socket();
     let deadline = Instant::now() + START_LIMIT;

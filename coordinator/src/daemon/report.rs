@@ -31,6 +31,7 @@ pub(super) fn status_of(d: &Domain) -> DomainStatus {
         sandbox: d.container.clone(),
         sidecar: d.network.sidecar.clone(),
         coordinator_pid: std::process::id(),
+        pending: Vec::new(),
     }
 }
 

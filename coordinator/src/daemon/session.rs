@@ -73,7 +73,7 @@ pub(super) fn serve_connection(d: &Arc<Domain>, stream: UnixStream) {
             }
             let _ = wire::write_message(&mut out, &CoordinatorMessage::Stopping);
         }
-        ClientMessage::Signal { .. } => log("disconnected a client: Signal before Hello"),
+        ClientMessage::Signal { .. } | ClientMessage::PromptAnswer { .. } => log("disconnected a client: a session message before Hello"),
     }
 }
 
@@ -104,7 +104,7 @@ impl Refusal {
 /// the stream its one-line notices go to. Returns the session's request,
 /// or why it was refused.
 fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixStream>) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd } = hello else {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env: _ } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
