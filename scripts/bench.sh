@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|git|mounts|model|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|git|escalate|mounts|model|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
 #                 cold, teardown tail, back to back, joining; then one cold
 #                 run stage by stage from its journal and coordinator log
 #   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3)
 #   git [FILES]   git status in a FILES-file repository, host vs sandbox (issue 4)
+#   escalate [N]  round trip of a rule-approved `true` through lazaret-escalate,
+#                 N times (default 1000), median and p99 against /bin/true on
+#                 the host; then 8 sessions x 100 concurrent requests: none
+#                 lost, none duplicated (issue 12)
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
 # Network benchmarks run entirely inside namespaces they create.
@@ -16,17 +20,23 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x /root/.cargo/bin/cargo ]; then exp
 bash "$here/setup.sh" --deps-only
 cargo build --locked --release -p lazaret-cli -p lazaret-tests
 export LAZARET_BIN="$PWD/target/release/lazaret"
+install_escalate() {
+  # The statically linked Escalation Client, next to the lazaret under test.
+  install -m 0755 "$(bash "$here/build-escalate.sh")" target/release/lazaret-escalate
+}
 what=${1:-all}
 shift || true
 case "$what" in
   run|net|git) target/release/lazaret-bench "$what" "$@" ;;
+  escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
   model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
   all)
     target/release/lazaret-bench run; echo
     target/release/lazaret-bench net; echo
     target/release/lazaret-bench git; echo
+    install_escalate; target/release/lazaret-bench escalate; echo
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
     cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
-  *) echo "usage: $0 [run|net|git|mounts|model|all] [ARG]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|net|git|escalate|mounts|model|all] [ARG]" >&2; exit 2 ;;
 esac

@@ -43,8 +43,9 @@ rust_ok || { echo "setup: no Rust >= 1.85 found or installable (install one with
 need=()
 packages=(debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev iproute2 util-linux)
 # The test suite also needs a registry, skopeo, htpasswd and openssl (issue
-# 7's tests) and Python's venv (the TLA+ parsers of protocol/check-tla.sh).
-[ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv)
+# 7's tests), Python's venv (the TLA+ parsers of protocol/check-tla.sh) and a
+# static busybox (the escalation tests' image without a C library, issue 12).
+[ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv busybox-static)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done

@@ -13,6 +13,8 @@
 
 #![forbid(unsafe_code)]
 
+pub mod escalation;
+pub mod images;
 pub mod netlab;
 pub mod pty;
 pub mod registry;

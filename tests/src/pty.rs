@@ -17,6 +17,8 @@ pub struct TestTerminal {
     master: OwnedFd,
     slave: OwnedFd,
     seen: String,
+    /// Every byte read from the master, in order (never consumed).
+    raw: Vec<u8>,
 }
 
 impl TestTerminal {
@@ -25,7 +27,7 @@ impl TestTerminal {
     pub fn new(rows: u16, cols: u16) -> TestTerminal {
         let p = open_pty().expect("open_pty");
         set_window_size(p.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
-        TestTerminal { master: p.master, slave: p.slave, seen: String::new() }
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new() }
     }
 
     /// Like [`TestTerminal::new`] (24 × 80), but both ends are inherited by
@@ -34,7 +36,7 @@ impl TestTerminal {
     pub fn leaky() -> TestTerminal {
         let ws = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
         let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
-        TestTerminal { master: p.master, slave: p.slave, seen: String::new() }
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new() }
     }
 
     /// The slave's path, as /proc shows it.
@@ -75,13 +77,67 @@ impl TestTerminal {
             }
             let mut buf = [0u8; 4096];
             match nix::unistd::read(self.master.as_fd(), &mut buf) {
-                Ok(n) if n > 0 => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                Ok(n) if n > 0 => {
+                    self.raw.extend_from_slice(&buf[..n]);
+                    self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+                }
                 _ => std::thread::sleep(Duration::from_millis(20)),
             }
         }
         if let Some(i) = self.seen.find(needle) {
             self.seen.drain(..i + needle.len());
         }
+    }
+
+    /// Like [`TestTerminal::expect`] (60 s), and returns what the terminal
+    /// showed before `needle` (since the last match).
+    pub fn expect_text(&mut self, needle: &str) -> String {
+        self.expect_within(needle, Duration::from_secs(60))
+    }
+
+    /// Like [`TestTerminal::expect_text`], failing after `limit`.
+    pub fn expect_within(&mut self, needle: &str, limit: Duration) -> String {
+        let deadline = Instant::now() + limit;
+        while !self.seen.contains(needle) {
+            assert!(Instant::now() < deadline, "never saw {needle:?} within {limit:?}; terminal showed {:?}", self.seen);
+            self.read_some(Duration::from_millis(200));
+        }
+        let i = self.seen.find(needle).unwrap_or(0);
+        let before = self.seen[..i].to_string();
+        self.seen.drain(..i + needle.len());
+        before
+    }
+
+    /// Reads what the terminal shows for `period` (without consuming it).
+    pub fn settle(&mut self, period: Duration) -> &str {
+        let deadline = Instant::now() + period;
+        while Instant::now() < deadline {
+            self.read_some(deadline.saturating_duration_since(Instant::now()).min(Duration::from_millis(200)));
+        }
+        &self.seen
+    }
+
+    /// Reads what arrived within `wait` onto `seen`.
+    fn read_some(&mut self, wait: Duration) {
+        let ms = u16::try_from(wait.as_millis()).unwrap_or(u16::MAX);
+        let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+        if poll(&mut fds, PollTimeout::from(ms)).unwrap_or(0) == 0 {
+            return;
+        }
+        let mut buf = [0u8; 4096];
+        match nix::unistd::read(self.master.as_fd(), &mut buf) {
+            Ok(n) if n > 0 => {
+                self.raw.extend_from_slice(&buf[..n]);
+                self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+
+    /// Every byte the terminal received so far (what
+    /// [`TestTerminal::expect`] consumed included).
+    pub fn received(&self) -> &[u8] {
+        &self.raw
     }
 
     /// What the terminal showed since the last match of [`TestTerminal::expect`].

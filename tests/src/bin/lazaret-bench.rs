@@ -17,6 +17,17 @@
 //! `lazaret-bench git [FILES]`: `git status` in a repository of FILES files
 //! (default 20,000) on the host and inside the sandbox, and the ratio.
 //!
+//! `lazaret-bench escalate [N]`: the round trip of a rule-approved `true`
+//! through `lazaret-escalate` inside one sandbox, N times one after the
+//! other (default 1,000; each timed inside the sandbox by
+//! `lazaret-escprobe time`), against spawning `/bin/true` on the host N
+//! times: median and p99 of each and the difference (target: median at most
+//! 5 ms beyond the host command). Then 8 sessions each starting 100
+//! requests at once (`echo TOKEN`, rule-approved): every token must come
+//! back exactly once with exit 0; prints the counts and the wall time.
+//! The developer is the non-root test user; `lazaret-escalate` must be
+//! installed next to `lazaret`.
+//!
 //! Run it through `scripts/bench.sh`, which builds release binaries first.
 
 #![forbid(unsafe_code)]
@@ -34,8 +45,9 @@ fn main() -> anyhow::Result<()> {
         Some("run") => bench_run(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
         Some("net") => bench_net(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
         Some("git") => bench_git(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000)),
+        Some("escalate") => bench_escalate(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1000)),
         _ => {
-            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES]");
+            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES] | escalate [N]");
             std::process::exit(2);
         }
     }
@@ -399,5 +411,116 @@ fn bench_git(files: usize) -> anyhow::Result<()> {
     println!("{:<52} {:>9.1} {:>7.1}", "host", hm, hp);
     println!("{:<52} {:>9.1} {:>7.1}", "inside the sandbox (lazaret run)", im, ip);
     println!("{:<52} {:>9.2} {:>7.2}", "ratio", im / hm, ip / hp);
+    Ok(())
+}
+
+/// The `q`-quantile (0..=1) of sorted `samples`, in milliseconds.
+fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
+    let i = ((sorted.len() as f64 * q).ceil() as usize).clamp(1, sorted.len()) - 1;
+    sorted[i].as_secs_f64() * 1000.0
+}
+
+/// Sessions and requests per session of the concurrency part.
+const ESC_SESSIONS: usize = 8;
+const ESC_CONCURRENT: usize = 100;
+
+fn bench_escalate(n: usize) -> anyhow::Result<()> {
+    use lazaret_tests::escalation::{developer_env, install_escprobe, rules_toml, Rule};
+    anyhow::ensure!(n >= 10, "use at least 10 requests");
+    let netns = lazaret_netpolicy::topology::Netns::create()?;
+    let rules = rules_toml(&[Rule::new("true", &["true"]), Rule::new("echo", &["echo"]).extra_args()]);
+    let mut env = developer_env(&format!("user = \"root\"\n{rules}"));
+    env.netns = Some(netns.proc_path());
+    let probe = install_escprobe(&env).display().to_string();
+
+    // Round trips, timed inside one sandbox (its start-up not counted),
+    // after a few warm-up requests.
+    let warm = 20;
+    let total = (n + warm).to_string();
+    let out = env.run(["run", "test", "--", &probe, "time", &total, "--", "lazaret-escalate", "--", "true"]);
+    anyhow::ensure!(out.status.success(), "the escalation loop failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    let mut inside: Vec<Duration> =
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_micros).skip(warm).collect();
+    anyhow::ensure!(inside.len() == n, "expected {n} timings, got {}", inside.len());
+    let mut host = Vec::with_capacity(n);
+    for i in 0..n + warm {
+        let t = Instant::now();
+        let status = Command::new("/bin/true").stdin(Stdio::null()).stdout(Stdio::null()).status()?;
+        let d = t.elapsed();
+        anyhow::ensure!(status.success(), "/bin/true failed");
+        if i >= warm {
+            host.push(d);
+        }
+    }
+    inside.sort();
+    host.sort();
+    let (im, ip) = (quantile_ms(&inside, 0.5), quantile_ms(&inside, 0.99));
+    let (hm, hp) = (quantile_ms(&host, 0.5), quantile_ms(&host, 0.99));
+    println!("rule-approved `true`, {n} requests one after the other ({})", lazaret_bin().display());
+    println!("{:<52} {:>10} {:>10}", "", "median ms", "p99 ms");
+    println!("{:<52} {:>10.2} {:>10.2}", "true on the host (spawned by the bench)", hm, hp);
+    println!("{:<52} {:>10.2} {:>10.2}", "lazaret-escalate -- true, inside the sandbox", im, ip);
+    println!("{:<52} {:>10.2} {:>10.2}", "  difference (target: median <= 5 ms)", im - hm, ip - hp);
+    println!();
+
+    // Concurrency: every session starts its requests at once.
+    let t = Instant::now();
+    let mut sessions = Vec::new();
+    for s in 0..ESC_SESSIONS {
+        let prefix = format!("s{s}");
+        let child = env
+            .lazaret(["run", "test", "--", &probe, "concurrent", &ESC_CONCURRENT.to_string(), &prefix, "--", "lazaret-escalate", "--", "echo"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        sessions.push(child);
+    }
+    let outputs: Vec<std::process::Output> = sessions.into_iter().map(lazaret_tests::wait_output).collect();
+    let wall = t.elapsed();
+    let mut exits: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    let mut failed_sessions = 0;
+    let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for out in &outputs {
+        if !out.status.success() {
+            failed_sessions += 1;
+        }
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let Some((token, rest)) = line.split_once(" exit=") else { continue };
+            let (exit, shown) = rest.split_once(" out=").unwrap_or((rest, ""));
+            *exits.entry(exit.to_string()).or_default() += 1;
+            for printed in shown.split("\\n").filter(|l| !l.is_empty()) {
+                *seen.entry(printed.to_string()).or_default() += 1;
+            }
+            let _ = token;
+        }
+        for line in String::from_utf8_lossy(&out.stderr).lines() {
+            // "s3-17: lazaret-escalate: REASON": count the reasons.
+            if let Some((_, reason)) = line.split_once(": ") {
+                *reasons.entry(reason.chars().take(100).collect()).or_default() += 1;
+            }
+        }
+    }
+    let expected: Vec<String> = (0..ESC_SESSIONS).flat_map(|s| (0..ESC_CONCURRENT).map(move |i| format!("s{s}-{i}"))).collect();
+    let once = expected.iter().filter(|t| seen.get(*t) == Some(&1)).count();
+    let lost = expected.iter().filter(|t| !seen.contains_key(*t)).count();
+    let duplicated = expected.iter().filter(|t| seen.get(*t).is_some_and(|c| *c > 1)).count();
+    let foreign = seen.keys().filter(|t| !expected.contains(t)).count();
+    println!("{ESC_SESSIONS} sessions x {ESC_CONCURRENT} concurrent requests (`echo TOKEN`, rule-approved)");
+    println!("{:<40} {:>8}", "requests", expected.len());
+    println!("{:<40} {:>8}", "tokens back exactly once", once);
+    println!("{:<40} {:>8}", "tokens lost", lost);
+    println!("{:<40} {:>8}", "tokens duplicated", duplicated);
+    println!("{:<40} {:>8}", "unexpected output lines", foreign);
+    for (exit, count) in &exits {
+        println!("{:<40} {:>8}", format!("clients exiting {exit}"), count);
+    }
+    println!("{:<40} {:>8}", "sessions that failed", failed_sessions);
+    println!("{:<40} {:>8.0}", "wall time, ms", wall.as_secs_f64() * 1000.0);
+    for (reason, count) in reasons.iter().take(5) {
+        println!("  stderr x{count}: {reason}");
+    }
+    drop(env);
+    drop(netns);
     Ok(())
 }

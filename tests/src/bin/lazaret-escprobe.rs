@@ -1,0 +1,484 @@
+//! A test helper that runs inside the sandbox (copied into the workspace by
+//! the escalation tests and the bench). Built here against glibc; the test
+//! image is Debian, so it runs there too (not in the no-libc image, which
+//! only ever runs the real `lazaret-escalate`).
+//!
+//! `lazaret-escprobe hostile`: talks to the coordinator's escalation
+//! listener (`LAZARET_ESCALATE_ADDR`) the way a hostile agent would: no
+//! client certificate, a certificate of a self-made CA (carrying this
+//! session's own name), a replayed request ID, oversized, malformed and
+//! out-of-order frames, and requests that fail validation. Every hostile
+//! request asks for `touch WORKSPACE/pwned-CASE` (the test's rule allows
+//! `touch` with any arguments), so a request that wrongly ran leaves a file.
+//! Prints one line per case: `case NAME: refused (...)`, `case NAME:
+//! connection error (...)` or `case NAME: ACCEPTED (...)`; and for the
+//! replay's first (valid) request `case replay-first: completed N`.
+//!
+//! `lazaret-escprobe interrupt SIGNAL -- CMD...`: spawns CMD (with default
+//! signal dispositions: a shell's background job would have SIGINT
+//! ignored), waits for a line on stdin, sends CMD SIGNAL (`INT`, `TERM`,
+//! `HUP`), waits and prints `status=N`.
+//!
+//! `lazaret-escprobe time N -- CMD...`: runs CMD N times one after the other
+//! and prints each run's wall time in microseconds, one per line; a run
+//! that does not exit 0 ends it with `failed run I: STATUS` on stderr and
+//! exit 1.
+//!
+//! `lazaret-escprobe concurrent N PREFIX -- CMD...`: starts N copies of
+//! `CMD... PREFIX-I` at once, waits for all and prints `PREFIX-I exit=S
+//! out=STDOUT` per child (stdout with newlines as `\n`), then `wall_us=T`.
+
+#![forbid(unsafe_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use lazaret_protocol::escalation::{
+    read_server, write_client, ClientFrame, EscalationRequest, Outcome, ServerFrame, ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION,
+    KIND_CONTROL, KIND_STDOUT, MAX_ARGV_BYTES, MAX_CONTROL,
+};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
+use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let code = match args.first().map(String::as_str) {
+        Some("hostile") => hostile(),
+        Some("interrupt") => interrupt(&args[1..]),
+        Some("time") => time(&args[1..]),
+        Some("concurrent") => concurrent(&args[1..]),
+        _ => {
+            eprintln!("usage: lazaret-escprobe hostile | interrupt SIGNAL -- CMD... | time N -- CMD... | concurrent N PREFIX -- CMD...");
+            2
+        }
+    };
+    std::process::exit(code);
+}
+
+/// The command after `--` in `args` (at `at`), or a usage error.
+fn command_after_dashes(args: &[String], at: usize) -> Result<&[String], String> {
+    match args.get(at) {
+        Some(d) if d == "--" && args.len() > at + 1 => Ok(&args[at + 1..]),
+        _ => Err("expected -- CMD...".into()),
+    }
+}
+
+fn interrupt(args: &[String]) -> i32 {
+    let Some(signal) = args.first() else {
+        eprintln!("interrupt SIGNAL -- CMD...");
+        return 2;
+    };
+    let cmd = match command_after_dashes(args, 1) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let signal = match signal.as_str() {
+        "INT" => nix::sys::signal::Signal::SIGINT,
+        "TERM" => nix::sys::signal::Signal::SIGTERM,
+        "HUP" => nix::sys::signal::Signal::SIGHUP,
+        other => {
+            eprintln!("unknown signal {other}");
+            return 2;
+        }
+    };
+    let mut child = match Command::new(&cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("spawning {}: {e}", cmd[0]);
+            return 1;
+        }
+    };
+    // The go-ahead is a line on stdin (a file the host creates meanwhile
+    // may be cached away by the sandbox's file system).
+    let mut line = String::new();
+    if std::io::stdin().read_line(&mut line).is_err() || line.is_empty() {
+        eprintln!("no go-ahead on stdin");
+    }
+    if let Ok(Some(status)) = child.try_wait() {
+        println!("exited-early status={}", code_of(status));
+        return 1;
+    }
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    if let Err(e) = nix::sys::signal::kill(pid, signal) {
+        eprintln!("kill: {e}");
+    }
+    match child.wait() {
+        Ok(status) => {
+            println!("status={}", code_of(status));
+            0
+        }
+        Err(e) => {
+            eprintln!("wait: {e}");
+            1
+        }
+    }
+}
+
+fn code_of(status: std::process::ExitStatus) -> i32 {
+    use std::os::unix::process::ExitStatusExt;
+    status.code().unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+fn time(args: &[String]) -> i32 {
+    let Some(n) = args.first().and_then(|n| n.parse::<usize>().ok()) else {
+        eprintln!("time N -- CMD...");
+        return 2;
+    };
+    let cmd = match command_after_dashes(args, 1) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    for i in 0..n {
+        let t = Instant::now();
+        let status = Command::new(&cmd[0]).args(&cmd[1..]).stdin(Stdio::null()).stdout(Stdio::null()).status();
+        let us = t.elapsed().as_micros();
+        match status {
+            Ok(s) if s.success() => {
+                let _ = writeln!(out, "{us}");
+            }
+            Ok(s) => {
+                eprintln!("failed run {i}: {}", code_of(s));
+                return 1;
+            }
+            Err(e) => {
+                eprintln!("failed run {i}: {e}");
+                return 1;
+            }
+        }
+    }
+    0
+}
+
+fn concurrent(args: &[String]) -> i32 {
+    let (Some(n), Some(prefix)) = (args.first().and_then(|n| n.parse::<usize>().ok()), args.get(1)) else {
+        eprintln!("concurrent N PREFIX -- CMD...");
+        return 2;
+    };
+    let cmd = match command_after_dashes(args, 2) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let t = Instant::now();
+    let mut children = Vec::new();
+    for i in 0..n {
+        let token = format!("{prefix}-{i}");
+        match Command::new(&cmd[0]).args(&cmd[1..]).arg(&token).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn() {
+            Ok(c) => children.push((token, Some(c))),
+            Err(e) => {
+                eprintln!("spawning {token}: {e}");
+                children.push((token, None));
+            }
+        }
+    }
+    let mut out = std::io::stdout().lock();
+    for (token, child) in children {
+        let Some(child) = child else {
+            let _ = writeln!(out, "{token} exit=spawn-failed out=");
+            continue;
+        };
+        match child.wait_with_output() {
+            Ok(o) => {
+                let shown = String::from_utf8_lossy(&o.stdout).replace('\n', "\\n");
+                let _ = writeln!(out, "{token} exit={} out={shown}", code_of(o.status));
+                if !o.status.success() {
+                    eprintln!("{token}: {}", String::from_utf8_lossy(&o.stderr).trim_end());
+                }
+            }
+            Err(e) => {
+                let _ = writeln!(out, "{token} exit=wait-failed({e}) out=");
+            }
+        }
+    }
+    let _ = writeln!(out, "wall_us={}", t.elapsed().as_micros());
+    0
+}
+
+// ---------------------------------------------------------------------------
+// Hostile clients.
+
+/// What a case saw.
+enum Seen {
+    /// A `Refused` result.
+    Refused(String),
+    /// The connection failed or closed without a result.
+    ConnectionError(String),
+    /// Anything that means the coordinator went along with it.
+    Accepted(String),
+    /// A `Completed` result (for the valid requests of a case).
+    Completed(i32),
+}
+
+impl std::fmt::Display for Seen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Seen::Refused(r) => write!(f, "refused ({})", one_line(r)),
+            Seen::ConnectionError(e) => write!(f, "connection error ({})", one_line(e)),
+            Seen::Accepted(what) => write!(f, "ACCEPTED ({})", one_line(what)),
+            Seen::Completed(s) => write!(f, "completed {s}"),
+        }
+    }
+}
+
+fn one_line(s: &str) -> String {
+    s.replace(['\n', '\r'], " ")
+}
+
+struct Env {
+    addr: SocketAddr,
+    ca: String,
+    cert: String,
+    key: String,
+    workspace: String,
+}
+
+fn env() -> Result<Env, String> {
+    let var = |n: &str| std::env::var(n).map_err(|_| format!("{n} is not set"));
+    let addr = var(ENV_ADDR)?.parse().map_err(|e| format!("{ENV_ADDR}: {e}"))?;
+    let workspace = std::env::current_dir().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
+    Ok(Env { addr, ca: var(ENV_CA)?, cert: var(ENV_CERT)?, key: var(ENV_KEY)?, workspace })
+}
+
+fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {
+    CertificateDer::pem_slice_iter(pem.as_bytes()).collect::<Result<Vec<_>, _>>().map_err(|e| e.to_string())
+}
+
+/// A TLS 1.3 client configuration trusting `ca`, presenting `identity`
+/// (certificate chain PEM, PKCS#8 key PEM) or no certificate.
+fn client_config(ca: &str, identity: Option<(&str, &str)>) -> Result<Arc<ClientConfig>, String> {
+    let mut roots = RootCertStore::empty();
+    for c in certs(ca)? {
+        roots.add(c).map_err(|e| e.to_string())?;
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots);
+    let config = match identity {
+        None => builder.with_no_client_auth(),
+        Some((cert, key)) => {
+            let key = PrivatePkcs8KeyDer::from_pem_slice(key.as_bytes()).map_err(|e| e.to_string())?;
+            builder.with_client_auth_cert(certs(cert)?, PrivateKeyDer::Pkcs8(key)).map_err(|e| e.to_string())?
+        }
+    };
+    Ok(Arc::new(config))
+}
+
+type Tls = StreamOwned<ClientConnection, TcpStream>;
+
+fn connect(env: &Env, config: Arc<ClientConfig>) -> Result<Tls, String> {
+    let name = ServerName::IpAddress(env.addr.ip().into());
+    let conn = ClientConnection::new(config, name).map_err(|e| e.to_string())?;
+    let sock = TcpStream::connect_timeout(&env.addr, Duration::from_secs(10)).map_err(|e| format!("connect: {e}"))?;
+    sock.set_read_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    sock.set_write_timeout(Some(Duration::from_secs(30))).map_err(|e| e.to_string())?;
+    Ok(StreamOwned::new(conn, sock))
+}
+
+fn random_id() -> String {
+    let mut b = [0u8; 16];
+    let _ = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn request(env: &Env, id: &str, file: &str) -> EscalationRequest {
+    EscalationRequest {
+        version: ESCALATION_VERSION,
+        id: id.to_string(),
+        argv: vec!["touch".into(), format!("{}/{file}", env.workspace)],
+        cwd: env.workspace.clone(),
+        justification: "hostile test".into(),
+        timeout_secs: Some(60),
+    }
+}
+
+/// Reads frames up to the result or an error. Any frame before the result
+/// (status, output) means the request got past verification, so a refusal
+/// or error after one counts as accepted.
+fn outcome(tls: &mut Tls) -> Seen {
+    let mut before = Vec::new();
+    loop {
+        match read_server(tls) {
+            Ok(ServerFrame::Result(r)) => {
+                return match r.outcome {
+                    Outcome::Completed { exit_status } => Seen::Completed(exit_status),
+                    Outcome::Refused { reason } if before.is_empty() => Seen::Refused(reason),
+                    other => Seen::Accepted(format!("{other:?} after {before:?}")),
+                }
+            }
+            Ok(other) => before.push(format!("{other:?}").chars().take(80).collect::<String>()),
+            Err(e) if before.is_empty() => return Seen::ConnectionError(e.to_string()),
+            Err(e) => return Seen::Accepted(format!("{e} after {before:?}")),
+        }
+    }
+}
+
+/// Connects with `config`, writes `bytes` (raw, already framed), reads the answer.
+fn send_raw(env: &Env, config: Arc<ClientConfig>, bytes: &[u8]) -> Seen {
+    let mut tls = match connect(env, config) {
+        Ok(t) => t,
+        Err(e) => return Seen::ConnectionError(e),
+    };
+    if let Err(e) = tls.write_all(bytes).and_then(|_| tls.flush()) {
+        return Seen::ConnectionError(format!("write: {e}"));
+    }
+    outcome(&mut tls)
+}
+
+fn send_frame(env: &Env, config: Arc<ClientConfig>, frame: &ClientFrame) -> Seen {
+    let mut bytes = Vec::new();
+    if let Err(e) = write_client(&mut bytes, frame) {
+        return Seen::ConnectionError(format!("encoding: {e}"));
+    }
+    send_raw(env, config, &bytes)
+}
+
+fn framed(kind: u8, body: &[u8]) -> Vec<u8> {
+    let mut v = vec![kind];
+    v.extend((body.len() as u32).to_be_bytes());
+    v.extend_from_slice(body);
+    v
+}
+
+/// A CA of our own and a client certificate from it that carries the real
+/// certificate's URI name (this session's) and common name.
+fn self_made_identity(real_cert: &str) -> Result<(String, String, String), String> {
+    let der = certs(real_cert)?.into_iter().next().ok_or("no certificate in the session's PEM")?;
+    let parsed = webpki::EndEntityCert::try_from(&der).map_err(|e| format!("{e:?}"))?;
+    let uris: Vec<String> = parsed.valid_uri_names().map(str::to_owned).collect();
+    let session = uris.first().and_then(|u| u.rsplit('/').next()).unwrap_or("session").to_string();
+    let ca_key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
+    ca_params.distinguished_name.push(rcgen::DnType::CommonName, "Lazaret Domain CA");
+    ca_params.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::CrlSign];
+    let ca_cert = ca_params.self_signed(&ca_key).map_err(|e| e.to_string())?;
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let key = rcgen::KeyPair::generate().map_err(|e| e.to_string())?;
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).map_err(|e| e.to_string())?;
+    params.distinguished_name.push(rcgen::DnType::CommonName, session);
+    for uri in &uris {
+        params.subject_alt_names.push(rcgen::SanType::URI(uri.clone().try_into().map_err(|e: rcgen::Error| e.to_string())?));
+    }
+    params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
+    let cert = params.signed_by(&key, &issuer).map_err(|e| e.to_string())?;
+    Ok((cert.pem(), key.serialize_pem(), ca_cert.pem()))
+}
+
+fn report(case: &str, seen: &Seen) {
+    println!("case {case}: {seen}");
+}
+
+fn hostile() -> i32 {
+    let env = match env() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("hostile: {e}");
+            return 1;
+        }
+    };
+    let valid = match client_config(&env.ca, Some((&env.cert, &env.key))) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("hostile: the session's own credentials: {e}");
+            return 1;
+        }
+    };
+
+    // No client certificate at all.
+    let seen = match client_config(&env.ca, None) {
+        Ok(c) => send_frame(&env, c, &ClientFrame::Request(request(&env, &random_id(), "pwned-no-cert"))),
+        Err(e) => Seen::ConnectionError(e),
+    };
+    report("no-cert", &seen);
+
+    // A self-made CA's certificate naming this very session.
+    let seen = match self_made_identity(&env.cert) {
+        Ok((cert, key, own_ca)) => {
+            // Trust the real CA for the server (so the handshake gets as far
+            // as the client certificate); the chain offered includes our CA.
+            let chain = format!("{cert}{own_ca}");
+            match client_config(&env.ca, Some((&chain, &key))) {
+                Ok(c) => send_frame(&env, c, &ClientFrame::Request(request(&env, &random_id(), "pwned-self-ca"))),
+                Err(e) => Seen::ConnectionError(e),
+            }
+        }
+        Err(e) => Seen::ConnectionError(format!("making the certificate: {e}")),
+    };
+    report("self-ca", &seen);
+
+    // A replayed request ID: the first use is valid and runs, the second is refused.
+    let id = random_id();
+    let first = send_frame(&env, valid.clone(), &ClientFrame::Request(request(&env, &id, "replay-first")));
+    report("replay-first", &first);
+    let seen = send_frame(&env, valid.clone(), &ClientFrame::Request(request(&env, &id, "pwned-replay")));
+    report("replay", &seen);
+
+    // Oversized: a control frame one byte over the limit (the body sent
+    // too, as far as the coordinator reads it), and one claiming 4 GiB.
+    let mut big = vec![KIND_CONTROL];
+    big.extend(((MAX_CONTROL + 1) as u32).to_be_bytes());
+    big.extend(std::iter::repeat_n(b' ', MAX_CONTROL + 1));
+    report("oversized-frame", &send_raw(&env, valid.clone(), &big));
+    report("huge-length", &send_raw(&env, valid.clone(), &[KIND_CONTROL, 0xff, 0xff, 0xff, 0xff]));
+    let mut long = request(&env, &random_id(), "pwned-long-argv");
+    long.argv.push("x".repeat(MAX_ARGV_BYTES));
+    // Sent as a raw frame: write_client would refuse to encode it.
+    let body = serde_json::to_vec(&ClientFrame::Request(long)).unwrap_or_default();
+    report("argv-too-long", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, &body)));
+
+    // Malformed.
+    report("not-json", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, b"{\"type\":\"Request\",")));
+    report("unknown-type", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, b"{\"type\":\"Run\",\"cmd\":\"touch pwned-unknown-type\"}")));
+    report("unknown-kind", &send_raw(&env, valid.clone(), &framed(9, b"{}")));
+    report("output-frame", &send_raw(&env, valid.clone(), &framed(KIND_STDOUT, b"touch pwned-output-frame")));
+    report("cancel-first", &send_frame(&env, valid.clone(), &ClientFrame::Cancel));
+    report("cut-short", &{
+        let mut bytes = Vec::new();
+        let _ = write_client(&mut bytes, &ClientFrame::Request(request(&env, &random_id(), "pwned-cut-short")));
+        bytes.truncate(bytes.len() - 3);
+        // Then half-close: the coordinator sees the frame end early.
+        match connect(&env, valid.clone()) {
+            Ok(mut tls) => {
+                let _ = tls.write_all(&bytes).and_then(|_| tls.flush());
+                tls.conn.send_close_notify();
+                let _ = tls.flush();
+                outcome(&mut tls)
+            }
+            Err(e) => Seen::ConnectionError(e),
+        }
+    });
+    let mut bad = request(&env, &random_id(), "pwned-bad-version");
+    bad.version = ESCALATION_VERSION + 1;
+    report("bad-version", &send_frame(&env, valid.clone(), &ClientFrame::Request(bad)));
+    let mut bad = request(&env, &random_id(), "pwned-bad-id");
+    bad.id = bad.id.to_uppercase();
+    report("bad-id", &send_frame(&env, valid.clone(), &ClientFrame::Request(bad)));
+    let mut bad = request(&env, &random_id(), "pwned-relative-cwd");
+    bad.cwd = "relative".into();
+    report("relative-cwd", &send_frame(&env, valid.clone(), &ClientFrame::Request(bad)));
+    let mut bad = request(&env, &random_id(), "pwned-nul");
+    bad.argv.push("a\0b".into());
+    let body = serde_json::to_vec(&ClientFrame::Request(bad)).unwrap_or_default();
+    report("nul-argument", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, &body)));
+
+    // And a valid request afterwards still runs.
+    let last = send_frame(&env, valid, &ClientFrame::Request(request(&env, &random_id(), "valid-after")));
+    report("valid-after", &last);
+    0
+}
