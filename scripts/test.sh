@@ -22,6 +22,9 @@ export LAZARET_TEST_IMAGE_TARBALL=$(bash "$here/build-image.sh")
 export LAZARET_BIN="$repo/target/debug/lazaret"
 
 cargo build --locked --workspace --all-targets
+# The static Escalation Client, beside the lazaret the tests run (the
+# coordinator binds it into every sandbox from there).
+install -m 0755 "$(bash "$here/build-escalate.sh")" "$repo/target/debug/lazaret-escalate"
 cargo test --locked --workspace -- --test-threads=2
 if [ -x protocol/check-tla.sh ]; then
   bash protocol/check-tla.sh

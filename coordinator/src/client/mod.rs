@@ -73,7 +73,9 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         rows,
         cols,
         cwd: Some(ctx.agent_cwd().display().to_string()),
-        host_env: Vec::new(),
+        // What a host command of this session may see of this environment
+        // (SSH_AUTH_SOCK, LANG, and the names the escalation rules allow).
+        host_env: ctx.profile.escalation.host_env_names().into_iter().filter_map(|n| std::env::var(&n).ok().map(|v| (n, v))).collect(),
     };
     let socket = dir.socket();
     let deadline = Instant::now() + START_LIMIT;
