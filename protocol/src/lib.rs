@@ -14,7 +14,10 @@
 //! - [`journal`]: the [`Machine`] a coordinator drives before each real
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
 //!   which checks a journal against the model;
-//! - [`display`]: untrusted text (file names) in messages, escaped;
+//! - [`display`]: untrusted text (file names, agent-controlled prompt
+//!   fields) in messages and prompts, escaped ([`display::inert`]);
+//! - [`shell`]: an argv quoted for display and parsed back after the
+//!   developer edits it, with no shell and no expansion;
 //! - [`mount`]: vocabulary shared by crates that must not depend on each
 //!   other ([`mount::BindMount`], used by `mounts` and `oci`).
 
@@ -26,6 +29,7 @@ pub mod escalation;
 pub mod journal;
 pub mod model;
 pub mod mount;
+pub mod shell;
 pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};
