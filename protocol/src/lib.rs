@@ -13,7 +13,9 @@
 //!   fairness the specification assumes, liveness;
 //! - [`journal`]: the [`Machine`] a coordinator drives before each real
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
-//!   which checks a journal against the model;
+//!   which checks a journal against the model (its documentation lists the
+//!   exact events a coordinator journals for each outcome of an escalation
+//!   request);
 //! - [`display`]: untrusted text (file names, agent-controlled prompt
 //!   fields) in messages and prompts, escaped ([`display::inert`]);
 //! - [`shell`]: an argv quoted for display and parsed back after the
