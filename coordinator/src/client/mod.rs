@@ -12,6 +12,7 @@
 
 mod control;
 mod error;
+mod prompt;
 mod spawn;
 mod terminal;
 
