@@ -6,17 +6,26 @@
 //! as if the agent wrote there itself. The developer's terminal is in raw
 //! mode (restored on every exit path) while stdin is a terminal; signals go
 //! to the coordinator as messages, and the agent's exit status comes back.
+//!
+//! An escalation prompt takes the terminal over (terminal routes Sandbox →
+//! Prompt → HostProcess → Sandbox): while it is up the keyboard goes to the
+//! [`Prompt`], and the PTY's output is held back and written once it is
+//! closed, so the agent's output never interleaves with it. The agent's
+//! pipes (streams that are not the terminal) keep flowing.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 
-use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage};
+use lazaret_protocol::escalation::MAX_TIMEOUT_SECS;
+use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, PromptDecision, PromptRequest};
 use lazaret_runtime::signals::Signals;
 use lazaret_runtime::terminal::{is_terminal, sync_window_size, RawModeGuard};
 use lazaret_runtime::ExitStatus;
@@ -24,6 +33,7 @@ use lazaret_runtime::ExitStatus;
 use crate::layout::DomainDir;
 use crate::LAZARET_FAILED;
 
+use super::prompt::{Prompt, Step};
 use super::ClientError;
 
 /// The client's own stdin, stdout and stderr, by number.
@@ -147,13 +157,20 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
         stdin,
         outputs: outputs.into_iter().map(|(fd, to)| Output { fd: Some(fd), to }).collect(),
         raw: raw.is_some(),
+        prompt_screen: [1, 2].into_iter().find(|&n| terminal[n]),
         std,
         to_agent: Vec::new(),
         exit: None,
         terminations: 0,
         buf: vec![0u8; 16 * 1024],
+        prompt: None,
+        queued: VecDeque::new(),
+        held: Vec::new(),
+        held_notices: Vec::new(),
     };
     let outcome = relay.run(signals, dir);
+    // A lost connection leaves a prompt up: close it (no answer can go).
+    relay.close_prompt("the connection to the coordinator ended");
     drop(raw);
     outcome?;
     // The coordinator sends the exit before it tears the Domain down; a
@@ -164,6 +181,42 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
 
 /// Most bytes buffered for the agent before the developer's input waits.
 const INPUT_BACKLOG: usize = 64 * 1024;
+
+/// Most bytes of the PTY's output held back while a prompt is up; then the
+/// master is not read, and the PTY makes the agent wait.
+const HOLD_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Keys typed within this long of a prompt appearing, or of the previous
+/// such key, are dropped: they were meant for the agent, not for the prompt
+/// that popped up under the developer's fingers (the agent sees the
+/// keyboard and could time a request to it).
+const PROMPT_ARMING: Duration = Duration::from_millis(300);
+
+/// How long past a prompt's timeout the client waits for the coordinator's
+/// withdrawal before it closes the prompt itself, answering deny.
+const WITHDRAWAL_GRACE: Duration = Duration::from_secs(3);
+
+/// How often the relay wakes while a prompt is up (the time left, the
+/// deadline).
+const PROMPT_TICK: u16 = 200;
+
+/// Most prompts queued behind the one shown (the coordinator shows one per
+/// session at a time; more are denied).
+const PROMPT_QUEUE: usize = 16;
+
+/// The prompt on screen.
+struct Showing {
+    prompt: Prompt,
+    /// When the request times out (the coordinator's clock decides; this
+    /// shows it and closes a prompt the coordinator never withdrew).
+    deadline: Instant,
+    /// Keys before this are dropped ([`PROMPT_ARMING`]).
+    armed_at: Instant,
+    /// `/dev/tty`, when neither stdout nor stderr is the terminal.
+    tty: Option<OwnedFd>,
+    /// Which of the client's streams shows it otherwise.
+    screen: usize,
+}
 
 /// One of the agent's output pipes and the client stream it goes to.
 struct Output {
@@ -190,12 +243,23 @@ struct Relay<'a> {
     outputs: Vec<Output>,
     /// Whether the developer's terminal is in raw mode (notices need CRLF).
     raw: bool,
+    /// Where prompts are shown: stdout or stderr, whichever is a terminal
+    /// first; `None`: neither is, /dev/tty is opened.
+    prompt_screen: Option<usize>,
     std: Std,
     to_agent: Vec<u8>,
     /// The agent's status, once known.
     exit: Option<i32>,
     terminations: u32,
     buf: Vec<u8>,
+    /// The escalation prompt on screen, if any.
+    prompt: Option<Showing>,
+    /// Prompts waiting behind it.
+    queued: VecDeque<PromptRequest>,
+    /// The PTY's output held back while a prompt is up.
+    held: Vec<u8>,
+    /// The coordinator's notices held back while a prompt is up.
+    held_notices: Vec<String>,
 }
 
 /// What one poll round found ready.
@@ -235,7 +299,14 @@ impl Relay<'_> {
                 self.on_message(dir)?;
             }
             self.pump_outputs(&ready);
-            self.pump_input(&ready);
+            if self.prompt.is_some() {
+                self.prompt_input(&ready);
+                // Keys typed before the prompt appeared still go.
+                self.flush_to_agent(&ready);
+                self.prompt_tick();
+            } else {
+                self.pump_input(&ready);
+            }
             if self.exit.is_some() && !self.output_open() {
                 return Ok(());
             }
@@ -252,11 +323,17 @@ impl Relay<'_> {
         let socket = if self.exit.is_none() { add(&mut fds, self.stream.as_fd(), PollFlags::POLLIN) } else { None };
         let master = match &self.master {
             Some(m) => {
-                let mut f = PollFlags::POLLIN;
+                let mut f = PollFlags::empty();
+                // With the hold full, the PTY makes the agent wait.
+                if self.prompt.is_none() || self.held.len() < HOLD_LIMIT {
+                    f |= PollFlags::POLLIN;
+                }
                 if self.input_to_master && !self.to_agent.is_empty() {
                     f |= PollFlags::POLLOUT;
                 }
-                add(&mut fds, m.as_fd(), f)
+                // Not polled at all otherwise: a hung-up master would
+                // report POLLHUP on every round.
+                if f.is_empty() { None } else { add(&mut fds, m.as_fd(), f) }
             }
             None => None,
         };
@@ -265,9 +342,17 @@ impl Relay<'_> {
             _ => None,
         };
         let destination = if self.input_to_master { self.master.is_some() } else { self.stdin.is_some() };
-        let input = if self.input_open && destination && self.to_agent.len() < INPUT_BACKLOG { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
+        // A prompt takes the keyboard whatever the agent's backlog.
+        let wanted = if self.prompt.is_some() { true } else { destination && self.to_agent.len() < INPUT_BACKLOG };
+        let input = if self.input_open && wanted { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
         let outputs: Vec<Option<usize>> = self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
-        let timeout = if self.exit.is_some() { PollTimeout::from(100u16) } else { PollTimeout::NONE };
+        let timeout = if self.exit.is_some() {
+            PollTimeout::from(100u16)
+        } else if self.prompt.is_some() {
+            PollTimeout::from(PROMPT_TICK)
+        } else {
+            PollTimeout::NONE
+        };
         let n = match poll(&mut fds, timeout) {
             Err(Errno::EINTR) => return Ok(None),
             Err(e) => return Err(ClientError::errno("waiting for terminal events")(e)),
@@ -296,6 +381,10 @@ impl Relay<'_> {
                     if let (Some(m), Some(n)) = (&self.master, self.sizing) {
                         sync_window_size(self.std.fd(n), m.as_fd());
                     }
+                    let cols = self.window_cols();
+                    if let Some(showing) = self.prompt.as_mut() {
+                        showing.prompt.set_width(cols);
+                    }
                 }
                 Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
                     self.terminations += 1;
@@ -311,26 +400,41 @@ impl Relay<'_> {
     fn on_message(&mut self, dir: &DomainDir) -> Result<(), ClientError> {
         let mut from = self.stream;
         match wire::read_message::<CoordinatorMessage>(&mut from) {
-            Ok(CoordinatorMessage::Exit { status }) => self.exit = Some(status),
-            Ok(CoordinatorMessage::Notice { text }) => {
-                if self.raw {
-                    eprint!("\r\nlazaret: {text}\r\n");
-                } else {
-                    eprintln!("lazaret: {text}");
-                }
+            Ok(CoordinatorMessage::Exit { status }) => {
+                self.exit = Some(status);
+                // The session is over: nothing left to answer.
+                self.queued.clear();
+                self.close_prompt("the session ended");
             }
+            Ok(CoordinatorMessage::Prompt(request)) => self.on_prompt(request),
+            Ok(CoordinatorMessage::PromptWithdrawn { request, reason }) => self.on_withdrawn(&request, &reason),
+            Ok(CoordinatorMessage::Notice { text }) if self.prompt.is_some() => self.held_notices.push(text),
+            Ok(CoordinatorMessage::Notice { text }) => self.show_notice(&text),
             Ok(_) => {}
             Err(e) => return Err(ClientError::ConnectionLost { source: e, log: dir.log() }),
         }
         Ok(())
     }
 
+    /// A notice from the coordinator, on stderr.
+    fn show_notice(&self, text: &str) {
+        if self.raw {
+            eprint!("\r\nlazaret: {text}\r\n");
+        } else {
+            eprintln!("lazaret: {text}");
+        }
+    }
+
     /// The agent's output (PTY and pipes) to the client's streams.
     fn pump_outputs(&mut self, ready: &Ready) {
         if let Some(m) = &self.master {
-            if ready.master.intersects(READABLE) {
-                match nix::unistd::read(m.as_fd(), &mut self.buf) {
+            // While a prompt is up, into the hold, never past its limit.
+            let holding = self.prompt.is_some();
+            let room = if holding { HOLD_LIMIT.saturating_sub(self.held.len()).min(self.buf.len()) } else { self.buf.len() };
+            if ready.master.intersects(READABLE) && room > 0 {
+                match nix::unistd::read(m.as_fd(), &mut self.buf[..room]) {
                     Ok(0) | Err(Errno::EIO) => self.master = None,
+                    Ok(n) if holding => self.held.extend_from_slice(&self.buf[..n]),
                     Ok(n) => {
                         let _ = write_all(self.std.fd(self.master_out), &self.buf[..n]);
                     }
@@ -370,6 +474,11 @@ impl Relay<'_> {
                 Err(_) => self.input_open = false,
             }
         }
+        self.flush_to_agent(ready);
+    }
+
+    /// What the developer typed for the agent, to its PTY or pipe.
+    fn flush_to_agent(&mut self, ready: &Ready) {
         let target = if self.input_to_master { (self.master.as_ref(), ready.master) } else { (self.stdin.as_ref(), ready.stdin_pipe) };
         if let (Some(fd), events) = target {
             if events.contains(PollFlags::POLLOUT) && !self.to_agent.is_empty() {
@@ -395,6 +504,175 @@ impl Relay<'_> {
         }
         if !self.input_to_master && !self.input_open && self.to_agent.is_empty() {
             self.stdin = None;
+        }
+    }
+}
+
+/// The escalation prompt (see [`super::prompt`] for the screen and keys).
+impl Relay<'_> {
+    /// A request for the developer: shown now, or queued behind the prompt
+    /// on screen. A session whose stdin is not a terminal cannot be asked
+    /// (the coordinator does not ask it; this is defensive): denied.
+    fn on_prompt(&mut self, request: PromptRequest) {
+        if !self.input_to_master || !self.input_open {
+            self.answer(&request.request, PromptDecision::Deny);
+            return;
+        }
+        let id = request.request.as_str();
+        if self.prompt.as_ref().is_some_and(|s| s.prompt.request_id() == id) || self.queued.iter().any(|q| q.request == id) {
+            return;
+        }
+        if self.prompt.is_none() {
+            self.show(request);
+        } else if self.queued.len() < PROMPT_QUEUE {
+            self.queued.push_back(request);
+        } else {
+            self.answer(&request.request, PromptDecision::Deny);
+        }
+    }
+
+    /// Puts `request` on screen: stdout if it is the terminal, else stderr,
+    /// else /dev/tty (else stdin, a terminal too). Denied if it cannot be
+    /// shown.
+    fn show(&mut self, request: PromptRequest) {
+        let now = Instant::now();
+        let timeout = Duration::from_secs(request.timeout_secs.min(MAX_TIMEOUT_SECS));
+        let mut prompt = Prompt::new(request);
+        prompt.set_width(self.window_cols());
+        let tty = match self.prompt_screen {
+            Some(_) => None,
+            None => nix::fcntl::open("/dev/tty", OFlag::O_WRONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok(),
+        };
+        let showing = Showing {
+            prompt,
+            deadline: now + timeout,
+            armed_at: now + PROMPT_ARMING,
+            tty,
+            screen: self.prompt_screen.unwrap_or(0),
+        };
+        if write_all(showing.fd(&self.std), &showing.prompt.render()).is_err() {
+            self.answer(showing.prompt.request_id(), PromptDecision::Deny);
+            return;
+        }
+        self.prompt = Some(showing);
+    }
+
+    /// The developer's keys, to the prompt (dropped while it arms).
+    fn prompt_input(&mut self, ready: &Ready) {
+        if !ready.input.intersects(READABLE) {
+            return;
+        }
+        let n = match nix::unistd::read(self.std.fd(0), &mut self.buf) {
+            Ok(0) | Err(Errno::EBADF | Errno::EIO) => {
+                // The terminal is gone: nobody can answer.
+                self.input_open = false;
+                self.deny_all("the terminal closed");
+                return;
+            }
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        let Some(showing) = self.prompt.as_mut() else { return };
+        let now = Instant::now();
+        if now < showing.armed_at {
+            showing.armed_at = now + PROMPT_ARMING;
+            return;
+        }
+        match showing.prompt.on_input(&self.buf[..n]) {
+            Step::Nothing => {}
+            Step::Redraw(bytes) => {
+                let _ = write_all(showing.fd(&self.std), &bytes);
+            }
+            Step::Answer(decision, text) => {
+                let id = showing.prompt.request_id().to_owned();
+                self.answer(&id, decision);
+                self.finish(&text);
+            }
+        }
+    }
+
+    /// The time left, redrawn; a prompt the coordinator did not withdraw
+    /// in time is closed here, denied.
+    fn prompt_tick(&mut self) {
+        let Some(showing) = self.prompt.as_mut() else { return };
+        let now = Instant::now();
+        if now > showing.deadline + WITHDRAWAL_GRACE {
+            let id = showing.prompt.request_id().to_owned();
+            let text = showing.prompt.abandoned("no answer in time, denied");
+            self.answer(&id, PromptDecision::Deny);
+            self.finish(&text);
+            return;
+        }
+        if let Some(bytes) = showing.prompt.tick(showing.deadline.saturating_duration_since(now)) {
+            let _ = write_all(showing.fd(&self.std), &bytes);
+        }
+    }
+
+    /// The coordinator closed a request: the prompt on screen, or one
+    /// waiting.
+    fn on_withdrawn(&mut self, request: &str, reason: &str) {
+        match &self.prompt {
+            Some(showing) if showing.prompt.request_id() == request => {
+                let text = showing.prompt.withdrawn(reason);
+                self.finish(&text);
+            }
+            _ => self.queued.retain(|q| q.request != request),
+        }
+    }
+
+    /// Closes the prompt on screen, and drops the waiting ones, without
+    /// answering (the session or the connection ended).
+    fn close_prompt(&mut self, why: &str) {
+        self.queued.clear();
+        if let Some(showing) = &self.prompt {
+            let text = showing.prompt.abandoned(why);
+            self.finish(&text);
+        }
+    }
+
+    /// Denies the prompt on screen and the waiting ones.
+    fn deny_all(&mut self, why: &str) {
+        let ids: Vec<String> = self.prompt.iter().map(|s| s.prompt.request_id().to_owned()).chain(self.queued.iter().map(|q| q.request.clone())).collect();
+        for id in ids {
+            self.answer(&id, PromptDecision::Deny);
+        }
+        self.close_prompt(why);
+    }
+
+    /// Takes the prompt down with its final `text`, then writes what was
+    /// held back, then shows the next prompt, if any.
+    fn finish(&mut self, text: &[u8]) {
+        let Some(showing) = self.prompt.take() else { return };
+        let _ = write_all(showing.fd(&self.std), text);
+        drop(showing);
+        let held = std::mem::take(&mut self.held);
+        let _ = write_all(self.std.fd(self.master_out), &held);
+        for notice in std::mem::take(&mut self.held_notices) {
+            self.show_notice(&notice);
+        }
+        if let Some(next) = self.queued.pop_front() {
+            self.show(next);
+        }
+    }
+
+    /// Sends the developer's decision (a lost connection shows on reading).
+    fn answer(&self, request: &str, decision: PromptDecision) {
+        let mut out = self.stream;
+        let _ = wire::write_message(&mut out, &ClientMessage::PromptAnswer { request: request.to_owned(), decision });
+    }
+
+    /// The terminal's width (prompts are shown only when stdin is one).
+    fn window_cols(&self) -> u16 {
+        lazaret_runtime::terminal::window_size(self.std.fd(0)).map(|w| w.cols).unwrap_or(0)
+    }
+}
+
+impl Showing {
+    /// The descriptor the prompt is written to.
+    fn fd<'s>(&'s self, std: &'s Std) -> BorrowedFd<'s> {
+        match &self.tty {
+            Some(tty) => tty.as_fd(),
+            None => std.fd(self.screen),
         }
     }
 }
