@@ -403,7 +403,6 @@ impl Relay<'_> {
             Ok(CoordinatorMessage::Exit { status }) => {
                 self.exit = Some(status);
                 // The session is over: nothing left to answer.
-                self.queued.clear();
                 self.close_prompt("the session ended");
             }
             Ok(CoordinatorMessage::Prompt(request)) => self.on_prompt(request),
@@ -650,7 +649,9 @@ impl Relay<'_> {
         for notice in std::mem::take(&mut self.held_notices) {
             self.show_notice(&notice);
         }
-        if let Some(next) = self.queued.pop_front() {
+        // A prompt that cannot be shown is denied: on to the next.
+        while self.prompt.is_none() {
+            let Some(next) = self.queued.pop_front() else { break };
             self.show(next);
         }
     }
@@ -693,4 +694,241 @@ fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The relay with a prompt, end to end without a coordinator: the test
+    //! binary runs itself as the client (its stdio a PTY standing in for the
+    //! developer's terminal), plays the coordinator on a unix socket, and is
+    //! the agent on the slave of the agent's PTY.
+
+    use super::*;
+    use std::io::Write as _;
+    use std::os::unix::net::UnixListener;
+    use std::process::{Child, Command, Stdio};
+
+    use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
+    use nix::sys::termios;
+
+    use crate::transport;
+
+    /// Set in the child: the coordinator's socket path.
+    const CHILD: &str = "LAZARET_TEST_PROMPT_RELAY_SOCKET";
+    const TEST: &str = "client::terminal::tests::a_prompt_takes_the_terminal_and_gives_it_back";
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    /// The client: joins the "coordinator", takes the PTY master from its
+    /// first frame, and relays until the Exit.
+    fn client(socket: &std::ffi::OsStr) -> ! {
+        let stream = UnixStream::connect(socket).expect("connect");
+        let (_, mut fds) = transport::read_frame_with_fds::<CoordinatorMessage>(&stream).expect("the master");
+        let io = SessionIo::new().expect("session io");
+        let mut signals = Signals::block().expect("signals");
+        let dir = DomainDir::new(std::env::temp_dir());
+        let status = attach(&stream, fds.pop(), io, &mut signals, &dir);
+        std::process::exit(match status {
+            Ok(s) => s.0,
+            Err(_) => 99,
+        })
+    }
+
+    /// Kills and reaps the client on every way out of the test.
+    struct Reaped(Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The developer's side of the terminal.
+    struct Screen {
+        master: OwnedFd,
+        seen: String,
+    }
+
+    impl Screen {
+        /// Reads until `needle` appears after byte `from` of what was seen.
+        fn wait_for(&mut self, needle: &str, from: usize) -> usize {
+            let deadline = Instant::now() + LIMIT;
+            loop {
+                if let Some(at) = self.seen.get(from..).and_then(|s| s.find(needle)) {
+                    return from + at;
+                }
+                assert!(Instant::now() < deadline, "{needle:?} never appeared; the screen: {:?}", self.seen);
+                self.read_for(Duration::from_millis(100));
+            }
+        }
+
+        /// Reads whatever comes for `time`.
+        fn read_for(&mut self, time: Duration) {
+            let end = Instant::now() + time;
+            let mut buf = [0u8; 4096];
+            while let Some(left) = end.checked_duration_since(Instant::now()) {
+                let mut p = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+                let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX).max(1);
+                if poll(&mut p, PollTimeout::from(ms)).unwrap_or(0) == 0 {
+                    continue;
+                }
+                match nix::unistd::read(self.master.as_fd(), &mut buf) {
+                    Ok(n) if n > 0 => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    _ => return,
+                }
+            }
+        }
+
+        fn type_keys(&self, keys: &[u8]) {
+            write_all(self.master.as_fd(), keys).expect("typing");
+        }
+    }
+
+    fn send(coordinator: &UnixStream, msg: &CoordinatorMessage) {
+        let mut out = coordinator;
+        wire::write_message(&mut out, msg).expect("to the client");
+    }
+
+    fn receive(coordinator: &UnixStream) -> ClientMessage {
+        let mut from = coordinator;
+        wire::read_message::<ClientMessage>(&mut from).expect("from the client")
+    }
+
+    fn prompt(id: &str) -> CoordinatorMessage {
+        CoordinatorMessage::Prompt(PromptRequest {
+            request: id.into(),
+            profile: "dev".into(),
+            session: "s-1".into(),
+            cwd: "/w".into(),
+            argv: vec!["git".into(), "push".into()],
+            justification: "push it\x1b[2J\u{202e}".into(),
+            timeout_secs: 60,
+        })
+    }
+
+    /// Reads what the agent got on its terminal within `time`.
+    fn agent_input(slave: &OwnedFd, time: Duration) -> String {
+        let mut got = Vec::new();
+        let end = Instant::now() + time;
+        let mut buf = [0u8; 256];
+        while Instant::now() < end {
+            let mut p = [PollFd::new(slave.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut p, PollTimeout::from(50u16)).unwrap_or(0) > 0 {
+                if let Ok(n) = nix::unistd::read(slave.as_fd(), &mut buf) {
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Longer than the prompt's arming time.
+    fn let_it_arm() {
+        std::thread::sleep(PROMPT_ARMING + Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_prompt_takes_the_terminal_and_gives_it_back() {
+        if let Some(socket) = std::env::var_os(CHILD) {
+            client(&socket);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("socket");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let developer = open_pty().expect("pty");
+        set_window_size(developer.master.as_fd(), WindowSize { rows: 30, cols: 120 }).expect("winsize");
+        let agent = open_pty().expect("pty");
+        let mut raw = termios::tcgetattr(agent.slave.as_fd()).expect("tcgetattr");
+        termios::cfmakeraw(&mut raw);
+        termios::tcsetattr(agent.slave.as_fd(), termios::SetArg::TCSANOW, &raw).expect("raw");
+        let stdio = || Stdio::from(developer.slave.try_clone().expect("dup"));
+        let exe = std::env::current_exe().expect("current_exe");
+        let child = Command::new(exe)
+            .args(["--exact", TEST, "--test-threads=1", "--nocapture", "-q"])
+            .env(CHILD, &path)
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .expect("spawn the client");
+        let mut child = Reaped(child);
+        let cooked = termios::tcgetattr(developer.slave.as_fd()).expect("tcgetattr");
+        let mut screen = Screen { master: developer.master, seen: String::new() };
+        // The client may fail before it connects: never wait forever.
+        listener.set_nonblocking(true).expect("nonblocking");
+        let deadline = Instant::now() + LIMIT;
+        let coordinator = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => screen.read_for(Duration::from_millis(20)),
+                Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", screen.seen),
+            }
+        };
+        coordinator.set_nonblocking(false).expect("blocking");
+        coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
+        transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent.master.as_fd()]).expect("send the master");
+        drop(agent.master);
+        let mut agent_out = std::fs::File::from(agent.slave.try_clone().expect("dup"));
+
+        // Before any prompt: the agent's output shows, keys reach it.
+        agent_out.write_all(b"agent says hi\r\n").expect("agent output");
+        screen.wait_for("agent says hi", 0);
+        screen.type_keys(b"ls");
+        assert_eq!(agent_input(&agent.slave, Duration::from_millis(500)), "ls");
+
+        // A prompt: shown inert; the agent's output is held back.
+        send(&coordinator, &prompt("r1"));
+        let shown = screen.wait_for("[n] deny", 0);
+        let start = screen.seen[..shown].rfind("── lazaret: the agent asks").expect("the header");
+        let block = screen.seen[start..].to_owned();
+        assert!(block.contains("  command: git push") && block.contains("push it\\x1b[2J\\u{202e}"), "{block:?}");
+        assert!(!block.contains("\x1b[2J") && !block.contains('\u{202e}'), "{block:?}");
+        agent_out.write_all(b"HELD-OUTPUT").expect("agent output");
+        screen.read_for(Duration::from_millis(400));
+        assert!(!screen.seen.contains("HELD-OUTPUT"), "interleaved: {:?}", screen.seen);
+        let_it_arm();
+        // The keys go to the prompt, not to the agent.
+        screen.type_keys(b"y");
+        assert_eq!(receive(&coordinator), ClientMessage::PromptAnswer { request: "r1".into(), decision: PromptDecision::Approve });
+        let approved = screen.wait_for("approved: runs once", shown);
+        let held = screen.wait_for("HELD-OUTPUT", shown);
+        assert!(approved < held, "the held output came before the prompt closed");
+        screen.type_keys(b"zz");
+        assert_eq!(agent_input(&agent.slave, Duration::from_millis(500)), "zz");
+
+        // Two at once: the second waits for the first.
+        send(&coordinator, &prompt("r2"));
+        send(&coordinator, &prompt("r3"));
+        let first = screen.wait_for("[n] deny", held);
+        let_it_arm();
+        screen.type_keys(b"n");
+        assert_eq!(receive(&coordinator), ClientMessage::PromptAnswer { request: "r2".into(), decision: PromptDecision::Deny });
+        let denied = screen.wait_for("lazaret: denied", first);
+        screen.wait_for("[n] deny", denied);
+        send(&coordinator, &CoordinatorMessage::PromptWithdrawn { request: "r3".into(), reason: "timed out after 60 s".into() });
+        let withdrawn = screen.wait_for("prompt withdrawn: timed out after 60 s", denied);
+
+        // The session ends with a prompt up: closed, not answered.
+        send(&coordinator, &prompt("r4"));
+        screen.wait_for("[n] deny", withdrawn);
+        send(&coordinator, &CoordinatorMessage::Exit { status: 7 });
+        screen.wait_for("prompt closed: the session ended", withdrawn);
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = child.0.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the client did not exit");
+            screen.read_for(Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(7));
+        let mut rest = &coordinator;
+        match wire::read_message::<ClientMessage>(&mut rest) {
+            Err(_) => {}
+            Ok(m) => panic!("the client sent {m:?} after the prompt was withdrawn"),
+        }
+        // The developer's terminal is as it was.
+        let after = termios::tcgetattr(developer.slave.as_fd()).expect("tcgetattr");
+        assert_eq!(format!("{cooked:?}"), format!("{after:?}"));
+    }
 }
