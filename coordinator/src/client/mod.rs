@@ -8,10 +8,12 @@
 //! and which the client copies to and from the developer's terminal (raw
 //! mode while stdin is a terminal); window-size changes go straight to that
 //! master. Every other stream is a fresh pipe the client relays. Only
-//! signals and the exit status travel as messages.
+//! signals, the exit status and escalation prompts travel as messages; a
+//! prompt ([`prompt`]) takes the terminal over until it is answered.
 
 mod control;
 mod error;
+mod prompt;
 mod spawn;
 mod terminal;
 
