@@ -216,13 +216,55 @@ fn example_config_in_docs_is_valid() {
         Some(&EnvValue::FromHost("ANTHROPIC_API_KEY".into()))
     );
     assert_eq!(config.default_profile.as_deref(), Some("claude"));
-    assert_eq!(config.escalation.rules.len(), 2);
+    let global: Vec<&str> = config.escalation.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(global, vec!["git-fetch", "git-push-origin"]);
+    let claude = &config.profile("claude").unwrap().escalation;
+    let names: Vec<&str> = claude.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["git-fetch", "git-push-origin", "gh-pr-view"]);
+    assert_eq!(claude.prompt_timeout, Duration::from_secs(60));
+    assert!(claude.host_env_names().contains(&"GH_TOKEN".to_string()));
+    let push = ["git", "push", "origin", "fix-123"].map(String::from);
+    assert_eq!(
+        claude.matching_rule(&push, Path::new(".")).map(|r| r.name.as_str()),
+        Some("git-push-origin")
+    );
+    assert_eq!(claude.timeout_for(claude.matching_rule(&push, Path::new("."))), Duration::from_secs(300));
+    assert_eq!(claude.timeout_for(None), Duration::from_secs(600));
+    let shell = &config.profile("shell").unwrap().escalation;
+    assert_eq!(shell.rules.len(), 2);
+    assert_eq!(shell.prompt_timeout, Duration::from_secs(120));
+}
+
+#[test]
+fn commented_example_rule_and_the_escalation_guide_are_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.example.toml");
+    let example = std::fs::read_to_string(&path).unwrap();
+    let commented = "# [[escalation.rules]]\n# name = \"make-test\"\n# command = [\"make\", \"test\"]\n# cwd = \".\"\n# timeout = 1800\n";
+    assert_eq!(example.matches(commented).count(), 1, "the commented make-test rule moved");
+    let enabled = example.replacen(commented, &commented.replace("# ", ""), 1);
+    let config = parse(&enabled);
+    let make = config.escalation.rules.iter().find(|r| r.name == "make-test").unwrap();
+    assert_eq!(make.cwd, Some(PathBuf::from(".")));
+    assert_eq!(make.timeout, Some(Duration::from_secs(1800)));
+
+    // The TOML block of docs/escalation.md.
+    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/escalation.md")).unwrap();
+    let block = guide.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).unwrap();
+    let config = parse(block);
+    let claude = &config.profile("claude").unwrap().escalation;
+    let names: Vec<&str> = claude.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["git-fetch", "git-push-origin", "make-test", "gh-pr-view"]);
+    assert_eq!(config.escalation.output_limit, 64 << 20);
+    let test = ["make", "test"].map(String::from);
+    assert!(claude.matching_rule(&test, Path::new(".")).is_some());
+    assert!(claude.matching_rule(&test, Path::new("sub")).is_none());
 }
 
 #[test]
 fn rendered_toml_parses_back_to_the_same_configuration() {
-    for name in ["full.toml", "full_reformatted.toml"] {
-        let config = parse_file(&fixture(name));
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.example.toml");
+    for path in [fixture("full.toml"), fixture("full_reformatted.toml"), example] {
+        let config = parse_file(&path);
         let rendered = config.render_toml().unwrap();
         let again = parse(&rendered);
         // The JSON rendering leaves out locations; compare everything else.

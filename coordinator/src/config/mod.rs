@@ -134,7 +134,7 @@ pub struct NetworkSettings {
 }
 
 /// Default of `escalation.prompt_timeout`: how long a prompt waits for the
-/// developer before the request is denied.
+/// developer before the request times out (and nothing runs).
 pub const DEFAULT_PROMPT_TIMEOUT: Duration = Duration::from_secs(120);
 /// Default of `escalation.timeout`: how long a host command may run.
 pub const DEFAULT_ESCALATION_TIMEOUT: Duration = Duration::from_secs(600);
@@ -156,7 +156,8 @@ pub const OUTPUT_LIMIT_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(1 << 
 pub struct EscalationSettings {
     /// Auto-approval rules, in order (see [`crate::escalation::rules::matching_rule`]).
     pub rules: Vec<Rule>,
-    /// How long a prompt waits for an answer; unanswered means denied.
+    /// How long a prompt waits for an answer; unanswered, the request times
+    /// out and nothing runs.
     #[serde(serialize_with = "crate::escalation::rules::seconds")]
     pub prompt_timeout: Duration,
     /// How long a host command may run unless its rule sets `timeout`.
