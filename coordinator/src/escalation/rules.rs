@@ -327,7 +327,7 @@ mod tests {
         Path::new(".")
     }
 
-    fn name_of<'r>(found: Option<&'r Rule>) -> Option<&'r str> {
+    fn name_of(found: Option<&Rule>) -> Option<&str> {
         found.map(|r| r.name.as_str())
     }
 
