@@ -344,6 +344,7 @@ fn runtime_dir_defaults_to_run_lazaret_uid() {
         gid: 1234,
         name: "dev".into(),
         home: "/home/dev".into(),
+        shell: "/bin/sh".into(),
         group_name: Some("dev".into()),
         groups: Vec::new(),
     };

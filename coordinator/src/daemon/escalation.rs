@@ -31,14 +31,13 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::escalation::{ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, MAX_ARGS, MAX_ARGV_BYTES};
-use lazaret_protocol::journal::Event;
-use lazaret_protocol::shell::quote_argv;
+use lazaret_protocol::journal::{Event, DOMAIN_APPROVAL_RULE};
 use lazaret_protocol::wire::{self, CoordinatorMessage, PendingRequest, PromptDecision, PromptRequest};
 use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stream};
 
 use crate::escalation::channel::TlsChannel;
 use crate::escalation::environment::{host_environment, HostUser};
-use crate::escalation::rules::{matching_rule, DomainApprovals, Rule};
+use crate::escalation::rules::{DomainApprovals, Rule};
 use crate::trust;
 
 use super::domain::{Domain, Phase};
@@ -78,7 +77,7 @@ impl Escalations {
             address,
             server,
             seen: Mutex::new(HashSet::new()),
-            approvals: Mutex::new(DomainApprovals::default()),
+            approvals: Mutex::new(DomainApprovals::new()),
             connections: AtomicUsize::new(0),
             cgroup_parent,
         }
@@ -488,17 +487,9 @@ struct Approved<'r> {
 #[allow(clippy::too_many_arguments)]
 fn decide_and_run(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChannel, session: &str, req: &EscalationRequest, rel: &Path, cancel: &Cancel) -> Ending {
     let settings = &d.ctx.profile.escalation;
-    let rule = matching_rule(&settings.rules, &req.argv, rel);
+    let rule = settings.matching_rule(&req.argv, rel);
     let for_domain = rule.is_none() && esc.approvals.lock().unwrap_or_else(|p| p.into_inner()).is_approved(&req.argv, rel);
-    let verified = Event::VerifyRequest {
-        session: session.into(),
-        request: req.id.clone(),
-        command: quote_argv(&req.argv),
-        auto_approved: rule.is_some() || for_domain,
-        argv: req.argv.clone(),
-        cwd: req.cwd.clone(),
-        justification: req.justification.clone(),
-    };
+    let verified = Event::verify_request(session, &req.id, &req.argv, &req.cwd, &req.justification, rule.is_some() || for_domain);
     if !record(d, verified) {
         return refused(format!("session {session} cannot make a request now"));
     }
@@ -508,7 +499,7 @@ fn decide_and_run(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsC
         }
         Approved { argv: req.argv.clone(), rule: Some(rule) }
     } else if for_domain {
-        if !record(d, Event::AutoApprove { request: req.id.clone(), rule: "domain-approval".into() }) {
+        if !record(d, Event::AutoApprove { request: req.id.clone(), rule: DOMAIN_APPROVAL_RULE.into() }) {
             return lost(link);
         }
         Approved { argv: req.argv.clone(), rule: None }
@@ -592,7 +583,7 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
                 }
                 PromptDecision::Edit { argv } if argv == req.argv => (Event::DeveloperApprove { request: id.clone(), for_domain: false }, argv),
                 PromptDecision::Edit { argv } if edited_argv_ok(&argv) => {
-                    (Event::DeveloperEditApprove { request: id.clone(), command: quote_argv(&argv), argv: argv.clone() }, argv)
+                    (Event::developer_edit_approve(&id, &argv), argv)
                 }
                 PromptDecision::Edit { .. } | PromptDecision::Deny => {
                     let reason = "the developer denied it";
@@ -620,7 +611,7 @@ fn edited_argv_ok(argv: &[String]) -> bool {
 fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChannel, req: &EscalationRequest, rel: &Path, cancel: &Cancel, approved: Approved<'_>) -> Ending {
     let id = req.id.clone();
     let settings = &d.ctx.profile.escalation;
-    let mut timeout = approved.rule.and_then(|r| r.timeout).unwrap_or(settings.timeout);
+    let mut timeout = settings.timeout_for(approved.rule);
     if let Some(asked) = req.timeout_secs {
         timeout = timeout.min(Duration::from_secs(asked));
     }
@@ -640,7 +631,7 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         Err(e) => return fail(format!("the working directory {}: {e}", d.ctx.workspace.root().join(rel).display())),
     };
     let developer = &d.ctx.developer;
-    let user = HostUser { name: &developer.name, home: &developer.home };
+    let user = HostUser { name: &developer.name, home: &developer.home, shell: &developer.shell };
     let rule_env = approved.rule.map(|r| r.env.as_slice()).unwrap_or(&[]);
     let command = HostCommand {
         argv: approved.argv,

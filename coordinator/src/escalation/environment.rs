@@ -1,10 +1,10 @@
 //! The environment of a host command: fixed, small, and never anything the
 //! agent sent.
 //!
-//! - `PATH` is fixed ([`HOST_PATH`]): never the agent's, never the
+//! - `PATH` is fixed ([`HOST_COMMAND_PATH`]): never the agent's, never the
 //!   developer's (which may name directories inside the workspace);
-//! - `HOME`, `USER`, `LOGNAME` are the developer's;
-//! - `SSH_AUTH_SOCK`, `LANG` and the `LC_*` variables of [`SESSION_VARS`] come
+//! - `HOME`, `USER`, `LOGNAME`, `SHELL` are the developer's;
+//! - `SSH_AUTH_SOCK`, `LANG` and the `LC_*` variables of [`LAUNCHING_SESSION_ENV`] come
 //!   from the environment of the `lazaret run` that started the requesting
 //!   session (its Hello's `host_env`), so `git push` over ssh uses the
 //!   developer's agent;
@@ -12,12 +12,7 @@
 
 use std::path::Path;
 
-/// `PATH` of every host command.
-pub const HOST_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
-
-/// Variables every host command gets from its session's `lazaret run`, when
-/// they are set there.
-pub const SESSION_VARS: [&str; 5] = ["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES"];
+use super::rules::{HOST_COMMAND_PATH, LAUNCHING_SESSION_ENV};
 
 /// Most variables a Hello may carry.
 pub const MAX_HOST_VARS: usize = 64;
@@ -51,19 +46,22 @@ pub struct HostUser<'a> {
     pub name: &'a str,
     /// Home directory.
     pub home: &'a Path,
+    /// Login shell.
+    pub shell: &'a Path,
 }
 
 /// The complete environment of one host command: the fixed part, the
-/// session's [`SESSION_VARS`], then the rule's `rule_env` names, each from
+/// session's [`LAUNCHING_SESSION_ENV`], then the rule's `rule_env` names, each from
 /// `session_env` when the session's `lazaret run` had it.
 pub fn host_environment(user: &HostUser<'_>, session_env: &[(String, String)], rule_env: &[String]) -> Vec<(String, String)> {
     let mut env = vec![
-        ("PATH".to_string(), HOST_PATH.to_string()),
+        ("PATH".to_string(), HOST_COMMAND_PATH.to_string()),
         ("HOME".to_string(), user.home.to_string_lossy().into_owned()),
         ("USER".to_string(), user.name.to_string()),
         ("LOGNAME".to_string(), user.name.to_string()),
+        ("SHELL".to_string(), user.shell.to_string_lossy().into_owned()),
     ];
-    let wanted = SESSION_VARS.iter().map(|s| s.to_string()).chain(rule_env.iter().cloned());
+    let wanted = LAUNCHING_SESSION_ENV.iter().map(|s| s.to_string()).chain(rule_env.iter().cloned());
     for name in wanted {
         if env.iter().any(|(k, _)| *k == name) {
             continue;
@@ -80,7 +78,7 @@ mod tests {
     use super::*;
 
     fn user() -> HostUser<'static> {
-        HostUser { name: "dev", home: Path::new("/home/dev") }
+        HostUser { name: "dev", home: Path::new("/home/dev"), shell: Path::new("/bin/zsh") }
     }
 
     fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
@@ -94,10 +92,11 @@ mod tests {
         assert_eq!(
             env,
             vars(&[
-                ("PATH", HOST_PATH),
+                ("PATH", HOST_COMMAND_PATH),
                 ("HOME", "/home/dev"),
                 ("USER", "dev"),
                 ("LOGNAME", "dev"),
+                ("SHELL", "/bin/zsh"),
                 ("SSH_AUTH_SOCK", "/tmp/ssh-x/agent.1"),
                 ("LANG", "C.UTF-8"),
                 ("GH_TOKEN", "t"),
@@ -113,7 +112,7 @@ mod tests {
         let session = vars(&[("PATH", "/home/dev/src/p/bin"), ("HOME", "/tmp/evil")]);
         let env = host_environment(&user(), &session, &["PATH".into(), "HOME".into()]);
         assert_eq!(env.iter().filter(|(k, _)| k == "PATH").count(), 1);
-        assert!(env.contains(&("PATH".into(), HOST_PATH.into())));
+        assert!(env.contains(&("PATH".into(), HOST_COMMAND_PATH.into())));
         assert!(env.contains(&("HOME".into(), "/home/dev".into())));
     }
 
