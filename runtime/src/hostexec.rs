@@ -1067,6 +1067,15 @@ mod tests {
     }
 
     #[test]
+    fn handles_cross_threads() {
+        fn send<T: Send>() {}
+        fn send_sync_clone<T: Send + Sync + Clone>() {}
+        send::<HostProcess>();
+        send_sync_clone::<Killer>();
+        send_sync_clone::<StopSignal>();
+    }
+
+    #[test]
     fn root_is_refused_before_anything_happens() {
         let dir = nix::fcntl::open("/", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).expect("test setup");
         let base = |uid, gid, groups: Vec<u32>| HostCommand {

@@ -321,14 +321,14 @@ unsafe fn host_child(plan: &HostChildPlan<'_>) -> (ExecStage, i32) {
         }
         // Default dispositions (ignored signals would stay ignored across
         // exec; handlers are reset by exec anyway), then an empty mask: the
-        // caller blocks everything for its signalfd.
-        let mut default: libc::sigaction = std::mem::zeroed();
-        default.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut default.sa_mask);
+        // caller blocks everything for its signalfd. The raw system call,
+        // because glibc refuses its two internal signals, which a parent
+        // may have left ignored too. SIG_DFL with no flags and an empty
+        // mask is an all-zero kernel `sigaction` whatever its layout.
+        let default = [0u64; 4];
         for sig in 1..NSIG {
             if sig != libc::SIGKILL && sig != libc::SIGSTOP {
-                // glibc refuses its two internal signals; they are never ignored.
-                libc::sigaction(sig, &default, std::ptr::null_mut());
+                libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
             }
         }
         let mut empty: libc::sigset_t = std::mem::zeroed();
