@@ -5,6 +5,35 @@
 //! a sink until it ends, is stopped, or times out, and returns only once
 //! every process of the command is gone and its cgroup removed.
 //!
+//! ```no_run
+//! use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stream};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let cwd = std::fs::File::open("/home/dev/project")?.into(); // openat2 beneath, really
+//! let cmd = HostCommand {
+//!     argv: vec!["git".into(), "push".into()],
+//!     cwd,
+//!     uid: 1000,
+//!     gid: 1000,
+//!     groups: vec![1000],
+//!     env: vec![("PATH".into(), "/usr/bin:/bin".into()), ("HOME".into(), "/home/dev".into())],
+//!     cgroup: hostexec::cgroup2_mount()?.join("lazaret/0123abcd/escalation-42"),
+//!     mount_ns: None,
+//! };
+//! let stop = StopSignal::new()?; // a clone goes to whoever cancels
+//! let process = hostexec::spawn(cmd)?; // HostExecError::Exec: not found, denied, ...
+//! let limits = Limits { deadline: std::time::Instant::now() + std::time::Duration::from_secs(600), output_cap: 16 << 20 };
+//! let finished = process.run(limits, &stop, |stream, chunk| {
+//!     // Forward the chunk to the client; an error here kills the command.
+//!     let _ = (stream == Stream::Stdout, chunk);
+//!     Ok(())
+//! })?;
+//! if let End::Exited(code) = finished.end {
+//!     println!("exit {code}, truncated: {}", finished.truncated);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # What the command gets
 //!
 //! - **Identity:** exactly the given uid, gid and supplementary groups,
@@ -72,7 +101,9 @@
 //!
 //! Chunks of at most [`READ_CHUNK`] bytes go to the sink as they are read,
 //! tagged with their [`Stream`]; no line buffering, bytes exactly as
-//! written. Past [`Limits::output_cap`] bytes (stdout and stderr together)
+//! written. A sink that blocks holds the command up once the pipes are
+//! full (back-pressure), and a stop or the deadline is noticed when it
+//! returns. Past [`Limits::output_cap`] bytes (stdout and stderr together)
 //! the rest is read and discarded (the command is not blocked and not
 //! killed for it) and [`Finished::truncated`] says so.
 //!
@@ -486,13 +517,15 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
         let _ = waitpid(pid, None);
         return Err(error);
     }
-    for fd in [&out_r, &err_r] {
-        nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(sys_err("making the output pipes non-blocking"))?;
-    }
     guard.0 = None;
     // Without a pidfd (Linux < 5.3) the run polls waitpid instead.
     let pidfd = sys::pidfd_open(pid.as_raw()).ok();
-    Ok(HostProcess { pid, pidfd, stdout: out_r, stderr: err_r, cgroup, status: None, done: false })
+    // From here on, dropping the process cleans up (kills, reaps, removes).
+    let process = HostProcess { pid, pidfd, stdout: out_r, stderr: err_r, cgroup, status: None, done: false };
+    for fd in [&process.stdout, &process.stderr] {
+        nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(sys_err("making the output pipes non-blocking"))?;
+    }
+    Ok(process)
 }
 
 impl HostProcess {
@@ -623,8 +656,8 @@ impl HostProcess {
         }
     }
 
-    /// Kills the tree, reaps the child, waits for the cgroup to empty and
-    /// removes it.
+    /// Kills the tree, waits for the cgroup to empty, reaps the child and
+    /// removes the cgroup.
     fn finish(&mut self) -> Result<(), HostExecError> {
         if self.done {
             return Ok(());
@@ -632,18 +665,28 @@ impl HostProcess {
         let start = Instant::now();
         let mut last_kill: Option<Instant> = None;
         let mut pause = Duration::from_micros(200);
+        // The child is in the cgroup from before exec: once it is empty,
+        // the child is dead too (a zombie at most).
+        let mut empty = false;
         loop {
             let now = Instant::now();
-            if last_kill.is_none_or(|t| now - t >= KILL_REPEAT) {
-                self.cgroup.kill().map_err(|source| HostExecError::Cgroup {
-                    context: "killing the processes of",
-                    path: self.cgroup.path.clone(),
-                    source,
-                })?;
-                last_kill = Some(now);
+            if !empty {
+                if last_kill.is_none_or(|t| now - t >= KILL_REPEAT) {
+                    self.cgroup.kill().map_err(|source| HostExecError::Cgroup {
+                        context: "killing the processes of",
+                        path: self.cgroup.path.clone(),
+                        source,
+                    })?;
+                    last_kill = Some(now);
+                }
+                empty = !self.cgroup.populated()?;
+                if empty {
+                    // Dead, so this does not block; an error (someone else
+                    // reaped it) leaves only the status unknown.
+                    let _ = self.wait(None);
+                }
             }
-            self.try_reap()?;
-            if self.status.is_some() && !self.cgroup.populated()? {
+            if empty {
                 match std::fs::remove_dir(&self.cgroup.path) {
                     Ok(()) => break,
                     Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
