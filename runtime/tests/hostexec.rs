@@ -549,3 +549,21 @@ fn the_command_gets_dev_null_two_pipes_and_no_other_descriptor() {
     assert!(links[1].starts_with("pipe:") && links[2].starts_with("pipe:") && links[1] != links[2], "{links:?}");
     f.assert_no_cgroup();
 }
+
+#[test]
+fn works_from_a_cgroup_namespace_of_its_own_like_the_coordinator_s() {
+    let f = fixture();
+    let cmd = f.command(&["sh", "-c", &with_daemon("wait")]);
+    let (end, pid) = std::thread::spawn(move || {
+        // A thread's namespaces are its own: this leaves the test's alone.
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP).expect("unshare");
+        let stop = StopSignal::new().expect("stop");
+        let (finished, pid) = run_watching_pid(cmd, &stop, |_| stop.fire());
+        (finished.end, pid)
+    })
+    .join()
+    .expect("thread");
+    assert!(matches!(end, End::Stopped), "{end:?}");
+    assert!(!alive(pid), "the daemon {pid} survived");
+    f.assert_no_cgroup();
+}
