@@ -188,11 +188,6 @@ impl TrustAnchor {
         })
     }
 
-    /// The CA certificate (PEM).
-    pub fn certificate_pem(&self) -> &str {
-        &self.cert_pem
-    }
-
     /// The CA certificate (PEM), what clients pin (`LAZARET_ESCALATE_CA`).
     pub fn ca_pem(&self) -> &str {
         &self.cert_pem
@@ -419,7 +414,6 @@ mod tests {
         let ca = TrustAnchor::create("d1", &path).expect("create");
         let text = std::fs::read_to_string(&path).expect("read");
         assert!(text.starts_with("-----BEGIN CERTIFICATE-----"), "{text}");
-        assert_eq!(text, ca.certificate_pem());
         assert_eq!(text, ca.ca_pem());
         assert_eq!(std::fs::metadata(&path).expect("stat").permissions().mode() & 0o777, 0o644);
         ca.destroy().expect("destroy");
