@@ -163,14 +163,22 @@ fn serve<T: Send + 'static>(
     (addr, handle)
 }
 
-fn client(pki: &Pki, addr: SocketAddr, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
+/// The escalation environment of a session whose coordinator is at `addr`.
+fn session_env(pki: &Pki, addr: SocketAddr) -> [(&'static str, String); 4] {
+    [
+        (ENV_ADDR, addr.to_string()),
+        (ENV_CA, pki.domain_ca.pem.clone()),
+        (ENV_CERT, pki.client_cert_pem.clone()),
+        (ENV_KEY, pki.client_key_pem.clone()),
+    ]
+}
+
+/// `program args`, with only the session's environment, in `/`.
+fn command_in_session(pki: &Pki, addr: SocketAddr, program: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(program);
     cmd.args(args)
         .env_clear()
-        .env(ENV_ADDR, addr.to_string())
-        .env(ENV_CA, &pki.domain_ca.pem)
-        .env(ENV_CERT, &pki.client_cert_pem)
-        .env(ENV_KEY, &pki.client_key_pem)
+        .envs(session_env(pki, addr))
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
@@ -178,10 +186,14 @@ fn client(pki: &Pki, addr: SocketAddr, args: &[&str]) -> Command {
     cmd
 }
 
+fn client(pki: &Pki, addr: SocketAddr, args: &[&str]) -> Command {
+    command_in_session(pki, addr, BIN, args)
+}
+
 /// Waits for `child`, collecting its output, killing it past the limit.
 fn finish(mut child: Child, mut stdout_so_far: Vec<u8>) -> Output {
     let out = child.stdout.take();
-    let mut err = child.stderr.take().expect("stderr");
+    let err = child.stderr.take();
     let out_thread = thread::spawn(move || {
         let mut buf = Vec::new();
         if let Some(mut out) = out {
@@ -191,7 +203,9 @@ fn finish(mut child: Child, mut stdout_so_far: Vec<u8>) -> Output {
     });
     let err_thread = thread::spawn(move || {
         let mut buf = Vec::new();
-        let _ = err.read_to_end(&mut buf);
+        if let Some(mut err) = err {
+            let _ = err.read_to_end(&mut buf);
+        }
         buf
     });
     let deadline = Instant::now() + CLIENT_LIMIT;
@@ -388,6 +402,46 @@ fn sigterm_without_an_answer_gives_up_after_the_grace() {
 }
 
 #[test]
+fn status_lines_are_shown_only_when_stderr_is_a_terminal() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let (mut master, mut slave) = (-1, -1);
+    // SAFETY: both out-pointers are valid; null name/termios/winsize are allowed.
+    let rc = unsafe { libc::openpty(&mut master, &mut slave, std::ptr::null_mut(), std::ptr::null(), std::ptr::null()) };
+    assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
+    // SAFETY: openpty just returned these descriptors; each is owned once.
+    let (master, slave) = unsafe { (std::fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    // Read as it comes; reading the master ends with EIO once the last
+    // slave descriptor is closed.
+    let reader = thread::spawn(move || {
+        let mut shown = Vec::new();
+        let _ = (&master).read_to_end(&mut shown);
+        shown
+    });
+    let pki = pki(None);
+    let out = in_netns(|| {
+        let (addr, server) = serve(pki.server.clone(), |tls| {
+            expect_request(tls)?;
+            send(tls, ServerFrame::Status("waiting for the developer\x1b[2J".into()))?;
+            send(tls, ServerFrame::Stderr(b"host stderr\n".to_vec()))?;
+            send(tls, result(Outcome::Completed { exit_status: 0 }, false))
+        });
+        let mut cmd = client(&pki, addr, &["--", "git", "push"]);
+        cmd.stderr(Stdio::from(slave));
+        let child = cmd.spawn().expect("spawn");
+        // The child has the terminal now; the parent's copy must close so
+        // the master sees the end.
+        drop(cmd);
+        let out = finish(child, Vec::new());
+        server.join().expect("server thread").expect("server");
+        out
+    });
+    assert_eq!(out.status.code(), Some(0));
+    let shown = reader.join().expect("terminal reader");
+    let shown = String::from_utf8_lossy(&shown);
+    assert_eq!(shown, "lazaret-escalate: waiting for the developer\\e[2J\r\nhost stderr\r\n");
+}
+
+#[test]
 fn a_closed_stdout_cancels_and_exits_141() {
     let pki = pki(None);
     let (out, next) = in_netns(|| {
@@ -469,6 +523,69 @@ fn nobody_listening_is_unavailable() {
     let err = stderr(&out);
     assert!(err.starts_with("lazaret-escalate: unavailable: cannot reach Lazaret at 127.0.0.1:"), "{err}");
     assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
+}
+
+/// The static build (scripts/build-escalate.sh; a no-op when already
+/// built, or `LAZARET_ESCALATE_STATIC_BIN` names it) in a root that holds
+/// nothing but the binary: no C library, no /etc, no /dev.
+fn static_binary() -> std::path::PathBuf {
+    if let Some(path) = std::env::var_os("LAZARET_ESCALATE_STATIC_BIN") {
+        return path.into();
+    }
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/build-escalate.sh");
+    // Only the variables a developer's shell would have: the ones cargo sets
+    // for a test (LD_LIBRARY_PATH, CARGO_*) change build-script fingerprints
+    // and would make every run rebuild from scratch.
+    let mut cmd = Command::new("bash");
+    cmd.arg(script).env_clear().stderr(Stdio::inherit());
+    for keep in ["PATH", "HOME", "CARGO_HOME", "RUSTUP_HOME", "RUSTUP_TOOLCHAIN", "CARGO_TARGET_DIR"] {
+        if let Some(value) = std::env::var_os(keep) {
+            cmd.env(keep, value);
+        }
+    }
+    let out = cmd.output().expect("run build-escalate.sh");
+    assert!(out.status.success(), "build-escalate.sh failed");
+    let path = String::from_utf8(out.stdout).expect("path");
+    path.trim_end().into()
+}
+
+/// A directory removed on drop.
+struct TempRoot(std::path::PathBuf);
+
+impl Drop for TempRoot {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+#[test]
+fn the_static_binary_works_in_a_root_without_libc() {
+    require_root();
+    let bin = static_binary();
+    let root = TempRoot(std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("escalate-root-{}", std::process::id())));
+    std::fs::create_dir_all(&root.0).expect("root");
+    std::fs::copy(&bin, root.0.join("lazaret-escalate")).expect("copy the binary");
+    let entries: Vec<_> = std::fs::read_dir(&root.0).expect("read root").collect();
+    assert_eq!(entries.len(), 1, "the root holds more than the binary");
+    let pki = pki(None);
+    let (out, request) = in_netns(|| {
+        let (addr, server) = serve(pki.server.clone(), |tls| {
+            let request = expect_request(tls)?;
+            send(tls, ServerFrame::Stdout(b"out\x00".to_vec()))?;
+            send(tls, ServerFrame::Stderr(b"err".to_vec()))?;
+            send(tls, result(Outcome::Completed { exit_status: 5 }, false))?;
+            Ok(request)
+        });
+        // chroot(8) runs outside, then execs the binary inside the empty root.
+        let root = root.0.to_str().expect("root path");
+        let chrooted = command_in_session(&pki, addr, "/usr/sbin/chroot", &[root, "/lazaret-escalate", "--", "git", "push"]);
+        let out = run(chrooted);
+        (out, server.join().expect("server thread"))
+    });
+    assert_eq!(request.expect("server").argv, ["git", "push"]);
+    assert_eq!(out.stdout, b"out\x00", "stderr: {}", stderr(&out));
+    assert_eq!(out.stderr, b"err");
+    assert_eq!(out.status.code(), Some(5));
 }
 
 #[test]
