@@ -5,8 +5,7 @@
 
 use std::path::Path;
 
-/// Where the cgroup hierarchies are mounted.
-pub const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 
 /// Removes `path` (e.g. `/lazaret/<domain>/<container>`) and then its
 /// parents up to, not including, the hierarchy root, wherever they are
@@ -41,7 +40,7 @@ pub fn remove_children(parent: &str, prefix: &str) {
     if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
         return;
     }
-    let Some(root) = unified_root() else { return };
+    let Ok(root) = lazaret_runtime::hostexec::cgroup2_mount() else { return };
     let Ok(children) = std::fs::read_dir(root.join(rel)) else { return };
     for child in children.flatten() {
         if child.file_name().to_string_lossy().starts_with(prefix) {
@@ -50,37 +49,3 @@ pub fn remove_children(parent: &str, prefix: &str) {
     }
 }
 
-/// Where the unified (v2) hierarchy is mounted: `/sys/fs/cgroup` on a
-/// unified host, `/sys/fs/cgroup/unified` on a hybrid one; read from this
-/// process's mount table.
-pub fn unified_root() -> Option<std::path::PathBuf> {
-    let table = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    unified_root_in(&table)
-}
-
-/// [`unified_root`] of a mountinfo text.
-fn unified_root_in(mountinfo: &str) -> Option<std::path::PathBuf> {
-    mountinfo.lines().find_map(|line| {
-        // "ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTIONS [OPTIONAL...] - FSTYPE SOURCE SUPER"
-        let (mount, fs) = line.split_once(" - ")?;
-        let fstype = fs.split(' ').next()?;
-        let mountpoint = mount.split(' ').nth(4)?;
-        (fstype == "cgroup2" && mountpoint.starts_with(CGROUP_ROOT)).then(|| std::path::PathBuf::from(mountpoint))
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::unified_root_in;
-
-    #[test]
-    fn the_unified_hierarchy_is_found_on_hybrid_and_unified_hosts() {
-        let hybrid = "25 24 0:22 / /sys/fs/cgroup ro,nosuid - tmpfs tmpfs ro,mode=755\n\
-                      26 25 0:23 / /sys/fs/cgroup/unified rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw\n\
-                      27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n";
-        assert_eq!(unified_root_in(hybrid).as_deref(), Some(std::path::Path::new("/sys/fs/cgroup/unified")));
-        let unified = "30 24 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate\n";
-        assert_eq!(unified_root_in(unified).as_deref(), Some(std::path::Path::new("/sys/fs/cgroup")));
-        assert_eq!(unified_root_in("27 25 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n"), None);
-    }
-}

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lazaret_netpolicy::topology::Netns;
 use lazaret_oci::ImageRecord;
 use lazaret_protocol::journal::Event;
-use lazaret_protocol::wire::{self, CoordinatorMessage};
+use lazaret_protocol::wire::CoordinatorMessage;
 use lazaret_runtime::signals::Signals;
 use lazaret_runtime::Runsc;
 

@@ -254,9 +254,12 @@ fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network:
             return None;
         }
     };
-    let Some(unified) = crate::cgroup::unified_root() else {
-        log("escalation is unavailable: no cgroup v2 hierarchy is mounted (host commands need a cgroup of their own)");
-        return None;
+    let unified = match lazaret_runtime::hostexec::cgroup2_mount() {
+        Ok(u) => u,
+        Err(e) => {
+            log(&format!("escalation is unavailable: host commands need a cgroup of their own: {e}"));
+            return None;
+        }
     };
     let parent = std::path::Path::new(cgroups_path).parent().unwrap_or(std::path::Path::new("/lazaret"));
     let cgroup_parent = unified.join(parent.strip_prefix("/").unwrap_or(parent));

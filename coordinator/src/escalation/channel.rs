@@ -132,8 +132,13 @@ impl State {
         Ok(())
     }
 
-    /// Reads what the socket has; true if anything arrived.
+    /// Takes what rustls or the socket has; true if anything arrived. The
+    /// handshake may already have received plaintext (a client sends its
+    /// request right behind its Finished), so rustls's buffer comes first.
     fn receive(&mut self) -> Result<bool, ChannelError> {
+        if self.drain_plaintext()? {
+            return Ok(true);
+        }
         match self.conn.read_tls(&mut self.sock) {
             Ok(0) => {
                 self.eof = true;
@@ -144,33 +149,41 @@ impl State {
                 if io.peer_has_closed() {
                     self.eof = true;
                 }
-                let mut buf = [0u8; 16 * 1024];
-                loop {
-                    match self.conn.reader().read(&mut buf) {
-                        Ok(0) => {
-                            self.eof = true;
-                            break;
-                        }
-                        Ok(n) => {
-                            self.plain.extend_from_slice(&buf[..n]);
-                            if self.plain.len() > HEADER + MAX_CONTROL {
-                                return Err(ChannelError::TooLarge(self.plain.len()));
-                            }
-                        }
-                        Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-                        Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
-                            self.eof = true;
-                            break;
-                        }
-                        Err(e) => return Err(e.into()),
-                    }
-                }
+                self.drain_plaintext()?;
                 // Alerts or key updates rustls wants to answer.
                 self.flush_tls()?;
                 Ok(true)
             }
             Err(e) if e.kind() == ErrorKind::WouldBlock || e.kind() == ErrorKind::Interrupted => Ok(false),
             Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Moves rustls's received plaintext into the frame buffer; true if
+    /// there was any (or the peer closed).
+    fn drain_plaintext(&mut self) -> Result<bool, ChannelError> {
+        let mut buf = [0u8; 16 * 1024];
+        let mut got = false;
+        loop {
+            match self.conn.reader().read(&mut buf) {
+                Ok(0) => {
+                    self.eof = true;
+                    return Ok(true);
+                }
+                Ok(n) => {
+                    got = true;
+                    self.plain.extend_from_slice(&buf[..n]);
+                    if self.plain.len() > HEADER + MAX_CONTROL {
+                        return Err(ChannelError::TooLarge(self.plain.len()));
+                    }
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Ok(got),
+                Err(e) if e.kind() == ErrorKind::UnexpectedEof => {
+                    self.eof = true;
+                    return Ok(true);
+                }
+                Err(e) => return Err(e.into()),
+            }
         }
     }
 
