@@ -294,7 +294,7 @@ impl SessionLink {
             .chain(queued)
             .map(|(id, argv, since, state)| PendingRequest { session: self.session.clone(), request: id.into(), argv: argv.clone(), state: state.into(), age_secs: since.elapsed().as_secs() })
             .collect();
-        pending.sort_by(|a, b| b.age_secs.cmp(&a.age_secs));
+        pending.sort_by_key(|p| std::cmp::Reverse(p.age_secs));
         pending
     }
 }
