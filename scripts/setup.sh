@@ -43,8 +43,8 @@ rust_ok || { echo "setup: no Rust >= 1.85 found or installable (install one with
 need=()
 packages=(debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev iproute2 util-linux)
 # The test suite also needs a registry, skopeo, htpasswd and openssl (issue
-# 7's tests), Python's venv (the TLA+ parsers of protocol/check-tla.sh) and a
-# static busybox (the escalation tests' image without a C library, issue 12).
+# 7's tests) and Python's venv (the TLA+ parsers of protocol/check-tla.sh).
+# busybox-static makes the escalation tests' image that has no libc at all.
 [ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv busybox-static)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
@@ -70,7 +70,10 @@ fi
 
 echo "setup: building lazaret (release)" >&2
 ( cd "$repo" && cargo build --locked --release -p lazaret-cli >&2 )
+escalate=$(bash "$here/build-escalate.sh")
 install -m 0755 "$repo/target/release/lazaret" /usr/local/bin/lazaret
+# The Escalation Client is bound into every sandbox from beside lazaret.
+install -m 0755 "$escalate" /usr/local/bin/lazaret-escalate
 
 # The developer: the user who called sudo, else root.
 dev_user=${SUDO_USER:-root}

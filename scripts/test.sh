@@ -21,8 +21,14 @@ fi
 export LAZARET_TEST_IMAGE_TARBALL=$(bash "$here/build-image.sh")
 export LAZARET_BIN="$repo/target/debug/lazaret"
 
-cargo build --locked --workspace --all-targets
-cargo test --locked --workspace -- --test-threads=2
+# The Escalation Client's tests need its feature (the workspace build
+# leaves the client out otherwise).
+cargo build --locked --workspace --all-targets --features lazaret-protocol/client
+# The static Escalation Client, beside the lazaret the tests run (the
+# coordinator binds it into every sandbox from there).
+export LAZARET_ESCALATE_STATIC_BIN=$(bash "$here/build-escalate.sh")
+install -m 0755 "$LAZARET_ESCALATE_STATIC_BIN" "$repo/target/debug/lazaret-escalate"
+cargo test --locked --workspace --features lazaret-protocol/client -- --test-threads=2
 if [ -x protocol/check-tla.sh ]; then
   bash protocol/check-tla.sh
 fi

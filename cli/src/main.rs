@@ -280,6 +280,11 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                         d.sidecar,
                         d.workspace
                     );
+                    // Agent-controlled argv: shell-quoted and made inert.
+                    for p in &d.pending {
+                        let command = lazaret_protocol::display::inert(&lazaret_protocol::shell::quote_argv(&p.argv), 200);
+                        println!("  request {} of session {}: {} for {}s: {}", &p.request[..p.request.len().min(12)], p.session, p.state, p.age_secs, command);
+                    }
                 }
             }
             Ok(ExitCode::SUCCESS)

@@ -30,3 +30,22 @@ pub fn remove(path: &str) {
         }
     }
 }
+
+/// Removes the (empty) child cgroups of `parent` whose names start with
+/// `prefix`, in the unified hierarchy: the host commands' cgroups of
+/// escalation requests a crashed run left (their processes died with its
+/// PID namespace). Busy or missing ones are left alone.
+pub fn remove_children(parent: &str, prefix: &str) {
+    let rel = parent.trim_start_matches('/');
+    if rel.split('/').any(|c| c.is_empty() || c == "." || c == "..") {
+        return;
+    }
+    let Ok(root) = lazaret_runtime::hostexec::cgroup2_mount() else { return };
+    let Ok(children) = std::fs::read_dir(root.join(rel)) else { return };
+    for child in children.flatten() {
+        if child.file_name().to_string_lossy().starts_with(prefix) {
+            let _ = std::fs::remove_dir(child.path());
+        }
+    }
+}
+

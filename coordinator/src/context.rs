@@ -336,6 +336,7 @@ pub(crate) fn test_developer() -> Developer {
         gid: 1000,
         name: "alice".into(),
         home: PathBuf::from("/home/alice"),
+        shell: "/bin/sh".into(),
         group_name: Some("alice".into()),
         groups: vec![HostGroup { gid: 27, name: Some("sudo".into()) }, HostGroup { gid: 998, name: Some("docker".into()) }],
     }

@@ -102,6 +102,8 @@ pub struct Developer {
     pub name: String,
     /// Home directory from the password database.
     pub home: PathBuf,
+    /// Login shell from the password database (a host command's `SHELL`).
+    pub shell: PathBuf,
     /// Name of the primary group ([`Developer::gid`]) in the host's group
     /// database, if it has one.
     pub group_name: Option<String>,
@@ -177,6 +179,7 @@ impl Developer {
             group_name: group_name(gid),
             name: user.name,
             home: user.dir,
+            shell: user.shell,
             groups,
         })
     }
@@ -842,6 +845,7 @@ mod tests {
             gid: uid,
             name: "dev".into(),
             home: PathBuf::from("/home/dev"),
+            shell: "/bin/sh".into(),
             group_name: Some("dev".into()),
             groups: Vec::new(),
         }

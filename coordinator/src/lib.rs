@@ -18,6 +18,7 @@
 //! - [`filesystem`]: State Anchor, Ignored Workspace State, Git Sentry, volumes.
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
+//! - [`escalation`]: host escalation requests, their rules and approvals.
 //!
 //! Module dependencies point one way: `client` and `daemon` both use
 //! `layout` and `transport` but never each other; `daemon` uses `context`,
@@ -29,6 +30,7 @@ pub mod config;
 pub mod context;
 pub mod daemon;
 pub mod doctor;
+pub mod escalation;
 pub mod filesystem;
 pub mod identity;
 pub mod images;

@@ -17,6 +17,7 @@ fn developer(home: &Path) -> Developer {
         gid: 4321,
         name: "dev".into(),
         home: home.to_path_buf(),
+        shell: "/bin/sh".into(),
         group_name: Some("dev".into()),
         groups: Vec::new(),
     }

@@ -252,7 +252,7 @@ fn escalation_rules() {
         &format!(
             "[[escalation.rules]]\nname = \"push\"\ncommand = [\"git\", \"push\"]\nallow_extra_arg = true\n\
              [[escalation.rules]]\nname = \"push\"\ncommand = [\"git\"]\n\
-             [[escalation.rules]]\ncommand = []\ncwd = \"rel\"\n{PROFILE}"
+             [[escalation.rules]]\ncommand = []\ncwd = \"/srv\"\n{PROFILE}"
         ),
         &[
             (
@@ -263,7 +263,7 @@ fn escalation_rules() {
             (5, 1, "escalation rule name \"push\" is used twice"),
             (8, 1, "escalation rule has no `name`"),
             (9, 11, "`command` is empty"),
-            (10, 7, "relative path"),
+            (10, 7, "\"/srv\" is an absolute path"),
         ],
     );
     assert!(
@@ -280,10 +280,118 @@ fn escalation_rules() {
             .unwrap()
             .contains("line 1 column 1")
     );
+    assert!(found[4].hint.as_deref().unwrap().contains("relative to the workspace root"));
     expect(
         &format!("escalation = {{ rule = [] }}\n{PROFILE}"),
         &[(1, 16, "unknown key `rule` in [escalation]")],
     );
+}
+
+#[test]
+fn escalation_rule_values() {
+    let found = expect(
+        &format!(
+            "[[escalation.rules]]\n\
+             name = \"git push\"\n\
+             command = [\"./build.sh\", \"\", 3]\n\
+             allow_extra_args = \"yes\"\n\
+             cwd = \"src/../..\"\n\
+             timeout = 0\n\
+             env = [\"LD_PRELOAD\", \"GIT_SSH_COMMAND\", \"PATH\", \"1X\", \"GH_TOKEN\", \"GH_TOKEN\"]\n\
+             [[escalation.rules]]\n\
+             name = \"x\"\n\
+             command = [\"true\"]\n\
+             cwd = \"\"\n\
+             timeout = \"10m\"\n\
+             env = \"GH_TOKEN\"\n\
+             [[escalation.rules]]\n\
+             name = \"{long}\"\n\
+             command = [\"\"]\n\
+             {PROFILE}",
+            long = "a".repeat(65)
+        ),
+        &[
+            (2, 8, "rule name \"git push\" is not valid"),
+            (3, 12, "the program \"./build.sh\" in `command` is a relative path"),
+            (3, 26, "an argument in `command` is empty"),
+            (3, 30, "elements of `command` must be strings"),
+            (4, 20, "`allow_extra_args` must be true or false"),
+            (5, 7, "contains `..`"),
+            (6, 11, "`timeout` must be between 1 and 86400 seconds"),
+            (7, 8, "a rule may not pass LD_PRELOAD"),
+            (7, 22, "a rule may not pass GIT_SSH_COMMAND"),
+            (7, 41, "a rule may not pass PATH"),
+            (7, 49, "\"1X\" is not a valid environment variable name"),
+            (7, 67, "GH_TOKEN is listed twice in `env`"),
+            (11, 7, "`cwd` is empty"),
+            (12, 11, "`timeout` must be a whole number of seconds"),
+            (13, 7, "`env` must be an array"),
+            (15, 8, "is not valid"),
+            (16, 12, "the program name in `command` is empty"),
+        ],
+    );
+    assert!(found[1].hint.as_deref().unwrap().contains("inside the workspace the agent can write"), "{}", found[1]);
+    assert!(found[7].hint.as_deref().unwrap().contains("dynamic loader"), "{}", found[7]);
+    assert!(found[9].hint.as_deref().unwrap().contains("/usr/local/bin:/usr/bin:/bin"), "{}", found[9]);
+    assert!(found[11].hint.as_deref().unwrap().contains("line 7 column 55"), "{}", found[11]);
+}
+
+#[test]
+fn escalation_settings_are_bounded() {
+    expect(
+        &format!("[escalation]\nprompt_timeout = 3601\ntimeout = 86401\noutput_limit = 1048575\n{PROFILE}"),
+        &[
+            (2, 18, "`prompt_timeout` must be between 1 and 3600 seconds"),
+            (3, 11, "`timeout` must be between 1 and 86400 seconds"),
+            (4, 16, "`output_limit` must be between 1M (1048576) and 1G (1073741824) bytes"),
+        ],
+    );
+    expect(
+        &format!("[escalation]\nprompt_timeout = -1\noutput_limit = \"2G\"\nrules = {{}}\n{PROFILE}"),
+        &[
+            (2, 18, "`prompt_timeout` must be between 1 and 3600 seconds"),
+            (3, 16, "`output_limit` must be between"),
+            (4, 9, "`escalation.rules` must be an array"),
+        ],
+    );
+    // The bounds themselves are accepted.
+    let text = format!("[escalation]\nprompt_timeout = 3600\ntimeout = 1\noutput_limit = \"1G\"\n{PROFILE}");
+    let config = Config::parse(&text, Path::new("cfg.toml"), Path::new("/home/dev")).unwrap();
+    assert_eq!(config.escalation.output_limit, 1 << 30);
+}
+
+#[test]
+fn profile_escalation_rules_join_the_global_ones() {
+    let found = expect(
+        "[[escalation.rules]]\nname = \"fetch\"\ncommand = [\"git\", \"fetch\"]\n\
+         [profiles.a]\nimage = \"i\"\n\
+         [profiles.a.escalation]\ntimeot = 5\n\
+         [[profiles.a.escalation.rules]]\nname = \"fetch\"\ncommand = [\"git\", \"fetch\", \"--all\"]\n\
+         [[profiles.a.escalation.rules]]\nname = \"test\"\ncommand = [\"make\", \"test\"]\n\
+         [[profiles.a.escalation.rules]]\nname = \"test\"\ncommand = [\"make\"]\n\
+         [profiles.b]\nimage = \"i\"\n\
+         [[profiles.b.escalation.rules]]\nname = \"fetch-all\"\ncommand = [\"git\", \"fetch\", \"--all\"]\ncwd = \"..\"\nbogus = 1\n",
+        &[
+            (7, 1, "unknown key `timeot` in [profiles.a.escalation]"),
+            (8, 1, "escalation rule name \"fetch\" is used twice"),
+            (14, 1, "escalation rule name \"test\" is used twice"),
+            (22, 7, "\"..\" contains `..`"),
+            (23, 1, "unknown key `bogus` in an [[profiles.b.escalation.rules]] entry"),
+        ],
+    );
+    assert!(found[0].hint.as_deref().unwrap().contains("did you mean `timeout`?"), "{}", found[0]);
+    let both = found[1].hint.as_deref().unwrap();
+    assert!(both.contains("among the global rules and the profile's") && both.contains("line 1 column 1"), "{both}");
+    // A name used in two different profiles is fine: each has its own set.
+    let config = Config::parse(
+        "[profiles.a]\nimage = \"i\"\n[[profiles.a.escalation.rules]]\nname = \"t\"\ncommand = [\"true\"]\n\
+         [profiles.b]\nimage = \"i\"\n[[profiles.b.escalation.rules]]\nname = \"t\"\ncommand = [\"false\"]\n",
+        Path::new("cfg.toml"),
+        Path::new("/home/dev"),
+    )
+    .unwrap();
+    assert_eq!(config.profile("b").unwrap().escalation.rules[0].command, vec!["false"]);
+    assert!(config.escalation.rules.is_empty());
 }
 
 #[test]

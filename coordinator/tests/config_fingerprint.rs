@@ -91,6 +91,28 @@ fn other_profiles_and_profile_selection_do_not_matter() {
         "default_profile = \"shell\"",
     );
     assert_eq!(fingerprint_of(&other_default, "claude"), base);
+    // claude's own escalation rules are claude's only ...
+    let claude_rule_edited = edited("command = [\"npm\", \"test\"]", "command = [\"npm\", \"run\", \"test\"]");
+    assert_ne!(fingerprint_of(&claude_rule_edited, "claude"), base);
+    assert_eq!(
+        fingerprint_of(&claude_rule_edited, "shell"),
+        fingerprint_of(&full_text(), "shell")
+    );
+    // claude sets its own prompt_timeout, so the global one does not apply
+    // to it, but does to shell.
+    let other_global_prompt = edited("prompt_timeout = 45", "prompt_timeout = 46");
+    assert_eq!(fingerprint_of(&other_global_prompt, "claude"), base);
+    assert_ne!(
+        fingerprint_of(&other_global_prompt, "shell"),
+        fingerprint_of(&full_text(), "shell")
+    );
+    // ... while a global rule is every profile's.
+    let global_rule_edited = edited("command = [\"git\", \"push\"]", "command = [\"git\", \"pull\"]");
+    assert_ne!(fingerprint_of(&global_rule_edited, "claude"), base);
+    assert_ne!(
+        fingerprint_of(&global_rule_edited, "shell"),
+        fingerprint_of(&full_text(), "shell")
+    );
     // claude has its own dns, so the top-level list does not apply to it ...
     let other_global_dns = edited(
         "dns = [\"1.1.1.1\", \"2606:4700:4700::1111\"]",
@@ -130,7 +152,15 @@ fn every_change_of_meaning_changes_it() {
             "command = [\"git\", \"push\", \"origin\"]",
         ),
         ("allow_extra_args = false", "allow_extra_args = true"),
-        ("cwd = \"/home/dev/src\"", "cwd = \"/home/dev\""),
+        ("cwd = \"src\"", "cwd = \".\""),
+        ("timeout = 900", "timeout = 901"),
+        ("env = [\"GH_TOKEN\", \"AWS_PROFILE\"]", "env = [\"GH_TOKEN\"]"),
+        ("timeout = 300", "timeout = 301"),
+        ("output_limit = \"16M\"", "output_limit = \"17M\""),
+        // The profile's own escalation settings.
+        ("prompt_timeout = 30", "prompt_timeout = 31"),
+        ("cwd = \"frontend\"", "cwd = \"frontend/src\""),
+        ("name = \"npm-test\"", "name = \"npm-check\""),
         ("name = \"make\"", "name = \"build\""),
         (
             "image = \"docker.io/library/debian:trixie\"",
@@ -185,6 +215,10 @@ fn every_change_of_meaning_changes_it() {
         .collect();
     // Without its IPv6 prefix, with IPv6 on and then off (off with an IPv6
     // prefix would be rejected).
+    // Rule order is meaningful (the first matching rule applies).
+    let push_rule = "[[escalation.rules]]\nname = \"git-push\"\ncommand = [\"git\", \"push\"]\nallow_extra_args = false\n\n";
+    let reordered = edited(push_rule, "").replacen("[profiles.claude]\n", &format!("{push_rule}[profiles.claude]\n"), 1);
+    texts.push(("git-push rule after make".into(), reordered));
     let without_v6 = edited(", \"fd00:1::/64\"", "");
     texts.push(("drop fd00:1::/64".into(), without_v6.clone()));
     texts.push((

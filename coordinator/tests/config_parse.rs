@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lazaret_coordinator::config::{Config, ConfigError, EnvValue, Platform, UserChoice};
 use lazaret_coordinator::identity::Developer;
@@ -54,19 +55,43 @@ fn full_fixture_parses_into_typed_values() {
         Some(PathBuf::from("/var/log/lazaret"))
     );
 
-    let rules = &config.escalation.rules;
+    let global = &config.escalation;
+    assert_eq!(global.prompt_timeout, Duration::from_secs(45));
+    assert_eq!(global.timeout, Duration::from_secs(300));
+    assert_eq!(global.output_limit, 16 << 20);
+    let rules = &global.rules;
     assert_eq!(rules.len(), 2);
     assert_eq!(rules[0].name, "git-push");
     assert_eq!(rules[0].command, vec!["git", "push"]);
     assert!(!rules[0].allow_extra_args);
     assert_eq!(rules[0].cwd, None);
+    assert_eq!(rules[0].timeout, None);
+    assert!(rules[0].env.is_empty());
     assert!(
-        rules[0].origin.ends_with("full.toml:12:1"),
+        rules[0].origin.ends_with("full.toml:17:1"),
         "{}",
         rules[0].origin
     );
     assert!(rules[1].allow_extra_args);
-    assert_eq!(rules[1].cwd, Some(PathBuf::from("/home/dev/src")));
+    assert_eq!(rules[1].cwd, Some(PathBuf::from("src")));
+    assert_eq!(rules[1].timeout, Some(Duration::from_secs(900)));
+    // A set: sorted.
+    assert_eq!(rules[1].env, vec!["AWS_PROFILE", "GH_TOKEN"]);
+
+    // claude: the global rules, then its own; its own prompt_timeout.
+    let claude = &config.profile("claude").unwrap().escalation;
+    let names: Vec<&str> = claude.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["git-push", "make", "npm-test"]);
+    assert_eq!(claude.rules[2].cwd, Some(PathBuf::from("frontend")));
+    assert_eq!(claude.prompt_timeout, Duration::from_secs(30));
+    assert_eq!(claude.timeout, Duration::from_secs(300));
+    assert_eq!(claude.output_limit, 16 << 20);
+    assert_eq!(
+        claude.host_env_names(),
+        vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "AWS_PROFILE", "GH_TOKEN"]
+    );
+    // shell: the global settings as they are.
+    assert_eq!(&config.profile("shell").unwrap().escalation, global);
 
     let claude = config.profile("claude").unwrap();
     assert_eq!(claude.name, "claude");
@@ -90,7 +115,7 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(claude.allow_egress[0].prefix_len(), 16);
     assert_eq!(claude.allow_egress[0].network(), ip("10.222.0.0"));
     assert!(
-        claude.allow_egress[0].origin.ends_with("full.toml:28:17"),
+        claude.allow_egress[0].origin.ends_with("full.toml:35:17"),
         "{}",
         claude.allow_egress[0].origin
     );
@@ -133,6 +158,9 @@ fn defaults_are_filled_in() {
     assert_eq!(config.runsc.path, None);
     assert!(config.dns.is_empty());
     assert!(config.escalation.rules.is_empty());
+    assert_eq!(config.escalation.prompt_timeout, Duration::from_secs(120));
+    assert_eq!(config.escalation.timeout, Duration::from_secs(600));
+    assert_eq!(config.escalation.output_limit, 64 << 20);
     assert_eq!(config.default_profile, None);
     let shell = config.profile("shell").unwrap();
     assert_eq!(shell.command, vec!["/bin/bash", "-l"]);
@@ -146,6 +174,12 @@ fn defaults_are_filled_in() {
     assert_eq!(shell.hostname, None);
     assert_eq!(shell.memory_limit, None);
     assert_eq!(shell.pids_limit, None);
+    assert_eq!(shell.escalation, config.escalation);
+    assert!(shell.escalation_overrides.is_empty());
+    assert_eq!(
+        shell.escalation.host_env_names(),
+        vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES"]
+    );
     assert!(shell.origin.ends_with("test.toml:1:1"), "{}", shell.origin);
 }
 
@@ -182,13 +216,55 @@ fn example_config_in_docs_is_valid() {
         Some(&EnvValue::FromHost("ANTHROPIC_API_KEY".into()))
     );
     assert_eq!(config.default_profile.as_deref(), Some("claude"));
-    assert_eq!(config.escalation.rules.len(), 2);
+    let global: Vec<&str> = config.escalation.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(global, vec!["git-fetch", "git-push-origin"]);
+    let claude = &config.profile("claude").unwrap().escalation;
+    let names: Vec<&str> = claude.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["git-fetch", "git-push-origin", "gh-pr-view"]);
+    assert_eq!(claude.prompt_timeout, Duration::from_secs(60));
+    assert!(claude.host_env_names().contains(&"GH_TOKEN".to_string()));
+    let push = ["git", "push", "origin", "fix-123"].map(String::from);
+    assert_eq!(
+        claude.matching_rule(&push, Path::new(".")).map(|r| r.name.as_str()),
+        Some("git-push-origin")
+    );
+    assert_eq!(claude.timeout_for(claude.matching_rule(&push, Path::new("."))), Duration::from_secs(300));
+    assert_eq!(claude.timeout_for(None), Duration::from_secs(600));
+    let shell = &config.profile("shell").unwrap().escalation;
+    assert_eq!(shell.rules.len(), 2);
+    assert_eq!(shell.prompt_timeout, Duration::from_secs(120));
+}
+
+#[test]
+fn commented_example_rule_and_the_escalation_guide_are_valid() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.example.toml");
+    let example = std::fs::read_to_string(&path).unwrap();
+    let commented = "# [[escalation.rules]]\n# name = \"make-test\"\n# command = [\"make\", \"test\"]\n# cwd = \".\"\n# timeout = 1800\n";
+    assert_eq!(example.matches(commented).count(), 1, "the commented make-test rule moved");
+    let enabled = example.replacen(commented, &commented.replace("# ", ""), 1);
+    let config = parse(&enabled);
+    let make = config.escalation.rules.iter().find(|r| r.name == "make-test").unwrap();
+    assert_eq!(make.cwd, Some(PathBuf::from(".")));
+    assert_eq!(make.timeout, Some(Duration::from_secs(1800)));
+
+    // The TOML block of docs/escalation.md.
+    let guide = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/escalation.md")).unwrap();
+    let block = guide.split("```toml\n").nth(1).and_then(|rest| rest.split("```").next()).unwrap();
+    let config = parse(block);
+    let claude = &config.profile("claude").unwrap().escalation;
+    let names: Vec<&str> = claude.rules.iter().map(|r| r.name.as_str()).collect();
+    assert_eq!(names, vec!["git-fetch", "git-push-origin", "make-test", "gh-pr-view"]);
+    assert_eq!(config.escalation.output_limit, 64 << 20);
+    let test = ["make", "test"].map(String::from);
+    assert!(claude.matching_rule(&test, Path::new(".")).is_some());
+    assert!(claude.matching_rule(&test, Path::new("sub")).is_none());
 }
 
 #[test]
 fn rendered_toml_parses_back_to_the_same_configuration() {
-    for name in ["full.toml", "full_reformatted.toml"] {
-        let config = parse_file(&fixture(name));
+    let example = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.example.toml");
+    for path in [fixture("full.toml"), fixture("full_reformatted.toml"), example] {
+        let config = parse_file(&path);
         let rendered = config.render_toml().unwrap();
         let again = parse(&rendered);
         // The JSON rendering leaves out locations; compare everything else.
@@ -268,6 +344,7 @@ fn runtime_dir_defaults_to_run_lazaret_uid() {
         gid: 1234,
         name: "dev".into(),
         home: "/home/dev".into(),
+        shell: "/bin/sh".into(),
         group_name: Some("dev".into()),
         groups: Vec::new(),
     };

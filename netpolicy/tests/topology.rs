@@ -8,8 +8,8 @@ use std::net::{IpAddr, Ipv4Addr};
 
 use lazaret_netpolicy::policy::{Action, PolicyInput, RuleOrigin, parse_prefixes};
 use lazaret_netpolicy::topology::{
-    DomainNetwork, SidecarId, TopologyConfig, TopologyError, host_can_forward_ipv6, host_has_global_ipv6_route, host_policy,
-    nat_tables, remove_stale,
+    DomainNetwork, ESCALATION_PORT, Netns, SidecarId, TopologyConfig, TopologyError, debug_view, host_can_forward_ipv6,
+    host_has_global_ipv6_route, host_policy, nat_tables, remove_stale,
 };
 use rtnetlink::{LinkVeth, RouteMessageBuilder};
 use support::*;
@@ -610,5 +610,109 @@ fn only_the_sandbox_address_is_forwarded_out_of_the_domain() {
     send_from(domain.sandbox_netns().expect("ns"), domain.addresses().sandbox);
     let (length, from) = world.recv_from(&mut buffer).expect("the sandbox's datagram");
     assert_eq!((&buffer[..length], from.ip()), (domain.addresses().sandbox.to_string().as_bytes(), IpAddr::V4(HOST_WAN)));
+    domain.teardown().expect("teardown");
+}
+
+/// A TCP listener on `address` inside `ns` (a decoy for the escalation tests).
+fn listen_in(ns: &Netns, address: std::net::SocketAddr) -> std::net::TcpListener {
+    ns.run(move || {
+        std::net::TcpListener::bind(address).map_err(|source| TopologyError::Io { action: format!("listen on {address}"), source })
+    })
+    .expect("decoy listener")
+}
+
+#[test]
+fn only_the_sandbox_reaches_the_escalation_listener_whatever_the_egress_policy() {
+    use std::io::{Read, Write};
+    use std::net::SocketAddr;
+    let net = FakeInternet::with_ipv6();
+    let policy = PolicyInput {
+        deny: parse_prefixes(&[("0.0.0.0/0", "test.toml:1:1"), ("::/0", "test.toml:1:2")]).expect("prefix"),
+        ipv6: true,
+        ..PolicyInput::default()
+    };
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy)
+        .unwrap_or_else(|error| panic!("building the deny-all Domain network failed: {error}"));
+    let (sandbox, sidecar) = (domain.sandbox_netns().expect("ns"), domain.sidecar_netns().expect("ns"));
+    let addresses = domain.addresses();
+    let gateway = IpAddr::V4(addresses.sidecar_inner);
+    let escalation = domain.escalation_address();
+    assert_eq!(escalation, SocketAddr::new(gateway, 7418));
+    assert_eq!(ESCALATION_PORT, 7418);
+
+    let listener = domain.bind_escalation_listener().expect("bind the escalation listener");
+    assert_eq!(listener.local_addr().expect("local address"), escalation);
+    let fd_flags = nix::fcntl::fcntl(&listener, nix::fcntl::FcntlArg::F_GETFD).expect("F_GETFD");
+    assert!(nix::fcntl::FdFlag::from_bits_truncate(fd_flags).contains(nix::fcntl::FdFlag::FD_CLOEXEC), "close-on-exec");
+    // Decoys in the sidecar, so that a refusal below is the guard's and not an absent listener's.
+    let decoys = [
+        SocketAddr::new(gateway, ESCALATION_PORT + 1),
+        SocketAddr::new(IpAddr::V4(addresses.sidecar_uplink), ESCALATION_PORT),
+        SocketAddr::new(IpAddr::V6(addresses.v6.sidecar_inner), ESCALATION_PORT),
+        SocketAddr::new(IpAddr::V6(addresses.v6.sidecar_uplink), ESCALATION_PORT),
+    ]
+    .map(|address| (address, listen_in(sidecar, address)));
+
+    // All egress is denied.
+    assert_eq!(connect_from(sandbox, PUBLIC), Reach::Unreachable);
+    assert_eq!(connect_from(sandbox, PUBLIC6), Reach::Unreachable);
+    // The sandbox reaches the listener, and a full exchange works (the
+    // connection waits in the backlog, accepted from this thread in the host).
+    let client = sandbox
+        .run(move || {
+            std::net::TcpStream::connect_timeout(&escalation, std::time::Duration::from_secs(5))
+                .map_err(|source| TopologyError::Io { action: format!("connect to {escalation}"), source })
+        })
+        .expect("the sandbox connects to the escalation listener");
+    let (mut served, peer) = listener.accept().expect("accept");
+    assert_eq!(peer.ip(), IpAddr::V4(addresses.sandbox), "the peer is the sandbox");
+    for stream in [&client, &served] {
+        stream.set_read_timeout(Some(std::time::Duration::from_secs(5))).expect("timeout");
+    }
+    let mut client = client;
+    client.write_all(b"ping").expect("client write");
+    let mut buffer = [0u8; 4];
+    served.read_exact(&mut buffer).expect("server read");
+    assert_eq!(&buffer, b"ping");
+    served.write_all(b"pong").expect("server write");
+    client.read_exact(&mut buffer).expect("client read");
+    assert_eq!(&buffer, b"pong");
+    drop((client, served));
+
+    // Every other port and address of the sidecar stays refused, IPv6 included.
+    for (address, _) in &decoys {
+        assert_eq!(connect_to(sandbox, *address), Reach::Unreachable, "the sidecar's {address}");
+    }
+    for (address, decoy) in &decoys {
+        decoy.set_nonblocking(true).expect("nonblocking");
+        assert!(decoy.accept().is_err(), "a connection from the sandbox reached the decoy on {address}");
+    }
+    // The host routes the sandbox link through the sidecar, but the sidecar
+    // routes nothing back to the host's addresses (denied): no connection.
+    let host_uplink = IpAddr::V4(addresses.host_uplink);
+    let from_host = net.host.run(move || Ok(tcp_from(host_uplink, escalation, 1500))).expect("host connect");
+    assert_eq!(from_host, "timed out", "the host's processes reach the escalation listener");
+    listener.set_nonblocking(true).expect("nonblocking");
+    assert!(listener.accept().is_err(), "a connection from the host reached the escalation listener");
+
+    domain.verify_installed().expect("read-back matches");
+    let view = debug_view(sidecar).expect("debug view of the sidecar");
+    let rules = &view[view.find("IPv4 rules:").expect("IPv4 rules")..view.find("IPv6 rules:").expect("IPv6 rules")];
+    let exception = format!("\n  490: from all to {gateway} iif lzs0 ipproto tcp dport 7418-7418 lookup local");
+    assert!(rules.contains(&exception), "{rules}");
+    assert_eq!(rules.matches("dport").count(), 1, "{rules}");
+    assert!(!view[view.find("IPv6 rules:").expect("IPv6 rules")..].contains("dport"), "an IPv6 exception:\n{view}");
+
+    // Without the exception the self-guard refuses the channel, and verification says so.
+    ip_in(sidecar, &["rule", "del", "pref", "490"]);
+    assert_eq!(connect_to(sandbox, escalation), Reach::Unreachable);
+    match domain.verify_installed() {
+        Err(TopologyError::Mismatch { differences }) => {
+            let missing = format!("sidecar IPv4 rule missing: 490: iif lzs0 from all to {gateway}/32 ipproto Tcp dport 7418-7418 lookup 255");
+            assert_eq!(differences, vec![missing]);
+        }
+        other => panic!("the missing exception was not detected: {other:?}"),
+    }
+    drop(listener);
     domain.teardown().expect("teardown");
 }

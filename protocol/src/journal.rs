@@ -22,6 +22,54 @@
 //! lines) are strings; the machine maps each to a model index the first time
 //! it appears and records the model constants the entry implies.
 //!
+//! # Escalation requests: what to journal, in which order
+//!
+//! Before `VerifyRequest`, and not journalled (the client gets an error
+//! frame): a bad or foreign certificate, a Session ID that is not registered
+//! and connected, a malformed or oversized frame, a second request of a
+//! session whose previous request has not had its result delivered
+//! (`activeRequest[s] = NoRequest`), and a request ID seen before (check with
+//! [`Machine::check`]: the model refuses a second `VerifyRequest` of one
+//! ID). Every accepted request then starts with
+//!
+//! `VerifyRequest { session, request, command, auto_approved, argv, cwd,
+//! justification }`, built with [`Event::verify_request`] (`command` is
+//! [`quote_argv`]`(&argv)`; `auto_approved` is true when a rule matches or
+//! [`Machine::is_domain_approved`] holds for argv and cwd),
+//!
+//! followed by exactly one of these (each step applied before the real thing
+//! it stands for; "…" is the prefix of the line above):
+//!
+//! | outcome | events after `VerifyRequest` |
+//! |---|---|
+//! | rule approves, command exits | `AutoApprove { rule: NAME }`, `StartHostExecution`, `CompleteHostExecution { exit_status }`, `DeliverResult` |
+//! | approved for the Domain earlier | `AutoApprove { rule: "domain-approval" }` ([`DOMAIN_APPROVAL_RULE`]), then as above |
+//! | developer approves once | `PromptDeveloper`, `DeveloperApprove { for_domain: false }`, `StartHostExecution`, `CompleteHostExecution`, `DeliverResult` |
+//! | developer approves for the Domain | `PromptDeveloper`, `DeveloperApprove { for_domain: true }`, then as above |
+//! | developer edits, then approves | `PromptDeveloper`, `DeveloperEditApprove { command, argv }` ([`Event::developer_edit_approve`]; an edit that changes nothing is journalled as `DeveloperApprove`), `StartHostExecution`, `CompleteHostExecution`, `DeliverResult` |
+//! | developer denies | `PromptDeveloper`, `DeveloperDeny { reason: "" }`, `DeliverResult` |
+//! | session without a terminal, no rule | `PromptDeveloper`, `DeveloperDeny { reason: "the session has no terminal" }`, `DeliverResult` |
+//! | prompt unanswered | `PromptDeveloper`, `TimeoutRequest`, `DeliverResult` |
+//! | command runs too long | … `StartHostExecution`, `TimeoutRequest` (then kill its cgroup), `DeliverResult` |
+//! | client cancels (any open phase) | … `CancelRequest` (then withdraw the prompt or kill the command), `DeliverResult` |
+//! | command cannot start or is lost | … `StartHostExecution`, `FailHostExecution { reason }`, `DeliverResult` |
+//! | session disconnects (any phase before `DeliverResult`) | … `DisconnectSession` only: the model closes the session and cancels its request without a result; kill the command |
+//! | Domain fails | … `FailDomain`, then `EvictSession` per connected session (as a disconnect) |
+//!
+//! `DeliverResult` needs the session connected and `Attached` (its terminal
+//! routed back to the Sandbox), which every resolving step above establishes:
+//! `PromptDeveloper` routes the terminal to the Prompt, `DeveloperApprove`,
+//! `DeveloperEditApprove` and `DeveloperDeny` back to the Sandbox,
+//! `StartHostExecution` to the HostProcess, and `CompleteHostExecution`,
+//! `TimeoutRequest`, `CancelRequest` and `FailHostExecution` back to the
+//! Sandbox. `StartHostExecution` needs the route at the Sandbox too, so a
+//! spawn failure is `StartHostExecution` then `FailHostExecution`, never a
+//! bare failure. Races resolve by whichever entry is applied first: once a
+//! `TimeoutRequest` or `CancelRequest` is applied, a late
+//! `CompleteHostExecution` is refused (report Timed out / Cancelled, not the
+//! exit status); once `CompleteHostExecution` is applied, a late cancel is
+//! refused; after `DisconnectSession`, every step of that request is refused.
+//!
 //! ```
 //! use lazaret_protocol::journal::{Event, JournalEntry, Machine};
 //!
@@ -39,7 +87,7 @@
 //! # Ok::<(), lazaret_protocol::journal::TransitionError>(())
 //! ```
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::BufRead;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -49,6 +97,7 @@ use crate::model::{
     Action, CommandId, Config, DomainId, DomainPhase, DomainState, Invariant, Refused, RequestId,
     RequestState, SessionId, SessionPhase, SessionState, State, check_invariants, step,
 };
+use crate::shell::quote_argv;
 
 /// One protocol transition, with the real identifiers it concerns. The
 /// variant names are the TLA+ action names (the `action` field of a line).
@@ -135,16 +184,32 @@ pub enum Event {
         session: String,
         /// The Escalation Request ID.
         request: String,
-        /// The requested command (the argument vector, as the coordinator
-        /// renders it).
+        /// The requested command: [`quote_argv`]`(&argv)` (checked when
+        /// `argv` is present). It names the model's command constant.
         command: String,
-        /// Whether an auto-approval rule matches the command.
+        /// Whether the command is approved without asking: an escalation
+        /// rule matches it, or the developer approved this argv and working
+        /// directory for the Domain's life before.
         auto_approved: bool,
+        /// The requested argument vector (agent-controlled). Empty only in
+        /// journals written before it was recorded.
+        #[serde(default)]
+        argv: Vec<String>,
+        /// The requested working directory inside the sandbox.
+        #[serde(default)]
+        cwd: String,
+        /// The agent's justification (agent-controlled).
+        #[serde(default)]
+        justification: String,
     },
     /// A rule approved the request.
     AutoApprove {
         /// The request.
         request: String,
+        /// The name of the rule that matched, or [`DOMAIN_APPROVAL_RULE`]
+        /// when an earlier approve-for-the-Domain decision did (checked).
+        #[serde(default)]
+        rule: String,
     },
     /// The request is shown to the developer on its session's terminal.
     PromptDeveloper {
@@ -155,18 +220,33 @@ pub enum Event {
     DeveloperApprove {
         /// The request.
         request: String,
+        /// The developer approved this exact argv and working directory for
+        /// the rest of the Domain's life: later identical requests are
+        /// verified as auto-approved and approved by [`DOMAIN_APPROVAL_RULE`].
+        #[serde(default)]
+        for_domain: bool,
     },
     /// The developer edited the command, then approved the edited one.
     DeveloperEditApprove {
         /// The request.
         request: String,
-        /// The edited command; must differ from the requested one.
+        /// The edited command, [`quote_argv`]`(&argv)` (checked when `argv`
+        /// is present); must differ from the requested one.
         command: String,
+        /// The edited argument vector. Empty only in journals written before
+        /// it was recorded.
+        #[serde(default)]
+        argv: Vec<String>,
     },
-    /// The developer denied the request.
+    /// The developer denied the request (or the coordinator did on the
+    /// developer's behalf: a session without a terminal cannot be asked).
     DeveloperDeny {
         /// The request.
         request: String,
+        /// Why, when it was not the developer's keypress (for example
+        /// "the session has no terminal"); empty otherwise.
+        #[serde(default)]
+        reason: String,
     },
     /// The approved command starts on the host.
     StartHostExecution {
@@ -206,7 +286,42 @@ pub enum Event {
     },
 }
 
+/// The [`Event::AutoApprove`] rule name of a request approved because the
+/// developer approved the same argv and working directory for the Domain.
+pub const DOMAIN_APPROVAL_RULE: &str = "domain-approval";
+
 impl Event {
+    /// A [`Event::VerifyRequest`] whose `command` is derived from `argv`, as
+    /// [`Machine::apply`] checks.
+    pub fn verify_request(
+        session: &str,
+        request: &str,
+        argv: &[String],
+        cwd: &str,
+        justification: &str,
+        auto_approved: bool,
+    ) -> Self {
+        Self::VerifyRequest {
+            session: session.to_owned(),
+            request: request.to_owned(),
+            command: quote_argv(argv),
+            auto_approved,
+            argv: argv.to_vec(),
+            cwd: cwd.to_owned(),
+            justification: justification.to_owned(),
+        }
+    }
+
+    /// A [`Event::DeveloperEditApprove`] whose `command` is derived from
+    /// the edited `argv`.
+    pub fn developer_edit_approve(request: &str, argv: &[String]) -> Self {
+        Self::DeveloperEditApprove {
+            request: request.to_owned(),
+            command: quote_argv(argv),
+            argv: argv.to_vec(),
+        }
+    }
+
     /// The TLA+ action name of the event.
     pub fn name(&self) -> &'static str {
         match self {
@@ -299,8 +414,9 @@ pub enum TransitionError {
         id: String,
     },
     /// The entry contradicts a constant an earlier entry established (a
-    /// session's fingerprint, a request's session, a command's auto-approval,
-    /// a session's Domain).
+    /// session's fingerprint, a request's session, a session's Domain), names
+    /// a command that is not its argv quoted, or claims a Domain approval
+    /// that was never given.
     #[error("{event} contradicts the journal: {detail}")]
     Inconsistent {
         /// The event's action name.
@@ -356,7 +472,22 @@ pub struct Machine {
     domains: HashMap<String, DomainId>,
     sessions: HashMap<String, SessionId>,
     requests: HashMap<String, RequestId>,
-    commands: HashMap<String, CommandId>,
+    /// Model command constants by (command, auto-approved): see
+    /// [`Machine::command`] for why one real command may be two constants.
+    commands: HashMap<(String, bool), CommandId>,
+    /// Each verified request's command and working directory.
+    request_details: HashMap<RequestId, RequestDetails>,
+    /// (Domain, command, working directory) the developer approved for the
+    /// rest of the Domain's life.
+    domain_approvals: HashSet<(DomainId, String, String)>,
+}
+
+/// What the machine remembers of a verified request besides its model
+/// constants.
+#[derive(Clone, Debug, Default)]
+struct RequestDetails {
+    command: String,
+    cwd: String,
 }
 
 impl Machine {
@@ -407,6 +538,16 @@ impl Machine {
             .map(|r| &self.state.requests[r.0])
     }
 
+    /// Whether the developer approved `argv` in `cwd` for the rest of the
+    /// life of `domain` (so a new identical request is auto-approved by
+    /// [`DOMAIN_APPROVAL_RULE`]).
+    pub fn is_domain_approved(&self, domain: &str, argv: &[String], cwd: &str) -> bool {
+        self.domain_index(domain).is_some_and(|d| {
+            self.domain_approvals
+                .contains(&(d, quote_argv(argv), cwd.to_owned()))
+        })
+    }
+
     /// Whether the model would accept `entry` now, without applying it.
     pub fn check(&self, entry: &JournalEntry) -> Result<(), TransitionError> {
         self.clone().apply(entry).map(|_| ())
@@ -444,6 +585,8 @@ impl Machine {
                     let spec = &mut self.config.domains[d.0];
                     spec.fingerprint = fingerprint.clone();
                     spec.config_safe = true;
+                    // Approvals for a Domain's life end with it.
+                    self.domain_approvals.retain(|(domain, _, _)| *domain != d);
                 }
                 Action::AcquireDomainLock(s)
             }
@@ -499,9 +642,13 @@ impl Machine {
                 request,
                 command,
                 auto_approved,
+                argv,
+                cwd,
+                ..
             } => {
                 let s = self.known_session(event, session)?;
-                let c = self.command(event, command, Some(*auto_approved))?;
+                check_rendering(event, command, argv)?;
+                let c = self.command(command, *auto_approved);
                 let r = match self.requests.get(request) {
                     Some(&r) => {
                         if self.config.requests[r.0].session != s {
@@ -517,24 +664,57 @@ impl Machine {
                         let r = self.config.add_request(request, s, c, true);
                         self.state.requests.push(RequestState::initial());
                         self.requests.insert(request.clone(), r);
+                        let details = RequestDetails {
+                            command: command.clone(),
+                            cwd: cwd.clone(),
+                        };
+                        self.request_details.insert(r, details);
                         r
                     }
                 };
                 Action::VerifyRequest(r)
             }
-            Event::AutoApprove { request } => Action::AutoApprove(self.request(event, request)?),
+            Event::AutoApprove { request, rule } => {
+                let r = self.request(event, request)?;
+                if rule == DOMAIN_APPROVAL_RULE && !self.domain_approved(d, r) {
+                    return Err(TransitionError::Inconsistent {
+                        event,
+                        detail: format!(
+                            "request {request:?} was not approved for the Domain before"
+                        ),
+                    });
+                }
+                Action::AutoApprove(r)
+            }
             Event::PromptDeveloper { request } => {
                 Action::PromptDeveloper(self.request(event, request)?)
             }
-            Event::DeveloperApprove { request } => {
-                Action::DeveloperApprove(self.request(event, request)?)
-            }
-            Event::DeveloperEditApprove { request, command } => {
+            Event::DeveloperApprove {
+                request,
+                for_domain,
+            } => {
                 let r = self.request(event, request)?;
-                let c = self.command(event, command, None)?;
+                if *for_domain {
+                    // Applied to a copy: forgotten again if the model refuses.
+                    let details = self.request_details.get(&r).cloned().unwrap_or_default();
+                    self.domain_approvals
+                        .insert((d, details.command, details.cwd));
+                }
+                Action::DeveloperApprove(r)
+            }
+            Event::DeveloperEditApprove {
+                request,
+                command,
+                argv,
+            } => {
+                let r = self.request(event, request)?;
+                check_rendering(event, command, argv)?;
+                // The rules were never asked about the edited command: it is
+                // the developer's own decision, not auto-approved.
+                let c = self.command(command, false);
                 Action::DeveloperEditApprove(r, c)
             }
-            Event::DeveloperDeny { request } => {
+            Event::DeveloperDeny { request, .. } => {
                 Action::DeveloperDeny(self.request(event, request)?)
             }
             Event::StartHostExecution { request } => {
@@ -624,28 +804,41 @@ impl Machine {
             })
     }
 
-    fn command(
-        &mut self,
-        event: &'static str,
-        command: &str,
-        auto_approved: Option<bool>,
-    ) -> Result<CommandId, TransitionError> {
-        if let Some(&c) = self.commands.get(command) {
-            let known = self.config.commands[c.0].auto_approved;
-            if auto_approved.is_some_and(|auto| auto != known) {
-                return Err(TransitionError::Inconsistent {
-                    event,
-                    detail: format!("command {command:?} was auto-approved={known} before"),
-                });
-            }
-            return Ok(c);
+    /// The model constant of `command` verified with `auto_approved`.
+    ///
+    /// The model's `AutoApprovedCommands` is a constant set, but a real
+    /// Domain's grows: once the developer approves an argv for the Domain's
+    /// life, the same command is approved without asking. The machine
+    /// therefore maps each (command, auto-approved) pair to its own model
+    /// command, which is sound because commands are opaque constants in the
+    /// model: its guards and invariants look only at a command's identity
+    /// and at its membership in `AutoApprovedCommands`. A request's command
+    /// (`RequestCommand[r]`) is bound once, at `VerifyRequest`, when the
+    /// coordinator evaluates the rules and Domain approvals, and nothing
+    /// (neither a rule nor a later Domain approval) changes that request's
+    /// auto-approval afterwards; so every real run maps to a run of the model
+    /// with these constants, each with a fixed membership. The one guard that
+    /// compares commands, `c # RequestCommand[r]` of `DeveloperEditApprove`,
+    /// concerns a prompted (not auto-approved) request and an edited command
+    /// that is never auto-approved, so both are "not auto-approved"
+    /// constants, equal exactly when the real commands are equal.
+    fn command(&mut self, command: &str, auto_approved: bool) -> CommandId {
+        let key = (command.to_owned(), auto_approved);
+        if let Some(&c) = self.commands.get(&key) {
+            return c;
         }
-        // An edited command the rules were never asked about is not auto-approved.
-        let c = self
-            .config
-            .add_command(command, auto_approved.unwrap_or(false));
-        self.commands.insert(command.to_owned(), c);
-        Ok(c)
+        let c = self.config.add_command(command, auto_approved);
+        self.commands.insert(key, c);
+        c
+    }
+
+    /// Whether request `r`'s command and working directory were approved
+    /// for the life of Domain `d`.
+    fn domain_approved(&self, d: DomainId, r: RequestId) -> bool {
+        self.request_details.get(&r).is_some_and(|details| {
+            self.domain_approvals
+                .contains(&(d, details.command.clone(), details.cwd.clone()))
+        })
     }
 
     /// A session's fingerprint is a constant: learned once, then checked.
@@ -688,6 +881,27 @@ impl Machine {
             .filter(|s| !matches!(s.phase, SessionPhase::New | SessionPhase::Closed))
             .count()
     }
+}
+
+/// Refuses an entry whose `command` is not the rendering of its `argv`, so
+/// that distinct argument vectors are distinct model commands (`a b` as one
+/// argument and as two would otherwise be the same command). An empty `argv`
+/// is a journal written before argument vectors were recorded.
+fn check_rendering(
+    event: &'static str,
+    command: &str,
+    argv: &[String],
+) -> Result<(), TransitionError> {
+    if argv.is_empty() || quote_argv(argv) == command {
+        return Ok(());
+    }
+    Err(TransitionError::Inconsistent {
+        event,
+        detail: format!(
+            "command {command:?} is not the quoted argv {:?}",
+            quote_argv(argv)
+        ),
+    })
 }
 
 /// Replays journal entries from `Init`; fails at the first entry the model

@@ -13,8 +13,13 @@
 //!   fairness the specification assumes, liveness;
 //! - [`journal`]: the [`Machine`] a coordinator drives before each real
 //!   transition, the JSON-lines [`JournalEntry`] it writes, and [`replay`],
-//!   which checks a journal against the model;
-//! - [`display`]: untrusted text (file names) in messages, escaped;
+//!   which checks a journal against the model (its documentation lists the
+//!   exact events a coordinator journals for each outcome of an escalation
+//!   request);
+//! - [`display`]: untrusted text (file names, agent-controlled prompt
+//!   fields) in messages and prompts, escaped ([`display::inert`]);
+//! - [`shell`]: an argv quoted for display and parsed back after the
+//!   developer edits it, with no shell and no expansion;
 //! - [`mount`]: vocabulary shared by crates that must not depend on each
 //!   other ([`mount::BindMount`], used by `mounts` and `oci`).
 
@@ -26,6 +31,7 @@ pub mod escalation;
 pub mod journal;
 pub mod model;
 pub mod mount;
+pub mod shell;
 pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};

@@ -6,7 +6,8 @@
 //! every runsc process ([`pidns`]), signals as events ([`signals`]), passing
 //! file descriptors over unix sockets ([`fdpass`]), and the developer's
 //! terminal in raw mode behind a guard that restores it on every exit path
-//! ([`terminal`]).
+//! ([`terminal`]), and running an approved escalation command on the host as
+//! the developer, in a cgroup of its own ([`hostexec`]).
 //!
 //! The crate knows nothing about profiles, Domains or images: the coordinator
 //! hands it a bundle directory and a container ID.
@@ -17,6 +18,7 @@
 #![deny(unsafe_code)]
 
 pub mod fdpass;
+pub mod hostexec;
 pub mod pidns;
 pub mod runsc;
 pub mod signals;

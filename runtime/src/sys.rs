@@ -172,3 +172,209 @@ pub(crate) fn only_these_in_child(cmd: &mut Command, fds: Vec<RawFd>) -> std::io
     }
     Ok(())
 }
+
+// ---------------------------------------------------------------------------
+// The host command's child (`hostexec`)
+// ---------------------------------------------------------------------------
+
+use crate::hostexec::ExecStage;
+
+/// Everything the host command's child does between fork and exec, prepared
+/// in full before the fork: the child of a multi-threaded process may only
+/// make async-signal-safe calls, so it allocates nothing and builds no path.
+/// Every descriptor here is 3 or above (the child's stdio goes below).
+pub(crate) struct HostChildPlan<'a> {
+    /// Paths to try with `execve`, in order (argv[0] resolved against PATH).
+    pub(crate) programs: &'a [std::ffi::CString],
+    /// The argument vector, null-terminated; its strings live in the caller.
+    pub(crate) argv: &'a [*const libc::c_char],
+    /// The environment, null-terminated; its strings live in the caller.
+    pub(crate) envp: &'a [*const libc::c_char],
+    /// `cgroup.procs` of the command's cgroup, open for writing.
+    pub(crate) cgroup_procs: RawFd,
+    /// A mount namespace to enter first, if any.
+    pub(crate) mount_ns: Option<RawFd>,
+    /// The user, group and supplementary groups to run as (never 0).
+    pub(crate) uid: libc::uid_t,
+    /// See `uid`.
+    pub(crate) gid: libc::gid_t,
+    /// See `uid`.
+    pub(crate) groups: &'a [libc::gid_t],
+    /// `/dev/null`, read-only.
+    pub(crate) stdin: RawFd,
+    /// The write end of the stdout pipe.
+    pub(crate) stdout: RawFd,
+    /// The write end of the stderr pipe.
+    pub(crate) stderr: RawFd,
+    /// The working directory.
+    pub(crate) cwd: RawFd,
+    /// The write end of the close-on-exec error pipe: the child writes
+    /// (stage, errno) there if anything fails before exec.
+    pub(crate) error_pipe: RawFd,
+    /// The PID of the forking process, to notice that it died before the
+    /// child armed its parent-death signal.
+    pub(crate) parent: libc::pid_t,
+    /// Highest descriptor number + 1 to close if `close_range` is missing.
+    pub(crate) fd_limit: libc::c_int,
+}
+
+/// One more than the highest signal number on Linux.
+const NSIG: libc::c_int = 65;
+
+/// Length of the error report the child writes: stage (u32), errno (i32).
+pub(crate) const CHILD_REPORT_LEN: usize = 8;
+
+/// Forks the host command's child, which sets itself up as `plan` says and
+/// execs the program; returns its PID. If the child fails before exec, it
+/// writes `(stage, errno)` to `plan.error_pipe` and exits with 127.
+pub(crate) fn fork_host_child(plan: &HostChildPlan<'_>) -> std::io::Result<libc::pid_t> {
+    if plan.argv.last().is_none_or(|p| !p.is_null()) || plan.envp.last().is_none_or(|p| !p.is_null()) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "argv and envp must be null-terminated"));
+    }
+    // SAFETY: fork(2) in a multi-threaded process is sound as long as the
+    // child only makes async-signal-safe calls until it execs or exits:
+    // `host_child` makes raw system calls only, on data prepared before the
+    // fork (no allocation, no locks, no panics), and the child ends with
+    // `_exit`, never returning into Rust code of the parent's state.
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if pid == 0 {
+        // SAFETY: we are the freshly forked child; see above.
+        let (stage, errno) = unsafe { host_child(plan) };
+        let mut report = [0u8; CHILD_REPORT_LEN];
+        report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+        report[4..].copy_from_slice(&errno.to_ne_bytes());
+        // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer
+        // is a live local.
+        unsafe {
+            libc::write(plan.error_pipe, report.as_ptr().cast(), report.len());
+            libc::_exit(127);
+        }
+    }
+    Ok(pid)
+}
+
+fn errno() -> i32 {
+    nix::errno::Errno::last_raw()
+}
+
+/// The child's side of [`fork_host_child`]. Returns only on failure, with
+/// the stage that failed and its errno.
+///
+/// # Safety
+///
+/// Call only in the child of a fork, before exec: it changes the process's
+/// credentials, namespaces, signals and descriptors.
+unsafe fn host_child(plan: &HostChildPlan<'_>) -> (ExecStage, i32) {
+    macro_rules! check {
+        ($stage:expr, $rc:expr) => {
+            if $rc < 0 {
+                return ($stage, errno());
+            }
+        };
+    }
+    // SAFETY: (for the whole block) every call is a raw, async-signal-safe
+    // system call on descriptors and memory prepared before the fork that
+    // stay valid in the child (its own copy of the address space).
+    unsafe {
+        // No controlling terminal, a session and process group of its own.
+        check!(ExecStage::Session, libc::setsid());
+        // Into the command's cgroup before anything else can fork.
+        let zero = b"0";
+        let n = libc::write(plan.cgroup_procs, zero.as_ptr().cast(), zero.len());
+        if n != 1 {
+            return (ExecStage::Cgroup, if n < 0 { errno() } else { libc::EIO });
+        }
+        if let Some(ns) = plan.mount_ns {
+            check!(ExecStage::MountNamespace, libc::setns(ns, libc::CLONE_NEWNS));
+        }
+        check!(ExecStage::Groups, libc::setgroups(plan.groups.len(), plan.groups.as_ptr()));
+        check!(ExecStage::Gid, libc::setresgid(plan.gid, plan.gid, plan.gid));
+        check!(ExecStage::Uid, libc::setresuid(plan.uid, plan.uid, plan.uid));
+        // Never exec with any identity of root left: check what stuck.
+        let (mut r, mut e, mut s) = (0, 0, 0);
+        check!(ExecStage::VerifyIdentity, libc::getresuid(&mut r, &mut e, &mut s));
+        if r != plan.uid || e != plan.uid || s != plan.uid {
+            return (ExecStage::VerifyIdentity, libc::EPERM);
+        }
+        let (mut r, mut e, mut s) = (0, 0, 0);
+        check!(ExecStage::VerifyIdentity, libc::getresgid(&mut r, &mut e, &mut s));
+        if r != plan.gid || e != plan.gid || s != plan.gid {
+            return (ExecStage::VerifyIdentity, libc::EPERM);
+        }
+        let n = libc::getgroups(0, std::ptr::null_mut());
+        if n < 0 || n as usize != plan.groups.len() {
+            return (ExecStage::VerifyIdentity, libc::EPERM);
+        }
+        // Had any capability survived, this would succeed.
+        if libc::setuid(0) == 0 {
+            return (ExecStage::VerifyIdentity, libc::EPERM);
+        }
+        libc::umask(0o022);
+        // After the credential change, which clears it. The parent check
+        // closes the race with a parent that died before the prctl.
+        check!(ExecStage::DeathSignal, libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0));
+        if libc::getppid() != plan.parent {
+            return (ExecStage::DeathSignal, libc::ESRCH);
+        }
+        // Default dispositions (ignored signals would stay ignored across
+        // exec; handlers are reset by exec anyway), then an empty mask: the
+        // caller blocks everything for its signalfd. The raw system call,
+        // because glibc refuses its two internal signals, which a parent
+        // may have left ignored too. SIG_DFL with no flags and an empty
+        // mask is an all-zero kernel `sigaction` whatever its layout.
+        let default = [0u64; 4];
+        for sig in 1..NSIG {
+            if sig != libc::SIGKILL && sig != libc::SIGSTOP {
+                libc::syscall(libc::SYS_rt_sigaction, sig, default.as_ptr(), std::ptr::null_mut::<u64>(), 8usize);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        check!(ExecStage::Signals, libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()));
+        check!(ExecStage::Stdio, libc::dup2(plan.stdin, 0));
+        check!(ExecStage::Stdio, libc::dup2(plan.stdout, 1));
+        check!(ExecStage::Stdio, libc::dup2(plan.stderr, 2));
+        // Every other descriptor closes at exec; the error pipe and the
+        // working directory are still needed until then.
+        if libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, libc::CLOSE_RANGE_CLOEXEC) < 0 {
+            for fd in 3..plan.fd_limit {
+                let flags = libc::fcntl(fd, libc::F_GETFD);
+                if flags >= 0 && flags & libc::FD_CLOEXEC == 0 {
+                    check!(ExecStage::Descriptors, libc::fcntl(fd, libc::F_SETFD, flags | libc::FD_CLOEXEC));
+                }
+            }
+        }
+        // As the developer: a directory they may not enter is refused.
+        check!(ExecStage::WorkingDirectory, libc::fchdir(plan.cwd));
+        // Like execvp's search, without its fallback to a shell.
+        let mut last = libc::ENOENT;
+        let mut denied = false;
+        for program in plan.programs {
+            libc::execve(program.as_ptr(), plan.argv.as_ptr(), plan.envp.as_ptr());
+            last = errno();
+            match last {
+                libc::EACCES => denied = true,
+                libc::ENOENT | libc::ENOTDIR | libc::ESTALE | libc::ENODEV | libc::ETIMEDOUT => {}
+                _ => return (ExecStage::Exec, last),
+            }
+        }
+        (ExecStage::Exec, if denied { libc::EACCES } else { last })
+    }
+}
+
+/// `pidfd_open(2)`: a descriptor that becomes readable when the process
+/// `pid` (a child of ours, not yet reaped) exits. `ENOSYS` before Linux 5.3.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes two integers and returns a new descriptor
+    // or -1; no memory is involved.
+    let rc = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0 as libc::c_uint) };
+    if rc < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just installed this descriptor (close-on-exec)
+    // and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(rc as RawFd) })
+}

@@ -8,10 +8,12 @@
 //! and which the client copies to and from the developer's terminal (raw
 //! mode while stdin is a terminal); window-size changes go straight to that
 //! master. Every other stream is a fresh pipe the client relays. Only
-//! signals and the exit status travel as messages.
+//! signals, the exit status and escalation prompts travel as messages; a
+//! prompt ([`prompt`]) takes the terminal over until it is answered.
 
 mod control;
 mod error;
+mod prompt;
 mod spawn;
 mod terminal;
 
@@ -73,7 +75,9 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         rows,
         cols,
         cwd: Some(ctx.agent_cwd().display().to_string()),
-        host_env: Vec::new(),
+        // What a host command of this session may see of this environment
+        // (SSH_AUTH_SOCK, LANG, and the names the escalation rules allow).
+        host_env: ctx.profile.escalation.host_env_names().into_iter().filter_map(|n| std::env::var(&n).ok().map(|v| (n, v))).collect(),
     };
     let socket = dir.socket();
     let deadline = Instant::now() + START_LIMIT;

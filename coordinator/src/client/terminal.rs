@@ -6,17 +6,26 @@
 //! as if the agent wrote there itself. The developer's terminal is in raw
 //! mode (restored on every exit path) while stdin is a terminal; signals go
 //! to the coordinator as messages, and the agent's exit status comes back.
+//!
+//! An escalation prompt takes the terminal over (terminal routes Sandbox →
+//! Prompt → HostProcess → Sandbox): while it is up the keyboard goes to the
+//! [`Prompt`], and the PTY's output is held back and written once it is
+//! closed, so the agent's output never interleaves with it. The agent's
+//! pipes (streams that are not the terminal) keep flowing.
 
+use std::collections::VecDeque;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{fcntl, FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
 
-use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage};
+use lazaret_protocol::escalation::MAX_TIMEOUT_SECS;
+use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, PromptDecision, PromptRequest};
 use lazaret_runtime::signals::Signals;
 use lazaret_runtime::terminal::{is_terminal, sync_window_size, RawModeGuard};
 use lazaret_runtime::ExitStatus;
@@ -24,6 +33,7 @@ use lazaret_runtime::ExitStatus;
 use crate::layout::DomainDir;
 use crate::LAZARET_FAILED;
 
+use super::prompt::{Prompt, Step};
 use super::ClientError;
 
 /// The client's own stdin, stdout and stderr, by number.
@@ -147,13 +157,20 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
         stdin,
         outputs: outputs.into_iter().map(|(fd, to)| Output { fd: Some(fd), to }).collect(),
         raw: raw.is_some(),
+        prompt_screen: [1, 2].into_iter().find(|&n| terminal[n]),
         std,
         to_agent: Vec::new(),
         exit: None,
         terminations: 0,
         buf: vec![0u8; 16 * 1024],
+        prompt: None,
+        queued: VecDeque::new(),
+        held: Vec::new(),
+        held_notices: Vec::new(),
     };
     let outcome = relay.run(signals, dir);
+    // A lost connection leaves a prompt up: close it (no answer can go).
+    relay.close_prompt("the connection to the coordinator ended");
     drop(raw);
     outcome?;
     // The coordinator sends the exit before it tears the Domain down; a
@@ -164,6 +181,42 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
 
 /// Most bytes buffered for the agent before the developer's input waits.
 const INPUT_BACKLOG: usize = 64 * 1024;
+
+/// Most bytes of the PTY's output held back while a prompt is up; then the
+/// master is not read, and the PTY makes the agent wait.
+const HOLD_LIMIT: usize = 4 * 1024 * 1024;
+
+/// Keys typed within this long of a prompt appearing, or of the previous
+/// such key, are dropped: they were meant for the agent, not for the prompt
+/// that popped up under the developer's fingers (the agent sees the
+/// keyboard and could time a request to it).
+const PROMPT_ARMING: Duration = Duration::from_millis(300);
+
+/// How long past a prompt's timeout the client waits for the coordinator's
+/// withdrawal before it closes the prompt itself, answering deny.
+const WITHDRAWAL_GRACE: Duration = Duration::from_secs(3);
+
+/// How often the relay wakes while a prompt is up (the time left, the
+/// deadline).
+const PROMPT_TICK: u16 = 200;
+
+/// Most prompts queued behind the one shown (the coordinator shows one per
+/// session at a time; more are denied).
+const PROMPT_QUEUE: usize = 16;
+
+/// The prompt on screen.
+struct Showing {
+    prompt: Prompt,
+    /// When the request times out (the coordinator's clock decides; this
+    /// shows it and closes a prompt the coordinator never withdrew).
+    deadline: Instant,
+    /// Keys before this are dropped ([`PROMPT_ARMING`]).
+    armed_at: Instant,
+    /// `/dev/tty`, when neither stdout nor stderr is the terminal.
+    tty: Option<OwnedFd>,
+    /// Which of the client's streams shows it otherwise.
+    screen: usize,
+}
 
 /// One of the agent's output pipes and the client stream it goes to.
 struct Output {
@@ -190,12 +243,23 @@ struct Relay<'a> {
     outputs: Vec<Output>,
     /// Whether the developer's terminal is in raw mode (notices need CRLF).
     raw: bool,
+    /// Where prompts are shown: stdout or stderr, whichever is a terminal
+    /// first; `None`: neither is, /dev/tty is opened.
+    prompt_screen: Option<usize>,
     std: Std,
     to_agent: Vec<u8>,
     /// The agent's status, once known.
     exit: Option<i32>,
     terminations: u32,
     buf: Vec<u8>,
+    /// The escalation prompt on screen, if any.
+    prompt: Option<Showing>,
+    /// Prompts waiting behind it.
+    queued: VecDeque<PromptRequest>,
+    /// The PTY's output held back while a prompt is up.
+    held: Vec<u8>,
+    /// The coordinator's notices held back while a prompt is up.
+    held_notices: Vec<String>,
 }
 
 /// What one poll round found ready.
@@ -235,7 +299,14 @@ impl Relay<'_> {
                 self.on_message(dir)?;
             }
             self.pump_outputs(&ready);
-            self.pump_input(&ready);
+            if self.prompt.is_some() {
+                self.prompt_input(&ready);
+                // Keys typed before the prompt appeared still go.
+                self.flush_to_agent(&ready);
+                self.prompt_tick();
+            } else {
+                self.pump_input(&ready);
+            }
             if self.exit.is_some() && !self.output_open() {
                 return Ok(());
             }
@@ -252,11 +323,17 @@ impl Relay<'_> {
         let socket = if self.exit.is_none() { add(&mut fds, self.stream.as_fd(), PollFlags::POLLIN) } else { None };
         let master = match &self.master {
             Some(m) => {
-                let mut f = PollFlags::POLLIN;
+                let mut f = PollFlags::empty();
+                // With the hold full, the PTY makes the agent wait.
+                if self.prompt.is_none() || self.held.len() < HOLD_LIMIT {
+                    f |= PollFlags::POLLIN;
+                }
                 if self.input_to_master && !self.to_agent.is_empty() {
                     f |= PollFlags::POLLOUT;
                 }
-                add(&mut fds, m.as_fd(), f)
+                // Not polled at all otherwise: a hung-up master would
+                // report POLLHUP on every round.
+                if f.is_empty() { None } else { add(&mut fds, m.as_fd(), f) }
             }
             None => None,
         };
@@ -265,9 +342,17 @@ impl Relay<'_> {
             _ => None,
         };
         let destination = if self.input_to_master { self.master.is_some() } else { self.stdin.is_some() };
-        let input = if self.input_open && destination && self.to_agent.len() < INPUT_BACKLOG { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
+        // A prompt takes the keyboard whatever the agent's backlog.
+        let wanted = if self.prompt.is_some() { true } else { destination && self.to_agent.len() < INPUT_BACKLOG };
+        let input = if self.input_open && wanted { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
         let outputs: Vec<Option<usize>> = self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
-        let timeout = if self.exit.is_some() { PollTimeout::from(100u16) } else { PollTimeout::NONE };
+        let timeout = if self.exit.is_some() {
+            PollTimeout::from(100u16)
+        } else if self.prompt.is_some() {
+            PollTimeout::from(PROMPT_TICK)
+        } else {
+            PollTimeout::NONE
+        };
         let n = match poll(&mut fds, timeout) {
             Err(Errno::EINTR) => return Ok(None),
             Err(e) => return Err(ClientError::errno("waiting for terminal events")(e)),
@@ -296,6 +381,10 @@ impl Relay<'_> {
                     if let (Some(m), Some(n)) = (&self.master, self.sizing) {
                         sync_window_size(self.std.fd(n), m.as_fd());
                     }
+                    let cols = self.window_cols();
+                    if let Some(showing) = self.prompt.as_mut() {
+                        showing.prompt.set_width(cols);
+                    }
                 }
                 Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
                     self.terminations += 1;
@@ -311,26 +400,40 @@ impl Relay<'_> {
     fn on_message(&mut self, dir: &DomainDir) -> Result<(), ClientError> {
         let mut from = self.stream;
         match wire::read_message::<CoordinatorMessage>(&mut from) {
-            Ok(CoordinatorMessage::Exit { status }) => self.exit = Some(status),
-            Ok(CoordinatorMessage::Notice { text }) => {
-                if self.raw {
-                    eprint!("\r\nlazaret: {text}\r\n");
-                } else {
-                    eprintln!("lazaret: {text}");
-                }
+            Ok(CoordinatorMessage::Exit { status }) => {
+                self.exit = Some(status);
+                // The session is over: nothing left to answer.
+                self.close_prompt("the session ended");
             }
+            Ok(CoordinatorMessage::Prompt(request)) => self.on_prompt(request),
+            Ok(CoordinatorMessage::PromptWithdrawn { request, reason }) => self.on_withdrawn(&request, &reason),
+            Ok(CoordinatorMessage::Notice { text }) if self.prompt.is_some() => self.held_notices.push(text),
+            Ok(CoordinatorMessage::Notice { text }) => self.show_notice(&text),
             Ok(_) => {}
             Err(e) => return Err(ClientError::ConnectionLost { source: e, log: dir.log() }),
         }
         Ok(())
     }
 
+    /// A notice from the coordinator, on stderr.
+    fn show_notice(&self, text: &str) {
+        if self.raw {
+            eprint!("\r\nlazaret: {text}\r\n");
+        } else {
+            eprintln!("lazaret: {text}");
+        }
+    }
+
     /// The agent's output (PTY and pipes) to the client's streams.
     fn pump_outputs(&mut self, ready: &Ready) {
         if let Some(m) = &self.master {
-            if ready.master.intersects(READABLE) {
-                match nix::unistd::read(m.as_fd(), &mut self.buf) {
+            // While a prompt is up, into the hold, never past its limit.
+            let holding = self.prompt.is_some();
+            let room = if holding { HOLD_LIMIT.saturating_sub(self.held.len()).min(self.buf.len()) } else { self.buf.len() };
+            if ready.master.intersects(READABLE) && room > 0 {
+                match nix::unistd::read(m.as_fd(), &mut self.buf[..room]) {
                     Ok(0) | Err(Errno::EIO) => self.master = None,
+                    Ok(n) if holding => self.held.extend_from_slice(&self.buf[..n]),
                     Ok(n) => {
                         let _ = write_all(self.std.fd(self.master_out), &self.buf[..n]);
                     }
@@ -370,6 +473,11 @@ impl Relay<'_> {
                 Err(_) => self.input_open = false,
             }
         }
+        self.flush_to_agent(ready);
+    }
+
+    /// What the developer typed for the agent, to its PTY or pipe.
+    fn flush_to_agent(&mut self, ready: &Ready) {
         let target = if self.input_to_master { (self.master.as_ref(), ready.master) } else { (self.stdin.as_ref(), ready.stdin_pipe) };
         if let (Some(fd), events) = target {
             if events.contains(PollFlags::POLLOUT) && !self.to_agent.is_empty() {
@@ -399,6 +507,177 @@ impl Relay<'_> {
     }
 }
 
+/// The escalation prompt (see [`super::prompt`] for the screen and keys).
+impl Relay<'_> {
+    /// A request for the developer: shown now, or queued behind the prompt
+    /// on screen. A session whose stdin is not a terminal cannot be asked
+    /// (the coordinator does not ask it; this is defensive): denied.
+    fn on_prompt(&mut self, request: PromptRequest) {
+        if !self.input_to_master || !self.input_open {
+            self.answer(&request.request, PromptDecision::Deny);
+            return;
+        }
+        let id = request.request.as_str();
+        if self.prompt.as_ref().is_some_and(|s| s.prompt.request_id() == id) || self.queued.iter().any(|q| q.request == id) {
+            return;
+        }
+        if self.prompt.is_none() {
+            self.show(request);
+        } else if self.queued.len() < PROMPT_QUEUE {
+            self.queued.push_back(request);
+        } else {
+            self.answer(&request.request, PromptDecision::Deny);
+        }
+    }
+
+    /// Puts `request` on screen: stdout if it is the terminal, else stderr,
+    /// else /dev/tty (else stdin, a terminal too). Denied if it cannot be
+    /// shown.
+    fn show(&mut self, request: PromptRequest) {
+        let now = Instant::now();
+        let timeout = Duration::from_secs(request.timeout_secs.min(MAX_TIMEOUT_SECS));
+        let mut prompt = Prompt::new(request);
+        prompt.set_width(self.window_cols());
+        let tty = match self.prompt_screen {
+            Some(_) => None,
+            None => nix::fcntl::open("/dev/tty", OFlag::O_WRONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok(),
+        };
+        let showing = Showing {
+            prompt,
+            deadline: now + timeout,
+            armed_at: now + PROMPT_ARMING,
+            tty,
+            screen: self.prompt_screen.unwrap_or(0),
+        };
+        if write_all(showing.fd(&self.std), &showing.prompt.render()).is_err() {
+            self.answer(showing.prompt.request_id(), PromptDecision::Deny);
+            return;
+        }
+        self.prompt = Some(showing);
+    }
+
+    /// The developer's keys, to the prompt (dropped while it arms).
+    fn prompt_input(&mut self, ready: &Ready) {
+        if !ready.input.intersects(READABLE) {
+            return;
+        }
+        let n = match nix::unistd::read(self.std.fd(0), &mut self.buf) {
+            Ok(0) | Err(Errno::EBADF | Errno::EIO) => {
+                // The terminal is gone: nobody can answer.
+                self.input_open = false;
+                self.deny_all("the terminal closed");
+                return;
+            }
+            Ok(n) => n,
+            Err(_) => return,
+        };
+        let Some(showing) = self.prompt.as_mut() else { return };
+        let now = Instant::now();
+        if now < showing.armed_at {
+            showing.armed_at = now + PROMPT_ARMING;
+            return;
+        }
+        match showing.prompt.on_input(&self.buf[..n]) {
+            Step::Nothing => {}
+            Step::Redraw(bytes) => {
+                let _ = write_all(showing.fd(&self.std), &bytes);
+            }
+            Step::Answer(decision, text) => {
+                let id = showing.prompt.request_id().to_owned();
+                self.answer(&id, decision);
+                self.finish(&text);
+            }
+        }
+    }
+
+    /// The time left, redrawn; a prompt the coordinator did not withdraw
+    /// in time is closed here, denied.
+    fn prompt_tick(&mut self) {
+        let Some(showing) = self.prompt.as_mut() else { return };
+        let now = Instant::now();
+        if now > showing.deadline + WITHDRAWAL_GRACE {
+            let id = showing.prompt.request_id().to_owned();
+            let text = showing.prompt.abandoned("no answer in time, denied");
+            self.answer(&id, PromptDecision::Deny);
+            self.finish(&text);
+            return;
+        }
+        if let Some(bytes) = showing.prompt.tick(showing.deadline.saturating_duration_since(now)) {
+            let _ = write_all(showing.fd(&self.std), &bytes);
+        }
+    }
+
+    /// The coordinator closed a request: the prompt on screen, or one
+    /// waiting.
+    fn on_withdrawn(&mut self, request: &str, reason: &str) {
+        match &self.prompt {
+            Some(showing) if showing.prompt.request_id() == request => {
+                let text = showing.prompt.withdrawn(reason);
+                self.finish(&text);
+            }
+            _ => self.queued.retain(|q| q.request != request),
+        }
+    }
+
+    /// Closes the prompt on screen, and drops the waiting ones, without
+    /// answering (the session or the connection ended).
+    fn close_prompt(&mut self, why: &str) {
+        self.queued.clear();
+        if let Some(showing) = &self.prompt {
+            let text = showing.prompt.abandoned(why);
+            self.finish(&text);
+        }
+    }
+
+    /// Denies the prompt on screen and the waiting ones.
+    fn deny_all(&mut self, why: &str) {
+        let ids: Vec<String> = self.prompt.iter().map(|s| s.prompt.request_id().to_owned()).chain(self.queued.iter().map(|q| q.request.clone())).collect();
+        for id in ids {
+            self.answer(&id, PromptDecision::Deny);
+        }
+        self.close_prompt(why);
+    }
+
+    /// Takes the prompt down with its final `text`, then writes what was
+    /// held back, then shows the next prompt, if any.
+    fn finish(&mut self, text: &[u8]) {
+        let Some(showing) = self.prompt.take() else { return };
+        let _ = write_all(showing.fd(&self.std), text);
+        drop(showing);
+        let held = std::mem::take(&mut self.held);
+        let _ = write_all(self.std.fd(self.master_out), &held);
+        for notice in std::mem::take(&mut self.held_notices) {
+            self.show_notice(&notice);
+        }
+        // A prompt that cannot be shown is denied: on to the next.
+        while self.prompt.is_none() {
+            let Some(next) = self.queued.pop_front() else { break };
+            self.show(next);
+        }
+    }
+
+    /// Sends the developer's decision (a lost connection shows on reading).
+    fn answer(&self, request: &str, decision: PromptDecision) {
+        let mut out = self.stream;
+        let _ = wire::write_message(&mut out, &ClientMessage::PromptAnswer { request: request.to_owned(), decision });
+    }
+
+    /// The terminal's width (prompts are shown only when stdin is one).
+    fn window_cols(&self) -> u16 {
+        lazaret_runtime::terminal::window_size(self.std.fd(0)).map(|w| w.cols).unwrap_or(0)
+    }
+}
+
+impl Showing {
+    /// The descriptor the prompt is written to.
+    fn fd<'s>(&'s self, std: &'s Std) -> BorrowedFd<'s> {
+        match &self.tty {
+            Some(tty) => tty.as_fd(),
+            None => std.fd(self.screen),
+        }
+    }
+}
+
 /// Writes all of `data` to one of the client's own streams (which may be
 /// non-blocking: then it waits for room). Fails when the stream is gone.
 fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> Result<(), Errno> {
@@ -415,4 +694,241 @@ fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> Result<(), Errno> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    //! The relay with a prompt, end to end without a coordinator: the test
+    //! binary runs itself as the client (its stdio a PTY standing in for the
+    //! developer's terminal), plays the coordinator on a unix socket, and is
+    //! the agent on the slave of the agent's PTY.
+
+    use super::*;
+    use std::io::Write as _;
+    use std::os::unix::net::UnixListener;
+    use std::process::{Child, Command, Stdio};
+
+    use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
+    use nix::sys::termios;
+
+    use crate::transport;
+
+    /// Set in the child: the coordinator's socket path.
+    const CHILD: &str = "LAZARET_TEST_PROMPT_RELAY_SOCKET";
+    const TEST: &str = "client::terminal::tests::a_prompt_takes_the_terminal_and_gives_it_back";
+    const LIMIT: Duration = Duration::from_secs(20);
+
+    /// The client: joins the "coordinator", takes the PTY master from its
+    /// first frame, and relays until the Exit.
+    fn client(socket: &std::ffi::OsStr) -> ! {
+        let stream = UnixStream::connect(socket).expect("connect");
+        let (_, mut fds) = transport::read_frame_with_fds::<CoordinatorMessage>(&stream).expect("the master");
+        let io = SessionIo::new().expect("session io");
+        let mut signals = Signals::block().expect("signals");
+        let dir = DomainDir::new(std::env::temp_dir());
+        let status = attach(&stream, fds.pop(), io, &mut signals, &dir);
+        std::process::exit(match status {
+            Ok(s) => s.0,
+            Err(_) => 99,
+        })
+    }
+
+    /// Kills and reaps the client on every way out of the test.
+    struct Reaped(Child);
+
+    impl Drop for Reaped {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+
+    /// The developer's side of the terminal.
+    struct Screen {
+        master: OwnedFd,
+        seen: String,
+    }
+
+    impl Screen {
+        /// Reads until `needle` appears after byte `from` of what was seen.
+        fn wait_for(&mut self, needle: &str, from: usize) -> usize {
+            let deadline = Instant::now() + LIMIT;
+            loop {
+                if let Some(at) = self.seen.get(from..).and_then(|s| s.find(needle)) {
+                    return from + at;
+                }
+                assert!(Instant::now() < deadline, "{needle:?} never appeared; the screen: {:?}", self.seen);
+                self.read_for(Duration::from_millis(100));
+            }
+        }
+
+        /// Reads whatever comes for `time`.
+        fn read_for(&mut self, time: Duration) {
+            let end = Instant::now() + time;
+            let mut buf = [0u8; 4096];
+            while let Some(left) = end.checked_duration_since(Instant::now()) {
+                let mut p = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
+                let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX).max(1);
+                if poll(&mut p, PollTimeout::from(ms)).unwrap_or(0) == 0 {
+                    continue;
+                }
+                match nix::unistd::read(self.master.as_fd(), &mut buf) {
+                    Ok(n) if n > 0 => self.seen.push_str(&String::from_utf8_lossy(&buf[..n])),
+                    _ => return,
+                }
+            }
+        }
+
+        fn type_keys(&self, keys: &[u8]) {
+            write_all(self.master.as_fd(), keys).expect("typing");
+        }
+    }
+
+    fn send(coordinator: &UnixStream, msg: &CoordinatorMessage) {
+        let mut out = coordinator;
+        wire::write_message(&mut out, msg).expect("to the client");
+    }
+
+    fn receive(coordinator: &UnixStream) -> ClientMessage {
+        let mut from = coordinator;
+        wire::read_message::<ClientMessage>(&mut from).expect("from the client")
+    }
+
+    fn prompt(id: &str) -> CoordinatorMessage {
+        CoordinatorMessage::Prompt(PromptRequest {
+            request: id.into(),
+            profile: "dev".into(),
+            session: "s-1".into(),
+            cwd: "/w".into(),
+            argv: vec!["git".into(), "push".into()],
+            justification: "push it\x1b[2J\u{202e}".into(),
+            timeout_secs: 60,
+        })
+    }
+
+    /// Reads what the agent got on its terminal within `time`.
+    fn agent_input(slave: &OwnedFd, time: Duration) -> String {
+        let mut got = Vec::new();
+        let end = Instant::now() + time;
+        let mut buf = [0u8; 256];
+        while Instant::now() < end {
+            let mut p = [PollFd::new(slave.as_fd(), PollFlags::POLLIN)];
+            if poll(&mut p, PollTimeout::from(50u16)).unwrap_or(0) > 0 {
+                if let Ok(n) = nix::unistd::read(slave.as_fd(), &mut buf) {
+                    got.extend_from_slice(&buf[..n]);
+                }
+            }
+        }
+        String::from_utf8_lossy(&got).into_owned()
+    }
+
+    /// Longer than the prompt's arming time.
+    fn let_it_arm() {
+        std::thread::sleep(PROMPT_ARMING + Duration::from_millis(200));
+    }
+
+    #[test]
+    fn a_prompt_takes_the_terminal_and_gives_it_back() {
+        if let Some(socket) = std::env::var_os(CHILD) {
+            client(&socket);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("socket");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let developer = open_pty().expect("pty");
+        set_window_size(developer.master.as_fd(), WindowSize { rows: 30, cols: 120 }).expect("winsize");
+        let agent = open_pty().expect("pty");
+        let mut raw = termios::tcgetattr(agent.slave.as_fd()).expect("tcgetattr");
+        termios::cfmakeraw(&mut raw);
+        termios::tcsetattr(agent.slave.as_fd(), termios::SetArg::TCSANOW, &raw).expect("raw");
+        let stdio = || Stdio::from(developer.slave.try_clone().expect("dup"));
+        let exe = std::env::current_exe().expect("current_exe");
+        let child = Command::new(exe)
+            .args(["--exact", TEST, "--test-threads=1", "--nocapture", "-q"])
+            .env(CHILD, &path)
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .expect("spawn the client");
+        let mut child = Reaped(child);
+        let cooked = termios::tcgetattr(developer.slave.as_fd()).expect("tcgetattr");
+        let mut screen = Screen { master: developer.master, seen: String::new() };
+        // The client may fail before it connects: never wait forever.
+        listener.set_nonblocking(true).expect("nonblocking");
+        let deadline = Instant::now() + LIMIT;
+        let coordinator = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => screen.read_for(Duration::from_millis(20)),
+                Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", screen.seen),
+            }
+        };
+        coordinator.set_nonblocking(false).expect("blocking");
+        coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
+        transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent.master.as_fd()]).expect("send the master");
+        drop(agent.master);
+        let mut agent_out = std::fs::File::from(agent.slave.try_clone().expect("dup"));
+
+        // Before any prompt: the agent's output shows, keys reach it.
+        agent_out.write_all(b"agent says hi\r\n").expect("agent output");
+        screen.wait_for("agent says hi", 0);
+        screen.type_keys(b"ls");
+        assert_eq!(agent_input(&agent.slave, Duration::from_millis(500)), "ls");
+
+        // A prompt: shown inert; the agent's output is held back.
+        send(&coordinator, &prompt("r1"));
+        let shown = screen.wait_for("[n] deny", 0);
+        let start = screen.seen[..shown].rfind("── lazaret: the agent asks").expect("the header");
+        let block = screen.seen[start..].to_owned();
+        assert!(block.contains("  command: git push") && block.contains("push it\\x1b[2J\\u{202e}"), "{block:?}");
+        assert!(!block.contains("\x1b[2J") && !block.contains('\u{202e}'), "{block:?}");
+        agent_out.write_all(b"HELD-OUTPUT").expect("agent output");
+        screen.read_for(Duration::from_millis(400));
+        assert!(!screen.seen.contains("HELD-OUTPUT"), "interleaved: {:?}", screen.seen);
+        let_it_arm();
+        // The keys go to the prompt, not to the agent.
+        screen.type_keys(b"y");
+        assert_eq!(receive(&coordinator), ClientMessage::PromptAnswer { request: "r1".into(), decision: PromptDecision::Approve });
+        let approved = screen.wait_for("approved: runs once", shown);
+        let held = screen.wait_for("HELD-OUTPUT", shown);
+        assert!(approved < held, "the held output came before the prompt closed");
+        screen.type_keys(b"zz");
+        assert_eq!(agent_input(&agent.slave, Duration::from_millis(500)), "zz");
+
+        // Two at once: the second waits for the first.
+        send(&coordinator, &prompt("r2"));
+        send(&coordinator, &prompt("r3"));
+        let first = screen.wait_for("[n] deny", held);
+        let_it_arm();
+        screen.type_keys(b"n");
+        assert_eq!(receive(&coordinator), ClientMessage::PromptAnswer { request: "r2".into(), decision: PromptDecision::Deny });
+        let denied = screen.wait_for("lazaret: denied", first);
+        screen.wait_for("[n] deny", denied);
+        send(&coordinator, &CoordinatorMessage::PromptWithdrawn { request: "r3".into(), reason: "timed out after 60 s".into() });
+        let withdrawn = screen.wait_for("prompt withdrawn: timed out after 60 s", denied);
+
+        // The session ends with a prompt up: closed, not answered.
+        send(&coordinator, &prompt("r4"));
+        screen.wait_for("[n] deny", withdrawn);
+        send(&coordinator, &CoordinatorMessage::Exit { status: 7 });
+        screen.wait_for("prompt closed: the session ended", withdrawn);
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = child.0.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the client did not exit");
+            screen.read_for(Duration::from_millis(50));
+        };
+        assert_eq!(status.code(), Some(7));
+        let mut rest = &coordinator;
+        match wire::read_message::<ClientMessage>(&mut rest) {
+            Err(_) => {}
+            Ok(m) => panic!("the client sent {m:?} after the prompt was withdrawn"),
+        }
+        // The developer's terminal is as it was.
+        let after = termios::tcgetattr(developer.slave.as_fd()).expect("tcgetattr");
+        assert_eq!(format!("{cooked:?}"), format!("{after:?}"));
+    }
 }

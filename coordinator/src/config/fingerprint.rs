@@ -13,7 +13,7 @@ use super::{Config, ConfigError, EscalationSettings, Located, Profile, RunscSett
 
 /// Version tag hashed into every fingerprint; bump it when the canonical form
 /// changes meaning.
-const FINGERPRINT_FORMAT: &str = "lazaret-config-fingerprint-v1";
+const FINGERPRINT_FORMAT: &str = "lazaret-config-fingerprint-v2";
 
 /// The Configuration Fingerprint: lowercase hex SHA-256 of the canonical
 /// validated configuration of one Domain. Sessions whose fingerprint differs
@@ -42,6 +42,8 @@ struct Canonical<'a> {
     storage_root: &'a Path,
     runtime_dir: Option<&'a Path>,
     runsc: &'a RunscSettings,
+    /// The profile's effective escalation settings (global rules, then its
+    /// own; rule order is meaningful).
     escalation: &'a EscalationSettings,
     /// Only when configured, so a default `[network]` keeps older fingerprints.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -76,7 +78,7 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         storage_root: &config.storage_root,
         runtime_dir: config.runtime_dir.as_deref(),
         runsc: &config.runsc,
-        escalation: &config.escalation,
+        escalation: &profile.escalation,
         network: (config.network != super::NetworkSettings::default()).then_some(&config.network),
         profile_name: &profile.name,
         image: &profile.image,

@@ -12,7 +12,8 @@
 //! Order of list elements: `command`, `volumes` and `dns` keep their order
 //! (argv order, mount order and resolver preference mean something);
 //! `persistent_dirs`, `allow_egress` and `deny_egress` are sets (duplicates are
-//! rejected, order does not change the [`Fingerprint`]).
+//! rejected, order does not change the [`Fingerprint`]). Escalation rules keep
+//! their order (the first matching rule applies); a rule's `env` is a set.
 
 mod confine;
 mod diag;
@@ -30,10 +31,13 @@ use std::io::Read;
 use std::net::IpAddr;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lazaret_netpolicy::Prefix;
 use serde::{Serialize, Serializer};
 
+use crate::escalation::rules::LAUNCHING_SESSION_ENV;
+pub use crate::escalation::rules::Rule;
 use crate::identity::Developer;
 
 pub use confine::{ConfinementError, check_confinement};
@@ -72,7 +76,8 @@ pub struct Config {
     pub runsc: RunscSettings,
     /// DNS resolvers of every profile that does not set its own `dns`.
     pub dns: Vec<IpAddr>,
-    /// Host escalation settings.
+    /// The global `[escalation]` settings (each profile's effective ones
+    /// are [`Profile::escalation`]).
     pub escalation: EscalationSettings,
     /// The Domain network's address pools.
     pub network: NetworkSettings,
@@ -128,29 +133,115 @@ pub struct NetworkSettings {
     pub pool6: Option<Located<Prefix>>,
 }
 
-/// The `[escalation]` table.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+/// Default of `escalation.prompt_timeout`: how long a prompt waits for the
+/// developer before the request times out (and nothing runs).
+pub const DEFAULT_PROMPT_TIMEOUT: Duration = Duration::from_secs(120);
+/// Default of `escalation.timeout`: how long a host command may run.
+pub const DEFAULT_ESCALATION_TIMEOUT: Duration = Duration::from_secs(600);
+/// Default of `escalation.output_limit`: bytes of stdout and stderr together
+/// passed back before the rest is cut (64 MiB).
+pub const DEFAULT_OUTPUT_LIMIT: u64 = 64 << 20;
+/// Bounds of `prompt_timeout`, in seconds.
+pub const PROMPT_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=3600;
+/// Bounds of `timeout` (of `[escalation]` and of a rule), in seconds.
+pub const ESCALATION_TIMEOUT_RANGE: std::ops::RangeInclusive<u64> = 1..=86400;
+/// Bounds of `output_limit`, in bytes (1 MiB to 1 GiB).
+pub const OUTPUT_LIMIT_RANGE: std::ops::RangeInclusive<u64> = (1 << 20)..=(1 << 30);
+
+/// Host escalation settings: the global `[escalation]` table
+/// ([`Config::escalation`]), or the effective settings of one profile
+/// ([`Profile::escalation`]): the global rules followed by the profile's
+/// own, and the profile's values where it sets them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct EscalationSettings {
-    /// Auto-approval rules, in file order.
-    pub rules: Vec<EscalationRule>,
+    /// Auto-approval rules, in order (see [`crate::escalation::rules::matching_rule`]).
+    pub rules: Vec<Rule>,
+    /// How long a prompt waits for an answer; unanswered, the request times
+    /// out and nothing runs.
+    #[serde(serialize_with = "crate::escalation::rules::seconds")]
+    pub prompt_timeout: Duration,
+    /// How long a host command may run unless its rule sets `timeout`.
+    #[serde(serialize_with = "crate::escalation::rules::seconds")]
+    pub timeout: Duration,
+    /// Bytes of output (stdout and stderr together) passed back; the rest is
+    /// cut and the truncation reported.
+    pub output_limit: u64,
 }
 
-/// One `[[escalation.rules]]` entry: a host command approved without asking.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct EscalationRule {
-    /// Unique rule name (shown in prompts and logs).
-    pub name: String,
-    /// The complete argument vector the rule approves.
-    pub command: Vec<String>,
-    /// When true, any further trailing arguments are approved too.
-    pub allow_extra_args: bool,
-    /// Absolute host directory the command runs in; `None` means the
-    /// workspace root.
+impl Default for EscalationSettings {
+    fn default() -> Self {
+        Self {
+            rules: Vec::new(),
+            prompt_timeout: DEFAULT_PROMPT_TIMEOUT,
+            timeout: DEFAULT_ESCALATION_TIMEOUT,
+            output_limit: DEFAULT_OUTPUT_LIMIT,
+        }
+    }
+}
+
+impl EscalationSettings {
+    /// The first rule approving `argv` in the workspace-relative directory
+    /// `cwd_rel` (see [`crate::escalation::rules::matching_rule`]).
+    pub fn matching_rule(&self, argv: &[String], cwd_rel: &Path) -> Option<&Rule> {
+        crate::escalation::rules::matching_rule(&self.rules, argv, cwd_rel)
+    }
+
+    /// How long a command approved by `rule` (or by the developer: `None`)
+    /// may run: the rule's `timeout`, else [`EscalationSettings::timeout`].
+    pub fn timeout_for(&self, rule: Option<&Rule>) -> Duration {
+        rule.and_then(|rule| rule.timeout).unwrap_or(self.timeout)
+    }
+
+    /// The names of the variables the launching client sends in its Hello's
+    /// `host_env` (those it has set): [`LAUNCHING_SESSION_ENV`] followed by
+    /// every rule's `env`, each once, in that order.
+    pub fn host_env_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = LAUNCHING_SESSION_ENV.iter().map(|name| name.to_string()).collect();
+        for name in self.rules.iter().flat_map(|rule| &rule.env) {
+            if !names.contains(name) {
+                names.push(name.clone());
+            }
+        }
+        names
+    }
+}
+
+/// What a `[profiles.NAME.escalation]` table writes, before merging with the
+/// global `[escalation]` (shown by `lazaret config show`; the merged result is
+/// [`Profile::escalation`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct EscalationOverrides {
+    /// The profile's own rules, in file order (after the global ones).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub rules: Vec<Rule>,
+    /// Replaces the global `prompt_timeout`.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "crate::escalation::rules::optional_seconds")]
+    pub prompt_timeout: Option<Duration>,
+    /// Replaces the global `timeout`.
+    #[serde(skip_serializing_if = "Option::is_none", serialize_with = "crate::escalation::rules::optional_seconds")]
+    pub timeout: Option<Duration>,
+    /// Replaces the global `output_limit`.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub cwd: Option<PathBuf>,
-    /// Where the rule was written, `FILE:LINE:COLUMN`.
-    #[serde(skip)]
-    pub origin: String,
+    pub output_limit: Option<u64>,
+}
+
+impl EscalationOverrides {
+    /// Whether the profile has no `escalation` settings of its own.
+    pub fn is_empty(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// `global` with these overrides applied and these rules appended.
+    pub fn apply_to(&self, global: &EscalationSettings) -> EscalationSettings {
+        let mut rules = global.rules.clone();
+        rules.extend(self.rules.iter().cloned());
+        EscalationSettings {
+            rules,
+            prompt_timeout: self.prompt_timeout.unwrap_or(global.prompt_timeout),
+            timeout: self.timeout.unwrap_or(global.timeout),
+            output_limit: self.output_limit.unwrap_or(global.output_limit),
+        }
+    }
 }
 
 /// One `[profiles.NAME]` table: an Agent Profile with defaults applied.
@@ -196,6 +287,13 @@ pub struct Profile {
     /// Maximum number of processes.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub pids_limit: Option<u64>,
+    /// The effective escalation settings of this profile: the global
+    /// `[escalation]` merged with [`Profile::escalation_overrides`].
+    #[serde(skip)]
+    pub escalation: EscalationSettings,
+    /// What `[profiles.NAME.escalation]` writes itself.
+    #[serde(rename = "escalation", skip_serializing_if = "EscalationOverrides::is_empty")]
+    pub escalation_overrides: EscalationOverrides,
     /// Where the profile table starts, `FILE:LINE:COLUMN`.
     #[serde(skip)]
     pub origin: String,

@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::ops::Range;
+use std::ops::{Range, RangeInclusive};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use lazaret_mounts::volumes::{PathProblem, Side, Volume, VolumeError, normalise_absolute};
 use lazaret_netpolicy::Prefix;
@@ -13,9 +14,12 @@ use toml::de::{DeArray, DeTable, DeValue};
 
 use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
 use super::{
-    Config, DEFAULT_COMMAND, DEFAULT_STORAGE_ROOT, EnvValue, EscalationRule, EscalationSettings,
-    Located, NetworkSettings, Platform, Profile, RunscSettings, UserChoice, net,
+    Config, DEFAULT_COMMAND, DEFAULT_ESCALATION_TIMEOUT, DEFAULT_PROMPT_TIMEOUT,
+    DEFAULT_STORAGE_ROOT, ESCALATION_TIMEOUT_RANGE, EnvValue, EscalationOverrides,
+    EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
+    Platform, Profile, Rule, RunscSettings, UserChoice, net,
 };
+use crate::escalation::rules::{HOST_COMMAND_PATH, RelativeDirProblem, refused_env, workspace_relative};
 
 type Value<'i> = Spanned<DeValue<'i>>;
 
@@ -31,8 +35,8 @@ const TOP_KEYS: &[&str] = &[
 ];
 const NETWORK_KEYS: &[&str] = &["pool", "pool6"];
 const RUNSC_KEYS: &[&str] = &["path", "platform", "debug_log_dir"];
-const ESCALATION_KEYS: &[&str] = &["rules"];
-const RULE_KEYS: &[&str] = &["name", "command", "allow_extra_args", "cwd"];
+const ESCALATION_KEYS: &[&str] = &["prompt_timeout", "timeout", "output_limit", "rules"];
+const RULE_KEYS: &[&str] = &["name", "command", "allow_extra_args", "cwd", "timeout", "env"];
 const PROFILE_KEYS: &[&str] = &[
     "image",
     "command",
@@ -48,6 +52,7 @@ const PROFILE_KEYS: &[&str] = &[
     "hostname",
     "memory_limit",
     "pids_limit",
+    "escalation",
 ];
 
 /// Parses `text` (the content of `file`) into a validated [`Config`].
@@ -346,9 +351,14 @@ impl<'a> Walker<'a> {
             None => Some(Vec::new()),
         };
         let escalation = match top.get("escalation") {
-            Some(value) => self.escalation(value),
+            Some(value) => self
+                .escalation(value, "escalation", &[])
+                .map(|own| own.apply_to(&EscalationSettings::default())),
             None => Some(EscalationSettings::default()),
         };
+        // Profiles add to the global escalation settings; when those are
+        // invalid (already reported) the defaults stand in.
+        let global_escalation = escalation.clone().unwrap_or_default();
         let network = match top.get("network") {
             Some(value) => self.network(value),
             None => Some(NetworkSettings::default()),
@@ -367,7 +377,7 @@ impl<'a> Walker<'a> {
             Some(value) => match self.table(value, "profiles", "{ shell = { image = \"debian-bookworm\" } }") {
                 Some(table) => {
                     for (name, profile_value) in table.iter() {
-                        match self.profile(name, profile_value) {
+                        match self.profile(name, profile_value, &global_escalation) {
                             Some(profile) => {
                                 profiles.insert(profile.name.clone(), profile);
                             }
@@ -531,76 +541,118 @@ impl<'a> Walker<'a> {
         ok.then(|| seen.into_iter().map(|(a, _)| a).collect())
     }
 
-    fn escalation(&mut self, value: &Value<'_>) -> Option<EscalationSettings> {
-        let table = self.table(value, "escalation", "{ rules = [] }")?;
-        let keys = self.entries(table, ESCALATION_KEYS, "[escalation]");
-        let Some(rules_value) = keys.get("rules") else {
-            return Some(EscalationSettings::default());
-        };
-        let example = "[{ name = \"push\", command = [\"git\", \"push\"] }]";
-        let array = self.array(rules_value, "escalation.rules", example)?;
-        let mut rules: Vec<EscalationRule> = Vec::new();
+    /// An `[escalation]` table: the global one (`prefix` = `escalation`) or a
+    /// profile's (`profiles.NAME.escalation`). `taken` are the rules the
+    /// table's rules join (the global ones for a profile): names must be
+    /// unique among all of them.
+    fn escalation(&mut self, value: &Value<'_>, prefix: &str, taken: &[Rule]) -> Option<EscalationOverrides> {
+        let table = self.table(value, prefix, "{ timeout = 600, rules = [] }")?;
+        let keys = self.entries(table, ESCALATION_KEYS, &format!("[{prefix}]"));
         let mut ok = true;
-        for element in array.iter() {
-            match self.rule(element) {
-                Some(rule) => {
-                    if let Some(first) = rules.iter().find(|r| r.name == rule.name) {
-                        self.error(
-                            &element.span(),
-                            format!("escalation rule name {:?} is used twice", rule.name),
-                            format!(
-                                "rule names must be unique; the first is at {}",
-                                short_origin(&first.origin)
-                            ),
-                        );
-                        ok = false;
-                    } else {
-                        rules.push(rule);
+        let prompt_timeout = keys.get("prompt_timeout").map(|v| self.seconds(v, "prompt_timeout", PROMPT_TIMEOUT_RANGE, DEFAULT_PROMPT_TIMEOUT));
+        let timeout = keys.get("timeout").map(|v| self.seconds(v, "timeout", ESCALATION_TIMEOUT_RANGE, DEFAULT_ESCALATION_TIMEOUT));
+        let output_limit = keys.get("output_limit").map(|v| self.output_limit(v));
+        let mut rules: Vec<Rule> = Vec::new();
+        if let Some(rules_value) = keys.get("rules") {
+            let example = "[{ name = \"git-fetch\", command = [\"git\", \"fetch\"] }]";
+            match self.array(rules_value, &format!("{prefix}.rules"), example) {
+                Some(array) => {
+                    for element in array.iter() {
+                        let Some(rule) = self.rule(element, prefix) else {
+                            ok = false;
+                            continue;
+                        };
+                        if let Some(first) = taken.iter().chain(&rules).find(|r| r.name == rule.name) {
+                            let scope = if taken.is_empty() { "" } else { " among the global rules and the profile's" };
+                            self.error(
+                                &element.span(),
+                                format!("escalation rule name {:?} is used twice", rule.name),
+                                format!("rule names must be unique{scope}; the other is at {}", short_origin(&first.origin)),
+                            );
+                            ok = false;
+                        } else {
+                            rules.push(rule);
+                        }
                     }
                 }
                 None => ok = false,
             }
         }
-        ok.then_some(EscalationSettings { rules })
+        let overrides = EscalationOverrides {
+            rules,
+            prompt_timeout: prompt_timeout.map_or(Some(None), |t| t.map(Some))?,
+            timeout: timeout.map_or(Some(None), |t| t.map(Some))?,
+            output_limit: output_limit.map_or(Some(None), |l| l.map(Some))?,
+        };
+        ok.then_some(overrides)
     }
 
-    fn rule(&mut self, value: &Value<'_>) -> Option<EscalationRule> {
+    /// A whole number of seconds within `range`.
+    fn seconds(&mut self, value: &Value<'_>, key: &str, range: RangeInclusive<u64>, default: Duration) -> Option<Duration> {
+        let example = format!("{key} = {}", default.as_secs());
+        let DeValue::Integer(integer) = value.get_ref() else {
+            self.type_error(value, key, "a whole number of seconds", &default.as_secs().to_string());
+            return None;
+        };
+        let parsed = i64::from_str_radix(&integer.as_str().replace('_', ""), integer.radix())
+            .ok()
+            .and_then(|n| u64::try_from(n).ok())
+            .filter(|n| range.contains(n));
+        if parsed.is_none() {
+            self.error(
+                &value.span(),
+                format!("`{key}` must be between {} and {} seconds", range.start(), range.end()),
+                format!("for example: {example} (the default)"),
+            );
+        }
+        parsed.map(Duration::from_secs)
+    }
+
+    /// `output_limit`: bytes (or a size such as "64M") within [`OUTPUT_LIMIT_RANGE`].
+    fn output_limit(&mut self, value: &Value<'_>) -> Option<u64> {
+        let limit = self.positive(value, "output_limit", true)?;
+        if OUTPUT_LIMIT_RANGE.contains(&limit) {
+            Some(limit)
+        } else {
+            self.error(
+                &value.span(),
+                format!("`output_limit` must be between 1M ({}) and 1G ({}) bytes, found {limit}", OUTPUT_LIMIT_RANGE.start(), OUTPUT_LIMIT_RANGE.end()),
+                "for example: output_limit = \"64M\" (the default)",
+            );
+            None
+        }
+    }
+
+    /// One `[[PREFIX.rules]]` entry.
+    fn rule(&mut self, value: &Value<'_>, prefix: &str) -> Option<Rule> {
         let table = self.table(
             value,
-            "escalation.rules[..]",
-            "{ name = \"push\", command = [\"git\", \"push\"] }",
+            &format!("{prefix}.rules[..]"),
+            "{ name = \"git-fetch\", command = [\"git\", \"fetch\"] }",
         )?;
-        let keys = self.entries(table, RULE_KEYS, "an [[escalation.rules]] entry");
+        let keys = self.entries(table, RULE_KEYS, &format!("an [[{prefix}.rules]] entry"));
         let origin = self.map.origin(&value.span());
         let name = match keys.get("name") {
-            Some(v) => self.string(v, "name", "\"git-push\"").and_then(|name| {
-                if valid_name(name) {
+            Some(v) => self.string(v, "name", "\"git-fetch\"").and_then(|name| {
+                if valid_rule_name(name) {
                     Some(name.to_string())
                 } else {
-                    self.error(
-                        &v.span(),
-                        format!("rule name {name:?} is not valid"),
-                        NAME_HINT,
-                    );
+                    self.error(&v.span(), format!("rule name {name:?} is not valid"), RULE_NAME_HINT);
                     None
                 }
             }),
             None => {
-                self.error(
-                    &value.span(),
-                    "escalation rule has no `name`",
-                    "add e.g. name = \"git-push\"",
-                );
+                self.error(&value.span(), "escalation rule has no `name`", "add e.g. name = \"git-fetch\"");
                 None
             }
         };
         let command = match keys.get("command") {
-            Some(v) => self.argv(v, "command", "[\"git\", \"push\"]"),
+            Some(v) => self.rule_command(v),
             None => {
                 self.error(
                     &value.span(),
                     "escalation rule has no `command`",
-                    "add the complete argument vector, e.g. command = [\"git\", \"push\"]",
+                    "add the complete argument vector, e.g. command = [\"git\", \"fetch\"]",
                 );
                 None
             }
@@ -610,16 +662,110 @@ impl<'a> Walker<'a> {
             None => Some(false),
         };
         let cwd = match keys.get("cwd") {
-            Some(v) => Some(self.path_value(v, "cwd", "/home/me/src/project")?),
-            None => None,
+            Some(v) => self.rule_cwd(v).map(Some),
+            None => Some(None),
         };
-        Some(EscalationRule {
+        let timeout = match keys.get("timeout") {
+            Some(v) => self.seconds(v, "timeout", ESCALATION_TIMEOUT_RANGE, DEFAULT_ESCALATION_TIMEOUT).map(Some),
+            None => Some(None),
+        };
+        let env = match keys.get("env") {
+            Some(v) => self.rule_env(v),
+            None => Some(Vec::new()),
+        };
+        Some(Rule {
             name: name?,
             command: command?,
             allow_extra_args: allow_extra_args?,
-            cwd,
+            cwd: cwd?,
+            timeout: timeout?,
+            env: env?,
             origin,
         })
+    }
+
+    /// A rule's `command`: a non-empty array of non-empty strings whose
+    /// first element is a bare program name or an absolute path.
+    fn rule_command(&mut self, value: &Value<'_>) -> Option<Vec<String>> {
+        let example = "[\"git\", \"fetch\"]";
+        let items = self.strings(value, "command", example)?;
+        let total = self.array(value, "command", example).map_or(0, |a| a.len());
+        if total == 0 {
+            self.error(
+                &value.span(),
+                "`command` is empty",
+                format!("give the program and its arguments, e.g. command = {example}"),
+            );
+            return None;
+        }
+        let mut ok = items.len() == total;
+        for (index, (text, span)) in items.iter().enumerate() {
+            if text.is_empty() {
+                let what = if index == 0 { "the program name" } else { "an argument" };
+                self.error(
+                    span,
+                    format!("{what} in `command` is empty"),
+                    format!("write every element as a non-empty string, e.g. command = {example}"),
+                );
+                ok = false;
+            } else if index == 0 && text.contains('/') && !text.starts_with('/') {
+                self.error(
+                    span,
+                    format!("the program {text:?} in `command` is a relative path"),
+                    format!("it would be found relative to the working directory, inside the workspace the agent can write; use a bare name looked up on PATH={HOST_COMMAND_PATH} (e.g. \"make\") or an absolute path (e.g. \"/usr/bin/make\")"),
+                );
+                ok = false;
+            }
+        }
+        ok.then(|| items.into_iter().map(|(s, _)| s.to_string()).collect())
+    }
+
+    /// A rule's `cwd`: a workspace-relative directory, normalised.
+    fn rule_cwd(&mut self, value: &Value<'_>) -> Option<PathBuf> {
+        let text = self.string(value, "cwd", "\".\"")?;
+        match workspace_relative(text) {
+            Ok(path) => Some(path),
+            Err(problem) => {
+                let hint = match problem {
+                    RelativeDirProblem::Empty => "use \".\" for the workspace root or a directory below it, e.g. cwd = \"frontend\"",
+                    RelativeDirProblem::Absolute => "`cwd` is relative to the workspace root, so the rule means the same in every workspace; e.g. cwd = \".\" or cwd = \"frontend\"",
+                    RelativeDirProblem::DotDot => "host commands run inside the workspace only; name a directory in it without `..`, e.g. cwd = \"frontend\"",
+                };
+                let message = match problem {
+                    RelativeDirProblem::Empty => "`cwd` is empty".to_string(),
+                    _ => format!("`cwd`: {text:?} {problem}"),
+                };
+                self.error(&value.span(), message, hint);
+                None
+            }
+        }
+    }
+
+    /// A rule's `env`: names of variables passed from the launching
+    /// session, sorted (it is a set).
+    fn rule_env(&mut self, value: &Value<'_>) -> Option<Vec<String>> {
+        let example = "[\"GH_TOKEN\"]";
+        let items = self.strings(value, "env", example)?;
+        let mut ok = items.len() == self.array(value, "env", example).map_or(0, |a| a.len());
+        let mut names: Vec<(&str, Range<usize>)> = Vec::new();
+        for (name, span) in items {
+            if !valid_env_name(name) {
+                self.error(&span, format!("{name:?} is not a valid environment variable name"), "use letters, digits and `_`, not starting with a digit, e.g. GH_TOKEN");
+                ok = false;
+            } else if let Some(reason) = refused_env(name) {
+                self.error(&span, format!("a rule may not pass {name}"), format!("{reason}; see docs/escalation.md for the environment of host commands"));
+                ok = false;
+            } else if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
+                let first = short_origin(&self.map.origin(first));
+                self.error(&span, format!("{name} is listed twice in `env`"), format!("remove one; the first is at {first}"));
+                ok = false;
+            } else {
+                names.push((name, span));
+            }
+        }
+        let mut names: Vec<String> = names.into_iter().map(|(n, _)| n.to_string()).collect();
+        names.sort();
+        ok.then_some(names)
     }
 
     /// A non-empty array of non-empty strings.
@@ -652,6 +798,7 @@ impl<'a> Walker<'a> {
         &mut self,
         name: &Spanned<std::borrow::Cow<'_, str>>,
         value: &Value<'_>,
+        global_escalation: &EscalationSettings,
     ) -> Option<Profile> {
         let name_text: &str = name.get_ref();
         let mut ok = true;
@@ -732,6 +879,10 @@ impl<'a> Walker<'a> {
             Some(v) => self.positive(v, "pids_limit", false).map(Some),
             None => Some(None),
         };
+        let escalation_overrides = match keys.get("escalation") {
+            Some(v) => self.escalation(v, &format!("profiles.{name_text}.escalation"), &global_escalation.rules),
+            None => Some(EscalationOverrides::default()),
+        };
         if !ok {
             return None;
         }
@@ -751,6 +902,8 @@ impl<'a> Walker<'a> {
             hostname: hostname?,
             memory_limit: memory_limit?,
             pids_limit: pids_limit?,
+            escalation: escalation_overrides.as_ref()?.apply_to(global_escalation),
+            escalation_overrides: escalation_overrides?,
             origin,
         })
     }
@@ -1001,9 +1154,19 @@ impl<'a> Walker<'a> {
     }
 }
 
+const RULE_NAME_HINT: &str = "rule names use letters, digits, `_`, `.` and `-`, at most 64 characters, e.g. \"git-fetch\"";
+
+/// Escalation rule names (shown in prompts and the journal).
+fn valid_rule_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+}
+
 const NAME_HINT: &str = "names use letters, digits, `-` and `_`, start with a letter or digit, and have at most 32 characters";
 
-/// Profile and rule names: they end up in directory and kernel object names.
+/// Profile names: they end up in directory and kernel object names.
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 32
@@ -1150,6 +1313,12 @@ mod tests {
         assert!(!valid_name("-x"));
         assert!(!valid_name("a/b"));
         assert!(!valid_name(""));
+        assert!(valid_rule_name("git.fetch-all_2"));
+        assert!(valid_rule_name(&"a".repeat(64)));
+        assert!(!valid_rule_name(&"a".repeat(65)));
+        assert!(!valid_rule_name(""));
+        assert!(!valid_rule_name("git push"));
+        assert!(!valid_rule_name("gït"));
         assert!(valid_env_name("_X1"));
         assert!(!valid_env_name("1X"));
         assert!(!valid_env_name("A-B"));

@@ -204,7 +204,7 @@ mod tests {
     use nix::errno::Errno;
 
     fn developer() -> Developer {
-        Developer { uid: 1000, gid: 1000, name: "alice".into(), home: "/home/alice".into(), group_name: None, groups: vec![HostGroup { gid: 27, name: None }] }
+        Developer { uid: 1000, gid: 1000, name: "alice".into(), home: "/home/alice".into(), shell: "/bin/sh".into(), group_name: None, groups: vec![HostGroup { gid: 27, name: None }] }
     }
 
     fn config(text: &str, owner: Option<u32>) -> Config {

@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixListener;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use lazaret_netpolicy::topology::Netns;
 use lazaret_oci::ImageRecord;
 use lazaret_protocol::journal::Event;
-use lazaret_protocol::wire::{self, CoordinatorMessage};
+use lazaret_protocol::wire::CoordinatorMessage;
 use lazaret_runtime::signals::Signals;
 use lazaret_runtime::Runsc;
 
@@ -56,8 +56,10 @@ pub(super) struct Domain {
     pub config_json: String,
     pub started: Instant,
     pub network: NetworkView,
-    /// The Trust Anchor (escalation will issue session certificates from it).
-    pub _trust: Arc<TrustAnchor>,
+    /// The Trust Anchor: issues session certificates, identifies escalation clients.
+    pub trust: Arc<TrustAnchor>,
+    /// The escalation service (None only in a Domain whose listener could not be made).
+    pub escalations: Option<super::escalation::Escalations>,
     pub live: Mutex<Live>,
     pub changed: Condvar,
     pub connections: AtomicUsize,
@@ -80,14 +82,17 @@ pub(super) struct Live {
     pub ever_joined: bool,
     pub stop: Option<StopRequest>,
     listener_fd: Option<i32>,
+    /// The escalation listener's descriptor, owned by its accept thread.
+    pub escalation_listener_fd: Option<i32>,
 }
 
 /// A connected session.
 pub(super) struct SessionEntry {
     /// Where runsc writes the agent's PID (inside the sandbox).
     pub pid_file: PathBuf,
-    /// A stream for one-line notices to the session's client.
-    pub notices: Option<UnixStream>,
+    /// The session's client (every frame to it goes through here, so none
+    /// interleave) and what its escalation requests need of it.
+    pub link: Arc<super::escalation::SessionLink>,
 }
 
 /// A `lazaret stop` (or a termination signal) in progress.
@@ -115,6 +120,7 @@ impl Domain {
         sandbox: Sandbox,
         network: &Network,
         trust: Arc<TrustAnchor>,
+        escalations: Option<super::escalation::Escalations>,
         fingerprint: String,
         journal: DomainJournal,
         launcher: String,
@@ -138,7 +144,8 @@ impl Domain {
             config_json,
             started: Instant::now(),
             network: view,
-            _trust: trust,
+            trust,
+            escalations,
             live: Mutex::new(Live {
                 journal,
                 phase: Phase::Ready,
@@ -148,6 +155,7 @@ impl Domain {
                 ever_joined: false,
                 stop: None,
                 listener_fd: None,
+                escalation_listener_fd: None,
             }),
             changed: Condvar::new(),
             connections: AtomicUsize::new(0),
@@ -177,6 +185,10 @@ impl Domain {
             // `fd` is the listener's descriptor, still owned by the accept
             // thread (which only exits after this shutdown wakes it);
             // shutdown(2) does not close it.
+            let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
+        }
+        if let Some(fd) = live.escalation_listener_fd.take() {
+            // The same for the escalation listener's accept thread.
             let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
         }
         self.changed.notify_all();
@@ -257,14 +269,24 @@ fn read_internal_pid(pid_file: &Path) -> Option<i32> {
 
 /// Serves the published Domain until teardown begins: an accept thread
 /// hands each connection to a thread of its own; this thread supervises.
-pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, signals: &mut Signals) {
+pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, escalation: Option<Arc<std::net::TcpListener>>, signals: &mut Signals) {
     d.live().listener_fd = Some(listener.as_raw_fd());
     let acceptor = {
         let d = d.clone();
         std::thread::spawn(move || accept_loop(&d, listener))
     };
+    if let Some(l) = &escalation {
+        d.live().escalation_listener_fd = Some(l.as_raw_fd());
+    }
+    let escalation_acceptor = escalation.map(|l| {
+        let d = d.clone();
+        std::thread::spawn(move || super::escalation::accept_loop(&d, l))
+    });
     supervise(d, signals);
     let _ = acceptor.join();
+    if let Some(a) = escalation_acceptor {
+        let _ = a.join();
+    }
 }
 
 fn accept_loop(d: &Arc<Domain>, listener: UnixListener) {
@@ -334,9 +356,7 @@ fn escalate_stop(d: &Domain, live: &mut Live, mut stop: StopRequest) -> StopRequ
     if !stop.term_sent {
         stop.term_sent = true;
         for (id, s) in live.sessions.iter_mut() {
-            if let Some(n) = s.notices.as_mut() {
-                let _ = wire::write_message(n, &CoordinatorMessage::Notice { text: "the Domain is stopping (lazaret stop); the agent gets SIGTERM".into() });
-            }
+            s.link.send(&CoordinatorMessage::Notice { text: "the Domain is stopping (lazaret stop); the agent gets SIGTERM".into() });
             d.signal_session(id, &s.pid_file, libc::SIGTERM);
         }
     } else if !stop.kill_sent && stop.at.elapsed() >= stop.grace {

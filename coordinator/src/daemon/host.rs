@@ -56,6 +56,9 @@ pub struct Network {
     /// the last one when it is torn down).
     pub topology: Arc<DomainNetwork>,
     record: PathBuf,
+    /// The escalation listener, in the sidecar's namespace on the
+    /// sandbox-facing address.
+    pub escalation: Arc<std::net::TcpListener>,
 }
 
 /// The created sandbox.
@@ -139,6 +142,26 @@ impl HostEffects {
     }
 }
 
+/// The Escalation Client's file name, beside the `lazaret` executable on the
+/// host and in [`ESCALATE_DIR`] inside every sandbox.
+pub const ESCALATE_NAME: &str = "lazaret-escalate";
+/// Where the Escalation Client is inside the sandbox (on PATH).
+pub const ESCALATE_DIR: &str = "/usr/local/bin";
+
+/// The static `lazaret-escalate` installed beside this executable; a
+/// missing one is an error that says how to build it.
+fn escalate_binary() -> Result<PathBuf, StartError> {
+    let exe = std::env::current_exe().map_err(StartError::io("locating the lazaret executable"))?;
+    let path = exe.with_file_name(ESCALATE_NAME);
+    match fs::metadata(&path) {
+        Ok(m) if m.is_file() => Ok(path),
+        _ => Err(StartError::Io {
+            context: format!("the Escalation Client {} is missing (scripts/setup.sh installs it beside lazaret; for a build tree, scripts/build-escalate.sh builds it)", path.display()),
+            source: std::io::Error::from(std::io::ErrorKind::NotFound),
+        }),
+    }
+}
+
 /// The container's first process: a shell that reaps orphans (it is PID 1
 /// of the container) and otherwise sleeps. Images need `/bin/sh` and `sleep`.
 pub fn init_command() -> Vec<String> {
@@ -190,6 +213,7 @@ impl Effects for HostEffects {
     /// sidecar stage, through the recorded Sidecar ID.) Never `runsc
     /// delete`: the dead run's state holds PIDs of its own PID namespace.
     fn recover(&mut self) -> Result<(), StartError> {
+        cgroup::remove_children(&format!("/lazaret/{}", self.ctx.domain_id), "escalation-");
         for (container, run) in self.dir.run_dirs() {
             cgroup::remove(&format!("/lazaret/{}/{container}", self.ctx.domain_id));
             match fs::remove_dir_all(run.path()) {
@@ -274,7 +298,17 @@ impl Effects for HostEffects {
     fn start_sidecar(&mut self, _run: &RunDir) -> Result<Network, StartError> {
         let record = self.dir.sidecar_record();
         let topology = network::bring_up(&self.ctx.config, &self.ctx.profile, &record)?;
-        Ok(Network { topology: Arc::new(topology), record })
+        // Part of this stage: the act cleans up after itself if it fails.
+        let escalation = match topology.bind_escalation_listener() {
+            Ok(l) => l,
+            Err(e) => {
+                if let Err(u) = network::tear_down(topology, &record) {
+                    log(&format!("tearing down the sidecar after a failed start: {u}"));
+                }
+                return Err(network::NetworkError::from(e).into());
+            }
+        };
+        Ok(Network { topology: Arc::new(topology), record, escalation: Arc::new(escalation) })
     }
 
     /// Writes the bundle and runs `runsc create`. From here on stderr goes
@@ -290,6 +324,7 @@ impl Effects for HostEffects {
         spec.mounts = fs_.0.binds.clone();
         spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
         spec.mounts.extend(crate::passwd::bind_account_files(&self.ctx, &prepared.image.rootfs, run.path())?);
+        spec.mounts.push(BindMount { source: escalate_binary()?, destination: Path::new(ESCALATE_DIR).join(ESCALATE_NAME), readonly: true });
         let bundle = run.bundle();
         make_dir(&bundle, 0o700)?;
         lazaret_oci::bundle::write_bundle(&bundle, &spec)?;

@@ -27,6 +27,7 @@
 
 mod domain;
 mod error;
+mod escalation;
 mod host;
 mod report;
 mod session;
@@ -234,6 +235,38 @@ fn reap_until(coordinator: nix::unistd::Pid, signals: &mut Signals) -> i32 {
     }
 }
 
+/// The escalation service: the server certificate for the listener's
+/// address, and the cgroup (the sandbox's parent, `/lazaret/<domain>`, in
+/// the unified hierarchy) under which each host command gets its own. Without it the Domain runs,
+/// and `lazaret-escalate` reports Lazaret unavailable; the log says why.
+fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str) -> Option<escalation::Escalations> {
+    let address = match network.escalation.local_addr() {
+        Ok(a) => a,
+        Err(e) => {
+            log(&format!("escalation is unavailable: the listener has no address: {e}"));
+            return None;
+        }
+    };
+    let server = match trust.server_config(address.ip()) {
+        Ok(s) => s,
+        Err(e) => {
+            log(&format!("escalation is unavailable: {e}"));
+            return None;
+        }
+    };
+    let unified = match lazaret_runtime::hostexec::cgroup2_mount() {
+        Ok(u) => u,
+        Err(e) => {
+            log(&format!("escalation is unavailable: host commands need a cgroup of their own: {e}"));
+            return None;
+        }
+    };
+    let parent = std::path::Path::new(cgroups_path).parent().unwrap_or(std::path::Path::new("/lazaret"));
+    let cgroup_parent = unified.join(parent.strip_prefix("/").unwrap_or(parent));
+    log(&format!("escalation: listening on {address} for the profile {}", ctx.profile.name));
+    Some(escalation::Escalations::new(address, server, cgroup_parent))
+}
+
 /// Opens the Domain's journal for this run and computes the fingerprint the
 /// Domain starts with.
 fn open_journal(ctx: &Context) -> Result<(DomainJournal, String), StartError> {
@@ -279,12 +312,14 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     drop(status);
 
     let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
-    let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, fingerprint, journal, args.session.clone()));
+    let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path);
+    let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
+    let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone()));
     // Live host addresses; stopped (thread joined, its Weak gone) before teardown.
     let host_watch = crate::network::watch_host(&network.topology, log).map_err(|e| log(&format!("not following host address changes: {e}"))).ok();
     // The stack's handle must be the network's last one at teardown.
     drop(network);
-    domain::serve(&domain, listener, signals);
+    domain::serve(&domain, listener, escalation_listener, signals);
     drop(host_watch);
 
     crash_point(TEARDOWN);

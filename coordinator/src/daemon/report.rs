@@ -31,7 +31,7 @@ pub(super) fn status_of(d: &Domain) -> DomainStatus {
         sandbox: d.container.clone(),
         sidecar: d.network.sidecar.clone(),
         coordinator_pid: std::process::id(),
-        pending: Vec::new(),
+        pending: live.sessions.values().flat_map(|s| s.link.pending()).collect(),
     }
 }
 

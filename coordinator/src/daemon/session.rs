@@ -17,6 +17,7 @@ use crate::transport;
 use crate::LAZARET_FAILED;
 
 use super::domain::{Domain, Phase, SessionEntry, StopRequest};
+use super::escalation::SessionLink;
 use super::{log, report, StartError};
 
 /// How long a client may take to send its first frame.
@@ -34,6 +35,7 @@ struct SessionRequest {
     args: Vec<String>,
     cwd: Option<String>,
     size: WindowSize,
+    link: Arc<SessionLink>,
 }
 
 /// Serves one accepted connection.
@@ -100,11 +102,10 @@ impl Refusal {
     }
 }
 
-/// Checks a Hello and registers its session (journalled), with `notices`
-/// the stream its one-line notices go to. Returns the session's request,
-/// or why it was refused.
-fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixStream>) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env: _ } = hello else {
+/// Checks a Hello and registers its session (journalled). Returns the
+/// session's request, or why it was refused.
+fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionRequest, Refusal> {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
@@ -145,15 +146,22 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize, notices: Option<UnixSt
         return Err(Refusal::final_(format!("session {session} refused: {e}")));
     }
     live.ever_joined = true;
-    live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), notices });
+    let allowed = d.ctx.profile.escalation.host_env_names();
+    let (host_env, dropped) = crate::escalation::environment::accept_session_env(host_env, &allowed);
+    if !dropped.is_empty() {
+        log(&format!("session {session}: ignored host variables it may not pass: {}", dropped.join(", ")));
+    }
+    // Only a session whose keyboard is a terminal can be asked.
+    let link = Arc::new(SessionLink::new(&session, terminal[0], host_env));
+    live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), link: link.clone() });
     log(&format!("session {session} joined ({} connected)", live.sessions.len()));
-    Ok(SessionRequest { session, tty: terminal.iter().any(|t| *t), terminal, term, args, cwd, size: WindowSize { rows, cols } })
+    Ok(SessionRequest { session, tty: terminal.iter().any(|t| *t), terminal, term, args, cwd, size: WindowSize { rows, cols }, link })
 }
 
 /// One session: register it, exec its agent, relay signals, report its exit.
 fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: Vec<OwnedFd>) {
     let mut out = stream;
-    let req = match register(d, hello, fds.len(), stream.try_clone().ok()) {
+    let req = match register(d, hello, fds.len()) {
         Ok(r) => r,
         Err(Refusal { reason, retry }) => {
             let _ = wire::write_message(&mut out, &CoordinatorMessage::Refused { reason, retry });
@@ -166,8 +174,9 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
         Ok(v) => v,
         Err(e) => {
             log(&format!("session {session}: starting the agent failed: {e}"));
-            let _ = wire::write_message(&mut out, &CoordinatorMessage::Notice { text: format!("error: {e}") });
-            finish_session(d, stream, &session, LAZARET_FAILED);
+            req.link.attach(stream.try_clone().ok());
+            req.link.send(&CoordinatorMessage::Notice { text: format!("error: {e}") });
+            finish_session(d, &req.link, &session, LAZARET_FAILED);
             return;
         }
     };
@@ -178,12 +187,16 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
     }
     drop(fds);
     drop(master);
+    // From here on every frame to the client goes through the link (prompts
+    // may come as soon as the agent runs; they wait for this).
+    req.link.attach(stream.try_clone().ok());
     // Client messages: signals for the agent; end of stream: the client is
     // gone, so its agent goes too.
     let exited = Arc::new(AtomicBool::new(false));
     let reader_thread = stream.try_clone().ok().map(|r| {
         let (d, session, pid_file, exited) = (d.clone(), session.clone(), pid_file.clone(), exited.clone());
-        std::thread::spawn(move || relay_client(&d, r, &session, &pid_file, &exited))
+        let link = req.link.clone();
+        std::thread::spawn(move || relay_client(&d, r, &session, &pid_file, &exited, &link))
     });
     let status = match child.wait() {
         Ok(s) => {
@@ -196,7 +209,7 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
         }
     };
     exited.store(true, Ordering::SeqCst);
-    finish_session(d, stream, &session, status);
+    finish_session(d, &req.link, &session, status);
     let _ = stream.shutdown(std::net::Shutdown::Both);
     if let Some(t) = reader_thread {
         let _ = t.join();
@@ -204,17 +217,19 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
     let _ = std::fs::remove_file(&pid_file);
 }
 
-/// Journals the session's end and tells the client its agent's status at
+/// Ends the session's escalation request (killing its host command), then
+/// journals the session's end and tells the client its agent's status at
 /// once; if it was the last session, begins teardown, which finishes behind
 /// the Exit (a client that wants the Domain gone waits for its lock, as
 /// `lazaret stop` does).
 ///
-/// The Exit goes first: it is no resource, and the client should not wait
-/// for the journal's fsync (the model allows results to connected sessions
-/// only, and the session is still connected until `DisconnectSession`).
-fn finish_session(d: &Domain, stream: &UnixStream, session: &str, status: i32) {
-    let mut out = stream;
-    let _ = wire::write_message(&mut out, &CoordinatorMessage::Exit { status });
+/// The Exit goes before the journal: it is no resource, and the client
+/// should not wait for the journal's fsync (the model allows results to
+/// connected sessions only, and the session is still connected until
+/// `DisconnectSession`).
+fn finish_session(d: &Domain, link: &SessionLink, session: &str, status: i32) {
+    link.disconnect();
+    link.send(&CoordinatorMessage::Exit { status });
     let mut live = d.live();
     if let Err(e) = live.journal.record(Event::DisconnectSession { session: session.to_string() }) {
         log(&format!("session {session}: {e}"));
@@ -226,7 +241,7 @@ fn finish_session(d: &Domain, stream: &UnixStream, session: &str, status: i32) {
 
 /// Reads the client's messages until the agent exits; a client that goes
 /// away or misbehaves takes its agent's process tree with it.
-fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, exited: &AtomicBool) {
+fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, exited: &AtomicBool, link: &SessionLink) {
     let _ = stream.set_read_timeout(None);
     let mut limit = RateLimit::client_default();
     let mut r = &stream;
@@ -237,6 +252,7 @@ fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, 
         }
         match msg {
             Ok(ClientMessage::Signal { signal }) if (1..=64).contains(&signal) => d.signal_session(session, pid_file, signal),
+            Ok(ClientMessage::PromptAnswer { request, decision }) => link.answer(&request, decision),
             Ok(other) => {
                 log(&format!("session {session}: unexpected {other:?}; disconnecting and ending its agent"));
                 break;
@@ -277,6 +293,9 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     if let Some(c) = agent_cwd(d, req.cwd.as_deref()) {
         spec.cwd = c;
     }
+    if let Some(esc) = &d.escalations {
+        escalation_env(&mut spec.env, esc.address, &d.trust, &req.session)?;
+    }
     // The process part is validated like a whole bundle, with this run's
     // rootfs and cgroups.
     spec.rootfs = d.run.rootfs();
@@ -311,6 +330,26 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     // The spec holds the agent's environment (secrets too): never on disk.
     let child = d.runsc.exec(&d.container, process.as_bytes(), pid_file, stdio, extra)?;
     Ok((child, master))
+}
+
+/// Gives the session's processes what `lazaret-escalate` needs: the
+/// coordinator's address, the Domain CA's certificate, and a client
+/// certificate and key of this session alone (issued now, never stored).
+/// `PATH` gets the client's directory if the image's PATH lacks it.
+fn escalation_env(env: &mut Vec<(String, String)>, address: std::net::SocketAddr, trust: &crate::trust::TrustAnchor, session: &str) -> Result<(), StartError> {
+    use lazaret_protocol::escalation::{ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY};
+    let credentials = trust.issue_session(session)?;
+    for (name, value) in [(ENV_ADDR, address.to_string()), (ENV_CA, trust.ca_pem().to_string()), (ENV_CERT, credentials.cert_pem.clone()), (ENV_KEY, credentials.key_pem.clone())] {
+        env.retain(|(k, _)| k != name);
+        env.push((name.to_string(), value));
+    }
+    let dir = super::host::ESCALATE_DIR;
+    match env.iter_mut().find(|(k, _)| k == "PATH") {
+        Some((_, path)) if !path.split(':').any(|p| p == dir) => path.push_str(&format!(":{dir}")),
+        Some(_) => {}
+        None => env.push(("PATH".into(), dir.into())),
+    }
+    Ok(())
 }
 
 /// The agent's command behind a `/bin/sh` that moves each stream that is

@@ -21,6 +21,12 @@
 //!   such switch, so rules blackhole every packet from the sandbox whose
 //!   source is not the sandbox's address (link-local sources, which the
 //!   kernel never forwards, stay allowed for neighbour discovery).
+//! * Escalation channel: the self-guard (rules sending the sandbox's packets
+//!   to a table where the sidecar's own addresses are unreachable) has one
+//!   exception, IPv4 TCP from the sandbox link to the gateway's
+//!   [`ESCALATION_PORT`], for the coordinator's listener in the sidecar
+//!   ([`DomainNetwork::bind_escalation_listener`]). The sidecar's nftables
+//!   filter only hooks forwarding, so it never sees that traffic.
 //! * The sidecar's interfaces keep IPv6 link-local addresses (the kernel
 //!   sends no neighbour solicitation without one); rules refuse the sandbox
 //!   every link-local destination for the guarded protocols. The sidecar
@@ -65,7 +71,7 @@ mod nft;
 
 use std::fmt;
 use std::io::Read;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener};
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -77,8 +83,10 @@ use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
 use rtnetlink::packet_route::IpProtocol;
-use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage};
+use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage, RulePortRange};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
+
+pub use lazaret_protocol::escalation::ESCALATION_PORT;
 
 pub use debug::debug_view;
 pub use live::{HostWatch, HostWatcher, PolicyUpdate};
@@ -554,6 +562,13 @@ fn route_message(route: &PolicyRoute, uplink: (u32, Ipv4Addr, Ipv6Addr)) -> Resu
 const SELF_GUARD_TABLE: u32 = 200;
 /// Priority of the rules sending packets from the sandbox to the self-guard.
 const SELF_GUARD_PRIORITY: u32 = 500;
+/// Priority of the self-guard's one exception: the escalation channel, TCP
+/// from the sandbox to its gateway's [`ESCALATION_PORT`], goes straight to
+/// `lookup local` (see [`DomainNetwork::bind_escalation_listener`]).
+const ESCALATION_PRIORITY: u32 = 490;
+/// Listen backlog of the escalation listener (the kernel caps it at
+/// `net.core.somaxconn`): every session of a Domain may connect at once.
+const ESCALATION_BACKLOG: i32 = 1024;
 /// Priority the `lookup local` rule is moved to, after the self-guard.
 const LOCAL_RULE_PRIORITY: u32 = 1000;
 /// The kernel's local routing table.
@@ -613,6 +628,8 @@ struct SidecarRule {
     source: Option<Prefix>,
     destination: Option<Prefix>,
     protocol: Option<IpProtocol>,
+    /// `dport START-END` (with a TCP/UDP `protocol`).
+    destination_ports: Option<(u16, u16)>,
     action: RuleAction,
     /// The table looked up by a `ToTable` rule; 0 for the other actions.
     table: u32,
@@ -636,6 +653,7 @@ impl SidecarRule {
             source: None,
             destination: None,
             protocol: None,
+            destination_ports: None,
             action,
             table: 0,
             goto: None,
@@ -656,6 +674,7 @@ impl SidecarRule {
                 RuleAttribute::Source(address) => rule.source = Some(Prefix::truncating(*address, header.src_len)),
                 RuleAttribute::Destination(address) => rule.destination = Some(Prefix::truncating(*address, header.dst_len)),
                 RuleAttribute::IpProtocol(protocol) => rule.protocol = Some(*protocol),
+                RuleAttribute::DestinationPortRange(range) => rule.destination_ports = Some((range.start, range.end)),
                 RuleAttribute::Goto(target) => rule.goto = Some(*target),
                 _ => {}
             }
@@ -689,6 +708,9 @@ impl SidecarRule {
             message.attributes.push(RuleAttribute::Destination(destination.network()));
         }
         message.attributes.extend(self.protocol.map(RuleAttribute::IpProtocol));
+        message.attributes.extend(
+            self.destination_ports.map(|(start, end)| RuleAttribute::DestinationPortRange(RulePortRange { start, end })),
+        );
         message.attributes.extend(self.goto.map(RuleAttribute::Goto));
         request.execute().await.map_err(netlink_error(format!("add sidecar rule {self}")))
     }
@@ -711,6 +733,9 @@ impl fmt::Display for SidecarRule {
         if let Some(protocol) = self.protocol {
             write!(f, " ipproto {protocol:?}")?;
         }
+        if let Some((start, end)) = self.destination_ports {
+            write!(f, " dport {start}-{end}")?;
+        }
         match (self.action, self.goto) {
             (RuleAction::ToTable, _) => write!(f, " lookup {}", self.table),
             (RuleAction::Goto, Some(target)) => write!(f, " goto {target}"),
@@ -719,14 +744,49 @@ impl fmt::Display for SidecarRule {
     }
 }
 
+/// One address family of the sidecar's rules, with the address its rules name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GuardFamily {
+    /// IPv4: the sandbox's gateway (the sidecar's inner address), where the
+    /// escalation channel is let through.
+    V4 { gateway: Ipv4Addr },
+    /// IPv6: the sandbox's address, the only source the spoof guard lets pass.
+    V6 { sandbox: Ipv6Addr },
+}
+
+impl GuardFamily {
+    fn is_v4(self) -> bool {
+        matches!(self, GuardFamily::V4 { .. })
+    }
+
+    fn name(self) -> &'static str {
+        if self.is_v4() { "IPv4" } else { "IPv6" }
+    }
+}
+
 /// The rules the sidecar holds for one family, in priority order: for
-/// IPv6 (`sandbox6` given) the spoof guard and the link-local guard first;
-/// then the self-guard; then the kernel's `lookup local`, moved behind it
-/// (see [`install_self_guard_table`]).
-fn sidecar_rules(sandbox6: Option<Ipv6Addr>) -> Vec<SidecarRule> {
-    let v4 = sandbox6.is_none();
+/// IPv6 the spoof guard and the link-local guard first; for IPv4 the
+/// escalation channel's exception; then the self-guard; then the kernel's
+/// `lookup local`, moved behind it (see [`install_self_guard_table`]).
+/// IPv6 has no exception: the sidecar refuses the sandbox every IPv6
+/// address of its own.
+fn sidecar_rules(family: GuardFamily) -> Vec<SidecarRule> {
+    let v4 = family.is_v4();
     let mut rules = Vec::new();
-    if let Some(sandbox) = sandbox6 {
+    if let GuardFamily::V4 { gateway } = family {
+        // TCP to the gateway's escalation port is delivered (to the
+        // coordinator's listener, see `bind_escalation_listener`) instead of
+        // meeting the self-guard; `rp_filter` on the sandbox link already
+        // makes its source the sandbox's address.
+        rules.push(SidecarRule {
+            destination: Some(Prefix::host(IpAddr::V4(gateway))),
+            protocol: Some(IpProtocol::Tcp),
+            destination_ports: Some((ESCALATION_PORT, ESCALATION_PORT)),
+            table: LOCAL_TABLE,
+            ..SidecarRule::from_sandbox(ESCALATION_PRIORITY, RuleAction::ToTable)
+        });
+    }
+    if let GuardFamily::V6 { sandbox } = family {
         // IPv6's stand-in for `rp_filter`: packets from the sandbox whose
         // source is neither its address nor link-local (neighbour discovery;
         // the kernel never forwards those) are blackholed, silently, as an ICMP
@@ -797,9 +857,9 @@ async fn dump_rules(handle: &Handle, v4: bool) -> Result<Vec<RuleMessage>, Topol
 /// Installs [`sidecar_rules`] for one family and then deletes the kernel's
 /// priority-0 `lookup local` rule, which the list has re-added behind the
 /// self-guard.
-async fn install_rules(handle: &Handle, sandbox6: Option<Ipv6Addr>) -> Result<(), TopologyError> {
-    let v4 = sandbox6.is_none();
-    for rule in sidecar_rules(sandbox6) {
+async fn install_rules(handle: &Handle, family: GuardFamily) -> Result<(), TopologyError> {
+    let v4 = family.is_v4();
+    for rule in sidecar_rules(family) {
         rule.add(handle, v4).await?;
     }
     let first_local = dump_rules(handle, v4).await?.into_iter().find(|message| {
@@ -846,11 +906,11 @@ async fn install_self_guard_table(handle: &Handle, v4: bool, own: &[Prefix]) -> 
 
 /// Differences between the sidecar's rules and self-guard table of one
 /// family and what [`install_rules`] and [`install_self_guard_table`] install.
-async fn self_guard_differences(handle: &Handle, sandbox6: Option<Ipv6Addr>, own: &[Prefix]) -> Result<Vec<String>, TopologyError> {
-    let v4 = sandbox6.is_none();
-    let family = if v4 { "IPv4" } else { "IPv6" };
+async fn self_guard_differences(handle: &Handle, guard: GuardFamily, own: &[Prefix]) -> Result<Vec<String>, TopologyError> {
+    let v4 = guard.is_v4();
+    let family = guard.name();
     let found: Vec<SidecarRule> = dump_rules(handle, v4).await?.iter().map(SidecarRule::parse).collect();
-    let mut differences = rule_differences(family, &sidecar_rules(sandbox6), &found);
+    let mut differences = rule_differences(family, &sidecar_rules(guard), &found);
     let query = if v4 {
         RouteMessageBuilder::<Ipv4Addr>::new().table_id(SELF_GUARD_TABLE).build()
     } else {
@@ -1225,10 +1285,10 @@ impl DomainNetwork {
                     .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
             install_self_guard_table(&handle, true, &addresses.sidecar_own()).await?;
-            install_rules(&handle, None).await?;
+            install_rules(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner }).await?;
             if ipv6 {
                 install_self_guard_table(&handle, false, &addresses.v6.sidecar_own()).await?;
-                install_rules(&handle, Some(addresses.v6.sandbox)).await?;
+                install_rules(&handle, GuardFamily::V6 { sandbox: addresses.v6.sandbox }).await?;
             }
             // Resolvers only their DNS route opens: port 53 only (routes cannot match ports).
             filter.install()
@@ -1353,9 +1413,9 @@ impl DomainNetwork {
             }
             let rp_filter = inner_rp_filter();
             sysctls.push(forwarding::read_sysctl(&rp_filter)?);
-            let mut guard = self_guard_differences(&handle, None, &own).await?;
+            let mut guard = self_guard_differences(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner }, &own).await?;
             if ipv6 {
-                guard.extend(self_guard_differences(&handle, Some(addresses.v6.sandbox), &own6).await?);
+                guard.extend(self_guard_differences(&handle, GuardFamily::V6 { sandbox: addresses.v6.sandbox }, &own6).await?);
             }
             guard.extend(sidecar_filter_differences(&filter)?);
             Ok((view, sysctls, guard))
@@ -1389,6 +1449,27 @@ impl DomainNetwork {
     /// Domain): a copy, as [`Self::refresh_host`] may replace it any time.
     pub fn policy(&self) -> CompiledPolicy {
         self.locked_policy().clone()
+    }
+
+    /// Where the escalation channel listens: the sandbox's gateway (the
+    /// sidecar's inner address) and [`ESCALATION_PORT`], the one address and
+    /// port of the sidecar that the self-guard lets the sandbox reach.
+    pub fn escalation_address(&self) -> SocketAddr {
+        SocketAddr::V4(SocketAddrV4::new(self.addresses.sidecar_inner, ESCALATION_PORT))
+    }
+
+    /// A TCP listener on [`Self::escalation_address`], created inside the
+    /// sidecar namespace (a socket stays in the namespace it was created
+    /// in, whichever thread accepts on it later): close-on-exec, backlog
+    /// 1024 (at most `net.core.somaxconn`). Only the sandbox reaches it:
+    /// other Domains' sidecars deny the pool, and the host's processes,
+    /// whose route to the sandbox link crosses the sidecar, get no reply
+    /// (the sidecar routes none of the host's addresses, its uplink's end
+    /// included: they are denied host and transit addresses).
+    pub fn bind_escalation_listener(&self) -> Result<TcpListener, TopologyError> {
+        let (sidecar, _) = self.namespaces()?;
+        let address = SocketAddrV4::new(self.addresses.sidecar_inner, ESCALATION_PORT);
+        sidecar.run(move || listen_tcp(address, ESCALATION_BACKLOG))
     }
 
     /// The sandbox namespace, for runsc (see [`Netns::proc_path`]).
@@ -1441,6 +1522,20 @@ impl Drop for DomainNetwork {
             let _ = self.teardown_inner();
         }
     }
+}
+
+/// A listening TCP socket on `address` in the calling thread's namespace,
+/// close-on-exec, with `backlog` (std's `TcpListener::bind` fixes 128).
+fn listen_tcp(address: SocketAddrV4, backlog: i32) -> Result<TcpListener, TopologyError> {
+    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrIn, bind, listen, setsockopt, socket, sockopt};
+    let failed = |action: &'static str| move |errno| TopologyError::Namespace { action, errno };
+    let socket = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, SockProtocol::Tcp)
+        .map_err(failed("socket(AF_INET, SOCK_STREAM) for the escalation listener"))?;
+    setsockopt(&socket, sockopt::ReuseAddr, &true).map_err(failed("setsockopt(SO_REUSEADDR) on the escalation listener"))?;
+    bind(std::os::fd::AsRawFd::as_raw_fd(&socket), &SockaddrIn::from(address)).map_err(failed("bind the escalation listener"))?;
+    let backlog = Backlog::new(backlog).map_err(failed("listen backlog of the escalation listener"))?;
+    listen(&socket, backlog).map_err(failed("listen on the escalation listener"))?;
+    Ok(TcpListener::from(socket))
 }
 
 /// Removes Lazaret uplinks and NAT tables in `host` whose Sidecar ID is not in
@@ -1592,12 +1687,17 @@ mod tests {
 
     #[test]
     fn sidecar_rules_read_like_ip_rule() {
-        let v4: Vec<String> = sidecar_rules(None).iter().map(ToString::to_string).collect();
-        assert_eq!(v4.len(), GUARDED_PROTOCOLS.len() + 1);
-        assert_eq!(v4[0], "500: iif lzs0 from all ipproto Icmp lookup 200");
+        let gateway = Ipv4Addr::new(100, 96, 0, 5);
+        let v4: Vec<String> = sidecar_rules(GuardFamily::V4 { gateway }).iter().map(ToString::to_string).collect();
+        assert_eq!(v4.len(), 1 + GUARDED_PROTOCOLS.len() + 1);
+        assert_eq!(v4[0], "490: iif lzs0 from all to 100.96.0.5/32 ipproto Tcp dport 7418-7418 lookup 255");
+        assert_eq!(v4[1], "500: iif lzs0 from all ipproto Icmp lookup 200");
         assert_eq!(v4.last().map(String::as_str), Some("1000: from all lookup 255"));
+        // The exception is the only rule with a port, and the only one ahead of the self-guard.
+        assert_eq!(v4.iter().filter(|rule| rule.contains("dport")).count(), 1);
+        assert_eq!(v4.iter().filter(|rule| !rule.starts_with("500:") && !rule.starts_with("1000:")).count(), 1);
         let sandbox: Ipv6Addr = "fd6c:617a:6172::6460:4".parse().expect("valid test input");
-        let v6: Vec<String> = sidecar_rules(Some(sandbox)).iter().map(ToString::to_string).collect();
+        let v6: Vec<String> = sidecar_rules(GuardFamily::V6 { sandbox }).iter().map(ToString::to_string).collect();
         assert_eq!(&v6[..3], [
             "400: iif lzs0 from fe80::/10 goto 450",
             "401: iif lzs0 from fd6c:617a:6172::6460:4/128 goto 450",
@@ -1607,12 +1707,14 @@ mod tests {
         // ICMPv6 (neighbour discovery) is guarded nowhere.
         assert!(!v6.iter().any(|rule| rule.contains("Icmp")), "{v6:?}");
         assert_eq!(v6.len(), 3 + 2 * (GUARDED_PROTOCOLS.len() - 1) + 1);
+        // IPv6 has no exception: nothing of the sidecar's is let through.
+        assert!(!v6.iter().any(|rule| rule.contains("dport") || rule.starts_with(&format!("{ESCALATION_PRIORITY}:"))), "{v6:?}");
     }
 
     #[test]
     fn rule_differences_report_missing_and_every_extra_rule() {
         let sandbox: Ipv6Addr = "fd6c:617a:6172::6460:4".parse().expect("valid test input");
-        let expected = sidecar_rules(Some(sandbox));
+        let expected = sidecar_rules(GuardFamily::V6 { sandbox });
         let main = SidecarRule { table: MAIN_TABLE, ..SidecarRule::any(32766, RuleAction::ToTable) };
         let mut found = expected.clone();
         found.push(main.clone());
@@ -1632,6 +1734,18 @@ mod tests {
                 "unexpected sidecar IPv6 rule: 402: not iif lzs0 from fd6c:617a:6172::6460:4/128 Blackhole",
                 "unexpected sidecar IPv6 rule: 0: from all lookup 255",
                 "unexpected sidecar IPv6 rule: 300: from all lookup 254",
+            ]
+        );
+
+        // The escalation exception widened to every port is no longer the expected one.
+        let expected = sidecar_rules(GuardFamily::V4 { gateway: Ipv4Addr::new(100, 96, 0, 5) });
+        let mut found = expected.clone();
+        found[0].destination_ports = Some((1, u16::MAX));
+        assert_eq!(
+            rule_differences("IPv4", &expected, &found),
+            [
+                "sidecar IPv4 rule missing: 490: iif lzs0 from all to 100.96.0.5/32 ipproto Tcp dport 7418-7418 lookup 255",
+                "unexpected sidecar IPv4 rule: 490: iif lzs0 from all to 100.96.0.5/32 ipproto Tcp dport 1-65535 lookup 255",
             ]
         );
     }
