@@ -70,6 +70,22 @@ fn prompt_field(prompt: &str, label: &str) -> String {
     rest[..end].trim().to_string()
 }
 
+/// Waits past the prompt's arming time (the client drops keys typed within
+/// 300 ms of a prompt appearing: they were meant for the agent), then types
+/// `keys`.
+fn answer(pty: &TestTerminal, keys: &[u8]) {
+    std::thread::sleep(ARMING);
+    pty.write(keys);
+}
+
+/// Longer than the client's prompt arming time.
+const ARMING: Duration = Duration::from_millis(700);
+
+/// The coordinator logs of `env`'s Domains, for failure messages.
+fn coordinator_logs(env: &TestEnv) -> String {
+    env.domain_ids().iter().map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default()).collect::<Vec<_>>().join("\n---\n")
+}
+
 fn finish(env: &TestEnv) {
     env.assert_nothing_left();
     env.assert_journal_conforms();
@@ -225,7 +241,15 @@ fn stdout_and_stderr_come_back_exactly_binary_and_megabytes() {
     let script = format!("cat {}; cat {} >&2; exit 5", host.arg("out.bin"), host.arg("err.bin"));
     let env = esc_env("", &rules_toml(&[Rule::new("output", &["sh", "-c", &script])]));
     let out = agent(&env, &["lazaret-escalate", "--", "sh", "-c", &script]);
-    assert_eq!(out.status.code(), Some(5), "status; stderr starts {:?}", String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(300)]));
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "status; got {} bytes of stdout and {} of stderr, ending {:?}; coordinator log:\n{}",
+        out.stdout.len(),
+        out.stderr.len(),
+        String::from_utf8_lossy(&out.stderr[out.stderr.len().saturating_sub(300)..]),
+        coordinator_logs(&env)
+    );
     assert_same_bytes("stdout", &out.stdout, &want_out);
     assert_same_bytes("stderr", &out.stderr, &want_err);
     finish(&env);
@@ -328,11 +352,11 @@ fn a_prompt_names_the_request_and_approving_runs_it_once() {
     assert_eq!(sessions.len(), 1, "{sessions:?}");
     assert_eq!(prompt_field(&prompt, "profile"), "test", "{prompt:?}");
     assert_eq!(prompt_field(&prompt, "session"), sessions[0]);
-    assert_eq!(prompt_field(&prompt, "cwd"), env.workspace.display().to_string());
+    assert_eq!(Path::new(&prompt_field(&prompt, "cwd")), env.workspace, "the prompt's cwd");
     assert_eq!(prompt_field(&prompt, "command"), format!("sh -c {}", single_quoted(&script)));
     assert_eq!(prompt_field(&prompt, "why"), "push the fix");
     assert!(!host.file("marker").exists(), "the command ran before it was approved");
-    pty.write(b"y");
+    answer(&pty, b"y");
     pty.expect("host-says-42");
     assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
     assert_eq!(fs::read_to_string(host.file("marker")).expect("marker"), format!("ran-as-{uid}\n"));
@@ -362,7 +386,7 @@ fn denying_a_prompt_exits_77_and_ls_shows_the_pending_request() {
     let listing = text(&ls.stdout);
     assert_eq!(ls.status.code(), Some(0), "{}", text(&ls.stderr));
     assert!(listing.contains(&sessions[0]) && listing.contains(&marker), "lazaret ls does not show the pending request of {}:\n{listing}", sessions[0]);
-    pty.write(b"n");
+    answer(&pty, b"n");
     assert_eq!(wait_with_limit(&mut child).code(), Some(DENIED), "terminal showed {:?}", pty.seen());
     assert!(!host.file("denied").exists(), "a denied command ran");
     let id = only_request(&env, &["touch", &marker]);
@@ -378,7 +402,7 @@ fn editing_a_prompt_runs_the_edited_command_after_confirmation() {
     let mut pty = TestTerminal::new(40, 200);
     let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "lazaret-escalate", "--", "touch", &original]);
     pty.expect_text(PROMPT_KEYS);
-    pty.write(b"e");
+    answer(&pty, b"e");
     // The editor starts with the request, shell-quoted.
     pty.expect(&format!("touch {original}"));
     pty.write(b"\x15");
@@ -387,10 +411,11 @@ fn editing_a_prompt_runs_the_edited_command_after_confirmation() {
     let confirm = pty.expect_text(PROMPT_CONFIRM);
     assert!(confirm.contains(&edited) && confirm.contains("with space"), "the confirmation does not show the edited command: {confirm:?}");
     assert!(!host.file("edited").exists() && !host.file("original").exists(), "something ran before the confirmation");
-    pty.write(b"y");
+    answer(&pty, b"y");
     assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
     assert!(host.file("edited").exists(), "the edited command did not run");
-    assert!(host.file("with space").exists(), "the quoted argument was not one argument");
+    // A relative name: created in the command's working directory, the workspace.
+    assert!(env.workspace.join("with space").exists(), "the quoted argument was not one argument");
     assert!(!host.file("original").exists(), "the original command ran");
     let id = only_request(&env, &["touch", &original]);
     assert_eq!(request_actions(&env, &id), ["VerifyRequest", "PromptDeveloper", "DeveloperEditApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]);
@@ -414,13 +439,13 @@ fn approving_for_the_domain_runs_the_same_argv_again_without_asking() {
     let mut pty = TestTerminal::new(40, 200);
     let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "sh", "-c", &script]);
     pty.expect_text(PROMPT_KEYS);
-    pty.write(b"a");
+    answer(&pty, b"a");
     pty.expect("first=0");
     let between = pty.expect_text("second=0");
     assert!(!between.contains(PROMPT_KEYS), "the same argv was prompted again after approve-for-Domain: {between:?}");
     let third = pty.expect_text(PROMPT_KEYS);
     assert!(third.contains("other"), "the third prompt is not for the other command: {third:?}");
-    pty.write(b"n");
+    answer(&pty, b"n");
     pty.expect(&format!("third={DENIED}"));
     // Another session of the Domain, without a terminal: the approved argv
     // runs, another is denied (it cannot be asked).
@@ -464,7 +489,7 @@ fn a_justification_full_of_escape_sequences_is_shown_inert() {
     let mut pty = TestTerminal::new(40, 200);
     let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "lazaret-escalate", "--justification", why, "--", "true"]);
     let prompt = pty.expect_text(PROMPT_KEYS);
-    pty.write(b"n");
+    answer(&pty, b"n");
     assert_eq!(wait_with_limit(&mut child).code(), Some(DENIED), "terminal showed {:?}", pty.seen());
     let raw = pty.received();
     for bad in ["\x1b[2Jclear", "\x1b]52;c;", "aGVsbG8=\x07", "\rCR", "\u{202e}RLO", "\u{200b}ZW"] {
@@ -502,12 +527,12 @@ fn two_sessions_prompting_at_once_each_see_only_their_own() {
         assert_eq!(p["argv"][2], want, "pending request of the wrong session: {p}");
     }
     // B is answered while A's prompt stays up.
-    pb.write(b"y");
+    answer(&pb, b"y");
     pb.expect("B-ran");
     assert_eq!(wait_with_limit(&mut b).code(), Some(0), "terminal B showed {:?}", pb.seen());
     let later = pa.settle(Duration::from_millis(500)).to_string();
     assert!(!later.contains("B-ran"), "session A's terminal shows B's output: {later:?}");
-    pa.write(b"n");
+    answer(&pa, b"n");
     assert_eq!(wait_with_limit(&mut a).code(), Some(DENIED), "terminal A showed {:?}", pa.seen());
     let (ra, rb) = (text(pa.received()), text(pb.received()));
     assert!(!ra.contains("from-session-B") && !ra.contains("B-ran"), "session A's terminal shows B's request: {ra:?}");
