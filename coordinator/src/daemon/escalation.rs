@@ -25,7 +25,7 @@
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -420,11 +420,11 @@ fn record(d: &Domain, event: Event) -> bool {
 /// which the sandbox sees at the same path as the host; `None` outside it
 /// or for a path with `.` or `..` components.
 fn workspace_relative(root: &Path, cwd: &str) -> Option<PathBuf> {
-    let path = Path::new(cwd);
-    if path.components().any(|c| matches!(c, Component::ParentDir | Component::CurDir)) {
+    // On the text: `Path::components` drops inner `.` components.
+    if cwd.split('/').any(|c| c == "." || c == "..") {
         return None;
     }
-    path.strip_prefix(root).ok().map(Path::to_path_buf)
+    Path::new(cwd).strip_prefix(root).ok().map(Path::to_path_buf)
 }
 
 fn admit_and_run(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, session: &str, req: &EscalationRequest) -> Ending {
@@ -545,7 +545,7 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
         request: id.clone(),
         profile: d.ctx.profile.name.clone(),
         session: session.into(),
-        cwd: d.ctx.workspace.root().join(rel).display().to_string(),
+        cwd: host_dir(d.ctx.workspace.root(), rel).display().to_string(),
         argv: req.argv.clone(),
         justification: cut(&req.justification),
         timeout_secs: timeout.as_secs(),
@@ -628,7 +628,7 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
     };
     let cwd = match open_workspace_dir(d.ctx.workspace.root(), rel) {
         Ok(fd) => fd,
-        Err(e) => return fail(format!("the working directory {}: {e}", d.ctx.workspace.root().join(rel).display())),
+        Err(e) => return fail(format!("the working directory {}: {e}", host_dir(d.ctx.workspace.root(), rel).display())),
     };
     let developer = &d.ctx.developer;
     let user = HostUser { name: &developer.name, home: &developer.home, shell: &developer.shell };
@@ -684,6 +684,11 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
             Ending::Deliver(with(Outcome::Cancelled))
         }
     }
+}
+
+/// The host directory of a workspace-relative path (no trailing `/` for the root).
+fn host_dir(root: &Path, rel: &Path) -> PathBuf {
+    if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(rel) }
 }
 
 /// Opens the request's directory beneath the workspace root without
