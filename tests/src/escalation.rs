@@ -303,3 +303,30 @@ pub fn requests_for(env: &TestEnv, argv: &[&str]) -> Vec<String> {
 pub fn command_output(mut cmd: Command) -> std::process::Output {
     crate::wait_output(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning"))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rules_are_written_as_toml_with_every_byte_escaped() {
+        let rule = Rule::new("r", &["sh", "-c", "echo \"a\\b\"\n\u{1b}"]).extra_args().in_dir("sub/dir");
+        assert_eq!(
+            rule.toml("escalation.rules"),
+            "\n[[escalation.rules]]\nname = \"r\"\ncommand = [\"sh\", \"-c\", \"echo \\\"a\\\\b\\\"\\n\\u001b\"]\nallow_extra_args = true\ncwd = \"sub/dir\"\n"
+        );
+        let mut timed = Rule::new("t", &["true"]);
+        timed.timeout = Some(5);
+        timed.env = vec!["GH_TOKEN".into()];
+        assert_eq!(rules_toml(&[timed]), "\n[[escalation.rules]]\nname = \"t\"\ncommand = [\"true\"]\nallow_extra_args = false\ntimeout = 5\nenv = [\"GH_TOKEN\"]\n");
+    }
+
+    #[test]
+    fn unique_sleeps_differ_and_parse_as_numbers() {
+        let (a, b) = (unique_sleep(), unique_sleep());
+        assert_ne!(a, b);
+        for s in [a, b] {
+            assert!(s.parse::<f64>().is_ok_and(|v| v >= 1000.0), "{s}");
+        }
+    }
+}

@@ -420,6 +420,41 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
     sorted[i].as_secs_f64() * 1000.0
 }
 
+/// For every pair of consecutive journal events of the completed
+/// escalation requests of `env`, the time between them over all requests
+/// (sorted), in the order of the events.
+fn request_steps(env: &TestEnv) -> Vec<(String, String, Vec<Duration>)> {
+    let mut by_request: std::collections::HashMap<String, Vec<(String, u64)>> = std::collections::HashMap::new();
+    for e in env.journal_entries() {
+        let (Some(request), Some(action), Some(t)) = (e["request"].as_str(), e["action"].as_str(), e["timestamp_ms"].as_u64()) else { continue };
+        by_request.entry(request.to_string()).or_default().push((action.to_string(), t));
+    }
+    let mut steps: Vec<(String, String, Vec<Duration>)> = Vec::new();
+    for events in by_request.values() {
+        if events.last().is_none_or(|(a, _)| a != "DeliverResult") {
+            continue;
+        }
+        for (i, w) in events.windows(2).enumerate() {
+            let d = Duration::from_millis(w[1].1.saturating_sub(w[0].1));
+            match steps.get_mut(i) {
+                Some(step) if step.0 == w[0].0 && step.1 == w[1].0 => step.2.push(d),
+                Some(_) => {}
+                None => steps.push((w[0].0.clone(), w[1].0.clone(), vec![d])),
+            }
+        }
+        let total = Duration::from_millis(events[events.len() - 1].1.saturating_sub(events[0].1));
+        match steps.iter_mut().find(|s| s.0 == "total" ) {
+            Some(step) => step.2.push(total),
+            None => steps.push(("total".into(), "".into(), vec![total])),
+        }
+    }
+    steps.sort_by_key(|s| s.0 == "total");
+    for s in &mut steps {
+        s.2.sort();
+    }
+    steps.into_iter().map(|(f, t, d)| if f == "total" { ("VerifyRequest".into(), "DeliverResult (total)".into(), d) } else { (f, t, d) }).collect()
+}
+
 /// Sessions and requests per session of the concurrency part.
 const ESC_SESSIONS: usize = 8;
 const ESC_CONCURRENT: usize = 100;
@@ -434,14 +469,31 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     let probe = install_escprobe(&env).display().to_string();
 
     // Round trips, timed inside one sandbox (its start-up not counted),
-    // after a few warm-up requests.
+    // after a few warm-up requests; in the same session, two baselines:
+    // spawning `true` in the sandbox, and `lazaret-escalate --version` (the
+    // client's start without a connection).
     let warm = 20;
     let total = (n + warm).to_string();
-    let out = env.run(["run", "test", "--", &probe, "time", &total, "--", "lazaret-escalate", "--", "true"]);
-    anyhow::ensure!(out.status.success(), "the escalation loop failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
-    let mut inside: Vec<Duration> =
-        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_micros).skip(warm).collect();
-    anyhow::ensure!(inside.len() == n, "expected {n} timings, got {}", inside.len());
+    let script = format!(
+        "{probe} time {total} -- true; echo --; {probe} time {total} -- lazaret-escalate --version; echo --; {probe} time {total} -- lazaret-escalate -- true"
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    anyhow::ensure!(out.status.success(), "the timing loops failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let sections: Vec<&str> = text.split("--\n").collect();
+    anyhow::ensure!(sections.len() == 3, "expected three timing loops, got {}", sections.len());
+    // Failed runs are counted, not timed.
+    let timings = |section: &str| -> (Vec<Duration>, Vec<String>) {
+        let failed = section.lines().filter(|l| l.starts_with("failed ")).map(String::from).collect();
+        let mut d: Vec<Duration> = section.lines().skip(warm).filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_micros).collect();
+        d.sort();
+        (d, failed)
+    };
+    let (spawn, spawn_failed) = timings(sections[0]);
+    let (version, version_failed) = timings(sections[1]);
+    let (inside, failures) = timings(sections[2]);
+    anyhow::ensure!(spawn_failed.is_empty() && version_failed.is_empty(), "baselines failed: {spawn_failed:?} {version_failed:?}");
+    anyhow::ensure!(inside.len() >= n / 2, "only {} of {n} requests succeeded: {failures:?}", inside.len());
     let mut host = Vec::with_capacity(n);
     for i in 0..n + warm {
         let t = Instant::now();
@@ -452,15 +504,26 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
             host.push(d);
         }
     }
-    inside.sort();
     host.sort();
+    let row = |name: &str, d: &[Duration]| println!("{:<52} {:>10.2} {:>10.2}", name, quantile_ms(d, 0.5), quantile_ms(d, 0.99));
     let (im, ip) = (quantile_ms(&inside, 0.5), quantile_ms(&inside, 0.99));
     let (hm, hp) = (quantile_ms(&host, 0.5), quantile_ms(&host, 0.99));
     println!("rule-approved `true`, {n} requests one after the other ({})", lazaret_bin().display());
     println!("{:<52} {:>10} {:>10}", "", "median ms", "p99 ms");
-    println!("{:<52} {:>10.2} {:>10.2}", "true on the host (spawned by the bench)", hm, hp);
-    println!("{:<52} {:>10.2} {:>10.2}", "lazaret-escalate -- true, inside the sandbox", im, ip);
+    row("true on the host (spawned by the bench)", &host);
+    row("lazaret-escalate -- true, inside the sandbox", &inside);
     println!("{:<52} {:>10.2} {:>10.2}", "  difference (target: median <= 5 ms)", im - hm, ip - hp);
+    println!("{:<52} {:>10}", "  requests that did not exit 0 (not timed)", failures.len());
+    if let Some(first) = failures.first() {
+        println!("    first: {first} ({})", String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or(""));
+    }
+    println!("baselines inside the same sandbox");
+    row("  spawning true", &spawn);
+    row("  lazaret-escalate --version (no connection)", &version);
+    println!("coordinator steps of the rule-approved requests (journal timestamps, ms resolution)");
+    for (from, to, d) in request_steps(&env) {
+        row(&format!("  {from} -> {to}"), &d);
+    }
     println!();
 
     // Concurrency: every session starts its requests at once.
@@ -477,10 +540,13 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     }
     let outputs: Vec<std::process::Output> = sessions.into_iter().map(lazaret_tests::wait_output).collect();
     let wall = t.elapsed();
-    let mut exits: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
-    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    use std::collections::{BTreeMap, HashMap};
+    // Per client: its exit code and what it printed; per token: how often
+    // it was printed by anyone.
+    let mut clients: HashMap<String, (String, String)> = HashMap::new();
+    let mut printed: HashMap<String, usize> = HashMap::new();
     let mut failed_sessions = 0;
-    let mut reasons: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
     for out in &outputs {
         if !out.status.success() {
             failed_sessions += 1;
@@ -488,36 +554,53 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
         for line in String::from_utf8_lossy(&out.stdout).lines() {
             let Some((token, rest)) = line.split_once(" exit=") else { continue };
             let (exit, shown) = rest.split_once(" out=").unwrap_or((rest, ""));
-            *exits.entry(exit.to_string()).or_default() += 1;
-            for printed in shown.split("\\n").filter(|l| !l.is_empty()) {
-                *seen.entry(printed.to_string()).or_default() += 1;
+            for p in shown.split("\\n").filter(|l| !l.is_empty()) {
+                *printed.entry(p.to_string()).or_default() += 1;
             }
-            let _ = token;
+            clients.insert(token.to_string(), (exit.to_string(), shown.to_string()));
         }
         for line in String::from_utf8_lossy(&out.stderr).lines() {
-            // "s3-17: lazaret-escalate: REASON": count the reasons.
+            // "s3-17: lazaret-escalate: REASON": the reasons, Session IDs elided.
             if let Some((_, reason)) = line.split_once(": ") {
-                *reasons.entry(reason.chars().take(100).collect()).or_default() += 1;
+                let reason: String =
+                    reason.split(' ').map(|w| if w.starts_with("s-") { "s-…" } else { w }).collect::<Vec<_>>().join(" ").chars().take(100).collect();
+                *reasons.entry(reason).or_default() += 1;
             }
         }
     }
     let expected: Vec<String> = (0..ESC_SESSIONS).flat_map(|s| (0..ESC_CONCURRENT).map(move |i| format!("s{s}-{i}"))).collect();
-    let once = expected.iter().filter(|t| seen.get(*t) == Some(&1)).count();
-    let lost = expected.iter().filter(|t| !seen.contains_key(*t)).count();
-    let duplicated = expected.iter().filter(|t| seen.get(*t).is_some_and(|c| *c > 1)).count();
-    let foreign = seen.keys().filter(|t| !expected.contains(t)).count();
-    println!("{ESC_SESSIONS} sessions x {ESC_CONCURRENT} concurrent requests (`echo TOKEN`, rule-approved)");
-    println!("{:<40} {:>8}", "requests", expected.len());
-    println!("{:<40} {:>8}", "tokens back exactly once", once);
-    println!("{:<40} {:>8}", "tokens lost", lost);
-    println!("{:<40} {:>8}", "tokens duplicated", duplicated);
-    println!("{:<40} {:>8}", "unexpected output lines", foreign);
-    for (exit, count) in &exits {
-        println!("{:<40} {:>8}", format!("clients exiting {exit}"), count);
+    let mut exits: BTreeMap<String, usize> = BTreeMap::new();
+    let (mut exact, mut wrong_output, mut no_result) = (0, 0, 0);
+    for token in &expected {
+        match clients.get(token) {
+            None => no_result += 1,
+            Some((exit, shown)) => {
+                *exits.entry(exit.clone()).or_default() += 1;
+                if exit == "0" {
+                    if *shown == format!("{token}\\n") {
+                        exact += 1;
+                    } else {
+                        wrong_output += 1;
+                    }
+                }
+            }
+        }
     }
-    println!("{:<40} {:>8}", "sessions that failed", failed_sessions);
-    println!("{:<40} {:>8.0}", "wall time, ms", wall.as_secs_f64() * 1000.0);
-    for (reason, count) in reasons.iter().take(5) {
+    let duplicated = printed.values().filter(|c| **c > 1).count();
+    let foreign = printed.keys().filter(|t| !expected.contains(t)).count();
+    println!("{ESC_SESSIONS} sessions x {ESC_CONCURRENT} concurrent requests (`echo TOKEN`, rule-approved)");
+    println!("{:<48} {:>8}", "requests", expected.len());
+    println!("{:<48} {:>8}", "exit 0 with exactly their own token", exact);
+    println!("{:<48} {:>8}", "exit 0 with other output (lost or mixed)", wrong_output);
+    println!("{:<48} {:>8}", "tokens printed more than once (duplicated)", duplicated);
+    println!("{:<48} {:>8}", "lines that are no client's token", foreign);
+    println!("{:<48} {:>8}", "clients that reported nothing", no_result);
+    for (exit, count) in &exits {
+        println!("{:<48} {:>8}", format!("clients exiting {exit}"), count);
+    }
+    println!("{:<48} {:>8}", "sessions that failed", failed_sessions);
+    println!("{:<48} {:>8.0}", "wall time, ms", wall.as_secs_f64() * 1000.0);
+    for (reason, count) in &reasons {
         println!("  stderr x{count}: {reason}");
     }
     drop(env);
