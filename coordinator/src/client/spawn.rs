@@ -193,9 +193,9 @@ impl JournalTail {
         JournalTail { path, file: meta.as_ref().map(|m| (m.dev(), m.ino())), offset: meta.map_or(0, |m| m.len()), partial: Vec::new() }
     }
 
-    /// The events appended since the last call (unreadable or unparsable
+    /// The entries appended since the last call (unreadable or unparsable
     /// lines are skipped: this is a display, not a check).
-    fn new_events(&mut self) -> Vec<Event> {
+    fn new_entries(&mut self) -> Vec<JournalEntry> {
         let Ok(meta) = std::fs::metadata(&self.path) else { return Vec::new() };
         let identity = (meta.dev(), meta.ino());
         if self.file != Some(identity) || meta.len() < self.offset {
@@ -218,7 +218,7 @@ impl JournalTail {
         while let Some(i) = self.partial.iter().position(|&b| b == b'\n') {
             let line: Vec<u8> = self.partial.drain(..=i).collect();
             if let Ok(entry) = serde_json::from_slice::<JournalEntry>(&line) {
-                events.push(entry.event);
+                events.push(entry);
             }
         }
         events
@@ -238,6 +238,8 @@ const REDRAW_EVERY: Duration = Duration::from_millis(100);
 struct StartupDisplay {
     profile: String,
     started: Instant,
+    /// `started` in the journal's clock (milliseconds since the epoch).
+    started_ms: u64,
     verbosity: Verbosity,
     /// Whether the status line may be drawn: stderr is a terminal that
     /// understands erasing, and not `--quiet`.
@@ -259,6 +261,7 @@ impl StartupDisplay {
         StartupDisplay {
             profile: lazaret_protocol::display::inert(profile, 64),
             started: Instant::now(),
+            started_ms: u64::try_from(crate::journal::now_ms()).unwrap_or(u64::MAX),
             verbosity,
             status_line,
             journal,
@@ -285,14 +288,7 @@ impl StartupDisplay {
         let now = Instant::now();
         if self.last_poll.is_none_or(|t| now.duration_since(t) >= POLL_EVERY) {
             self.last_poll = Some(now);
-            for stage in self.journal.new_events().iter().filter_map(stage_started_by) {
-                self.stage = Some(stage);
-                self.last_draw = None;
-                if self.verbosity == Verbosity::Verbose {
-                    let at = self.started.elapsed().as_secs_f64();
-                    self.line(&format!("lazaret: {at:>6.2}s stage {stage}"));
-                }
-            }
+            self.follow_journal();
         }
         if self.status_line && self.last_draw.is_none_or(|t| now.duration_since(t) >= REDRAW_EVERY) {
             self.last_draw = Some(now);
@@ -300,8 +296,24 @@ impl StartupDisplay {
         }
     }
 
+    /// Takes the stages journalled since the last look.
+    fn follow_journal(&mut self) {
+        for entry in self.journal.new_entries() {
+            let Some(stage) = stage_started_by(&entry.event) else { continue };
+            self.stage = Some(stage);
+            self.last_draw = None;
+            if self.verbosity == Verbosity::Verbose {
+                // When the coordinator journalled it, not when it was seen.
+                let at = Duration::from_millis(entry.timestamp_ms.saturating_sub(self.started_ms)).as_secs_f64();
+                self.line(&format!("lazaret: {at:>6.2}s stage {stage}"));
+            }
+        }
+    }
+
     fn draw(&mut self) {
-        let columns = lazaret_runtime::terminal::window_size(std::io::stderr().as_fd()).map_or(80, |w| usize::from(w.cols));
+        // A terminal that does not know its size (0 columns) counts as 80.
+        let columns = lazaret_runtime::terminal::window_size(std::io::stderr().as_fd()).map_or(0, |w| usize::from(w.cols));
+        let columns = if columns == 0 { 80 } else { columns };
         let text = status_text(&self.profile, self.stage, self.started.elapsed(), columns);
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "{ERASE_LINE}{text}");
@@ -327,6 +339,7 @@ impl StartupDisplay {
         self.erase();
         self.finished = true;
         if self.verbosity == Verbosity::Verbose {
+            self.follow_journal();
             eprintln!("lazaret: {:>6.2}s Domain {} started", self.started.elapsed().as_secs_f64(), self.profile);
         }
     }
@@ -384,17 +397,17 @@ mod tests {
         let line = |e: Event| format!("{}\n", JournalEntry::now("d", e).to_json_line().expect("json"));
         std::fs::write(&path, line(Event::PublishDomain)).expect("old run");
         let mut tail = JournalTail::from_end(path.clone());
-        assert!(tail.new_events().is_empty(), "what was there before is not this start-up's");
+        assert!(tail.new_entries().is_empty(), "what was there before is not this start-up's");
         let lock = line(Event::AcquireDomainLock { session: "s".into(), fingerprint: "f".into() });
         let (first, rest) = lock.split_at(10);
         std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(first.as_bytes())).expect("append");
-        assert!(tail.new_events().is_empty(), "half a line is not an event");
+        assert!(tail.new_entries().is_empty(), "half a line is not an event");
         std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(format!("{rest}not json\n").as_bytes())).expect("append");
-        assert_eq!(tail.new_events().iter().filter_map(stage_started_by).collect::<Vec<_>>(), [Stage::Lock]);
+        assert_eq!(tail.new_entries().iter().map(|e| &e.event).filter_map(stage_started_by).collect::<Vec<_>>(), [Stage::Lock]);
         // A crashed run's journal is moved aside and a new one begun.
         std::fs::rename(&path, dir.path().join("aside.jsonl")).expect("move aside");
         std::fs::write(&path, line(Event::MountStateAnchor)).expect("new journal");
-        assert_eq!(tail.new_events().iter().filter_map(stage_started_by).collect::<Vec<_>>(), [Stage::StateAnchor]);
+        assert_eq!(tail.new_entries().iter().map(|e| &e.event).filter_map(stage_started_by).collect::<Vec<_>>(), [Stage::StateAnchor]);
     }
 
     #[test]
