@@ -2,7 +2,7 @@
 //! of binds the coordinator puts in the OCI spec, and making the host-side
 //! mounts those binds need.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
@@ -111,6 +111,7 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
     let mut seen = HashSet::new();
     sentry.protected.retain(|p| seen.insert(p.path.clone()));
     sentry.compute_pins();
+    pin_above_isolated(&mut sentry, &ignored);
     Ok(WorkspacePlan {
         workspace: workspace.to_owned(),
         sandbox_workspace: opts.sandbox_workspace.clone(),
@@ -119,6 +120,27 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
         warnings,
         sticky,
     })
+}
+
+/// Adds a pin for every directory above an isolated path: renaming a mount
+/// point fails (EBUSY), so the sandbox cannot `mv app app2` with `app/.env`
+/// isolated and so move the host's `.env` to a path that no rule or record
+/// isolates at the next start.
+fn pin_above_isolated(sentry: &mut SentryPlan, ignored: &[IgnoredMount]) {
+    let protected: HashSet<GitDirPath> = sentry.protected.iter().map(|p| p.path.clone()).collect();
+    let mut pins: BTreeSet<GitDirPath> = sentry.pinned.drain(..).collect();
+    for mount in ignored {
+        for ancestor in mount.workspace_rel.ancestors().skip(1) {
+            if ancestor.as_os_str().is_empty() {
+                break;
+            }
+            let pin = GitDirPath::Inside(ancestor.to_owned());
+            if !protected.contains(&pin) {
+                pins.insert(pin);
+            }
+        }
+    }
+    sentry.pinned = pins.into_iter().collect();
 }
 
 /// Performs the host-side work of a plan inside the private mount

@@ -8,6 +8,7 @@ use std::process::Command;
 use lazaret_mounts::ignore_eval::HostGitSettings;
 use lazaret_mounts::ignored_state::{IsolationRecord, RecordReset, reset_isolation};
 use lazaret_mounts::plan::{WorkspaceOptions, WorkspacePlan, plan_workspace};
+use lazaret_mounts::repo::GitDirPath;
 
 struct Fixture {
     dir: tempfile::TempDir,
@@ -70,12 +71,14 @@ fn every_way_of_un_ignoring_leaves_the_path_isolated_until_reset() {
         let f = Fixture::new();
         let first = f.plan();
         assert_eq!(isolated(&first), [".env", "app/.env"], "{route}");
+        assert!(first.sentry.pinned.contains(&GitDirPath::Inside(PathBuf::from("app"))), "{route}: the parent of app/.env is not pinned");
         assert!(first.sticky.isolated.is_empty(), "{route}");
         assert_eq!(first.sticky.newly_recorded, 2, "{route}");
         untie(&f);
         let second = f.plan();
         assert!(isolated(&second).contains(&"app/.env".to_string()), "{route}: app/.env exposed: {:?}", isolated(&second));
         assert!(second.sticky.isolated.contains(&PathBuf::from("app/.env")), "{route}: {:?}", second.sticky);
+        assert!(second.sentry.pinned.contains(&GitDirPath::Inside(PathBuf::from("app"))), "{route}: the parent of app/.env is not pinned");
         assert_eq!(second.sticky.newly_recorded, 0, "{route}");
         // The record survives planning again, then the reset drops it.
         assert_eq!(isolated(&f.plan()), isolated(&second), "{route}");

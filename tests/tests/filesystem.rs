@@ -301,3 +301,21 @@ fn reset_isolation_is_refused_while_the_domain_runs_and_a_damaged_record_stops_t
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
+
+/// The parents of an isolated path are pinned: the agent cannot rename
+/// `app` so as to move the host's `app/.env` to a path no rule isolates.
+#[test]
+fn renaming_the_parent_of_an_isolated_path_is_refused() {
+    let env = TestEnv::new();
+    let ws = &env.workspace;
+    fs::write(ws.join(".gitignore"), "/app/.env\n").expect(".gitignore");
+    fs::create_dir_all(ws.join("app")).expect("app");
+    fs::write(ws.join("app/.env"), "s3cret\n").expect("secret");
+    let out = fresh_start(&env, "mv app app2 2>/dev/null && echo moved; mv app/.env app/moved 2>/dev/null && echo moved; : > .gitignore; echo mine > app/.env");
+    assert_eq!(ok(&out), "", "an isolated path or its parent was renamed");
+    assert!(!ws.join("app2").exists() && !ws.join("app/moved").exists());
+    assert_eq!(fs::read_to_string(ws.join("app/.env")).expect("secret"), "s3cret\n");
+    assert_eq!(ok(&fresh_start(&env, "cat app/.env; test ! -e app2")), "mine\n", "the host's secret was exposed");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
