@@ -352,6 +352,11 @@ fn include_targets_in_the_workspace_are_protected() {
     assert!(has(&plan, "abs.cfg", FileKind::Regular));
     assert!(has(&plan, "later.cfg", FileKind::Regular), "lines after the bad one are still read");
     assert!(plan.warnings.iter().any(|w| w.contains("abs.cfg") && w.contains("could not parse")), "{:?}", plan.warnings);
+    // So is one too large to read (git's own files are tiny).
+    std::fs::write(ws.join("abs.cfg"), vec![b'#'; 2 << 20]).expect("write");
+    let plan = f.discover(&[""]).expect("discover");
+    assert!(has(&plan, "abs.cfg", FileKind::Regular));
+    assert!(plan.warnings.iter().any(|w| w.contains("abs.cfg") && w.contains("includes could not be read")), "{:?}", plan.warnings);
 }
 
 #[test]
