@@ -246,15 +246,23 @@ impl Sentry<'_> {
         self.protect_excludes_file(location, config.get("core", "excludesFile"))
     }
 
+    /// A git dir that git uses as a common dir (a repository's, or the
+    /// target of a `commondir`: git reads `commondir` one level only, so the
+    /// target is the common dir even if it has a `commondir` of its own).
     fn visit_common_dir(&mut self, dir: &GitDirPath, module_depth: usize) -> Result<bool, MountError> {
-        self.visit_git_dir(dir, None, module_depth)
+        self.visit_git_dir_as(dir, None, module_depth, true)
+    }
+
+    fn visit_git_dir(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize) -> Result<bool, MountError> {
+        self.visit_git_dir_as(dir, inherited, module_depth, false)
     }
 
     /// Protects one git directory and what it leads to. `inherited` is the
     /// `extensions.worktreeConfig` of the common dir for a linked worktree's
     /// gitdir, `None` for a git dir that is (or names with `commondir`) its
-    /// own common dir. Returns the common config's `worktreeConfig`.
-    fn visit_git_dir(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize) -> Result<bool, MountError> {
+    /// own common dir; `as_common` says git uses it as a common dir.
+    /// Returns the common config's `worktreeConfig`.
+    fn visit_git_dir_as(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize, as_common: bool) -> Result<bool, MountError> {
         if let Some(flag) = self.git_dirs.get(dir) {
             return Ok(*flag);
         }
@@ -279,7 +287,7 @@ impl Sentry<'_> {
             Some(_) => return Err(refused(dir, "commondir", "must be a regular file")),
             None => {}
         }
-        let is_common = !has_commondir && inherited.is_none();
+        let is_common = as_common || (!has_commondir && inherited.is_none());
 
         let mut own_flag = false;
         match existing_kind(fd.as_fd(), "config", dir)? {
@@ -291,7 +299,9 @@ impl Sentry<'_> {
                 own_flag = effective.get_bool("extensions", "worktreeConfig") == Some(true);
             }
             Some(_) => return Err(refused(dir, "config", "must be a regular file")),
-            None if is_common => {
+            // A repository's own git dir (not one named by a chained
+            // `commondir`, which git would not accept as a repository).
+            None if !has_commondir && inherited.is_none() => {
                 return Err(refused(
                     dir,
                     "config",
@@ -326,7 +336,7 @@ impl Sentry<'_> {
             }
             None => {}
         }
-        if inherited.is_none() {
+        if is_common || inherited.is_none() {
             // A common dir (or one named by `commondir`): its linked
             // worktrees and submodules.
             self.visit_linked_worktrees(dir, flag, module_depth)?;
