@@ -85,7 +85,7 @@ pub fn assemble(
         sandbox_workspace: workspace.clone(),
     };
     let workspace_plan = plan::plan_workspace(&workspace, &domain_root, &opts)?;
-    for w in &workspace_plan.warnings {
+    for w in workspace_plan.warnings.iter().chain(&workspace_plan.sentry.warnings) {
         eprintln!("lazaret: warning: {w}");
     }
     log_sticky(&workspace_plan.sticky, &ctx.profile.name, log_only);
