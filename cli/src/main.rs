@@ -126,6 +126,14 @@ enum Command {
         #[arg(long, default_value_t = 5)]
         grace: u64,
     },
+    /// Forget which workspace paths a Domain isolated in earlier runs; from its next start only the current ignore rules decide (the Domain must be stopped).
+    ResetIsolation {
+        /// The profile whose Domain (on this workspace) to reset.
+        profile: String,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// List running Domains: profile, workspace, state, sessions, uptime, sandbox and sidecar IDs.
     Ls {
         /// As JSON.
@@ -336,6 +344,18 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 let dir = current_dir(dir)?;
                 let id = client::stop(config.as_deref(), profile.as_deref(), &dir, grace)?;
                 println!("stopped Domain {id}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ResetIsolation { profile, dir } => {
+            use lazaret_coordinator::filesystem::RecordReset;
+            let dir = current_dir(dir)?;
+            let reset = lazaret_coordinator::filesystem::reset_isolation(config.as_deref(), Some(&profile), &dir)?;
+            let record = reset.record_file.display();
+            match reset.outcome {
+                RecordReset::Absent => println!("nothing to reset: no isolated paths are recorded ({record})"),
+                RecordReset::Forgotten(n) => println!("forgot {n} recorded isolated path(s) ({record} deleted); from the next start only the current ignore rules apply"),
+                RecordReset::Unreadable => println!("deleted the unreadable {record}; from the next start only the current ignore rules apply"),
             }
             Ok(ExitCode::SUCCESS)
         }
