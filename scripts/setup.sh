@@ -75,6 +75,21 @@ install -m 0755 "$repo/target/release/lazaret" /usr/local/bin/lazaret
 # The Escalation Client is bound into every sandbox from beside lazaret.
 install -m 0755 "$escalate" /usr/local/bin/lazaret-escalate
 
+# Shell completions and the man page, generated from the command's own
+# definition (`lazaret completions SHELL`, `lazaret man`).
+install_generated() { # DEST ARGS...: lazaret ARGS written to DEST, mode 0644
+  local dest=$1 tmp; shift
+  tmp=$(mktemp)
+  /usr/local/bin/lazaret "$@" >"$tmp"
+  install -D -m 0644 "$tmp" "$dest"
+  rm -f "$tmp"
+}
+install_generated /usr/share/bash-completion/completions/lazaret completions bash
+install_generated /usr/share/zsh/vendor-completions/_lazaret completions zsh
+install_generated /usr/share/fish/vendor_completions.d/lazaret.fish completions fish
+install_generated /usr/local/share/man/man1/lazaret.1 man
+command -v mandb >/dev/null 2>&1 && mandb -q >/dev/null 2>&1 || true
+
 # The developer: the user who called sudo, else root.
 dev_user=${SUDO_USER:-root}
 dev_home=$(getent passwd "$dev_user" | cut -d: -f6)

@@ -2,15 +2,19 @@
 //! The `lazaret` command: parses arguments, calls the coordinator, and turns
 //! errors into one clear message and a non-zero exit.
 //!
-//! Exit status: `lazaret run` exits with the agent's status (128 + N for
-//! death by signal N); Lazaret's own failures exit with 125, so they cannot
-//! be mistaken for the agent's.
+//! Exit status ([`EXIT_STATUS_HELP`]): `lazaret run` exits with the
+//! agent's status (128 + N for death by signal N), 126 or 127 when its
+//! command cannot be run or is not found; Lazaret's own failures exit with
+//! 125, so they cannot be mistaken for the agent's.
+
+mod generate;
+mod json;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 use lazaret_coordinator::context::{load_config, require_root, Context};
 use lazaret_coordinator::identity::Developer;
 use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
@@ -18,14 +22,56 @@ use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 /// Exit status for Lazaret's own failures (as docker and podman do).
 const LAZARET_FAILED: u8 = 125;
 
+/// The exit status table and the environment, at the end of `--help` and
+/// in the man page.
+const EXIT_STATUS_HELP: &str = "\
+Without a command, lazaret runs the default profile's agent on the current workspace (as `lazaret run`).
+
+Exit status:
+  0-124, 128+N  the agent's own status (128+N: it died of signal N); other commands: 0 on success
+  125           Lazaret itself failed (configuration, sandbox, coordinator); the message says why
+  126           the agent's command exists but cannot be executed
+  127           the agent's command was not found
+  1             lazaret doctor: a check failed
+
+Environment:
+  LAZARET_CONFIG  the configuration file (--config wins)
+  NO_COLOR        set and not empty: no color in help and error messages (colors only ever go to a terminal)";
+
 #[derive(Parser)]
-#[command(name = "lazaret", version, about = "Run AI coding agents in a gVisor sandbox, from a git checkout.")]
+#[command(name = "lazaret", version, about = "Run AI coding agents in a gVisor sandbox, from a git checkout.", after_help = EXIT_STATUS_HELP)]
 struct Cli {
     /// Configuration file (default: $LAZARET_CONFIG, else ~/.config/lazaret/config.toml of the developer).
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Say nothing of Lazaret's own on stderr but errors: no warnings, notes, progress or status line.
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
+    /// Say more on stderr: the start-up stages with their times, the coordinator's log file.
+    #[arg(short, long, global = true)]
+    verbose: bool,
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
+}
+
+impl Cli {
+    /// Parses the command line; without a command, `lazaret [OPTIONS]` is
+    /// `lazaret [OPTIONS] run` (only global options can precede it).
+    fn parse_or_run() -> Cli {
+        let cli = Cli::parse();
+        if cli.command.is_some() {
+            return cli;
+        }
+        Cli::parse_from(std::env::args_os().chain([std::ffi::OsString::from("run")]))
+    }
+
+    fn verbosity(&self) -> client::Verbosity {
+        match (self.quiet, self.verbose) {
+            (true, _) => client::Verbosity::Quiet,
+            (false, true) => client::Verbosity::Verbose,
+            (false, false) => client::Verbosity::Normal,
+        }
+    }
 }
 
 #[derive(Subcommand)]
@@ -60,7 +106,11 @@ enum Command {
         action: PolicyAction,
     },
     /// Check this machine's prerequisites.
-    Doctor,
+    Doctor {
+        /// As JSON: an array of {name, ok, detail, fix}.
+        #[arg(long)]
+        json: bool,
+    },
     /// End a running Domain gracefully: sessions are told, agents get SIGTERM, then SIGKILL after the grace period.
     Stop {
         /// The profile whose Domain (on this workspace) to stop.
@@ -75,6 +125,14 @@ enum Command {
         /// Seconds between SIGTERM and SIGKILL.
         #[arg(long, default_value_t = 5)]
         grace: u64,
+    },
+    /// Forget which workspace paths a Domain isolated in earlier runs; from its next start only the current ignore rules decide (the Domain must be stopped).
+    ResetIsolation {
+        /// The profile whose Domain (on this workspace) to reset.
+        profile: String,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
     /// List running Domains: profile, workspace, state, sessions, uptime, sandbox and sidecar IDs.
     Ls {
@@ -98,6 +156,9 @@ enum Command {
         /// Check or print this journal file instead of the Domain's.
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
+        /// As JSON: an array of the entries; with --check, of {path, entries, complete}.
+        #[arg(long, conflicts_with = "follow")]
+        json: bool,
     },
     /// Show a running Domain's namespaces, routes and mounts as its coordinator sees them.
     Debug {
@@ -107,6 +168,14 @@ enum Command {
         #[arg(short = 'C', value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Print a shell completion script, generated from this command's definition.
+    Completions {
+        /// The shell.
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print the manual page (roff), generated from this command's definition.
+    Man,
     /// Internal: the coordinator daemon of one Domain (started by `lazaret run`).
     #[command(name = "__coordinator", hide = true)]
     Coordinator {
@@ -134,6 +203,9 @@ enum PolicyAction {
     Show {
         /// The profile.
         profile: String,
+        /// As JSON: {rules: [{prefix, action, origin}], resolvers, ipv6}.
+        #[arg(long)]
+        json: bool,
     },
     /// Print the verdict for ADDRESS and the rule that decided it.
     Explain {
@@ -141,13 +213,20 @@ enum PolicyAction {
         profile: String,
         /// An IPv4 or IPv6 address.
         address: std::net::IpAddr,
+        /// As JSON: {address, action, rule: {prefix, action, origin}}.
+        #[arg(long)]
+        json: bool,
     },
 }
 
 #[derive(Subcommand)]
 enum ConfigAction {
     /// Validate the configuration and print each profile's fingerprint.
-    Check,
+    Check {
+        /// As JSON: {file, profiles: [{name, fingerprint}]}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Print the validated configuration with defaults filled in.
     Show {
         /// As JSON.
@@ -174,9 +253,6 @@ enum ImageAction {
         /// Credentials file in docker's format, searched before Lazaret's and docker's.
         #[arg(long, value_name = "FILE")]
         authfile: Option<PathBuf>,
-        /// No progress output.
-        #[arg(short, long)]
-        quiet: bool,
     },
     /// Save credentials for a registry (password read from standard input).
     Login {
@@ -200,11 +276,18 @@ enum ImageAction {
         source: PathBuf,
     },
     /// List images: name, digest, size, created.
-    Ls,
+    Ls {
+        /// As JSON: an array of {name, digest, size, created}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show everything the store records about an image, as JSON.
     Inspect {
         /// The image name (or a reference that normalises to it).
         name: String,
+        /// As JSON (the only format; accepted like every listing command's).
+        #[arg(long)]
+        json: bool,
     },
     /// Remove an image (and every blob and rootfs no other image uses).
     Rm {
@@ -216,14 +299,16 @@ enum ImageAction {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match cli.command {
-        Command::Run { profile, dir, reset_anchor, args } => run(cli.config, profile, dir, reset_anchor, args),
+    let cli = Cli::parse_or_run();
+    let verbosity = cli.verbosity();
+    let Some(command) = cli.command else { return report(anyhow::anyhow!("no command")) };
+    match command {
+        Command::Run { profile, dir, reset_anchor, args } => run(cli.config, verbosity, profile, dir, reset_anchor, args),
         Command::Coordinator { domain_dir, session, profile, dir, reset_anchor } => {
             let args = lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, domain_dir };
             ExitCode::from(u8::try_from(lazaret_coordinator::daemon::coordinator_main(&args) & 0xff).unwrap_or(LAZARET_FAILED))
         }
-        other => match dispatch(cli.config, other) {
+        other => match dispatch(cli.config, verbosity, other) {
             Ok(code) => code,
             Err(e) => report(e),
         },
@@ -235,19 +320,19 @@ fn report(e: anyhow::Error) -> ExitCode {
     ExitCode::from(LAZARET_FAILED)
 }
 
-fn run(config: Option<PathBuf>, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, args: Vec<String>) -> ExitCode {
+fn run(config: Option<PathBuf>, verbosity: client::Verbosity, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, args: Vec<String>) -> ExitCode {
     let dir = match dir.map(Ok).unwrap_or_else(std::env::current_dir) {
         Ok(d) => d,
         Err(e) => return report(anyhow::Error::new(e).context("reading the current directory")),
     };
-    let req = client::RunRequest { config, profile, dir, args, reset_anchor };
+    let req = client::RunRequest { config, verbosity, profile, dir, args, reset_anchor };
     match client::run(&req) {
         Ok(status) => ExitCode::from(u8::try_from(status.0 & 0xff).unwrap_or(LAZARET_FAILED)),
         Err(e) => report(e.into()),
     }
 }
 
-fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
+fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Command) -> Result<ExitCode> {
     match command {
         Command::Run { .. } | Command::Coordinator { .. } => unreachable!("handled in main"),
         Command::Stop { profile, all, dir, grace } => {
@@ -259,6 +344,18 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                 let dir = current_dir(dir)?;
                 let id = client::stop(config.as_deref(), profile.as_deref(), &dir, grace)?;
                 println!("stopped Domain {id}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ResetIsolation { profile, dir } => {
+            use lazaret_coordinator::filesystem::RecordReset;
+            let dir = current_dir(dir)?;
+            let reset = lazaret_coordinator::filesystem::reset_isolation(config.as_deref(), Some(&profile), &dir)?;
+            let record = reset.record_file.display();
+            match reset.outcome {
+                RecordReset::Absent => println!("nothing to reset: no isolated paths are recorded ({record})"),
+                RecordReset::Forgotten(n) => println!("forgot {n} recorded isolated path(s) ({record} deleted); from the next start only the current ignore rules apply"),
+                RecordReset::Unreadable => println!("deleted the unreadable {record}; from the next start only the current ignore rules apply"),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -289,32 +386,58 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Command::Journal { profile, dir, follow, check, file } => journal(config.as_deref(), profile, dir, follow, check, file),
+        Command::Journal { profile, dir, follow, check, file, json } => journal(config.as_deref(), profile, dir, follow, check, file, json),
         Command::Debug { profile, dir } => {
             let dir = current_dir(dir)?;
             print!("{}", client::debug(config.as_deref(), profile.as_deref(), &dir)?);
             Ok(ExitCode::SUCCESS)
         }
-        Command::Doctor => {
+        Command::Doctor { json } => {
             let checks = doctor::run_checks(config.as_deref());
-            for c in &checks {
-                println!("{c}");
+            if json {
+                json::print(&checks.iter().map(|c| json::Check { name: &c.name, ok: c.ok, detail: &c.detail, fix: c.fix.as_deref() }).collect::<Vec<_>>())?;
+            } else {
+                for c in &checks {
+                    println!("{c}");
+                }
             }
             Ok(if checks.iter().all(|c| c.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+        }
+        Command::Completions { shell } => {
+            let mut script = Vec::new();
+            generate::completions(Cli::command(), "lazaret", shell, &mut script)?;
+            generate::to_stdout(&script)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Man => {
+            let mut page = Vec::new();
+            generate::man(Cli::command(), &mut page)?;
+            generate::to_stdout(&page)?;
+            Ok(ExitCode::SUCCESS)
         }
         Command::Policy { action } => {
             require_root()?;
             let developer = Developer::from_process()?;
             let cfg = load_config(config.as_deref(), &developer)?;
-            let (name, address) = match &action {
-                PolicyAction::Show { profile } => (profile, None),
-                PolicyAction::Explain { profile, address } => (profile, Some(*address)),
+            let (name, address, as_json) = match &action {
+                PolicyAction::Show { profile, json } => (profile, None, *json),
+                PolicyAction::Explain { profile, address, json } => (profile, Some(*address), *json),
             };
             let profile = cfg.profile(name)?;
             let policy = network::preview(&cfg, profile)?;
-            match address {
-                None => print!("{}", policy.render_table()),
-                Some(a) => println!("{}", policy.explain(a)),
+            let rule = |r: &lazaret_netpolicy::policy::Rule| json::Rule { prefix: r.prefix.to_string(), action: r.action.to_string(), origin: r.origin.to_string() };
+            match (address, as_json) {
+                (None, false) => print!("{}", policy.render_table()),
+                (Some(a), false) => println!("{}", policy.explain(a)),
+                (None, true) => json::print(&json::Policy {
+                    rules: policy.rules().iter().map(rule).collect(),
+                    resolvers: policy.resolvers().iter().map(ToString::to_string).collect(),
+                    ipv6: policy.ipv6_enabled(),
+                })?,
+                (Some(a), true) => {
+                    let verdict = policy.decide(a);
+                    json::print(&json::Verdict { address: a.to_string(), action: verdict.action.to_string(), rule: rule(&verdict.rule) })?
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -322,11 +445,15 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
             let developer = Developer::from_process()?;
             let cfg = load_config(config.as_deref(), &developer)?;
             match action {
-                ConfigAction::Check => {
+                ConfigAction::Check { json: false } => {
                     println!("{}: OK", cfg.file.display());
                     for name in cfg.profiles.keys() {
                         println!("  profile {name}: fingerprint {}", cfg.fingerprint(name)?);
                     }
+                }
+                ConfigAction::Check { json: true } => {
+                    let profiles = cfg.profiles.keys().map(|name| Ok(json::ProfileFingerprint { name: name.clone(), fingerprint: cfg.fingerprint(name)?.to_string() })).collect::<Result<_>>()?;
+                    json::print(&json::ConfigCheck { file: cfg.file.display().to_string(), profiles })?;
                 }
                 ConfigAction::Show { json } => {
                     if json {
@@ -344,7 +471,8 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
             let developer = Developer::from_process()?;
             let cfg = load_config(config.as_deref(), &developer)?;
             match action {
-                ImageAction::Pull { reference, platform, insecure, ca_certs, authfile, quiet } => {
+                ImageAction::Pull { reference, platform, insecure, ca_certs, authfile } => {
+                    let quiet = verbosity == client::Verbosity::Quiet;
                     let request = images::PullRequest { reference: reference.clone(), platform, insecure, ca_certs, authfile, quiet };
                     let rec = images::pull(&cfg, &request).with_context(|| format!("pulling {reference}"))?;
                     println!("pulled {} {} ({} bytes)", rec.name, rec.digest, rec.size);
@@ -368,7 +496,11 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                     let rec = store.import(&name, &source).with_context(|| format!("importing {} as {name}", source.display()))?;
                     println!("imported {} {} ({} bytes)", rec.name, rec.digest, rec.size);
                 }
-                ImageAction::Ls => {
+                ImageAction::Ls { json: true } => {
+                    let records = Context::image_store(&cfg)?.list()?;
+                    json::print(&records.iter().map(|r| json::Image { name: &r.name, digest: &r.digest, size: r.size, created: &r.created }).collect::<Vec<_>>())?;
+                }
+                ImageAction::Ls { json: false } => {
                     let store = Context::image_store(&cfg)?;
                     let records = store.list()?;
                     let width = records.iter().map(|r| r.name.len()).max().unwrap_or(0).max(24);
@@ -378,7 +510,8 @@ fn dispatch(config: Option<PathBuf>, command: Command) -> Result<ExitCode> {
                         println!("{:<width$} sha256:{:<12} {:>12}  {}", rec.name, short, rec.size, rec.created);
                     }
                 }
-                ImageAction::Inspect { name } => {
+                // JSON either way: `--json` only for uniformity.
+                ImageAction::Inspect { name, json: _ } => {
                     println!("{}", serde_json::to_string_pretty(&images::inspect(&cfg, &name)?)?);
                 }
                 ImageAction::Rm { name } => {
@@ -404,7 +537,7 @@ fn current_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 /// `lazaret journal`: print, follow or check a Domain's journal.
-fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, follow: bool, check: bool, file: Option<PathBuf>) -> Result<ExitCode> {
+fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, follow: bool, check: bool, file: Option<PathBuf>, as_json: bool) -> Result<ExitCode> {
     use std::io::{BufRead, Read, Seek, Write};
     if check {
         let checked = match &file {
@@ -424,6 +557,10 @@ fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Optio
         if checked.is_empty() {
             anyhow::bail!("no journal found: the Domain has never run");
         }
+        if as_json {
+            json::print(&checked.iter().map(|c| json::JournalCheck { path: c.path.display().to_string(), entries: c.entries, complete: c.complete }).collect::<Vec<_>>())?;
+            return Ok(ExitCode::SUCCESS);
+        }
         for c in checked {
             let end = if c.complete { "run complete" } else { "run incomplete (running, or crashed)" };
             println!("{}: {} transitions, conforms to the protocol model; {end}", c.path.display(), c.entries);
@@ -437,6 +574,10 @@ fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Optio
             client::journal_location(config, profile.as_deref(), &dir)?.join(domain_journal::JOURNAL_FILE)
         }
     };
+    if as_json {
+        json::print(&json::journal_entries(&path)?)?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut f = std::fs::File::open(&path).with_context(|| format!("opening {} (has the Domain ever run?)", path.display()))?;
     let mut out = std::io::stdout();
     let mut buf = Vec::new();

@@ -3,15 +3,18 @@
 //! assembled in this process's private mount namespace into the ordered
 //! bind list of the OCI bundle.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use lazaret_mounts::ignore_eval::HostGitSettings;
+use lazaret_mounts::ignored_state::{self, IsolationRecord};
 use lazaret_mounts::{anchor, plan, volumes, WorkspaceOptions};
 use lazaret_oci::bundle::BindMount;
 use lazaret_oci::ImageRecord;
+use lazaret_protocol::display::escaped;
 
-use crate::context::{Context, ContextError};
-use crate::layout::RunDir;
+use crate::context::{require_root, Context, ContextError};
+use crate::layout::{DomainDir, RunDir};
+use crate::lock::{DomainLock, LockError};
 
 /// Why the sandbox's filesystem could not be assembled.
 #[derive(Debug, thiserror::Error)]
@@ -22,6 +25,15 @@ pub enum FilesystemError {
     /// A mount, or a check of the workspace or volumes, failed.
     #[error(transparent)]
     Mount(#[from] lazaret_mounts::MountError),
+    /// `lazaret reset-isolation` while the Domain runs (or starts).
+    #[error("profile {profile:?} is running on this workspace; its isolated paths can only be reset while it is stopped\n  hint: stop it with `lazaret stop {profile}` first")]
+    ResetWhileRunning {
+        /// The profile.
+        profile: String,
+    },
+    /// The Domain lock could not be taken for a reset.
+    #[error(transparent)]
+    Lock(LockError),
     /// A directory for mountpoints could not be made.
     #[error("creating {path}: {source}")]
     Io {
@@ -44,7 +56,8 @@ fn make_dir(path: PathBuf) -> Result<PathBuf, FilesystemError> {
 /// `base` (the workspace and volumes, from [`Context::bundle_spec`]) with
 /// the workspace's Ignored Workspace State and Git Sentry binds right after
 /// the workspace. Host mountpoints made are appended to `mounted` (for the
-/// caller's clean-up). Warnings go to stderr.
+/// caller's clean-up). Warnings go to stderr; `log_only` writes a line to
+/// the Domain's log alone (what sticky isolation kept isolated).
 pub fn assemble(
     ctx: &Context,
     image: &ImageRecord,
@@ -52,6 +65,7 @@ pub fn assemble(
     run_dir: &RunDir,
     mounted: &mut Vec<PathBuf>,
     base: Vec<BindMount>,
+    log_only: &dyn Fn(&str),
 ) -> Result<Vec<BindMount>, FilesystemError> {
     ctx.paths.ensure_storage().map_err(ContextError::from)?;
     let domain_root = ctx.paths.ensure_domain_root(&ctx.domain_id).map_err(ContextError::from)?;
@@ -71,9 +85,10 @@ pub fn assemble(
         sandbox_workspace: workspace.clone(),
     };
     let workspace_plan = plan::plan_workspace(&workspace, &domain_root, &opts)?;
-    for w in &workspace_plan.warnings {
+    for w in workspace_plan.warnings.iter().chain(&workspace_plan.sentry.warnings) {
         eprintln!("lazaret: warning: {w}");
     }
+    log_sticky(&workspace_plan.sticky, &ctx.profile.name, log_only);
     let (sentry_host, sentry_sandbox) = volumes::sentry_paths(&workspace_plan);
     let vols: Vec<volumes::Volume> = ctx
         .profile
@@ -96,4 +111,57 @@ pub fn assemble(
         }
     }
     Ok(binds)
+}
+
+/// Tells the developer which paths are isolated only because an earlier
+/// start isolated them: each one in the Domain's log, and a one-line
+/// summary on the terminal of the session that started the Domain.
+fn log_sticky(report: &ignored_state::StickyReport, profile: &str, log_only: &dyn Fn(&str)) {
+    let record = report.record_file.display();
+    for path in &report.isolated {
+        log_only(&format!("sticky isolation: {} stays isolated: the current ignore rules no longer isolate it, but an earlier start did (recorded in {record})", escaped(path)));
+    }
+    for path in &report.absent {
+        log_only(&format!("sticky isolation: {} is recorded as isolated but absent from the workspace; it is isolated again at the first start where it exists", escaped(path)));
+    }
+    if report.newly_recorded > 0 {
+        log_only(&format!("sticky isolation: {} newly isolated path(s) added to {record}", report.newly_recorded));
+    }
+    if !report.isolated.is_empty() {
+        eprintln!(
+            "lazaret: note: {} path(s) stay isolated only because earlier runs isolated them (listed in the Domain's coordinator.log); `lazaret reset-isolation {profile}` forgets them",
+            report.isolated.len()
+        );
+    }
+}
+
+/// What the record held when [`reset_isolation`] deleted it.
+pub use lazaret_mounts::ignored_state::RecordReset;
+
+/// What [`reset_isolation`] did.
+#[derive(Debug, Clone)]
+pub struct IsolationReset {
+    /// The record file that was deleted (or would have been).
+    pub record_file: PathBuf,
+    /// What the record held.
+    pub outcome: RecordReset,
+}
+
+/// `lazaret reset-isolation PROFILE`: forgets which workspace paths the
+/// Domain of (profile, workspace of `dir`) isolated in earlier runs, so
+/// that from its next start only the current ignore rules apply. Holds the
+/// Domain lock meanwhile, so it refuses while the Domain runs or starts.
+/// Domain-scoped content of the paths is kept.
+pub fn reset_isolation(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<IsolationReset, FilesystemError> {
+    require_root()?;
+    let ctx = Context::resolve(config, profile, dir)?;
+    let domain = DomainDir::new(ctx.domain_runtime_dir()?);
+    let _lock = DomainLock::acquire(&domain.lock(), ctx.domain_id.as_str()).map_err(|e| match e {
+        LockError::Busy { .. } => FilesystemError::ResetWhileRunning { profile: ctx.profile.name.clone() },
+        e => FilesystemError::Lock(e),
+    })?;
+    let domain_root = ctx.paths.domain_root(&ctx.domain_id);
+    let record_file = IsolationRecord::file(&domain_root);
+    let outcome = if domain_root.exists() { ignored_state::reset_isolation(&domain_root)? } else { RecordReset::Absent };
+    Ok(IsolationReset { record_file, outcome })
 }

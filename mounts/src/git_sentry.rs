@@ -1,31 +1,57 @@
 //! Git Sentry: the read-only protections over everything through which the
-//! host's git would run code or change behaviour.
+//! host's git would run code or change behaviour, for what exists when a
+//! Domain starts.
 //!
-//! For every repository visible in the sandbox (the workspace's own, nested
-//! repositories, submodules under `.git/modules`, and the real git directory
-//! of a linked worktree), protected read-only: `config`, `hooks/`,
-//! `config.worktree` (per-worktree and common), `worktrees/*/commondir` and
-//! `worktrees/*/config.worktree` (read by other linked worktrees), a work
-//! tree's `.git` *file* (`gitdir:` pointer), and the `core.hooksPath`
-//! directory when it lies inside the workspace. Every directory above a
-//! protected path is pinned (see [`SentryPlan::pinned`]). Index, HEAD, refs, objects
-//! and logs stay writable. Missing `hooks/` (and a missing
-//! `config.worktree` when `extensions.worktreeConfig` is on, or a missing
-//! in-workspace `core.hooksPath` directory) are created empty so that the
-//! sandbox cannot plant them; a missing `config` is refused (git would not
-//! work). A symlink at any of these paths is refused, naming it.
+//! Every git directory reachable from the repositories of the workspace is
+//! visited: the workspace's own and nested repositories' (`.git`), the
+//! directory a `commondir` file names (when it is inside the workspace),
+//! every linked-worktree gitdir `worktrees/*` (registered or not), every
+//! submodule gitdir `modules/**` (nested modules too), and a linked
+//! worktree's real git directory outside the workspace. In each, read-only:
+//! `config`, `config.worktree`, `hooks/`, `info/` (`info/exclude` decides
+//! the ignored set of the next start; `info/attributes` can only *name*
+//! filter/diff drivers, whose programs come from the protected config) and
+//! `commondir`. Also read-only: every file that one of these configs (or the
+//! developer's system/global config) includes through `include.path` or
+//! `includeIf.*.path` (any condition: an `onbranch:` condition can become
+//! true during the run) and that lies in the workspace or in an outside git
+//! dir bound into the sandbox, followed to git's depth of
+//! [`MAX_INCLUDE_DEPTH`]; the `core.hooksPath` directory and the
+//! `core.excludesFile` file when in the workspace; a work tree's `.git`
+//! *file* (`gitdir:` pointer). Every directory above a protected path is
+//! pinned (see [`SentryPlan::pinned`]). Index, HEAD, refs, objects and logs
+//! stay writable.
+//!
+//! Missing `hooks/` and `info/` of a common git dir, a missing
+//! `config.worktree` when `extensions.worktreeConfig` is on, a missing
+//! in-workspace `core.hooksPath` directory and a missing in-workspace include
+//! target are created empty so that the sandbox cannot plant them; a missing
+//! `config` of a common dir is refused (git would not work). A
+//! `worktrees/<name>/` without `commondir` is not a working linked worktree:
+//! it is protected read-only as a whole. A symlink at any of these paths, or
+//! on the way to an include target, is refused, naming it (git follows
+//! symlinks; Lazaret could not protect what they reach).
 
-use std::os::fd::{AsFd, BorrowedFd};
-use std::path::{Path, PathBuf};
+use std::collections::{HashMap, HashSet};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::path::{Component, Path, PathBuf};
 
 use crate::error::MountError;
-use crate::gitconfig::GitConfig;
+use crate::gitconfig::{GitConfig, Include};
 use crate::ignore_eval::HostGitSettings;
 use crate::repo::{self, GitDirPath, RepoLocation};
 use crate::safe_path::{self, FileKind};
 
 /// Largest `.git/modules` nesting followed (module names may contain `/`).
 const MAX_MODULE_DEPTH: usize = 8;
+
+/// How deep includes are followed: git's own `MAX_INCLUDE_DEPTH`. A deeper
+/// chain makes git refuse the whole configuration (so nothing in it runs).
+pub const MAX_INCLUDE_DEPTH: usize = 10;
+
+/// Included files read in one discovery at most: a diamond of includes
+/// (each file including the next twice) would otherwise read 2^10 files.
+const MAX_INCLUDE_READS: usize = 1000;
 
 /// One path to present read-only in the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,12 +80,16 @@ pub struct SentryPlan {
     pub pinned: Vec<GitDirPath>,
     /// Repositories found (for diagnostics).
     pub repositories: Vec<RepoLocation>,
+    /// Non-fatal findings for the launch log: a protected config whose
+    /// includes could not all be read (the file itself is protected), an
+    /// include not followed, a placeholder Lazaret created.
+    pub warnings: Vec<String>,
 }
 
 impl SentryPlan {
     /// Recomputes [`SentryPlan::pinned`] from the protected paths.
     pub fn compute_pins(&mut self) {
-        let protected: std::collections::HashSet<&GitDirPath> = self.protected.iter().map(|p| &p.path).collect();
+        let protected: HashSet<&GitDirPath> = self.protected.iter().map(|p| &p.path).collect();
         let mut pins = std::collections::BTreeSet::new();
         for entry in &self.protected {
             let (path, floor) = match &entry.path {
@@ -95,131 +125,630 @@ pub fn discover(
     worktrees: &[PathBuf],
     host: &HostGitSettings,
 ) -> Result<SentryPlan, MountError> {
-    let mut plan = SentryPlan::default();
-    let global = host.global_config();
+    let mut sentry = Sentry {
+        workspace,
+        workspace_abs,
+        host,
+        plan: SentryPlan::default(),
+        git_dirs: HashMap::new(),
+        configs: HashMap::new(),
+        include_reads: 0,
+        global: GitConfig::default(),
+        creating_global: false,
+    };
+    let mut locations = Vec::new();
     for worktree in worktrees {
-        let Some(location) = repo::locate(workspace, workspace_abs, worktree)? else {
-            continue;
-        };
-        protect_repository(workspace, workspace_abs, &location, host, &global, &mut plan)?;
-        plan.repositories.push(location);
+        if let Some(location) = repo::locate(workspace, workspace_abs, worktree)? {
+            sentry.note_outside_git_dirs(&location);
+            locations.push(location);
+        }
     }
-    let mut seen = std::collections::HashSet::new();
+    sentry.plan.outside_git_dirs.sort();
+    sentry.plan.outside_git_dirs.dedup();
+    // Outside git dirs are known first: an include target in one of them is
+    // writable in the sandbox and must be protected.
+    sentry.global = sentry.global_config()?;
+    for location in locations {
+        sentry.protect_repository(&location)?;
+        sentry.plan.repositories.push(location);
+    }
+    let mut plan = sentry.plan;
+    let mut seen = HashSet::new();
     plan.protected.retain(|p| seen.insert(p.path.clone()));
-    plan.outside_git_dirs.sort();
-    plan.outside_git_dirs.dedup();
     plan.compute_pins();
     Ok(plan)
 }
 
-fn protect_repository(
-    workspace: BorrowedFd<'_>,
-    workspace_abs: &Path,
-    location: &RepoLocation,
-    host: &HostGitSettings,
-    global: &GitConfig,
-    plan: &mut SentryPlan,
-) -> Result<(), MountError> {
-    if let GitDirPath::Outside(dir) = &location.common_dir {
-        plan.outside_git_dirs.push(dir.clone());
-    }
-    if let GitDirPath::Outside(dir) = &location.git_dir {
-        if !matches!(&location.common_dir, GitDirPath::Outside(common) if dir.starts_with(common)) {
-            plan.outside_git_dirs.push(dir.clone());
-        }
-    }
-    if location.dot_git_is_file {
-        // The `gitdir:` pointer itself: rewritten, it would send the host's
-        // git to a config of the sandbox's choosing.
-        plan.protected.push(ProtectedPath { path: GitDirPath::Inside(location.worktree.join(".git")), kind: FileKind::Regular });
-    }
-    let mut config = global.clone();
-    config.merge(repo::read_repo_config(workspace, location)?);
-    protect_git_dir(workspace, &location.common_dir, &config, true, plan)?;
-    if location.git_dir != location.common_dir {
-        protect_git_dir(workspace, &location.git_dir, &config, false, plan)?;
-    }
-    if let Some(hooks_path) = config.get("core", "hooksPath") {
-        protect_hooks_path(workspace, workspace_abs, location, host, hooks_path, plan)?;
-    }
-    protect_linked_worktree_dirs(workspace, &location.common_dir, &config, plan)?;
-    // Submodules' git directories.
-    protect_modules(workspace, &location.common_dir.join("modules"), 0, global, plan)
+/// A configuration file, by where it lives.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ConfigFile {
+    /// Visible in the sandbox (in the workspace, or in an outside git dir
+    /// bound read-write): protected.
+    Sandbox(GitDirPath),
+    /// A host file the sandbox cannot see (the developer's global config, an
+    /// include elsewhere): read, for its includes, not protected.
+    Host(PathBuf),
 }
 
-/// Every `worktrees/<name>/` of a common dir belongs to a linked worktree
-/// (possibly outside the workspace) whose git reads its `commondir` (which
-/// redirects it to another config) and `config.worktree`: both read-only.
-fn protect_linked_worktree_dirs(
-    workspace: BorrowedFd<'_>,
-    common_dir: &GitDirPath,
-    config: &GitConfig,
-    plan: &mut SentryPlan,
-) -> Result<(), MountError> {
-    let worktrees = common_dir.join("worktrees");
-    let dir = match worktrees.open(workspace) {
-        Ok(dir) => dir,
-        Err(MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for name in subdirectories(dir.as_fd(), &worktrees)? {
-        let git_dir = worktrees.join(&name);
-        let fd = git_dir.open(workspace)?;
-        match existing_kind(fd.as_fd(), "commondir", &git_dir)? {
-            Some(FileKind::Regular) => {
-                plan.protected.push(ProtectedPath { path: git_dir.join("commondir"), kind: FileKind::Regular });
+impl ConfigFile {
+    fn display(&self) -> String {
+        match self {
+            ConfigFile::Sandbox(p) => lazaret_protocol::display::escaped(p.display_path()).to_string(),
+            ConfigFile::Host(p) => lazaret_protocol::display::escaped(p).to_string(),
+        }
+    }
+}
+
+/// One discovery's state.
+struct Sentry<'a> {
+    workspace: BorrowedFd<'a>,
+    workspace_abs: &'a Path,
+    host: &'a HostGitSettings,
+    plan: SentryPlan,
+    /// Git dirs visited, with the `extensions.worktreeConfig` of their
+    /// common config.
+    git_dirs: HashMap<GitDirPath, bool>,
+    /// Config files read, with their includes spliced in.
+    configs: HashMap<ConfigFile, GitConfig>,
+    include_reads: usize,
+    /// The developer's system and global config, includes expanded.
+    global: GitConfig,
+    /// Reading the developer's own config files: a missing one in the
+    /// workspace gets a placeholder like a missing include target.
+    creating_global: bool,
+}
+
+impl Sentry<'_> {
+    fn note_outside_git_dirs(&mut self, location: &RepoLocation) {
+        if let GitDirPath::Outside(dir) = &location.common_dir {
+            self.plan.outside_git_dirs.push(dir.clone());
+        }
+        if let GitDirPath::Outside(dir) = &location.git_dir {
+            if !matches!(&location.common_dir, GitDirPath::Outside(common) if dir.starts_with(common)) {
+                self.plan.outside_git_dirs.push(dir.clone());
             }
-            Some(_) => return Err(refused(&git_dir, "commondir", "must be a regular file")),
+        }
+    }
+
+    fn protect(&mut self, path: GitDirPath, kind: FileKind) {
+        self.plan.protected.push(ProtectedPath { path, kind });
+    }
+
+    /// Is this git dir visible in the sandbox (so worth protecting)?
+    fn visible(&self, dir: &GitDirPath) -> bool {
+        match dir {
+            GitDirPath::Inside(_) => true,
+            GitDirPath::Outside(abs) => self.plan.outside_git_dirs.iter().any(|d| abs.starts_with(d)),
+        }
+    }
+
+    fn protect_repository(&mut self, location: &RepoLocation) -> Result<(), MountError> {
+        if location.dot_git_is_file {
+            // The `gitdir:` pointer itself: rewritten, it would send the host's
+            // git to a config of the sandbox's choosing.
+            self.protect(GitDirPath::Inside(location.worktree.join(".git")), FileKind::Regular);
+        }
+        self.visit_common_dir(&location.common_dir, 0)?;
+        let worktree_config = self.visit_git_dir(&location.git_dir, None, 0)?;
+        // The repository's effective config: global, common, per worktree.
+        let mut config = self.global.clone();
+        if let Some(common) = self.configs.get(&ConfigFile::Sandbox(location.common_dir.join("config"))) {
+            config.merge(common.clone());
+        }
+        if worktree_config {
+            if let Some(own) = self.configs.get(&ConfigFile::Sandbox(location.git_dir.join("config.worktree"))) {
+                config.merge(own.clone());
+            }
+        }
+        if let Some(hooks_path) = config.get("core", "hooksPath") {
+            self.protect_hooks_path(location, hooks_path)?;
+        }
+        self.protect_excludes_file(location, config.get("core", "excludesFile"))
+    }
+
+    /// A git dir that git uses as a common dir (a repository's, or the
+    /// target of a `commondir`: git reads `commondir` one level only, so the
+    /// target is the common dir even if it has a `commondir` of its own).
+    fn visit_common_dir(&mut self, dir: &GitDirPath, module_depth: usize) -> Result<bool, MountError> {
+        self.visit_git_dir_as(dir, None, module_depth, true)
+    }
+
+    fn visit_git_dir(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize) -> Result<bool, MountError> {
+        self.visit_git_dir_as(dir, inherited, module_depth, false)
+    }
+
+    /// Protects one git directory and what it leads to. `inherited` is the
+    /// `extensions.worktreeConfig` of the common dir for a linked worktree's
+    /// gitdir, `None` for a git dir that is (or names with `commondir`) its
+    /// own common dir; `as_common` says git uses it as a common dir.
+    /// Returns the common config's `worktreeConfig`.
+    fn visit_git_dir_as(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize, as_common: bool) -> Result<bool, MountError> {
+        if let Some(flag) = self.git_dirs.get(dir) {
+            return Ok(*flag);
+        }
+        // Provisional entry: a commondir cycle ends here.
+        self.git_dirs.insert(dir.clone(), inherited.unwrap_or(false));
+        let fd = dir.open(self.workspace)?;
+
+        let mut common_flag = None;
+        let mut has_commondir = false;
+        match existing_kind(fd.as_fd(), "commondir", dir)? {
+            Some(FileKind::Regular) => {
+                has_commondir = true;
+                self.protect(dir.join("commondir"), FileKind::Regular);
+                let raw = dir.read_file(self.workspace, "commondir")?.unwrap_or_default();
+                let target = repo::resolve_commondir(self.workspace_abs, dir, &raw)?;
+                // A target outside the sandbox is the host's alone; one that
+                // does not exist leaves git without a repository.
+                if self.visible(&target) && target.open(self.workspace).is_ok() {
+                    common_flag = Some(self.visit_common_dir(&target, module_depth)?);
+                }
+            }
+            Some(_) => return Err(refused(dir, "commondir", "must be a regular file")),
             None => {}
         }
-        protect_git_dir(workspace, &git_dir, config, false, plan)?;
-    }
-    Ok(())
-}
+        let is_common = as_common || (!has_commondir && inherited.is_none());
 
-/// Protects `config`, `hooks/` and `config.worktree` of one git directory.
-/// `is_common` says whether `config` and `hooks` live here.
-fn protect_git_dir(
-    workspace: BorrowedFd<'_>,
-    git_dir: &GitDirPath,
-    config: &GitConfig,
-    is_common: bool,
-    plan: &mut SentryPlan,
-) -> Result<(), MountError> {
-    let dir = git_dir.open(workspace)?;
-    if is_common {
-        match existing_kind(dir.as_fd(), "config", git_dir)? {
-            Some(FileKind::Regular) => plan.protected.push(ProtectedPath { path: git_dir.join("config"), kind: FileKind::Regular }),
-            Some(_) => return Err(refused(git_dir, "config", "must be a regular file")),
-            None => {
+        let mut own_flag = false;
+        match existing_kind(fd.as_fd(), "config", dir)? {
+            Some(FileKind::Regular) => {
+                let file = ConfigFile::Sandbox(dir.join("config"));
+                let config = self.config_file(&file, 0, &mut Vec::new())?.unwrap_or_default();
+                let mut effective = self.global.clone();
+                effective.merge(config);
+                own_flag = effective.get_bool("extensions", "worktreeConfig") == Some(true);
+            }
+            Some(_) => return Err(refused(dir, "config", "must be a regular file")),
+            // A repository's own git dir (not one named by a chained
+            // `commondir`, which git would not accept as a repository).
+            None if !has_commondir && inherited.is_none() => {
                 return Err(refused(
-                    git_dir,
+                    dir,
                     "config",
                     "is missing; git cannot work without it and Lazaret will not fabricate one (restore it, e.g. with `git init` in the repository)",
                 ));
             }
+            None => {}
         }
-        match existing_kind(dir.as_fd(), "hooks", git_dir)? {
-            Some(FileKind::Directory) => {}
-            Some(_) => return Err(refused(git_dir, "hooks", "must be a directory")),
-            None => {
-                safe_path::ensure_dir_beneath(dir.as_fd(), Path::new("hooks"))?;
+        let flag = common_flag.or(inherited).unwrap_or(own_flag);
+        self.git_dirs.insert(dir.clone(), flag);
+
+        for (name, kind) in [("hooks", FileKind::Directory), ("info", FileKind::Directory)] {
+            match existing_kind(fd.as_fd(), name, dir)? {
+                Some(FileKind::Directory) => self.protect(dir.join(name), FileKind::Directory),
+                Some(FileKind::Regular) if name == "info" => self.protect(dir.join(name), FileKind::Regular),
+                Some(_) => return Err(refused(dir, name, "must be a directory")),
+                None if is_common => {
+                    safe_path::ensure_dir_beneath(fd.as_fd(), Path::new(name)).map_err(|e| safe_path::rename_error_path(e, dir.join(name).display_path()))?;
+                    self.protect(dir.join(name), kind);
+                }
+                None => {}
             }
         }
-        plan.protected.push(ProtectedPath { path: git_dir.join("hooks"), kind: FileKind::Directory });
-    }
-    match existing_kind(dir.as_fd(), "config.worktree", git_dir)? {
-        Some(FileKind::Regular) => {
-            plan.protected.push(ProtectedPath { path: git_dir.join("config.worktree"), kind: FileKind::Regular });
+        match existing_kind(fd.as_fd(), "config.worktree", dir)? {
+            Some(FileKind::Regular) => {
+                self.config_file(&ConfigFile::Sandbox(dir.join("config.worktree")), 0, &mut Vec::new())?;
+            }
+            Some(_) => return Err(refused(dir, "config.worktree", "must be a regular file")),
+            None if flag => {
+                safe_path::ensure_file_beneath(fd.as_fd(), Path::new("config.worktree"))?;
+                self.config_file(&ConfigFile::Sandbox(dir.join("config.worktree")), 0, &mut Vec::new())?;
+            }
+            None => {}
         }
-        Some(_) => return Err(refused(git_dir, "config.worktree", "must be a regular file")),
-        None if config.get_bool("extensions", "worktreeConfig") == Some(true) => {
-            safe_path::ensure_file_beneath(dir.as_fd(), Path::new("config.worktree"))?;
-            plan.protected.push(ProtectedPath { path: git_dir.join("config.worktree"), kind: FileKind::Regular });
+        if is_common || inherited.is_none() {
+            // A common dir (or one named by `commondir`): its linked
+            // worktrees and submodules.
+            self.visit_linked_worktrees(dir, flag, module_depth)?;
+            self.visit_modules(&dir.join("modules"), module_depth)?;
         }
-        None => {}
+        Ok(flag)
     }
-    Ok(())
+
+    /// Every `worktrees/<name>/` of a common dir, registered or not. One
+    /// with a `commondir` is a linked worktree's gitdir (possibly for a work
+    /// tree outside the workspace); one without is not usable as such and
+    /// is protected as a whole.
+    fn visit_linked_worktrees(&mut self, common_dir: &GitDirPath, flag: bool, module_depth: usize) -> Result<(), MountError> {
+        let worktrees = common_dir.join("worktrees");
+        let Some(dir) = open_existing_dir(&worktrees, self.workspace)? else { return Ok(()) };
+        for name in subdirectories(dir.as_fd(), &worktrees)? {
+            let git_dir = worktrees.join(&name);
+            let fd = git_dir.open(self.workspace)?;
+            if existing_kind(fd.as_fd(), "commondir", &git_dir)?.is_some() {
+                self.visit_git_dir(&git_dir, Some(flag), module_depth)?;
+            } else {
+                self.plan.warnings.push(format!(
+                    "{} has no commondir (not a working linked worktree): protected read-only as a whole",
+                    lazaret_protocol::display::escaped(git_dir.display_path())
+                ));
+                self.protect(git_dir, FileKind::Directory);
+            }
+        }
+        Ok(())
+    }
+
+    /// Walks `modules/` for submodule git directories (a directory holding
+    /// a `HEAD` file), visiting each (which recurses into its own `modules/`
+    /// and `worktrees/`); other directories are module names with `/`.
+    fn visit_modules(&mut self, modules: &GitDirPath, depth: usize) -> Result<(), MountError> {
+        if depth > MAX_MODULE_DEPTH {
+            self.plan.warnings.push(format!(
+                "{}: submodules nested deeper than {MAX_MODULE_DEPTH} are not protected",
+                lazaret_protocol::display::escaped(modules.display_path())
+            ));
+            return Ok(());
+        }
+        let Some(dir) = open_existing_dir(modules, self.workspace)? else { return Ok(()) };
+        for name in subdirectories(dir.as_fd(), modules)? {
+            let child = modules.join(&name);
+            let child_fd = child.open(self.workspace)?;
+            if safe_path::open_path_beneath(child_fd.as_fd(), Path::new("HEAD"))?.is_some() {
+                self.visit_common_dir(&child, depth + 1)?;
+            } else {
+                self.visit_modules(&child, depth + 1)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The developer's system, XDG and `~/.gitconfig` files, includes
+    /// expanded (an include of theirs may land in the workspace).
+    fn global_config(&mut self) -> Result<GitConfig, MountError> {
+        let xdg = self.host.xdg_config_home.clone().or_else(|| self.host.home.as_ref().map(|h| h.join(".config")));
+        let mut files: Vec<PathBuf> = Vec::new();
+        files.extend(self.host.system_config.clone());
+        files.extend(xdg.map(|d| d.join("git/config")));
+        files.extend(self.host.home.as_ref().map(|h| h.join(".gitconfig")));
+        let mut config = GitConfig::default();
+        for file in files {
+            let Some(file) = repo::normalize(&file).filter(|f| f.is_absolute()) else { continue };
+            let located = self.locate_file(&file)?;
+            // One of the developer's own config files in the workspace (a
+            // workspace that holds their home): created empty if missing.
+            self.creating_global = true;
+            let read = self.config_file(&located, 0, &mut Vec::new());
+            self.creating_global = false;
+            if let Some(read) = read? {
+                config.merge(read);
+            }
+        }
+        Ok(config)
+    }
+
+    /// Reads (and, in the sandbox, protects) one config file and every file
+    /// it includes; returns its entries with includes spliced in, `None` if
+    /// it could not be read. `depth` counts includes from the first file;
+    /// `chain` holds the files being read (cycle detection).
+    fn config_file(&mut self, file: &ConfigFile, depth: usize, chain: &mut Vec<ConfigFile>) -> Result<Option<GitConfig>, MountError> {
+        if let Some(done) = self.configs.get(file) {
+            return Ok(Some(done.clone()));
+        }
+        let raw = match file {
+            ConfigFile::Sandbox(path) => {
+                let Some(fd) = self.open_sandbox(path).map_err(|e| with_context(e, &included_by(chain)))? else {
+                    if depth == 0 && chain.is_empty() && !self.creating_global {
+                        return Ok(None);
+                    }
+                    // A missing include target: created empty (and protected),
+                    // or the sandbox could write it.
+                    self.create_placeholder(path)?;
+                    self.plan.warnings.push(format!(
+                        "{}{} did not exist: created empty and read-only so that the sandbox cannot plant it",
+                        lazaret_protocol::display::escaped(path.display_path()),
+                        included_by(chain)
+                    ));
+                    self.protect(path.clone(), FileKind::Regular);
+                    return Ok(None);
+                };
+                match safe_path::file_kind(fd.as_fd())? {
+                    FileKind::Regular => {}
+                    FileKind::Directory if depth > 0 => {
+                        // git cannot read a directory (it stops with an error).
+                        // Not bound read-only: an include naming `.git` or the
+                        // workspace would freeze it all.
+                        self.plan.warnings.push(format!(
+                            "{} (included by {}) is a directory: git cannot read it; not protected",
+                            lazaret_protocol::display::escaped(path.display_path()),
+                            chain.last().map(ConfigFile::display).unwrap_or_default()
+                        ));
+                        return Ok(None);
+                    }
+                    FileKind::Symlink => {
+                        return Err(MountError::refused(
+                            path.display_path(),
+                            format!("is a symlink{}; git would follow it to a file Lazaret cannot protect (replace it with the real file)", included_by(chain)),
+                        ));
+                    }
+                    _ => {
+                        return Err(MountError::refused(path.display_path(), format!("a git config file must be a regular file{}", included_by(chain))));
+                    }
+                }
+                self.protect(path.clone(), FileKind::Regular);
+                match self.read_sandbox(path) {
+                    Ok(raw) => raw,
+                    Err(e) => {
+                        self.plan.warnings.push(format!("{e}: the file is protected read-only, but its includes could not be read and are not protected"));
+                        return Ok(None);
+                    }
+                }
+            }
+            ConfigFile::Host(path) => match read_host_file(path) {
+                Some(raw) => raw,
+                None => return Ok(None),
+            },
+        };
+        let parsed = GitConfig::parse(&raw);
+        if !parsed.skipped_lines().is_empty() && matches!(file, ConfigFile::Sandbox(_)) {
+            self.plan.warnings.push(format!(
+                "{}: could not parse line(s) {:?} (git would refuse this file); it is protected read-only, but includes on those lines are not followed",
+                file.display(),
+                parsed.skipped_lines()
+            ));
+        }
+        chain.push(file.clone());
+        let expanded = parsed.expand_includes(|include| self.follow_include(include, depth, chain));
+        chain.pop();
+        let expanded = expanded?;
+        self.configs.insert(file.clone(), expanded.clone());
+        Ok(Some(expanded))
+    }
+
+    /// Follows one include of the last file of `chain`.
+    fn follow_include(&mut self, include: &Include, depth: usize, chain: &mut Vec<ConfigFile>) -> Result<Option<GitConfig>, MountError> {
+        let Some(including) = chain.last().cloned() else { return Ok(None) };
+        if depth + 1 > MAX_INCLUDE_DEPTH {
+            self.plan.warnings.push(format!(
+                "{}: includes nest deeper than {MAX_INCLUDE_DEPTH}; git refuses such a configuration, Lazaret stops following them here",
+                including.display()
+            ));
+            return Ok(None);
+        }
+        if self.include_reads >= MAX_INCLUDE_READS {
+            self.plan.warnings.push(format!("{}: more than {MAX_INCLUDE_READS} includes, not followed further", including.display()));
+            return Ok(None);
+        }
+        self.include_reads += 1;
+        let value = include.path.as_str();
+        let raw = if let Some(rest) = value.strip_prefix("~/") {
+            match &self.host.home {
+                Some(home) => home.join(rest),
+                None => return Ok(None),
+            }
+        } else if value.starts_with('~') || value.starts_with("%(prefix)/") {
+            // `~user/` (unsupported) or git's install prefix (outside).
+            self.plan.warnings.push(format!("{}: include {value:?} not followed", including.display()));
+            return Ok(None);
+        } else if Path::new(value).is_absolute() {
+            PathBuf::from(value)
+        } else {
+            // Relative to the including file's directory, as git resolves it.
+            let including_abs = match &including {
+                ConfigFile::Sandbox(GitDirPath::Inside(rel)) => self.workspace_abs.join(rel),
+                ConfigFile::Sandbox(GitDirPath::Outside(abs)) | ConfigFile::Host(abs) => abs.clone(),
+            };
+            including_abs.parent().unwrap_or(Path::new("/")).join(value)
+        };
+        let target = self.locate_file(&raw).map_err(|e| with_context(e, &format!(" (included by {})", including.display())))?;
+        if chain.contains(&target) {
+            self.plan.warnings.push(format!(
+                "{} includes {} again (a cycle): git refuses such a configuration",
+                including.display(),
+                target.display()
+            ));
+            return Ok(None);
+        }
+        self.config_file(&target, depth + 1, chain)
+    }
+
+    /// Where an absolute path (as git would open it) lands: in the sandbox
+    /// (resolved without following any symlink there) or on the host.
+    fn locate_file(&self, raw: &Path) -> Result<ConfigFile, MountError> {
+        // `..` is applied lexically, which is what the kernel does only if
+        // the directory before it is real: checked for sandbox directories.
+        let mut out = PathBuf::from("/");
+        for component in raw.components() {
+            match component {
+                Component::Normal(name) => out.push(name),
+                Component::ParentDir => {
+                    if let ConfigFile::Sandbox(dir) = self.classify(&out) {
+                        self.open_sandbox_dir(&dir)?;
+                    }
+                    out.pop();
+                }
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+            }
+        }
+        match self.classify(&out) {
+            ConfigFile::Host(abs) => self.host_path_into_sandbox(&abs),
+            sandbox => Ok(sandbox),
+        }
+    }
+
+    fn classify(&self, abs: &Path) -> ConfigFile {
+        if let Ok(rel) = abs.strip_prefix(self.workspace_abs) {
+            return ConfigFile::Sandbox(GitDirPath::Inside(rel.to_owned()));
+        }
+        if self.plan.outside_git_dirs.iter().any(|d| abs.starts_with(d)) {
+            return ConfigFile::Sandbox(GitDirPath::Outside(abs.to_owned()));
+        }
+        ConfigFile::Host(abs.to_owned())
+    }
+
+    /// A host path may still reach the workspace through the host's own
+    /// symlinks (`/home` → `/usr/home`): the first prefix whose real path is
+    /// in the sandbox decides, and the rest is resolved there.
+    fn host_path_into_sandbox(&self, abs: &Path) -> Result<ConfigFile, MountError> {
+        let components: Vec<Component<'_>> = abs.components().collect();
+        let mut prefix = PathBuf::new();
+        for (index, component) in components.iter().enumerate() {
+            prefix.push(component);
+            let Ok(real) = std::fs::canonicalize(&prefix) else { break };
+            if let ConfigFile::Sandbox(_) = self.classify(&real) {
+                let rest: PathBuf = components[index + 1..].iter().collect();
+                return Ok(self.classify(&real.join(rest)));
+            }
+        }
+        Ok(ConfigFile::Host(abs.to_owned()))
+    }
+
+    /// `O_PATH` fd of a sandbox path, `None` if it (or its parent) is
+    /// missing; no symlink is followed.
+    fn open_sandbox(&self, path: &GitDirPath) -> Result<Option<OwnedFd>, MountError> {
+        match path {
+            GitDirPath::Inside(rel) => safe_path::open_path_beneath(self.workspace, rel),
+            GitDirPath::Outside(abs) => {
+                let (Some(parent), Some(name)) = (abs.parent(), abs.file_name()) else { return Ok(None) };
+                match repo::open_absolute_dir(parent) {
+                    Ok(dir) => safe_path::open_path_beneath(dir.as_fd(), Path::new(name)),
+                    Err(MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => Ok(None),
+                    Err(e) => Err(e),
+                }
+            }
+        }
+    }
+
+    fn open_sandbox_dir(&self, path: &GitDirPath) -> Result<(), MountError> {
+        match self.open_sandbox(path)? {
+            Some(fd) if safe_path::file_kind(fd.as_fd())? == FileKind::Directory => Ok(()),
+            Some(_) => Err(MountError::refused(path.display_path(), "`..` after a symlink or a file; Lazaret cannot resolve it as git would")),
+            None => Ok(()),
+        }
+    }
+
+    fn read_sandbox(&self, path: &GitDirPath) -> Result<Vec<u8>, MountError> {
+        let (parent, name) = split(path)?;
+        Ok(parent.read_file(self.workspace, &name)?.unwrap_or_default())
+    }
+
+    fn create_placeholder(&self, path: &GitDirPath) -> Result<(), MountError> {
+        match path {
+            GitDirPath::Inside(rel) => {
+                if let Some(parent) = rel.parent() {
+                    safe_path::ensure_dir_beneath(self.workspace, parent)?;
+                }
+                safe_path::ensure_file_beneath(self.workspace, rel)?;
+            }
+            GitDirPath::Outside(abs) => {
+                let (parent, name) = split(path)?;
+                let GitDirPath::Outside(parent_abs) = parent else { return Ok(()) };
+                let dir = repo::open_absolute_dir(&parent_abs).map_err(|e| with_context(e, &format!(" (cannot create {})", abs.display())))?;
+                safe_path::ensure_file_beneath(dir.as_fd(), Path::new(&name))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `core.hooksPath`: protected when in the sandbox (created empty if
+    /// missing); elsewhere it is not visible in the sandbox.
+    fn protect_hooks_path(&mut self, location: &RepoLocation, value: &str) -> Result<(), MountError> {
+        let Some(raw) = self.config_path(location, value) else { return Ok(()) };
+        let ConfigFile::Sandbox(path) = self.locate_file(&raw)? else { return Ok(()) };
+        match self.open_sandbox(&path)? {
+            Some(fd) => match safe_path::file_kind(fd.as_fd())? {
+                FileKind::Directory => {}
+                FileKind::Symlink => {
+                    return Err(MountError::refused(path.display_path(), "core.hooksPath points at a symlink; Git Sentry cannot protect it"));
+                }
+                _ => return Err(MountError::refused(path.display_path(), "core.hooksPath must be a directory")),
+            },
+            None => match &path {
+                GitDirPath::Inside(rel) => {
+                    safe_path::ensure_dir_beneath(self.workspace, rel)?;
+                }
+                GitDirPath::Outside(_) => return Ok(()),
+            },
+        }
+        self.protect(path, FileKind::Directory);
+        Ok(())
+    }
+
+    /// `core.excludesFile` (default `$XDG_CONFIG_HOME/git/ignore`) decides
+    /// the ignored set of the next start when it lies in the sandbox:
+    /// protected if it is a regular file. A missing one is not created: a
+    /// new file there can only add ignore rules (it has the lowest
+    /// precedence), which isolates more, never less.
+    fn protect_excludes_file(&mut self, location: &RepoLocation, value: Option<&str>) -> Result<(), MountError> {
+        let raw = match value {
+            Some(value) => self.config_path(location, value),
+            None => self
+                .host
+                .xdg_config_home
+                .clone()
+                .or_else(|| self.host.home.as_ref().map(|h| h.join(".config")))
+                .map(|d| d.join("git/ignore")),
+        };
+        let Some(raw) = raw else { return Ok(()) };
+        let ConfigFile::Sandbox(path) = self.locate_file(&raw)? else { return Ok(()) };
+        let Some(fd) = self.open_sandbox(&path)? else { return Ok(()) };
+        match safe_path::file_kind(fd.as_fd())? {
+            FileKind::Regular => self.protect(path, FileKind::Regular),
+            // Lazaret's ignore scan does not read it either (it never follows a
+            // symlink), so the sandbox changing it changes nothing Lazaret decides.
+            _ => self.plan.warnings.push(format!(
+                "core.excludesFile {} is not a regular file: not protected (Lazaret does not use it)",
+                lazaret_protocol::display::escaped(path.display_path())
+            )),
+        }
+        Ok(())
+    }
+
+    /// A path-valued config key as an absolute path: `~/` is the developer's
+    /// home, a relative path is relative to the work tree root.
+    fn config_path(&self, location: &RepoLocation, value: &str) -> Option<PathBuf> {
+        if let Some(rest) = value.strip_prefix("~/") {
+            return self.host.home.as_ref().map(|h| h.join(rest));
+        }
+        if value.starts_with('~') || value.is_empty() {
+            return None;
+        }
+        let raw = Path::new(value);
+        Some(if raw.is_absolute() { raw.to_owned() } else { self.workspace_abs.join(&location.worktree).join(raw) })
+    }
+}
+
+/// A host file read for its includes (trusted; a missing or unreadable one
+/// is skipped, as git skips a missing include).
+fn read_host_file(path: &Path) -> Option<Vec<u8>> {
+    let meta = std::fs::metadata(path).ok()?;
+    if !meta.is_file() || meta.len() > repo::SMALL_FILE_LIMIT {
+        return None;
+    }
+    std::fs::read(path).ok()
+}
+
+fn split(path: &GitDirPath) -> Result<(GitDirPath, String), MountError> {
+    let p = path.display_path();
+    let (Some(parent), Some(name)) = (p.parent(), p.file_name()) else {
+        return Err(MountError::refused(p, "not a file path"));
+    };
+    let name = name.to_string_lossy().into_owned();
+    Ok((
+        match path {
+            GitDirPath::Inside(_) => GitDirPath::Inside(parent.to_owned()),
+            GitDirPath::Outside(_) => GitDirPath::Outside(parent.to_owned()),
+        },
+        name,
+    ))
+}
+
+fn included_by(chain: &[ConfigFile]) -> String {
+    chain.last().map(|f| format!(" (included by {})", f.display())).unwrap_or_default()
+}
+
+fn with_context(error: MountError, context: &str) -> MountError {
+    match error {
+        MountError::Refused { path, reason } => MountError::refused(path, format!("{reason}{context}")),
+        other => other,
+    }
+}
+
+fn open_existing_dir(dir: &GitDirPath, workspace: BorrowedFd<'_>) -> Result<Option<OwnedFd>, MountError> {
+    match dir.open(workspace) {
+        Ok(fd) => Ok(Some(fd)),
+        Err(MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The kind of `dir/name` if it exists; a symlink is refused.
@@ -244,82 +773,6 @@ fn refused(git_dir: &GitDirPath, name: &str, reason: &str) -> MountError {
     MountError::refused(path, reason)
 }
 
-/// `core.hooksPath`: protected when inside the workspace (created empty if
-/// missing); outside the workspace it is not visible in the sandbox.
-fn protect_hooks_path(
-    workspace: BorrowedFd<'_>,
-    workspace_abs: &Path,
-    location: &RepoLocation,
-    host: &HostGitSettings,
-    value: &str,
-    plan: &mut SentryPlan,
-) -> Result<(), MountError> {
-    let raw = Path::new(value);
-    let absolute = if let Some(rest) = value.strip_prefix("~/") {
-        // Home-relative: outside the workspace unless the workspace is in it.
-        host.home.as_ref().map(|h| h.join(rest))
-    } else if raw.is_absolute() {
-        Some(raw.to_owned())
-    } else {
-        Some(workspace_abs.join(&location.worktree).join(raw))
-    };
-    let Some(absolute) = absolute.and_then(|p| repo::normalize(&p)) else {
-        return Ok(());
-    };
-    let Ok(rel) = absolute.strip_prefix(workspace_abs) else {
-        return Ok(());
-    };
-    let rel = rel.to_owned();
-    match safe_path::open_path_beneath(workspace, &rel)? {
-        Some(fd) => match safe_path::file_kind(fd.as_fd())? {
-            FileKind::Directory => {}
-            FileKind::Symlink => {
-                return Err(MountError::refused(&rel, "core.hooksPath points at a symlink; Git Sentry cannot protect it"));
-            }
-            _ => return Err(MountError::refused(&rel, "core.hooksPath must be a directory")),
-        },
-        None => {
-            safe_path::ensure_dir_beneath(workspace, &rel)?;
-        }
-    }
-    plan.protected.push(ProtectedPath { path: GitDirPath::Inside(rel), kind: FileKind::Directory });
-    Ok(())
-}
-
-/// Walks `modules/` for submodule git directories (a directory holding a
-/// `HEAD` file), protecting each and recursing into their own `modules/`.
-fn protect_modules(
-    workspace: BorrowedFd<'_>,
-    modules: &GitDirPath,
-    depth: usize,
-    global: &GitConfig,
-    plan: &mut SentryPlan,
-) -> Result<(), MountError> {
-    if depth > MAX_MODULE_DEPTH {
-        return Ok(());
-    }
-    let dir = match modules.open(workspace) {
-        Ok(dir) => dir,
-        Err(MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    for name in subdirectories(dir.as_fd(), modules)? {
-        let child = modules.join(&name);
-        let child_fd = child.open(workspace)?;
-        if safe_path::open_path_beneath(child_fd.as_fd(), Path::new("HEAD"))?.is_some() {
-            let mut config = global.clone();
-            if let Some(raw) = safe_path::read_beneath(child_fd.as_fd(), Path::new("config"), repo::SMALL_FILE_LIMIT)? {
-                config.merge(GitConfig::parse(&raw));
-            }
-            protect_git_dir(workspace, &child, &config, true, plan)?;
-            protect_modules(workspace, &child.join("modules"), depth + 1, global, plan)?;
-        } else {
-            protect_modules(workspace, &child, depth + 1, global, plan)?;
-        }
-    }
-    Ok(())
-}
-
 /// Names of the real (non-symlink) subdirectories of a directory; a symlink
 /// among them is refused (a module directory must be real).
 fn subdirectories(dir: BorrowedFd<'_>, at: &GitDirPath) -> Result<Vec<PathBuf>, MountError> {
@@ -341,7 +794,7 @@ fn subdirectories(dir: BorrowedFd<'_>, at: &GitDirPath) -> Result<Vec<PathBuf>, 
         match safe_path::file_kind(child.as_fd())? {
             FileKind::Directory => names.push(name),
             FileKind::Symlink => {
-                return Err(MountError::refused(label.join(&name), "a symlink inside .git/modules cannot be protected; remove it"));
+                return Err(MountError::refused(label.join(&name), "a symlink inside a git directory's modules/ or worktrees/ cannot be protected; remove it"));
             }
             _ => {}
         }

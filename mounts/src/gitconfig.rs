@@ -3,13 +3,32 @@
 //! `extensions.worktreeConfig`) without ever running `git` on a workspace
 //! (a hostile repository config can make git execute code).
 //!
-//! Not supported: `[include]`/`[includeIf]` (not followed), `~user/` paths.
+//! `[include]` and `[includeIf "…"]` `path` entries are exposed by
+//! [`GitConfig::includes`] and spliced in place by
+//! [`GitConfig::expand_includes`] (the caller decides how a path is found and
+//! read: Git Sentry follows them to protect every included file). Lines git
+//! would reject are skipped and counted ([`GitConfig::skipped_lines`]), so a
+//! caller can tell an exact reading from a partial one.
+//!
+//! Not supported: `~user/` paths.
 
 /// One parsed config file (or several merged in precedence order).
 #[derive(Debug, Default, Clone)]
 pub struct GitConfig {
     /// `(section, subsection, key, value)`; section and key lower-cased.
     entries: Vec<(String, Option<String>, String, String)>,
+    /// 1-based numbers of the lines that were skipped as malformed.
+    skipped: Vec<usize>,
+}
+
+/// One `include.path` or `includeIf.<condition>.path` entry of a file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Include {
+    /// The path as written (after value decoding), not resolved.
+    pub path: String,
+    /// The `includeIf` condition (`gitdir:…`, `onbranch:…`, …), `None` for
+    /// a plain `[include]`.
+    pub condition: Option<String>,
 }
 
 impl GitConfig {
@@ -18,16 +37,18 @@ impl GitConfig {
     pub fn parse(text: &[u8]) -> GitConfig {
         let text = String::from_utf8_lossy(text);
         let mut entries = Vec::new();
+        let mut skipped = Vec::new();
         let mut section = String::new();
         let mut subsection: Option<String> = None;
-        let mut lines = text.lines();
-        while let Some(raw) = lines.next() {
+        let mut lines = text.lines().enumerate();
+        while let Some((index, raw)) = lines.next() {
+            let line_number = index + 1;
             let mut line = raw.trim_start().to_owned();
             // Join continuation lines (a trailing unescaped backslash).
             while line.ends_with('\\') && !line.ends_with("\\\\") {
                 line.pop();
                 match lines.next() {
-                    Some(next) => line.push_str(next),
+                    Some((_, next)) => line.push_str(next),
                     None => break,
                 }
             }
@@ -36,7 +57,10 @@ impl GitConfig {
             }
             let mut rest = line.as_str();
             if rest.starts_with('[') {
-                let Some(end) = rest.find(']') else { continue };
+                let Some(end) = rest.find(']') else {
+                    skipped.push(line_number);
+                    continue;
+                };
                 let header = &rest[1..end];
                 if let Some(quote) = header.find('"') {
                     section = header[..quote].trim().to_ascii_lowercase();
@@ -59,11 +83,46 @@ impl GitConfig {
                 None => (strip_comment(rest).trim(), "true".to_owned()),
             };
             if key.is_empty() || !key.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+                skipped.push(line_number);
                 continue;
             }
             entries.push((section.clone(), subsection.clone(), key.to_ascii_lowercase(), value));
         }
-        GitConfig { entries }
+        GitConfig { entries, skipped }
+    }
+
+    /// Numbers (1-based) of the lines skipped as malformed: git itself would
+    /// refuse such a file, and anything on those lines (an include among
+    /// them) was not read. Empty for an exact reading.
+    pub fn skipped_lines(&self) -> &[usize] {
+        &self.skipped
+    }
+
+    /// The file's `include.path` and `includeIf.<condition>.path` entries,
+    /// in file order, whatever the condition (callers that protect files
+    /// must assume every condition can become true).
+    pub fn includes(&self) -> Vec<Include> {
+        self.entries.iter().filter_map(include_of).collect()
+    }
+
+    /// This config with every include replaced by what `load` returns for
+    /// it, spliced right after the include entry (git reads an included
+    /// file at the point of inclusion, so later keys still win). `load`
+    /// returns `Ok(None)` for an include it does not follow.
+    pub fn expand_includes<E>(
+        &self,
+        mut load: impl FnMut(&Include) -> Result<Option<GitConfig>, E>,
+    ) -> Result<GitConfig, E> {
+        let mut out = GitConfig { entries: Vec::with_capacity(self.entries.len()), skipped: self.skipped.clone() };
+        for entry in &self.entries {
+            out.entries.push(entry.clone());
+            if let Some(include) = include_of(entry) {
+                if let Some(included) = load(&include)? {
+                    out.entries.extend(included.entries);
+                }
+            }
+        }
+        Ok(out)
     }
 
     /// Appends `other`'s entries, which then take precedence (git's "last
@@ -86,6 +145,19 @@ impl GitConfig {
         self.get(section, key).map(|v| {
             matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1")
         })
+    }
+}
+
+/// The include an entry stands for, if it is one (empty paths are ignored,
+/// as git ignores them).
+fn include_of((section, subsection, key, value): &(String, Option<String>, String, String)) -> Option<Include> {
+    if key != "path" || value.is_empty() {
+        return None;
+    }
+    match (section.as_str(), subsection) {
+        ("include", None) => Some(Include { path: value.clone(), condition: None }),
+        ("includeif", Some(condition)) => Some(Include { path: value.clone(), condition: Some(condition.clone()) }),
+        _ => None,
     }
 }
 
@@ -160,5 +232,37 @@ mod tests {
         let cfg = GitConfig::parse(b"garbage line\n[core\n[core] excludesfile = a\\\\b\\\"c\n[x.y]\nk=1\n");
         assert_eq!(cfg.get("core", "excludesfile"), Some("a\\b\"c"));
         assert_eq!(cfg.get("x", "k"), None);
+        assert_eq!(cfg.skipped_lines(), &[1, 2], "the garbage line and the unterminated header");
+    }
+
+    #[test]
+    fn includes_in_order_and_spliced_in_place() {
+        let cfg = GitConfig::parse(
+            b"[core]\n\thooksPath = a\n[include]\n\tpath = one.cfg\n[includeIf \"onbranch:main\"]\n\tpath = \"two words.cfg\"\n\
+              [includeIf \"gitdir:~/src/\"]\npath=\n[include \"x\"]\npath = not-an-include\n[core]\n\thooksPath = c\n",
+        );
+        assert!(cfg.skipped_lines().is_empty());
+        assert_eq!(
+            cfg.includes(),
+            vec![
+                Include { path: "one.cfg".into(), condition: None },
+                Include { path: "two words.cfg".into(), condition: Some("onbranch:main".into()) },
+            ]
+        );
+        let expanded = cfg
+            .expand_includes(|inc| {
+                Ok::<_, ()>(match inc.path.as_str() {
+                    "one.cfg" => Some(GitConfig::parse(b"[core]\nhooksPath = b\nexcludesFile = e\n")),
+                    _ => None,
+                })
+            })
+            .expect("expand");
+        // The include sits between hooksPath = a and hooksPath = c: c wins.
+        assert_eq!(expanded.get("core", "hooksPath"), Some("c"));
+        assert_eq!(expanded.get("core", "excludesFile"), Some("e"));
+        let only_first = GitConfig::parse(b"[include]\npath = one.cfg\n[core]\nx = 1\n")
+            .expand_includes(|_| Ok::<_, ()>(Some(GitConfig::parse(b"[core]\nx = 2\n"))))
+            .expect("expand");
+        assert_eq!(only_first.get("core", "x"), Some("1"), "keys after the include win");
     }
 }

@@ -2,14 +2,14 @@
 //! of binds the coordinator puts in the OCI spec, and making the host-side
 //! mounts those binds need.
 
-use std::collections::HashSet;
+use std::collections::{BTreeSet, HashSet};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
 use crate::error::MountError;
 use crate::git_sentry::{self, SentryPlan};
 use crate::ignore_eval::{self, HostGitSettings};
-use crate::ignored_state::{self, IgnoredMount};
+use crate::ignored_state::{self, IgnoredMount, IsolationRecord, StickyReport};
 use crate::repo::{self, GitDirPath};
 use crate::safe_path::{self, FileKind};
 use crate::sys;
@@ -44,6 +44,9 @@ pub struct WorkspacePlan {
     pub sentry: SentryPlan,
     /// Non-fatal findings for the launch log.
     pub warnings: Vec<String>,
+    /// What sticky isolation added (paths isolated only because an earlier
+    /// start isolated them), for the coordinator's log.
+    pub sticky: StickyReport,
 }
 
 /// Result of [`assemble`].
@@ -77,14 +80,24 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
     }
     let root = safe_path::open_root_dir(workspace)?;
     let mut warnings = Vec::new();
-    let (ignored, repositories) = if opts.isolate_gitignored {
+    let (ignored, repositories, sticky) = if opts.isolate_gitignored {
+        // The record is read before the workspace: an unreadable one stops
+        // the start before anything is created there.
+        let record = IsolationRecord::load(domain_root)?;
         let scan = ignore_eval::scan_ignored(root.as_fd(), workspace, &opts.host_git)?;
         let (mounts, ignored_warnings) = ignored_state::plan_ignored(&scan, domain_root);
         warnings.extend(scan.warnings);
         warnings.extend(ignored_warnings);
-        (mounts, scan.repositories)
+        let merged = ignored_state::merge_recorded(mounts, &record, domain_root, |rel| ignored_state::look_up(root.as_fd(), rel));
+        warnings.extend(merged.warnings);
+        // Recorded before anything is mounted: a path isolated by this start
+        // stays isolated even if the start fails later.
+        if merged.record != record {
+            merged.record.save(domain_root)?;
+        }
+        (merged.mounts, scan.repositories, merged.report)
     } else {
-        (Vec::new(), ignore_eval::find_repositories(root.as_fd())?)
+        (Vec::new(), ignore_eval::find_repositories(root.as_fd())?, StickyReport::default())
     };
     if repo::locate(root.as_fd(), workspace, Path::new(""))?.is_none() {
         warnings.push(format!("{} is not a git work tree root: no ignore rules and no Git Sentry apply", lazaret_protocol::display::escaped(workspace)));
@@ -98,13 +111,36 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
     let mut seen = HashSet::new();
     sentry.protected.retain(|p| seen.insert(p.path.clone()));
     sentry.compute_pins();
+    pin_above_isolated(&mut sentry, &ignored);
     Ok(WorkspacePlan {
         workspace: workspace.to_owned(),
         sandbox_workspace: opts.sandbox_workspace.clone(),
         ignored,
         sentry,
         warnings,
+        sticky,
     })
+}
+
+/// Adds a pin for every directory above an isolated path: renaming a mount
+/// point fails (EBUSY), so the sandbox cannot `mv app app2` with `app/.env`
+/// isolated and so move the host's `.env` to a path that no rule or record
+/// isolates at the next start.
+fn pin_above_isolated(sentry: &mut SentryPlan, ignored: &[IgnoredMount]) {
+    let protected: HashSet<GitDirPath> = sentry.protected.iter().map(|p| p.path.clone()).collect();
+    let mut pins: BTreeSet<GitDirPath> = sentry.pinned.drain(..).collect();
+    for mount in ignored {
+        for ancestor in mount.workspace_rel.ancestors().skip(1) {
+            if ancestor.as_os_str().is_empty() {
+                break;
+            }
+            let pin = GitDirPath::Inside(ancestor.to_owned());
+            if !protected.contains(&pin) {
+                pins.insert(pin);
+            }
+        }
+    }
+    sentry.pinned = pins.into_iter().collect();
 }
 
 /// Performs the host-side work of a plan inside the private mount

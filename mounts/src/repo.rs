@@ -168,18 +168,14 @@ pub fn locate(
     let dot_git = worktree.join(".git");
     match read_dot_git(workspace, worktree)? {
         DotGit::Missing => Ok(None),
-        DotGit::Directory(fd) => {
-            // git honours `$GIT_DIR/commondir` in any git dir; in a main
-            // repository's `.git` it can only have been planted, and would
-            // redirect git (config, hooks) to an unprotected place.
-            if safe_path::open_path_beneath(fd.as_fd(), Path::new("commondir"))?.is_some() {
-                return Err(MountError::refused(
-                    dot_git.join("commondir"),
-                    "a repository's own .git directory must not contain `commondir` (it redirects git to another config); remove it",
-                ));
-            }
+        DotGit::Directory(_) => {
+            // git honours `$GIT_DIR/commondir` in any git dir, also in a main
+            // repository's `.git` (where `git` never writes one): followed
+            // when it stays inside the workspace (Git Sentry then protects
+            // the directory it names), refused when it leaves it.
             let git_dir = GitDirPath::Inside(dot_git);
-            Ok(Some(RepoLocation { worktree: worktree.to_owned(), common_dir: git_dir.clone(), git_dir, dot_git_is_file: false }))
+            let common_dir = common_dir_of(workspace, workspace_abs, &git_dir)?;
+            Ok(Some(RepoLocation { worktree: worktree.to_owned(), common_dir, git_dir, dot_git_is_file: false }))
         }
         DotGit::GitdirFile(target) => {
             let git_dir = resolve_gitdir_pointer(workspace_abs, worktree, Path::new(&target))
@@ -187,7 +183,7 @@ pub fn locate(
             if let GitDirPath::Outside(abs) = &git_dir {
                 validate_linked_worktree(abs, &workspace_abs.join(&dot_git))?;
             }
-            let common_dir = common_dir_of(workspace, &git_dir)?;
+            let common_dir = common_dir_of(workspace, workspace_abs, &git_dir)?;
             Ok(Some(RepoLocation { worktree: worktree.to_owned(), git_dir, common_dir, dot_git_is_file: true }))
         }
         DotGit::Invalid(DotGitProblem::Symlink) => Err(MountError::refused(
@@ -240,31 +236,60 @@ fn validate_linked_worktree(git_dir: &Path, dot_git_abs: &Path) -> Result<(), Mo
 
 /// `$GIT_COMMON_DIR`: the `commondir` file of a git dir (linked worktrees),
 /// else the git dir itself.
-fn common_dir_of(workspace: BorrowedFd<'_>, git_dir: &GitDirPath) -> Result<GitDirPath, MountError> {
+pub(crate) fn common_dir_of(workspace: BorrowedFd<'_>, workspace_abs: &Path, git_dir: &GitDirPath) -> Result<GitDirPath, MountError> {
     let Some(raw) = git_dir.read_file(workspace, "commondir")? else {
         return Ok(git_dir.clone());
     };
-    let text = String::from_utf8_lossy(&raw);
-    let value = Path::new(text.trim());
-    let combined = match git_dir {
+    let combined = resolve_commondir(workspace_abs, git_dir, &raw)?;
+    if let (GitDirPath::Inside(rel), GitDirPath::Outside(_)) = (git_dir, &combined) {
+        return Err(MountError::refused(
+            rel.join("commondir"),
+            "commondir escapes the workspace: git would take config and hooks from a directory Lazaret can neither see nor validate; remove it",
+        ));
+    }
+    // It must exist and be a real directory.
+    combined.open(workspace).map_err(|e| match git_dir {
+        GitDirPath::Inside(rel) => MountError::refused(rel.join("commondir"), format!("names a directory that cannot be used: {e}")),
+        GitDirPath::Outside(_) => e,
+    })?;
+    Ok(combined)
+}
+
+/// Where the `commondir` file of `git_dir` (contents `raw`) points, as git
+/// reads it (relative to `git_dir`). A git dir inside the workspace may only
+/// point inside the workspace to be usable (callers refuse or ignore an
+/// [`GitDirPath::Outside`] result for it); an outside one (a validated
+/// linked worktree) anywhere.
+pub(crate) fn resolve_commondir(workspace_abs: &Path, git_dir: &GitDirPath, raw: &[u8]) -> Result<GitDirPath, MountError> {
+    let text = String::from_utf8_lossy(raw);
+    let value = Path::new(text.trim_end_matches(['\n', '\r']));
+    match git_dir {
         GitDirPath::Inside(rel) => {
-            if value.is_absolute() {
-                return Err(MountError::refused(rel.join("commondir"), "absolute commondir inside the workspace is not supported"));
+            // `a/../b` would be resolved by git through `a` if it is a
+            // symlink; only leading `..` (what `git worktree` writes) keeps
+            // the lexical reading exact, as the git dir itself is real.
+            let mut seen_name = false;
+            for component in value.components() {
+                match component {
+                    Component::Normal(_) => seen_name = true,
+                    Component::ParentDir if seen_name => {
+                        return Err(MountError::refused(rel.join("commondir"), "commondir has `..` after a directory name; Lazaret cannot resolve it as git would without following symlinks"));
+                    }
+                    _ => {}
+                }
             }
-            let joined = normalize(&rel.join(value))
-                .filter(|p| !p.starts_with(".."))
-                .ok_or_else(|| MountError::refused(rel.join("commondir"), "commondir escapes the workspace"))?;
-            GitDirPath::Inside(joined)
+            let absolute = normalize(&workspace_abs.join(rel).join(value))
+                .ok_or_else(|| MountError::refused(rel.join("commondir"), "invalid commondir"))?;
+            match absolute.strip_prefix(workspace_abs) {
+                Ok(inside) => Ok(GitDirPath::Inside(inside.to_owned())),
+                Err(_) => Ok(GitDirPath::Outside(absolute)),
+            }
         }
         GitDirPath::Outside(abs) => {
-            let joined = normalize(&abs.join(value))
-                .ok_or_else(|| MountError::refused(abs.join("commondir"), "invalid commondir"))?;
-            GitDirPath::Outside(joined)
+            let joined = normalize(&abs.join(value)).ok_or_else(|| MountError::refused(abs.join("commondir"), "invalid commondir"))?;
+            Ok(GitDirPath::Outside(joined))
         }
-    };
-    // It must exist and be a real directory.
-    combined.open(workspace)?;
-    Ok(combined)
+    }
 }
 
 /// Reads the repository's effective config: `common_dir/config`, then

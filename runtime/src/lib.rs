@@ -17,6 +17,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod execfail;
 pub mod fdpass;
 pub mod hostexec;
 pub mod pidns;

@@ -506,7 +506,17 @@ impl Runsc {
         let memfd = memfd_create(c"lazaret-process", MFdFlags::MFD_CLOEXEC).map_err(|e| RunscError::Io { context: "creating the process spec's memory file".into(), source: e.into() })?;
         let mut spec = std::fs::File::from(memfd);
         spec.write_all(process_json).map_err(io_err("writing the process spec's memory file"))?;
-        let mut cmd = self.command("exec");
+        // runsc's own failure to start the process is told from the agent's
+        // status by its log (crate::execfail); with --debug, the debug log
+        // has it and this log would get the process spec, secrets included.
+        let mut cmd = match self.opts.debug_log_dir {
+            None => {
+                let log = crate::execfail::exec_log_path(internal_pid_file);
+                let _ = std::fs::remove_file(&log);
+                self.command_logging_to("exec", &log)
+            }
+            Some(_) => self.command("exec"),
+        };
         // Duplicates are close-on-exec and numbered 3 or more.
         let mut kept = Vec::new();
         for (fd, guest) in &extra {

@@ -176,3 +176,146 @@ impl Drop for Cleanup {
         let _ = fs::remove_dir_all(&self.0);
     }
 }
+
+/// The record of a Domain's isolated paths, in its Domain Root.
+fn isolation_record(env: &TestEnv) -> std::path::PathBuf {
+    let ids = env.domain_ids();
+    assert_eq!(ids.len(), 1, "one Domain expected: {ids:?}");
+    std::path::Path::new(TEST_STORAGE).join("domains").join(&ids[0]).join("isolated-paths.json")
+}
+
+fn coordinator_log(env: &TestEnv) -> String {
+    fs::read_to_string(env.domain_dir().expect("domain dir").join("coordinator.log")).unwrap_or_default()
+}
+
+/// Runs `script` in a new Domain start (the previous run's Domain is down first).
+fn fresh_start(env: &TestEnv, script: &str) -> std::process::Output {
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the previous run's Domain is still up");
+    sh(env, script)
+}
+
+/// Sticky isolation (issue 13, item 3): the host's `secret` (ignored by the
+/// root `.gitignore`) is isolated in run 1, where the agent `untie`s it from
+/// the ignore rules; run 2 still shows the agent its own Domain-scoped copy,
+/// never the host's; after `lazaret reset-isolation`, run 3 follows the
+/// current rules, which no longer isolate it.
+fn isolation_stays_until_reset(secret: &str, untie: &str) {
+    use std::os::unix::fs::MetadataExt;
+    let env = TestEnv::new();
+    let ws = &env.workspace;
+    fs::write(ws.join(".gitignore"), ".env\n").expect(".gitignore");
+    fs::create_dir_all(ws.join(secret).parent().expect("parent")).expect("secret's directory");
+    fs::write(ws.join(secret), "s3cret\n").expect("secret");
+    git(ws, &["add", ".gitignore"]);
+    git(ws, &["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "ignore .env"]);
+
+    let out = fresh_start(&env, &format!("set -e; cat {secret}; echo agent > {secret}; {untie}"));
+    assert_eq!(ok(&out), "", "run 1 saw the host's {secret}");
+    assert!(!git(ws, &["status", "--porcelain", "--ignored"]).contains(&format!("!! {secret}")), "the agent's change did not un-ignore {secret} on the host");
+    let record = isolation_record(&env);
+    let meta = fs::symlink_metadata(&record).expect("the record exists in the Domain Root");
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600), "the record must be root's alone");
+    assert!(fs::read_to_string(&record).expect("record").contains(&format!("{{\"path\":\"{secret}\",\"kind\":\"file\"}}")));
+
+    let out = fresh_start(&env, &format!("cat {secret}; echo again > {secret}"));
+    assert_eq!(ok(&out), "agent\n", "run 2 must see the Domain's own {secret}, not the host's");
+    assert!(text(&out.stderr).contains("lazaret: note: 1 path(s) stay isolated") && text(&out.stderr).contains("lazaret reset-isolation test"), "stderr: {}", text(&out.stderr));
+    assert_eq!(fs::read_to_string(ws.join(secret)).expect("host secret"), "s3cret\n", "the sandbox wrote the host's {secret}");
+    let log = coordinator_log(&env);
+    assert!(log.contains(&format!("sticky isolation: {secret} stays isolated")), "coordinator.log: {log}");
+
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    let out = env.run(["reset-isolation", "test"]);
+    assert!(ok(&out).starts_with("forgot 1 recorded isolated path(s)"), "{}", text(&out.stdout));
+    assert!(!record.exists(), "the record was not deleted");
+
+    let out = fresh_start(&env, &format!("cat {secret}"));
+    assert_eq!(ok(&out), "s3cret\n", "after the reset, the current rules (which no longer ignore {secret}) apply");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn sticky_isolation_survives_a_removed_pattern() {
+    isolation_stays_until_reset(".env", ": > .gitignore");
+}
+
+#[test]
+fn sticky_isolation_survives_a_negation() {
+    isolation_stays_until_reset(".env", "printf '.env\\n!.env\\n' > .gitignore");
+}
+
+#[test]
+fn sticky_isolation_survives_a_nested_repository_above_the_path() {
+    isolation_stays_until_reset("app/.env", "git init -q app");
+}
+
+#[test]
+fn a_newly_ignored_path_is_isolated_from_the_next_start_on_and_stays_so() {
+    let env = TestEnv::new();
+    let ws = &env.workspace;
+    fs::write(ws.join("credentials"), "host\n").expect("credentials");
+    assert_eq!(ok(&fresh_start(&env, "cat credentials")), "host\n", "not ignored yet: shared");
+    fs::write(ws.join(".gitignore"), "credentials\n").expect("ignore it");
+    let out = fresh_start(&env, "cat credentials; echo mine > credentials; rm .gitignore");
+    assert_eq!(ok(&out), "", "newly ignored: isolated from this start");
+    assert!(!ws.join(".gitignore").exists(), "the agent's removal of .gitignore did not reach the host");
+    assert_eq!(ok(&fresh_start(&env, "cat credentials")), "mine\n", "no longer ignored, still isolated");
+    assert_eq!(fs::read_to_string(ws.join("credentials")).expect("credentials"), "host\n");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn reset_isolation_is_refused_while_the_domain_runs_and_a_damaged_record_stops_the_start() {
+    let env = TestEnv::new();
+    fs::write(env.workspace.join(".gitignore"), ".env\n").expect(".gitignore");
+    fs::write(env.workspace.join(".env"), "s3cret\n").expect(".env");
+    let mut running = env
+        .lazaret(["run", "test", "--", "sh", "-c", "cat > /dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn");
+    let deadline = std::time::Instant::now() + COMMAND_LIMIT;
+    while env.domain_dir().is_none_or(|d| !lazaret_coordinator::layout::DomainDir::new(d).socket().exists()) && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let refused = env.run(["reset-isolation", "test"]);
+    drop(running.stdin.take());
+    assert_eq!(wait_with_limit(&mut running).code(), Some(0));
+    assert_eq!(refused.status.code(), Some(125), "stdout: {}", text(&refused.stdout));
+    assert!(text(&refused.stderr).contains("lazaret stop test"), "stderr: {}", text(&refused.stderr));
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    let record = isolation_record(&env);
+    assert!(record.exists(), "the refused reset deleted the record");
+
+    fs::write(&record, "{\"version\": 1, \"paths\": [").expect("damage the record");
+    let out = fresh_start(&env, "cat .env");
+    assert_eq!(out.status.code(), Some(125), "a damaged record must stop the start; stdout: {}", text(&out.stdout));
+    assert!(text(&out.stderr).contains("isolated-paths.json") && text(&out.stderr).contains("reset-isolation"), "stderr: {}", text(&out.stderr));
+    let out = env.run(["reset-isolation", "test"]);
+    assert!(ok(&out).starts_with("deleted the unreadable"), "{}", text(&out.stdout));
+    assert_eq!(ok(&fresh_start(&env, "cat .env")), "", "still ignored by the current rules: isolated");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// The parents of an isolated path are pinned: the agent cannot rename
+/// `app` so as to move the host's `app/.env` to a path no rule isolates.
+#[test]
+fn renaming_the_parent_of_an_isolated_path_is_refused() {
+    let env = TestEnv::new();
+    let ws = &env.workspace;
+    fs::write(ws.join(".gitignore"), "/app/.env\n").expect(".gitignore");
+    fs::create_dir_all(ws.join("app")).expect("app");
+    fs::write(ws.join("app/.env"), "s3cret\n").expect("secret");
+    let out = fresh_start(&env, "mv app app2 2>/dev/null && echo moved; mv app/.env app/moved 2>/dev/null && echo moved; : > .gitignore; echo mine > app/.env");
+    assert_eq!(ok(&out), "", "an isolated path or its parent was renamed");
+    assert!(!ws.join("app2").exists() && !ws.join("app/moved").exists());
+    assert_eq!(fs::read_to_string(ws.join("app/.env")).expect("secret"), "s3cret\n");
+    assert_eq!(ok(&fresh_start(&env, "cat app/.env; test ! -e app2")), "mine\n", "the host's secret was exposed");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}

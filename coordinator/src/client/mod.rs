@@ -32,6 +32,7 @@ use crate::{transport, EXIT_BUSY};
 
 pub use control::{debug, journal_location, list, stop, stop_all, wait_unlocked};
 pub use error::ClientError;
+pub use spawn::Verbosity;
 
 /// How long `lazaret run` waits for a coordinator to publish its socket.
 const START_LIMIT: Duration = Duration::from_secs(120);
@@ -41,6 +42,8 @@ const START_LIMIT: Duration = Duration::from_secs(120);
 pub struct RunRequest {
     /// `--config FILE`, if given.
     pub config: Option<PathBuf>,
+    /// `--quiet` or `--verbose`: what is shown while the Domain starts.
+    pub verbosity: Verbosity,
     /// The profile named on the command line, if any.
     pub profile: Option<String>,
     /// Where to look for the workspace (`-C DIR`, else the current directory).
@@ -94,7 +97,7 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
             match answer {
                 Handshake::Joined(master) => {
                     if let Some(l) = launched.as_mut() {
-                        l.relay(false);
+                        l.finish();
                     }
                     return terminal::attach(&stream, master, io, &mut signals, &dir);
                 }

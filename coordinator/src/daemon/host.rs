@@ -274,7 +274,7 @@ impl Effects for HostEffects {
             }
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
-            let mut binds = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone())?;
+            let mut binds = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
             if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid)? {
                 binds.push(home);
             }

@@ -208,6 +208,16 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
             LAZARET_FAILED
         }
     };
+    // runsc's failure to start the command (its one line is already on
+    // the agent's stderr): 127 not found, 126 not executable, else 125.
+    let status = match lazaret_runtime::execfail::classify_exec(status, &pid_file) {
+        Some(failure) => {
+            log(&format!("session {session}: runsc exec did not start the agent ({}): {}", failure.exit_code(), failure.message()));
+            failure.exit_code()
+        }
+        None => status,
+    };
+    let _ = std::fs::remove_file(lazaret_runtime::execfail::exec_log_path(&pid_file));
     exited.store(true, Ordering::SeqCst);
     finish_session(d, &req.link, &session, status);
     let _ = stream.shutdown(std::net::Shutdown::Both);
