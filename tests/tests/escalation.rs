@@ -289,6 +289,28 @@ fn output_arrives_while_the_host_command_still_runs() {
     finish(&env);
 }
 
+/// A session's requests one after another, and many at once (queued
+/// behind each other: a session has one accepted request at a time), all
+/// complete: none refused, lost or duplicated.
+#[test]
+fn a_sessions_requests_in_a_row_and_at_once_all_complete() {
+    let env = esc_env("", &rules_toml(&[Rule::new("true", &["true"]), Rule::new("echo", &["echo"]).extra_args()]));
+    let probe = install_escprobe(&env).display().to_string();
+    let script = format!("{probe} time 100 -- lazaret-escalate -- true; echo --; {probe} concurrent 20 t -- lazaret-escalate -- echo");
+    let out = agent(&env, &["sh", "-c", &script]);
+    let stdout = ok(&out);
+    let (in_a_row, at_once) = stdout.split_once("--\n").unwrap_or_else(|| panic!("{}", describe(&out)));
+    let failed: Vec<&str> = in_a_row.lines().filter(|l| l.starts_with("failed")).collect();
+    assert!(failed.is_empty(), "requests one after another failed (run, exit): {failed:?}\nstderr: {}", text(&out.stderr));
+    assert_eq!(in_a_row.lines().count(), 100, "{in_a_row}");
+    let mut results: Vec<&str> = at_once.lines().filter(|l| l.starts_with("t-")).collect();
+    results.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("t-{i} exit=0 out=t-{i}\\n")).collect();
+    want.sort();
+    assert_eq!(results, want, "concurrent requests of one session\nstderr: {}", text(&out.stderr));
+    finish(&env);
+}
+
 #[test]
 fn an_extra_argument_is_not_auto_approved_unless_the_rule_allows_it() {
     let (uid, gid) = test_user();
