@@ -22,7 +22,7 @@ cargo build --locked --release -p lazaret-cli -p lazaret-tests
 export LAZARET_BIN="$PWD/target/release/lazaret"
 install_escalate() {
   # The statically linked Escalation Client, next to the lazaret under test.
-  install -m 0755 "$(bash "$here/build-escalate.sh")" target/release/lazaret-escalate
+  install -D -m 0755 "$(bash "$here/build-escalate.sh")" target/lib/lazaret/lazaret-escalate
 }
 what=${1:-all}
 shift || true

@@ -72,8 +72,8 @@ echo "setup: building lazaret (release)" >&2
 ( cd "$repo" && cargo build --locked --release -p lazaret-cli >&2 )
 escalate=$(bash "$here/build-escalate.sh")
 install -m 0755 "$repo/target/release/lazaret" /usr/local/bin/lazaret
-# The Escalation Client is bound into every sandbox from beside lazaret.
-install -m 0755 "$escalate" /usr/local/bin/lazaret-escalate
+# The Escalation Client is bound into every sandbox from ../lib/lazaret/.
+install -D -m 0755 "$escalate" /usr/local/lib/lazaret/lazaret-escalate
 
 # Shell completions and the man page, generated from the command's own
 # definition (`lazaret completions SHELL`, `lazaret man`).

@@ -24,10 +24,11 @@ export LAZARET_BIN="$repo/target/debug/lazaret"
 # The Escalation Client's tests need its feature (the workspace build
 # leaves the client out otherwise).
 cargo build --locked --workspace --all-targets --features lazaret-protocol/client
-# The static Escalation Client, beside the lazaret the tests run (the
-# coordinator binds it into every sandbox from there).
+# The static Escalation Client in ../lib/lazaret/ of the lazaret the tests
+# run (the coordinator binds it into every sandbox from there; cargo's own
+# build of the client beside lazaret is dynamically linked).
 export LAZARET_ESCALATE_STATIC_BIN=$(bash "$here/build-escalate.sh")
-install -m 0755 "$LAZARET_ESCALATE_STATIC_BIN" "$repo/target/debug/lazaret-escalate"
+install -D -m 0755 "$LAZARET_ESCALATE_STATIC_BIN" "$repo/target/lib/lazaret/lazaret-escalate"
 cargo test --locked --workspace --features lazaret-protocol/client -- --test-threads=2
 if [ -x protocol/check-tla.sh ]; then
   bash protocol/check-tla.sh

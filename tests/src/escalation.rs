@@ -12,13 +12,15 @@ use std::time::{Duration, Instant};
 use crate::pty::TestTerminal;
 use crate::{lazaret_bin, random_suffix, sibling_bin, test_user, text, TestEnv, TEST_USER};
 
-/// `lazaret-escalate`, installed next to the `lazaret` under test (where
-/// Lazaret looks for it); fails naming the command that installs it.
+/// The static `lazaret-escalate` in `../lib/lazaret/` of the `lazaret`
+/// under test (where Lazaret looks for it); fails naming the command that
+/// installs it.
 pub fn escalate_bin() -> PathBuf {
-    let p = lazaret_bin().with_file_name("lazaret-escalate");
+    let bin_dir = lazaret_bin().parent().map(Path::to_path_buf).unwrap_or_default();
+    let p = bin_dir.parent().unwrap_or(Path::new("/")).join("lib/lazaret/lazaret-escalate");
     assert!(
         p.is_file(),
-        "{} missing: build and install it with `install -m 0755 \"$(bash scripts/build-escalate.sh)\" {}`",
+        "{} missing: build and install it with `install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" {}`",
         p.display(),
         p.display()
     );

@@ -385,7 +385,15 @@ fn refused(reason: impl Into<String>) -> Ending {
 }
 
 fn serve_request(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, session: &str, req: EscalationRequest) {
-    let ending = admit_and_run(d, esc, chan, session, &req);
+    if let Some(ending) = admit_and_run(d, esc, chan, session, &req) {
+        deliver(d, chan, session, &req, ending);
+    }
+}
+
+/// Sends the request's one result and, for an accepted request, journals
+/// its delivery — before the session's next request may be verified (the
+/// model's `activeRequest` is cleared by `DeliverResult`).
+fn deliver(d: &Domain, chan: &TlsChannel, session: &str, req: &EscalationRequest, ending: Ending) {
     let (result, journal) = match ending {
         Ending::Deliver(r) => (r, true),
         Ending::Unjournalled(r) => (r, false),
@@ -395,9 +403,10 @@ fn serve_request(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, ses
         log(&format!("escalation {}: the result did not reach the client: {e}", req.id));
     }
     if journal {
-        // Delivered to the transport: the model knows one connection per
-        // session, so a client that vanished after its request was accepted
-        // still ends the request here (see the module docs of journal.rs).
+        // Handed to the transport. A client that vanished after its request
+        // was accepted cannot get it, yet the request must still end for its
+        // session: the model knows one connection per session, not per
+        // request.
         record(d, Event::DeliverResult { request: req.id.clone() });
     }
     log(&format!("escalation {} (session {session}): {:?}{}", req.id, result.outcome, if result.truncated { ", output truncated" } else { "" }));
@@ -427,42 +436,46 @@ fn workspace_relative(root: &Path, cwd: &str) -> Option<PathBuf> {
     Path::new(cwd).strip_prefix(root).ok().map(Path::to_path_buf)
 }
 
-fn admit_and_run(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, session: &str, req: &EscalationRequest) -> Ending {
+/// Admits the request and, once it holds its session's slot, decides, runs
+/// and delivers it (None: delivered); or the ending of a request that never
+/// got the slot.
+fn admit_and_run(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, session: &str, req: &EscalationRequest) -> Option<Ending> {
     if let Err(e) = req.validate() {
-        return refused(format!("malformed request: {e}"));
+        return Some(refused(format!("malformed request: {e}")));
     }
     let link = match d.live().sessions.get(session) {
         Some(entry) => entry.link.clone(),
-        None => return refused(format!("session {session} is not connected to this Domain")),
+        None => return Some(refused(format!("session {session} is not connected to this Domain"))),
     };
     let root = d.ctx.workspace.root();
     let Some(rel) = workspace_relative(root, &req.cwd) else {
-        return refused(format!("the working directory {} is outside the workspace {}", lazaret_protocol::display::inert(&req.cwd, 512), root.display()));
+        return Some(refused(format!("the working directory {} is outside the workspace {}", lazaret_protocol::display::inert(&req.cwd, 512), root.display())));
     };
     let fresh = esc.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(req.id.clone());
     if !fresh {
-        return refused(format!("request ID {} was used before", req.id));
+        return Some(refused(format!("request ID {} was used before", req.id)));
     }
     let stop = match StopSignal::new() {
         Ok(s) => s,
-        Err(e) => return Ending::Unjournalled(result(Outcome::Failed { reason: format!("cannot prepare the request: {e}") })),
+        Err(e) => return Some(Ending::Unjournalled(result(Outcome::Failed { reason: format!("cannot prepare the request: {e}") }))),
     };
     let cancel = Arc::new(Cancel { fired: AtomicBool::new(false), stop });
     {
         let (chan, cancel, link) = (chan.clone(), cancel.clone(), link.clone());
         let watcher = std::thread::Builder::new().name("escalation-client".into()).spawn(move || watch_client(&chan, &cancel, &link));
         if watcher.is_err() {
-            return Ending::Unjournalled(result(Outcome::Failed { reason: "cannot start a thread".into() }));
+            return Some(Ending::Unjournalled(result(Outcome::Failed { reason: "cannot start a thread".into() })));
         }
     }
     match link.enter(&req.id, &req.argv, &cancel) {
         Entry::Entered => {}
-        Entry::SessionGone => return refused(format!("session {session} ended")),
-        Entry::Cancelled => return Ending::Unjournalled(result(Outcome::Cancelled)),
+        Entry::SessionGone => return Some(refused(format!("session {session} ended"))),
+        Entry::Cancelled => return Some(Ending::Unjournalled(result(Outcome::Cancelled))),
     }
     let ending = decide_and_run(d, esc, &link, chan, session, req, &rel, &cancel);
+    deliver(d, chan, session, req, ending);
     link.leave();
-    ending
+    None
 }
 
 /// Reads the client until it cancels or goes away; either cancels the

@@ -142,24 +142,61 @@ impl HostEffects {
     }
 }
 
-/// The Escalation Client's file name, beside the `lazaret` executable on the
-/// host and in [`ESCALATE_DIR`] inside every sandbox.
+/// The Escalation Client's file name, in [`ESCALATE_DIR`] inside every
+/// sandbox.
 pub const ESCALATE_NAME: &str = "lazaret-escalate";
 /// Where the Escalation Client is inside the sandbox (on PATH).
 pub const ESCALATE_DIR: &str = "/usr/local/bin";
 
-/// The static `lazaret-escalate` installed beside this executable; a
-/// missing one is an error that says how to build it.
-fn escalate_binary() -> Result<PathBuf, StartError> {
+/// Where the static Escalation Client is on the host: `../lib/lazaret/`
+/// from the `lazaret` executable (`/usr/local/lib/lazaret/` for an
+/// installed `/usr/local/bin/lazaret`; `target/lib/lazaret/` for a build
+/// tree, where cargo's own, dynamically linked build of the client lives
+/// beside `lazaret`).
+pub fn escalate_binary_path() -> Result<PathBuf, StartError> {
     let exe = std::env::current_exe().map_err(StartError::io("locating the lazaret executable"))?;
-    let path = exe.with_file_name(ESCALATE_NAME);
-    match fs::metadata(&path) {
-        Ok(m) if m.is_file() => Ok(path),
-        _ => Err(StartError::Io {
-            context: format!("the Escalation Client {} is missing (scripts/setup.sh installs it beside lazaret; for a build tree, scripts/build-escalate.sh builds it)", path.display()),
-            source: std::io::Error::from(std::io::ErrorKind::NotFound),
-        }),
+    let bin_dir = exe.parent().unwrap_or(Path::new("/"));
+    Ok(bin_dir.parent().unwrap_or(Path::new("/")).join("lib/lazaret").join(ESCALATE_NAME))
+}
+
+/// The static `lazaret-escalate` to bind into the sandbox; a missing or
+/// dynamically linked one (it must run in images without a C library) is
+/// an error that says how to install the right one.
+fn escalate_binary() -> Result<PathBuf, StartError> {
+    let path = escalate_binary_path()?;
+    let fix = "scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" target/lib/lazaret/lazaret-escalate";
+    let problem = match fs::read(&path) {
+        Ok(elf) => match interpreter_of(&elf) {
+            Ok(false) => return Ok(path),
+            Ok(true) => "is dynamically linked (it must run in images without a C library)",
+            Err(why) => why,
+        },
+        Err(_) => "is missing",
+    };
+    Err(StartError::Io { context: format!("the Escalation Client {} {problem}; {fix}", path.display()), source: std::io::Error::from(std::io::ErrorKind::InvalidData) })
+}
+
+/// Whether a 64-bit little-endian ELF executable names a program
+/// interpreter (`PT_INTERP`), i.e. is dynamically linked.
+fn interpreter_of(elf: &[u8]) -> Result<bool, &'static str> {
+    const PT_INTERP: u32 = 3;
+    let u16_at = |o: usize| elf.get(o..o + 2).map(|b| u16::from_le_bytes([b[0], b[1]]) as usize);
+    let u32_at = |o: usize| elf.get(o..o + 4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+    let u64_at = |o: usize| elf.get(o..o + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    if elf.get(..6) != Some(&[0x7f, b'E', b'L', b'F', 2, 1][..]) {
+        return Err("is not a 64-bit little-endian ELF executable");
     }
+    let header = || -> Option<(usize, usize, usize)> { Some((usize::try_from(u64_at(0x20)?).ok()?, u16_at(0x36)?, u16_at(0x38)?)) };
+    let (phoff, phentsize, phnum) = header().ok_or("has a truncated ELF header")?;
+    for i in 0..phnum {
+        let entry = phoff.checked_add(i.checked_mul(phentsize).ok_or("has a corrupt program header table")?).ok_or("has a corrupt program header table")?;
+        match u32_at(entry) {
+            Some(PT_INTERP) => return Ok(true),
+            Some(_) => {}
+            None => return Err("has a truncated program header table"),
+        }
+    }
+    Ok(false)
 }
 
 /// The container's first process: a shell that reaps orphans (it is PID 1
@@ -414,5 +451,28 @@ mod tests {
         let cmd = super::init_command();
         assert_eq!(cmd[0], "/bin/sh");
         assert!(cmd[2].contains("wait"));
+    }
+
+    #[test]
+    fn a_program_interpreter_marks_a_dynamic_executable() {
+        // The test binary itself is dynamically linked; a static one has
+        // no PT_INTERP. Build minimal ELF headers for both cases.
+        let me = std::fs::read(std::env::current_exe().expect("exe")).expect("read");
+        assert_eq!(super::interpreter_of(&me), Ok(true));
+        let elf = |p_type: u32| {
+            let mut e = vec![0u8; 0x40 + 0x38];
+            e[..6].copy_from_slice(&[0x7f, b'E', b'L', b'F', 2, 1]);
+            e[0x20..0x28].copy_from_slice(&0x40u64.to_le_bytes());
+            e[0x36..0x38].copy_from_slice(&0x38u16.to_le_bytes());
+            e[0x38..0x3a].copy_from_slice(&1u16.to_le_bytes());
+            e[0x40..0x44].copy_from_slice(&p_type.to_le_bytes());
+            e
+        };
+        assert_eq!(super::interpreter_of(&elf(1)), Ok(false));
+        assert_eq!(super::interpreter_of(&elf(3)), Ok(true));
+        assert!(super::interpreter_of(b"#!/bin/sh\n").is_err());
+        let mut cut = elf(1);
+        cut.truncate(0x42);
+        assert!(super::interpreter_of(&cut).is_err());
     }
 }

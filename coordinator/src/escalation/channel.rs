@@ -55,7 +55,17 @@ impl TlsChannel {
         let mut bytes = Vec::new();
         escalation::write_server(&mut bytes, frame)?;
         let mut st = self.lock();
-        st.conn.writer().write_all(&bytes)?;
+        // rustls buffers a bounded amount of outgoing data: hand it what it
+        // takes, write that out, repeat.
+        let mut rest = bytes.as_slice();
+        while !rest.is_empty() {
+            let n = st.conn.writer().write(rest)?;
+            rest = &rest[n..];
+            st.flush_tls()?;
+            if n == 0 && !st.conn.wants_write() {
+                return Err(ChannelError::Io(ErrorKind::WriteZero.into()));
+            }
+        }
         st.flush_tls()
     }
 

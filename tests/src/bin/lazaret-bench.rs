@@ -26,7 +26,7 @@
 //! requests at once (`echo TOKEN`, rule-approved): every token must come
 //! back exactly once with exit 0; prints the counts and the wall time.
 //! The developer is the non-root test user; `lazaret-escalate` must be
-//! installed next to `lazaret`.
+//! installed in `../lib/lazaret/` of `lazaret` (scripts/bench.sh does it).
 //!
 //! Run it through `scripts/bench.sh`, which builds release binaries first.
 
