@@ -21,7 +21,7 @@ bash "$here/setup.sh" --deps-only
 cargo build --locked --release -p lazaret-cli -p lazaret-tests
 export LAZARET_BIN="$PWD/target/release/lazaret"
 install_escalate() {
-  # The statically linked Escalation Client, next to the lazaret under test.
+  # The statically linked Escalation Client, in ../lib/lazaret/ of the lazaret under test.
   install -D -m 0755 "$(bash "$here/build-escalate.sh")" target/lib/lazaret/lazaret-escalate
 }
 what=${1:-all}
