@@ -280,10 +280,29 @@ fn write_frame(w: &mut impl Write, kind: u8, body: &[u8]) -> Result<(), ChannelE
     Ok(())
 }
 
+/// Length of a frame's header: the kind byte and the 4-byte body length.
+pub const HEADER_LEN: usize = 5;
+
+/// The body length a frame header announces, refusing an unknown kind or a
+/// body longer than its kind allows (for readers that parse frames off a
+/// buffer of their own).
+pub fn body_len(head: [u8; HEADER_LEN]) -> Result<usize, ChannelError> {
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let limit = match head[0] {
+        KIND_CONTROL => MAX_CONTROL,
+        KIND_STDOUT | KIND_STDERR => MAX_CHUNK,
+        other => return Err(ChannelError::UnknownKind(other)),
+    };
+    if len > limit {
+        return Err(ChannelError::TooLarge(len));
+    }
+    Ok(len)
+}
+
 /// Reads one frame's kind and body, refusing oversized frames before reading
 /// their body.
 fn read_frame(r: &mut impl Read) -> Result<(u8, Vec<u8>), ChannelError> {
-    let mut head = [0u8; 5];
+    let mut head = [0u8; HEADER_LEN];
     let mut got = 0;
     while got < head.len() {
         match r.read(&mut head[got..]) {
@@ -294,19 +313,10 @@ fn read_frame(r: &mut impl Read) -> Result<(u8, Vec<u8>), ChannelError> {
             Err(e) => return Err(e.into()),
         }
     }
-    let kind = head[0];
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let limit = match kind {
-        KIND_CONTROL => MAX_CONTROL,
-        KIND_STDOUT | KIND_STDERR => MAX_CHUNK,
-        other => return Err(ChannelError::UnknownKind(other)),
-    };
-    if len > limit {
-        return Err(ChannelError::TooLarge(len));
-    }
+    let len = body_len(head)?;
     let mut body = vec![0u8; len];
     r.read_exact(&mut body)?;
-    Ok((kind, body))
+    Ok((head[0], body))
 }
 
 /// Writes a client frame (and flushes).

@@ -71,18 +71,7 @@ impl TestTerminal {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !self.seen.contains(needle) {
             assert!(Instant::now() < deadline, "never saw {needle:?}; terminal showed {:?}", self.seen);
-            let mut fds = [PollFd::new(self.master.as_fd(), PollFlags::POLLIN)];
-            if poll(&mut fds, PollTimeout::from(200u16)).unwrap_or(0) == 0 {
-                continue;
-            }
-            let mut buf = [0u8; 4096];
-            match nix::unistd::read(self.master.as_fd(), &mut buf) {
-                Ok(n) if n > 0 => {
-                    self.raw.extend_from_slice(&buf[..n]);
-                    self.seen.push_str(&String::from_utf8_lossy(&buf[..n]));
-                }
-                _ => std::thread::sleep(Duration::from_millis(20)),
-            }
+            self.read_some(Duration::from_millis(200));
         }
         if let Some(i) = self.seen.find(needle) {
             self.seen.drain(..i + needle.len());

@@ -63,6 +63,8 @@ pub(super) struct Domain {
     pub live: Mutex<Live>,
     pub changed: Condvar,
     pub connections: AtomicUsize,
+    /// Open escalation connections (the escalation listener's own count).
+    pub escalation_connections: AtomicUsize,
 }
 
 /// Where the Domain is in its life, as sessions see it.
@@ -159,6 +161,7 @@ impl Domain {
             }),
             changed: Condvar::new(),
             connections: AtomicUsize::new(0),
+            escalation_connections: AtomicUsize::new(0),
         }
     }
 
@@ -290,33 +293,49 @@ pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, escalation: Option<
 }
 
 fn accept_loop(d: &Arc<Domain>, listener: UnixListener) {
+    let accept = || listener.accept().map(|(stream, _)| stream);
+    accept_until_teardown(d, "session", MAX_CONNECTIONS, |d| &d.connections, accept, super::session::serve_connection);
+}
+
+/// Accepts connections with `accept` until teardown begins (its shutdown of
+/// the listener wakes `accept`), serving each in a thread named `kind` of
+/// its own while fewer than `limit` of that kind are open, counted in
+/// `count(d)`. Shared by the session socket and the escalation listener.
+pub(super) fn accept_until_teardown<S: Send + 'static>(
+    d: &Arc<Domain>,
+    kind: &'static str,
+    limit: usize,
+    count: fn(&Domain) -> &AtomicUsize,
+    mut accept: impl FnMut() -> std::io::Result<S>,
+    serve: fn(&Arc<Domain>, S),
+) {
     loop {
-        let accepted = listener.accept();
+        let accepted = accept();
         if d.live().phase != Phase::Ready {
             return;
         }
-        let stream = match accepted {
-            Ok((s, _)) => s,
+        let conn = match accepted {
+            Ok(c) => c,
             Err(e) => {
-                log(&format!("accept: {e}"));
+                log(&format!("{kind} accept: {e}"));
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }
         };
-        if d.connections.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            log("refused a connection: too many open connections");
+        if count(d).load(Ordering::SeqCst) >= limit {
+            log(&format!("refused a {kind} connection: too many open connections"));
             continue;
         }
-        d.connections.fetch_add(1, Ordering::SeqCst);
+        count(d).fetch_add(1, Ordering::SeqCst);
         let d2 = d.clone();
-        let spawned = std::thread::Builder::new().name("session".into()).spawn(move || {
-            super::session::serve_connection(&d2, stream);
-            d2.connections.fetch_sub(1, Ordering::SeqCst);
+        let spawned = std::thread::Builder::new().name(kind.into()).spawn(move || {
+            serve(&d2, conn);
+            count(&d2).fetch_sub(1, Ordering::SeqCst);
             d2.changed.notify_all();
         });
         if spawned.is_err() {
-            d.connections.fetch_sub(1, Ordering::SeqCst);
-            log("refused a connection: cannot start a thread");
+            count(d).fetch_sub(1, Ordering::SeqCst);
+            log(&format!("refused a {kind} connection: cannot start a thread"));
         }
     }
 }

@@ -26,7 +26,7 @@ use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -40,7 +40,7 @@ use crate::escalation::environment::{host_environment, HostUser};
 use crate::escalation::rules::{DomainApprovals, Rule};
 use crate::trust;
 
-use super::domain::{Domain, Phase};
+use super::domain::Domain;
 use super::log;
 
 /// How long a client may take for its TLS handshake.
@@ -65,7 +65,6 @@ pub(super) struct Escalations {
     server: Arc<rustls::ServerConfig>,
     seen: Mutex<HashSet<String>>,
     approvals: Mutex<DomainApprovals>,
-    connections: AtomicUsize,
     /// The cgroup under which each host command gets its own.
     cgroup_parent: PathBuf,
 }
@@ -78,7 +77,6 @@ impl Escalations {
             server,
             seen: Mutex::new(HashSet::new()),
             approvals: Mutex::new(DomainApprovals::new()),
-            connections: AtomicUsize::new(0),
             cgroup_parent,
         }
     }
@@ -301,37 +299,8 @@ impl SessionLink {
 
 /// Accepts escalation connections until teardown shuts the listener down.
 pub(super) fn accept_loop(d: &Arc<Domain>, listener: Arc<TcpListener>) {
-    let Some(esc) = d.escalations.as_ref() else { return };
-    loop {
-        let accepted = listener.accept();
-        if d.live().phase != Phase::Ready {
-            return;
-        }
-        let tcp = match accepted {
-            Ok((tcp, _)) => tcp,
-            Err(e) => {
-                log(&format!("escalation accept: {e}"));
-                std::thread::sleep(Duration::from_millis(10));
-                continue;
-            }
-        };
-        if esc.connections.load(Ordering::SeqCst) >= MAX_CONNECTIONS {
-            log("refused an escalation connection: too many open connections");
-            continue;
-        }
-        esc.connections.fetch_add(1, Ordering::SeqCst);
-        let d2 = d.clone();
-        let spawned = std::thread::Builder::new().name("escalation".into()).spawn(move || {
-            serve_connection(&d2, tcp);
-            if let Some(esc) = d2.escalations.as_ref() {
-                esc.connections.fetch_sub(1, Ordering::SeqCst);
-            }
-        });
-        if spawned.is_err() {
-            esc.connections.fetch_sub(1, Ordering::SeqCst);
-            log("refused an escalation connection: cannot start a thread");
-        }
-    }
+    let accept = || listener.accept().map(|(tcp, _)| tcp);
+    super::domain::accept_until_teardown(d, "escalation", MAX_CONNECTIONS, |d| &d.escalation_connections, accept, serve_connection);
 }
 
 /// One connection: handshake, identify the session, read the request,

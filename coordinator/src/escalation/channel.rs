@@ -14,14 +14,12 @@ use std::os::fd::AsFd;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lazaret_protocol::escalation::{self, ChannelError, ClientFrame, ServerFrame, KIND_CONTROL, MAX_CONTROL};
+use lazaret_protocol::escalation::{self, ChannelError, ClientFrame, ServerFrame, HEADER_LEN, MAX_CONTROL};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use rustls::ServerConnection;
 
 /// How long a send may wait for a client that does not read.
 const SEND_STALL: Duration = Duration::from_secs(30);
-/// Frame header: kind byte and 4-byte length.
-const HEADER: usize = 5;
 
 /// A verified escalation connection.
 pub struct TlsChannel {
@@ -183,7 +181,7 @@ impl State {
                 Ok(n) => {
                     got = true;
                     self.plain.extend_from_slice(&buf[..n]);
-                    if self.plain.len() > HEADER + MAX_CONTROL {
+                    if self.plain.len() > HEADER_LEN + MAX_CONTROL {
                         return Err(ChannelError::TooLarge(self.plain.len()));
                     }
                 }
@@ -199,22 +197,16 @@ impl State {
 
     /// Parses one complete frame off the plaintext buffer, if there is one.
     fn take_frame(&mut self) -> Result<Option<ClientFrame>, ChannelError> {
-        if self.plain.len() < HEADER {
+        let Some(head) = self.plain.first_chunk::<HEADER_LEN>() else {
+            return Ok(None);
+        };
+        let end = HEADER_LEN + escalation::body_len(*head)?;
+        if self.plain.len() < end {
             return Ok(None);
         }
-        if self.plain[0] != KIND_CONTROL {
-            // Let the protocol's reader name the error.
-            return escalation::read_client(&mut self.plain.as_slice()).map(Some);
-        }
-        let len = u32::from_be_bytes([self.plain[1], self.plain[2], self.plain[3], self.plain[4]]) as usize;
-        if len > MAX_CONTROL {
-            return Err(ChannelError::TooLarge(len));
-        }
-        if self.plain.len() < HEADER + len {
-            return Ok(None);
-        }
-        let frame = escalation::read_client(&mut &self.plain[..HEADER + len])?;
-        self.plain.drain(..HEADER + len);
+        // The protocol's reader refuses a frame no client may send.
+        let frame = escalation::read_client(&mut &self.plain[..end])?;
+        self.plain.drain(..end);
         Ok(Some(frame))
     }
 }
