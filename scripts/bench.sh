@@ -1,15 +1,21 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|git|escalate|mounts|model|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|git|escalate|guard|mounts|model|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
 #                 cold, teardown tail, back to back, joining; then one cold
 #                 run stage by stage from its journal and coordinator log
-#   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3)
+#   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3),
+#                 a name to first byte with open vs locked egress (issue 15)
 #   git [FILES]   git status in a FILES-file repository, host vs sandbox (issue 4)
 #   escalate [N]  round trip of a rule-approved `true` through lazaret-escalate,
 #                 N times (default 1000), median and p99 against /bin/true on
 #                 the host; then 8 sessions x 100 concurrent requests: none
 #                 lost, none duplicated (issue 12)
+#   guard [FILES] [ROUNDS]  the Workspace Guard's cost (issue 13): FILES files
+#                 (default 20000) unpacked with tar inside the workspace, then
+#                 git status inside, guard on vs off (test hook), for a developer
+#                 and a root agent; Domain start on vs off and the guard's own
+#                 start time (targets: <= 5 %, <= 10 ms)
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
 # Network benchmarks run entirely inside namespaces they create.
@@ -23,20 +29,27 @@ export LAZARET_BIN="$PWD/target/release/lazaret"
 install_escalate() {
   # The statically linked Escalation Client, in ../lib/lazaret/ of the lazaret under test.
   install -D -m 0755 "$(bash "$here/build-escalate.sh")" target/lib/lazaret/lazaret-escalate
+  install -D -m 0755 "$(bash "$here/build-escalate.sh" lazaret-session-init)" target/lib/lazaret/lazaret-session-init
 }
 what=${1:-all}
 shift || true
 case "$what" in
-  run|net|git) target/release/lazaret-bench "$what" "$@" ;;
+  # Every session starts under lazaret-session-init: run and git install
+  # this tree's build of it (target/lib/lazaret is shared with debug builds).
+  run|git) install_escalate; target/release/lazaret-bench "$what" "$@" ;;
+  net) target/release/lazaret-bench net "$@" ;;
+  guard) install_escalate; target/release/lazaret-bench guard "$@" ;;
   escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
   model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
   all)
+    install_escalate
     target/release/lazaret-bench run; echo
     target/release/lazaret-bench net; echo
     target/release/lazaret-bench git; echo
-    install_escalate; target/release/lazaret-bench escalate; echo
+    target/release/lazaret-bench escalate; echo
+    target/release/lazaret-bench guard; echo
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
     cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
-  *) echo "usage: $0 [run|net|git|escalate|mounts|model|all] [ARG]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|net|git|escalate|guard|mounts|model|all] [ARG]" >&2; exit 2 ;;
 esac

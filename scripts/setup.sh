@@ -45,7 +45,10 @@ packages=(debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificate
 # The test suite also needs a registry, skopeo, htpasswd and openssl (issue
 # 7's tests) and Python's venv (the TLA+ parsers of protocol/check-tla.sh).
 # busybox-static makes the escalation tests' image that has no libc at all.
-[ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv busybox-static)
+# xfsprogs and btrfs-progs make the filesystem images of scripts/matrix.sh;
+# the fault tests (tests/tests/faults.rs) remove a Domain's nftables table
+# with nft and fill a small ext4 image (e2fsprogs).
+[ "$test_tools" -eq 1 ] && packages+=(docker-registry skopeo apache2-utils openssl python3 python3-venv busybox-static xfsprogs btrfs-progs nftables e2fsprogs)
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || need+=("$p")
 done
@@ -58,6 +61,13 @@ if [ "$test_tools" -eq 1 ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/
   # Debian's package starts a registry on every interface; the tests run
   # their own on 127.0.0.1, so the packaged service stays off.
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
+fi
+
+# The fuzz smoke (scripts/fuzz.sh) needs cargo-fuzz, from crates.io, into
+# ~/.cargo/bin (kept there for later runs).
+if [ "$test_tools" -eq 1 ] && ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-fuzz" ]; then
+  echo "setup: installing cargo-fuzz" >&2
+  cargo install cargo-fuzz --locked --version 0.13.2 >&2
 fi
 
 bash "$here/install-runsc.sh" >&2
@@ -74,6 +84,8 @@ escalate=$(bash "$here/build-escalate.sh")
 install -m 0755 "$repo/target/release/lazaret" /usr/local/bin/lazaret
 # The Escalation Client is bound into every sandbox from ../lib/lazaret/.
 install -D -m 0755 "$escalate" /usr/local/lib/lazaret/lazaret-escalate
+# So is each session's subreaper, built beside it.
+install -D -m 0755 "$(dirname "$escalate")/lazaret-session-init" /usr/local/lib/lazaret/lazaret-session-init
 
 # Shell completions and the man page, generated from the command's own
 # definition (`lazaret completions SHELL`, `lazaret man`).

@@ -29,7 +29,23 @@ cargo build --locked --workspace --all-targets --features lazaret-protocol/clien
 # build of the client beside lazaret is dynamically linked).
 export LAZARET_ESCALATE_STATIC_BIN=$(bash "$here/build-escalate.sh")
 install -D -m 0755 "$LAZARET_ESCALATE_STATIC_BIN" "$repo/target/lib/lazaret/lazaret-escalate"
-cargo test --locked --workspace --features lazaret-protocol/client -- --test-threads=2
+install -D -m 0755 "$(dirname "$LAZARET_ESCALATE_STATIC_BIN")/lazaret-session-init" "$repo/target/lib/lazaret/lazaret-session-init"
+# Every stage runs even when one before it failed (and cargo test runs
+# every test binary), so one CI run reports every failure; the status says
+# whether any did.
+failed=()
+cargo test --locked --no-fail-fast --workspace --features lazaret-protocol/client -- --test-threads=2 || failed+=("cargo test")
+# Every fuzz target briefly (docs/fuzzing.md; `scripts/fuzz.sh long` for real runs).
+FUZZ_SMOKE_SECONDS=${FUZZ_SMOKE_SECONDS:-10} bash "$here/fuzz.sh" smoke || failed+=("fuzz smoke")
+# One non-default cell of the security matrix (docs/supported.md): the
+# filesystem tests on runsc's ptrace platform, with the workspaces and the
+# Storage Root on an XFS image. Its record goes to target/matrix/.
+bash "$here/matrix.sh" --no-setup --record-dir "$repo/target/matrix" xfs-ptrace || failed+=("matrix xfs-ptrace")
 if [ -x protocol/check-tla.sh ]; then
-  bash protocol/check-tla.sh
+  bash protocol/check-tla.sh || failed+=("TLA+ check")
 fi
+if [ ${#failed[@]} -gt 0 ]; then
+  printf 'test: FAILED: %s\n' "${failed[*]}" >&2
+  exit 1
+fi
+echo "test: every stage passed" >&2

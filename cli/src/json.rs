@@ -37,6 +37,9 @@ pub struct Check<'a> {
     pub detail: &'a str,
     /// How to fix it (null when it passed or there is no fix to offer).
     pub fix: Option<&'a str>,
+    /// Why it lies outside the supported configurations (null when it
+    /// does not): the check passed with a warning.
+    pub warning: Option<&'a str>,
 }
 
 /// `lazaret config check --json`.
@@ -77,6 +80,30 @@ pub struct Policy {
     pub resolvers: Vec<String>,
     /// Whether IPv6 is policed (false: all of ::/0 is denied).
     pub ipv6: bool,
+    /// `open` or `locked`.
+    pub egress: String,
+    /// The name rules (locked egress), in config order.
+    pub names: Vec<NameRule>,
+}
+
+/// One name rule of `allow_egress`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct NameRule {
+    /// As written in canonical form, e.g. `*.npmjs.org` or `github.com:22`.
+    pub rule: String,
+    /// Its config location.
+    pub origin: String,
+}
+
+/// `lazaret policy explain PROFILE NAME --json`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct NameVerdict {
+    /// The name asked about.
+    pub name: String,
+    /// `allow` or `refuse`.
+    pub action: String,
+    /// The rules that allow it (empty when refused).
+    pub rules: Vec<NameRule>,
 }
 
 /// One rule of a [`Policy`].
@@ -99,6 +126,68 @@ pub struct Verdict {
     pub action: String,
     /// The longest-prefix rule that decided it.
     pub rule: Rule,
+}
+
+/// One neutralisation of `lazaret audit --json`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct AuditEntry<'a> {
+    /// When, RFC 3339 UTC with milliseconds.
+    pub time: String,
+    /// The guarded tree: `workspace`, `ignored` or `volume:/SANDBOX/PATH`.
+    pub root: &'a str,
+    /// The path relative to that tree, as recorded (agent-chosen bytes, lossily UTF-8).
+    pub path: &'a str,
+    /// `quarantined`, `filtered_git_config`, `cleared_privilege_bits` or `removed_file_capabilities`.
+    pub kind: &'a str,
+    /// The line the session terminals showed.
+    pub summary: &'a str,
+    /// Why it was neutralised.
+    pub reason: &'a str,
+    /// `event` or `sweep` (empty when only the quarantine knows the entry).
+    pub found_by: &'a str,
+    /// The quarantine entry (null when nothing was moved aside).
+    pub quarantine_id: Option<&'a str>,
+    /// Whether that entry is still in the quarantine (false once restored).
+    pub in_quarantine: bool,
+    /// The quarantined file while it is there: {id, root, path, reason, time, mode, owner: {uid, gid}, symlink_target, size}.
+    pub quarantined: Option<&'a lazaret_coordinator::workspace_guard::QuarantineRecord>,
+}
+
+impl<'a> From<&'a lazaret_coordinator::workspace_guard::AuditEntry> for AuditEntry<'a> {
+    fn from(e: &'a lazaret_coordinator::workspace_guard::AuditEntry) -> Self {
+        let ms = e.time_ms % 1000;
+        let time = format!("{}.{ms:03}Z", lazaret_coordinator::workspace_guard::format_utc(e.time_ms).replace(' ', "T"));
+        AuditEntry {
+            time,
+            root: &e.root,
+            path: &e.path,
+            kind: &e.kind,
+            summary: &e.summary,
+            reason: &e.reason,
+            found_by: &e.found_by,
+            quarantine_id: e.quarantine_id.as_deref(),
+            in_quarantine: e.in_quarantine,
+            quarantined: e.quarantined.as_ref(),
+        }
+    }
+}
+
+/// `lazaret audit --restore ID --json`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct Restored<'a> {
+    /// What was put back.
+    pub restored: RestoredFile<'a>,
+}
+
+/// A file `lazaret audit --restore` put back.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct RestoredFile<'a> {
+    /// The quarantine entry it came from (now removed).
+    pub id: &'a str,
+    /// The guarded tree.
+    pub root: &'a str,
+    /// The path relative to it.
+    pub path: &'a str,
 }
 
 /// The entries of a journal file as a JSON array (`lazaret journal
@@ -124,12 +213,37 @@ mod tests {
     fn shapes_have_their_documented_field_names() {
         let image = serde_json::to_value(Image { name: "test", digest: "sha256:ab", size: 3, created: "2026-01-01T00:00:00Z" }).expect("json");
         assert_eq!(image, serde_json::json!({"name": "test", "digest": "sha256:ab", "size": 3, "created": "2026-01-01T00:00:00Z"}));
-        let check = serde_json::to_value(Check { name: "runsc", ok: false, detail: "missing", fix: Some("install it") }).expect("json");
-        assert_eq!(check, serde_json::json!({"name": "runsc", "ok": false, "detail": "missing", "fix": "install it"}));
+        let check = serde_json::to_value(Check { name: "runsc", ok: false, detail: "missing", fix: Some("install it"), warning: None }).expect("json");
+        assert_eq!(check, serde_json::json!({"name": "runsc", "ok": false, "detail": "missing", "fix": "install it", "warning": null}));
         let rule = Rule { prefix: "0.0.0.0/0".into(), action: "allow".into(), origin: "public IPv4".into() };
         let verdict = serde_json::to_value(Verdict { address: "1.1.1.1".into(), action: "allow".into(), rule }).expect("json");
         assert_eq!(verdict["rule"]["prefix"], "0.0.0.0/0");
         assert_eq!(verdict["action"], "allow");
+    }
+
+    #[test]
+    fn audit_entries_have_their_documented_field_names() {
+        let e = lazaret_coordinator::workspace_guard::AuditEntry {
+            time_ms: 1_796_165_040_123,
+            root: "workspace".into(),
+            path: "x/.git/hooks/pre-commit".into(),
+            kind: "quarantined".into(),
+            summary: "workspace guard: workspace:x/.git/hooks/pre-commit: quarantined".into(),
+            reason: "hook".into(),
+            found_by: "event".into(),
+            quarantine_id: Some("q1".into()),
+            in_quarantine: false,
+            quarantined: None,
+        };
+        let v = serde_json::to_value(AuditEntry::from(&e)).expect("json");
+        assert_eq!(v["time"], "2026-12-01T22:44:00.123Z");
+        let keys: Vec<&str> = v.as_object().expect("object").keys().map(String::as_str).collect();
+        assert_eq!(keys.len(), 10, "{keys:?}");
+        for k in ["time", "root", "path", "kind", "summary", "reason", "found_by", "quarantine_id", "in_quarantine", "quarantined"] {
+            assert!(keys.contains(&k), "{k} missing: {keys:?}");
+        }
+        let r = serde_json::to_value(Restored { restored: RestoredFile { id: "q1", root: "workspace", path: "a" } }).expect("json");
+        assert_eq!(r, serde_json::json!({"restored": {"id": "q1", "root": "workspace", "path": "a"}}));
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! 125, so they cannot be mistaken for the agent's.
 
 mod generate;
+mod init;
 mod json;
 
 use std::path::PathBuf;
@@ -17,6 +18,7 @@ use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, Parser, Subcommand};
 use lazaret_coordinator::context::{load_config, require_root, Context};
 use lazaret_coordinator::identity::Developer;
+use lazaret_coordinator::daemon::provision::SetupMode;
 use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do).
@@ -86,9 +88,23 @@ enum Command {
         /// Discard the Domain's State Anchor (persistent system directories) first.
         #[arg(long)]
         reset_anchor: bool,
+        /// Start the Domain without running the profile's setup steps (a fix-up shell after a failed setup).
+        #[arg(long, conflicts_with = "reprovision")]
+        no_setup: bool,
+        /// Run every setup step again, even if the recorded setup is current (the Domain must be stopped).
+        #[arg(long)]
+        reprovision: bool,
         /// Command to run instead of the profile's.
         #[arg(last = true)]
         args: Vec<String>,
+    },
+    /// Write a commented configuration with profiles for claude, codex, gemini, grok, opencode and shell.
+    Init {
+        /// Replace an existing file (kept as FILE.bak).
+        #[arg(long)]
+        force: bool,
+        /// Where to write it (default: --config, $LAZARET_CONFIG, else ~/.config/lazaret/config.toml of the developer).
+        path: Option<PathBuf>,
     },
     /// Check or show the configuration.
     Config {
@@ -107,7 +123,7 @@ enum Command {
     },
     /// Check this machine's prerequisites.
     Doctor {
-        /// As JSON: an array of {name, ok, detail, fix}.
+        /// As JSON: an array of {name, ok, detail, fix, warning}.
         #[arg(long)]
         json: bool,
     },
@@ -160,6 +176,20 @@ enum Command {
         #[arg(long, conflicts_with = "follow")]
         json: bool,
     },
+    /// List what the Workspace Guard neutralised in a Domain (with the files it quarantined), or put one quarantined file back.
+    Audit {
+        /// The profile (default: `default_profile`, or the only one).
+        profile: Option<String>,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
+        /// Put quarantine entry ID back where it was (owned by the developer, without setuid/setgid); refused if that path is occupied.
+        #[arg(long, value_name = "ID")]
+        restore: Option<String>,
+        /// As JSON: an array of {time, root, path, kind, summary, reason, found_by, quarantine_id, in_quarantine, quarantined}; with --restore, {restored: {id, root, path}}.
+        #[arg(long)]
+        json: bool,
+    },
     /// Show a running Domain's namespaces, routes and mounts as its coordinator sees them.
     Debug {
         /// The profile.
@@ -194,6 +224,12 @@ enum Command {
         /// Discard the State Anchor first.
         #[arg(long)]
         reset_anchor: bool,
+        /// Skip the profile's setup.
+        #[arg(long, conflicts_with = "reprovision")]
+        no_setup: bool,
+        /// Rerun the profile's setup.
+        #[arg(long)]
+        reprovision: bool,
     },
 }
 
@@ -207,15 +243,23 @@ enum PolicyAction {
         #[arg(long)]
         json: bool,
     },
-    /// Print the verdict for ADDRESS and the rule that decided it.
+    /// Print the verdict for an ADDRESS, or a NAME (locked egress), and the rule that decided it.
     Explain {
         /// The profile.
         profile: String,
-        /// An IPv4 or IPv6 address.
-        address: std::net::IpAddr,
-        /// As JSON: {address, action, rule: {prefix, action, origin}}.
+        /// An IPv4 or IPv6 address, or a DNS name.
+        target: String,
+        /// As JSON: {address, action, rule: {prefix, action, origin}}, for a name {name, action, rules: [{rule, origin}]}.
         #[arg(long)]
         json: bool,
+    },
+    /// Show the names a running locked Domain refused, with counts.
+    Log {
+        /// The profile.
+        profile: String,
+        /// Use the git checkout containing DIR instead of the current directory.
+        #[arg(short = 'C', value_name = "DIR")]
+        dir: Option<PathBuf>,
     },
 }
 
@@ -303,9 +347,14 @@ fn main() -> ExitCode {
     let verbosity = cli.verbosity();
     let Some(command) = cli.command else { return report(anyhow::anyhow!("no command")) };
     match command {
-        Command::Run { profile, dir, reset_anchor, args } => run(cli.config, verbosity, profile, dir, reset_anchor, args),
-        Command::Coordinator { domain_dir, session, profile, dir, reset_anchor } => {
-            let args = lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, domain_dir };
+        Command::Run { profile, dir, reset_anchor, no_setup, reprovision, args } => run(cli.config, verbosity, profile, dir, reset_anchor, setup_mode(no_setup, reprovision), args),
+        Command::Init { force, path } => match init::init(cli.config, path, force) {
+            Ok(code) => code,
+            Err(e) => report(e),
+        },
+        Command::Coordinator { domain_dir, session, profile, dir, reset_anchor, no_setup, reprovision } => {
+            let setup = setup_mode(no_setup, reprovision);
+            let args = lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, setup, domain_dir };
             ExitCode::from(u8::try_from(lazaret_coordinator::daemon::coordinator_main(&args) & 0xff).unwrap_or(LAZARET_FAILED))
         }
         other => match dispatch(cli.config, verbosity, other) {
@@ -320,12 +369,21 @@ fn report(e: anyhow::Error) -> ExitCode {
     ExitCode::from(LAZARET_FAILED)
 }
 
-fn run(config: Option<PathBuf>, verbosity: client::Verbosity, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, args: Vec<String>) -> ExitCode {
+/// `--no-setup` / `--reprovision` (clap refuses both at once).
+fn setup_mode(no_setup: bool, reprovision: bool) -> SetupMode {
+    match (no_setup, reprovision) {
+        (true, _) => SetupMode::Skip,
+        (false, true) => SetupMode::Rerun,
+        (false, false) => SetupMode::Normal,
+    }
+}
+
+fn run(config: Option<PathBuf>, verbosity: client::Verbosity, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, setup: SetupMode, args: Vec<String>) -> ExitCode {
     let dir = match dir.map(Ok).unwrap_or_else(std::env::current_dir) {
         Ok(d) => d,
         Err(e) => return report(anyhow::Error::new(e).context("reading the current directory")),
     };
-    let req = client::RunRequest { config, verbosity, profile, dir, args, reset_anchor };
+    let req = client::RunRequest { config, verbosity, profile, dir, args, reset_anchor, setup };
     match client::run(&req) {
         Ok(status) => ExitCode::from(u8::try_from(status.0 & 0xff).unwrap_or(LAZARET_FAILED)),
         Err(e) => report(e.into()),
@@ -334,7 +392,7 @@ fn run(config: Option<PathBuf>, verbosity: client::Verbosity, profile: Option<St
 
 fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Command) -> Result<ExitCode> {
     match command {
-        Command::Run { .. } | Command::Coordinator { .. } => unreachable!("handled in main"),
+        Command::Run { .. } | Command::Init { .. } | Command::Coordinator { .. } => unreachable!("handled in main"),
         Command::Stop { profile, all, dir, grace } => {
             let grace = std::time::Duration::from_secs(grace);
             if all {
@@ -387,15 +445,16 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             Ok(ExitCode::SUCCESS)
         }
         Command::Journal { profile, dir, follow, check, file, json } => journal(config.as_deref(), profile, dir, follow, check, file, json),
+        Command::Audit { profile, dir, restore, json } => audit(config.as_deref(), profile, dir, restore, json),
         Command::Debug { profile, dir } => {
             let dir = current_dir(dir)?;
             print!("{}", client::debug(config.as_deref(), profile.as_deref(), &dir)?);
             Ok(ExitCode::SUCCESS)
         }
         Command::Doctor { json } => {
-            let checks = doctor::run_checks(config.as_deref());
+            let checks = doctor::run_checks(config.as_deref(), &current_dir(None)?);
             if json {
-                json::print(&checks.iter().map(|c| json::Check { name: &c.name, ok: c.ok, detail: &c.detail, fix: c.fix.as_deref() }).collect::<Vec<_>>())?;
+                json::print(&checks.iter().map(|c| json::Check { name: &c.name, ok: c.ok, detail: &c.detail, fix: c.fix.as_deref(), warning: c.warning.as_deref() }).collect::<Vec<_>>())?;
             } else {
                 for c in &checks {
                     println!("{c}");
@@ -419,12 +478,48 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             require_root()?;
             let developer = Developer::from_process()?;
             let cfg = load_config(config.as_deref(), &developer)?;
-            let (name, address, as_json) = match &action {
+            let (name, target, as_json) = match &action {
                 PolicyAction::Show { profile, json } => (profile, None, *json),
-                PolicyAction::Explain { profile, address, json } => (profile, Some(*address), *json),
+                PolicyAction::Explain { profile, target, json } => (profile, Some(target.as_str()), *json),
+                PolicyAction::Log { profile, dir } => {
+                    let dir = current_dir(dir.clone())?;
+                    match client::refused_names(config.as_deref(), Some(profile), &dir)? {
+                        None => println!("profile {profile:?} has open egress: its Domain has no resolver of its own, so no names are refused (set egress = \"locked\")"),
+                        Some(names) if names.is_empty() => println!("no names refused"),
+                        Some(names) => {
+                            let width = names.iter().map(|n| n.name.len()).max().unwrap_or(4).max(4);
+                            println!("{:>7}  {:<width$}  LAST (UTC)", "COUNT", "NAME");
+                            for n in names {
+                                println!("{:>7}  {:<width$}  {}", n.count, n.name, humantime_utc(n.last_unix));
+                            }
+                        }
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
             };
             let profile = cfg.profile(name)?;
             let policy = network::preview(&cfg, profile)?;
+            // A name (not an address): the name rules decide.
+            if let Some(name) = target.filter(|t| t.parse::<std::net::IpAddr>().is_err()) {
+                if !policy.locked() {
+                    anyhow::bail!("{name:?} is not an IP address, and profile {:?} has open egress, where names are not policed (every public address is allowed); explain an address instead, or set egress = \"locked\"", profile.name);
+                }
+                let verdict = policy.names().decide(name);
+                if as_json {
+                    json::print(&json::NameVerdict {
+                        name: name.to_string(),
+                        action: if verdict.allowed() { "allow" } else { "refuse" }.to_string(),
+                        rules: verdict.rules.iter().map(|r| json::NameRule { rule: r.to_string(), origin: r.origin.clone() }).collect(),
+                    })?;
+                } else {
+                    println!("{}", policy.names().explain(name));
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let address = match target {
+                Some(text) => Some(text.parse::<std::net::IpAddr>()?),
+                None => None,
+            };
             let rule = |r: &lazaret_netpolicy::policy::Rule| json::Rule { prefix: r.prefix.to_string(), action: r.action.to_string(), origin: r.origin.to_string() };
             match (address, as_json) {
                 (None, false) => print!("{}", policy.render_table()),
@@ -433,6 +528,8 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                     rules: policy.rules().iter().map(rule).collect(),
                     resolvers: policy.resolvers().iter().map(ToString::to_string).collect(),
                     ipv6: policy.ipv6_enabled(),
+                    egress: if policy.locked() { "locked" } else { "open" }.to_string(),
+                    names: policy.names().rules().iter().map(|r| json::NameRule { rule: r.to_string(), origin: r.origin.clone() }).collect(),
                 })?,
                 (Some(a), true) => {
                     let verdict = policy.decide(a);
@@ -447,8 +544,12 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             match action {
                 ConfigAction::Check { json: false } => {
                     println!("{}: OK", cfg.file.display());
-                    for name in cfg.profiles.keys() {
+                    for (name, profile) in &cfg.profiles {
                         println!("  profile {name}: fingerprint {}", cfg.fingerprint(name)?);
+                        // The steps are the configuration's own text, made inert all the same.
+                        for (i, step) in profile.setup.iter().enumerate() {
+                            println!("    setup {}/{}: {}", i + 1, profile.setup.len(), lazaret_protocol::display::inert(&lazaret_protocol::shell::quote_argv(step), 400));
+                        }
                     }
                 }
                 ConfigAction::Check { json: true } => {
@@ -536,6 +637,47 @@ fn current_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
     }
 }
 
+/// `lazaret audit`: the Workspace Guard's neutralisations, or a restore.
+fn audit(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, restore: Option<String>, as_json: bool) -> Result<ExitCode> {
+    use lazaret_coordinator::workspace_guard;
+    let dir = current_dir(dir)?;
+    if let Some(id) = restore {
+        let restored = workspace_guard::restore(config, profile.as_deref(), &dir, &id)?;
+        let path = restored.path.to_string_lossy().into_owned();
+        if as_json {
+            json::print(&json::Restored { restored: json::RestoredFile { id: &id, root: &restored.root, path: &path } })?;
+        } else {
+            println!("restored {}:{} from quarantine entry {id}", restored.root, lazaret_protocol::display::escaped(&restored.path));
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report = workspace_guard::audit(config, profile.as_deref(), &dir)?;
+    if as_json {
+        json::print(&report.entries.iter().map(json::AuditEntry::from).collect::<Vec<_>>())?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    if report.entries.is_empty() {
+        println!("the Workspace Guard neutralised nothing in this Domain (journals in {})", report.domain_root.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<19}  {:<24}  {:<10}  WHAT", "TIME (UTC)", "QUARANTINE", "STATE");
+    for e in &report.entries {
+        let state = match (&e.quarantine_id, e.in_quarantine) {
+            (None, _) => "-",
+            (Some(_), true) => "kept",
+            (Some(_), false) => "restored",
+        };
+        // Journal text names agent-chosen paths: shown inert.
+        let what = lazaret_protocol::display::inert(e.summary.strip_prefix("workspace guard: ").unwrap_or(&e.summary), 400);
+        println!("{:<19}  {:<24}  {:<10}  {what}", workspace_guard::format_utc(e.time_ms), e.quarantine_id.as_deref().map(|i| lazaret_protocol::display::inert(i, 40)).unwrap_or_else(|| "-".into()), state);
+    }
+    let kept = report.entries.iter().filter(|e| e.in_quarantine).count();
+    if kept > 0 {
+        println!("{kept} file(s) kept in {}; `lazaret audit {} --restore ID` puts one back", report.quarantine_dir.display(), profile.as_deref().unwrap_or("PROFILE"));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 /// `lazaret journal`: print, follow or check a Domain's journal.
 fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, follow: bool, check: bool, file: Option<PathBuf>, as_json: bool) -> Result<ExitCode> {
     use std::io::{BufRead, Read, Seek, Write};
@@ -595,5 +737,32 @@ fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Optio
         if std::fs::metadata(&path).map(|m| m.len() < pos).unwrap_or(false) {
             f = std::fs::File::open(&path)?;
         }
+    }
+}
+
+/// `SECONDS` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
+fn humantime_utc(seconds: u64) -> String {
+    let days = seconds / 86_400;
+    let rest = seconds % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
+}
+
+#[cfg(test)]
+mod time_tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::humantime_utc(0), "1970-01-01 00:00:00");
+        assert_eq!(super::humantime_utc(1_795_000_000), "2026-11-18 11:06:40");
+        assert_eq!(super::humantime_utc(951_782_400), "2000-02-29 00:00:00");
     }
 }

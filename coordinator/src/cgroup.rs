@@ -18,8 +18,19 @@ pub fn remove(path: &str) {
     let Ok(hierarchies) = std::fs::read_dir(CGROUP_ROOT) else { return };
     let mut roots: Vec<std::path::PathBuf> = vec![Path::new(CGROUP_ROOT).to_path_buf()];
     roots.extend(hierarchies.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    // Processes of a PID namespace that was just killed (a crashed run's
+    // sandbox) leave their cgroups a moment later: a busy leaf is retried
+    // for up to half a second in all, so the Domain's cgroup can go too.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_millis(500);
     for root in roots {
         let mut current = Path::new(rel);
+        let leaf = root.join(current);
+        while let Err(e) = std::fs::remove_dir(&leaf) {
+            if e.raw_os_error() != Some(libc::EBUSY) || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         loop {
             // rmdir of a cgroup works only when it has no tasks and children.
             let _ = std::fs::remove_dir(root.join(current));

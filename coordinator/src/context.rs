@@ -4,6 +4,7 @@
 //! creating Lazaret's own state directories.
 
 use std::ffi::OsString;
+use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -12,7 +13,7 @@ use lazaret_oci::{ImageRecord, ImageStore};
 
 use lazaret_protocol::display::escaped;
 
-use crate::config::{self, Config, ConfigError, ConfinementError, Profile};
+use crate::config::{self, Config, ConfigError, ConfinementError, Located, Profile, VolumeMount};
 use crate::identity::{self, Developer, DomainId, HostGroup, IdentityError, StatePaths, Workspace};
 
 /// The agent's PATH when the image sets none, and the only variable of the
@@ -54,6 +55,21 @@ pub enum ContextError {
     /// [`config::trust`]).
     #[error(transparent)]
     Trust(Box<config::trust::TrustError>),
+    /// A volume's sandbox path, resolved for the agent (`~/...` below its
+    /// home), lands where another mount already is.
+    #[error("{origin}: volume {written:?} mounts at {}, {reason}\n  hint: {hint}", escaped(.sandbox))]
+    VolumeTarget {
+        /// Where the volume is written, `FILE:LINE:COLUMN`.
+        origin: String,
+        /// The entry as written.
+        written: String,
+        /// Its resolved sandbox path.
+        sandbox: PathBuf,
+        /// What is there already.
+        reason: String,
+        /// The fix.
+        hint: String,
+    },
     /// An `env:NAME` value names a variable the launching environment lacks.
     #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
     MissingHostEnv {
@@ -121,7 +137,55 @@ impl Context {
                 return Err(ContextError::StateExposed { setting: what, path: path.clone(), mount: label, mount_path: mount });
             }
         }
-        Ok(Context { developer, config, profile, workspace, domain_id, paths })
+        let ctx = Context { developer, config, profile, workspace, domain_id, paths };
+        ctx.check_volume_targets()?;
+        Ok(ctx)
+    }
+
+    /// The profile's volumes as this agent gets them, in the profile's
+    /// order: a `~/...` sandbox path lies below [`Context::agent_home`].
+    /// Everything that binds or checks a volume's sandbox path uses these.
+    pub fn volumes(&self) -> Vec<Located<VolumeMount>> {
+        let home = self.agent_home();
+        self.profile.volumes.iter().map(|v| Located::new(v.resolve(&home), v.origin.clone())).collect()
+    }
+
+    /// The checks of sandbox paths that need the agent's home: the parser
+    /// refuses two volumes written with the same sandbox path, but `~/x`
+    /// and `/home/NAME/x` (or `/root/x` for root) meet only once resolved.
+    /// A volume may also not land on the workspace or on the agent's
+    /// persistent home, both bound by Lazaret itself.
+    fn check_volume_targets(&self) -> Result<(), ContextError> {
+        let volumes = self.volumes();
+        let refuse = |v: &Located<VolumeMount>, reason: String, hint: String| ContextError::VolumeTarget {
+            origin: v.origin.clone(),
+            written: v.written.clone(),
+            sandbox: v.sandbox.clone(),
+            reason,
+            hint,
+        };
+        let home = self.agent_home();
+        let home_is_bound = self.agent_ids().0 != 0;
+        for (i, v) in volumes.iter().enumerate() {
+            if let Some(first) = volumes[..i].iter().find(|f| f.sandbox == v.sandbox) {
+                return Err(refuse(
+                    v,
+                    format!("where volume {:?} ({}) mounts too", first.written, first.origin),
+                    format!("give each volume its own sandbox path (~/ is {} for this profile's agent)", escaped(&home)),
+                ));
+            }
+            if v.sandbox == self.workspace.root() {
+                return Err(refuse(v, "the workspace, which Lazaret mounts there".into(), "mount the volume at another sandbox path (a path below the workspace is fine)".into()));
+            }
+            if home_is_bound && v.sandbox == home {
+                return Err(refuse(
+                    v,
+                    "the agent's home, which Lazaret binds there (the Domain's persistent home)".into(),
+                    "mount the volume below the home instead, e.g. \"HOST:~/.tool\"".into(),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The image store under the Storage Root.
@@ -171,7 +235,14 @@ impl Context {
     /// For a non-root agent, a persistent home directory in the Domain Root,
     /// owned by the agent, bound at [`Context::agent_home`]. Root's home is
     /// the image's /root.
-    pub fn prepare_home(&self, uid: u32, gid: u32) -> Result<Option<BindMount>, ContextError> {
+    ///
+    /// `mount_points` are the other mounts' destinations: the directories
+    /// between the home and those below it (`~/src` of a workspace at
+    /// `~/src/project`, `~/.local/share` of a volume at
+    /// `~/.local/share/opencode`) are made here, owned by the agent.
+    /// Otherwise runsc makes them as root, and the agent cannot create
+    /// anything else in them (opencode cannot make `~/.local/state`).
+    pub fn prepare_home(&self, uid: u32, gid: u32, mount_points: &[PathBuf]) -> Result<Option<BindMount>, ContextError> {
         if uid == 0 {
             return Ok(None);
         }
@@ -191,7 +262,12 @@ impl Context {
                 nix::unistd::chown(&home, Some(uid.into()), Some(gid.into())).map_err(|e| ContextError::Io { context: format!("chown {}", home.display()), source: e.into() })?;
             }
         }
-        Ok(Some(BindMount { source: home, destination: self.agent_home(), readonly: false }))
+        let agent_home = self.agent_home();
+        let inner: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter_map(Path::parent).filter(|p| !p.as_os_str().is_empty()).collect();
+        if !inner.is_empty() {
+            home_mount_parents(&home, &inner, uid, gid).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
+        }
+        Ok(Some(BindMount { source: home, destination: agent_home, readonly: false }))
     }
 
     /// The environment of the agent: the image's, then Lazaret's defaults,
@@ -262,8 +338,8 @@ impl Context {
         let (uid, gid) = self.agent_ids();
         let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
         let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
-        for v in &self.profile.volumes {
-            mounts.push(BindMount { source: v.host.clone(), destination: v.sandbox.clone(), readonly: v.readonly });
+        for v in self.volumes() {
+            mounts.push(BindMount { source: v.value.host, destination: v.value.sandbox, readonly: v.value.readonly });
         }
         Ok(BundleSpec {
             args: argv,
@@ -309,6 +385,31 @@ fn exposing_mount(path: &Path, mounts: &[(String, PathBuf)]) -> Option<(String, 
 pub fn load_config(cli: Option<&Path>, developer: &Developer) -> Result<Config, ConfigError> {
     let lookup = |name: &str| std::env::var_os(name);
     Config::discover(cli, &lookup, developer)
+}
+
+
+/// Makes each of `parents` (relative to the agent's persistent `home`)
+/// exist as a directory owned by the agent, component by component, without
+/// following a symlink (the home is the agent's to change). A component an
+/// earlier run's runsc made as root is given to the agent.
+fn home_mount_parents(home: &Path, parents: &[&Path], uid: u32, gid: u32) -> std::io::Result<()> {
+    use lazaret_mounts::safe_path;
+    let mount_error = |e: lazaret_mounts::MountError| std::io::Error::other(e.to_string());
+    let root = safe_path::open_root_dir(home).map_err(mount_error)?;
+    for parent in parents {
+        let mut walked = PathBuf::new();
+        for component in parent.components() {
+            let std::path::Component::Normal(name) = component else { continue };
+            let above = safe_path::ensure_dir_beneath(root.as_fd(), &walked).map_err(mount_error)?;
+            walked.push(name);
+            let dir = safe_path::ensure_dir_beneath(root.as_fd(), &walked).map_err(mount_error)?;
+            if safe_path::stat(dir.as_fd()).map_err(mount_error)?.st_uid != uid {
+                nix::unistd::fchownat(&above, name, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .map_err(|errno| std::io::Error::other(format!("chown {}: {errno}", walked.display())))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A [`Context`] for unit tests: `developer`, a profile `a` with the
@@ -413,6 +514,65 @@ mod tests {
         assert_eq!((spec.uid, spec.gid, spec.args.as_slice()), (1000, 1000, &["/init".to_string()][..]));
         let agent = ctx.bundle_spec(&image(), &["sh".into()], false).expect("agent");
         assert_eq!(value(&agent.env, "TOKEN"), Some("literal-secret"));
+    }
+
+    fn destinations(spec: &BundleSpec) -> Vec<String> {
+        spec.mounts.iter().skip(1).map(|m| m.destination.display().to_string()).collect()
+    }
+
+    #[test]
+    fn a_volume_below_tilde_lands_in_the_agents_home() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let volumes = "volumes = [\"/srv/t:~/.tool\", \"~/.claude:~/.claude:ro\", \"/srv/o:/opt/o\"]\n";
+        let ctx = test_context(dir.path(), test_developer(), volumes);
+        ctx.check_volume_targets().expect("no collision");
+        let spec = ctx.bundle_spec(&image(), &["sh".into()], false).expect("spec");
+        assert_eq!(destinations(&spec), ["/home/alice/.tool", "/home/alice/.claude", "/opt/o"]);
+        assert_eq!(spec.mounts[2].source, PathBuf::from("/home/alice/.claude"), "host ~ is the developer's");
+        assert!(spec.mounts[2].readonly && !spec.mounts[1].readonly);
+        assert_eq!(destinations(&ctx.init_bundle_spec(&["/init".into()]).expect("init")), destinations(&spec));
+        let resolved: Vec<String> = ctx.volumes().iter().map(|v| v.to_string()).collect();
+        assert_eq!(resolved, ["/srv/t:/home/alice/.tool", "/home/alice/.claude:/home/alice/.claude:ro", "/srv/o:/opt/o"]);
+        // A root agent's home is /root; an explicit uid's is the developer's name.
+        let root = test_context(dir.path(), test_developer(), &format!("user = \"root\"\n{volumes}"));
+        let spec = root.bundle_spec(&image(), &["sh".into()], false).expect("spec");
+        assert_eq!(destinations(&spec), ["/root/.tool", "/root/.claude", "/opt/o"]);
+        let other = test_context(dir.path(), test_developer(), &format!("user = \"2000:2000\"\n{volumes}"));
+        assert_eq!(destinations(&other.bundle_spec(&image(), &["sh".into()], false).expect("spec"))[0], "/home/alice/.tool");
+        // The Workspace Guard labels a writable volume by where it lands.
+        let host = dir.path().join("tool");
+        std::fs::create_dir(&host).expect("host dir");
+        let guarded = test_context(dir.path(), test_developer(), &format!("volumes = [\"{}:~/.tool\"]\n", host.display()));
+        let labels: Vec<String> = crate::workspace_guard::guard_config(&guarded, Vec::new(), None).roots.iter().map(|r| r.label.clone()).collect();
+        assert!(labels.contains(&"volume:/home/alice/.tool".to_string()), "{labels:?}");
+    }
+
+    #[test]
+    fn a_resolved_volume_may_not_land_on_another_mount() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let refused = |user: &str, volumes: &str| {
+            let ctx = test_context(dir.path(), test_developer(), &format!("{user}volumes = [{volumes}]\n"));
+            ctx.check_volume_targets().expect_err(volumes).to_string()
+        };
+        // Written differently, the same place once resolved.
+        let text = refused("", "\"/srv/a:~/.tool\", \"/srv/b:/home/alice/.tool\"");
+        assert!(text.contains("volume \"/srv/b:/home/alice/.tool\" mounts at /home/alice/.tool, where volume \"/srv/a:~/.tool\" ("), "{text}");
+        assert!(text.contains("config.toml:3:"), "{text}");
+        assert!(text.contains("hint: give each volume its own sandbox path (~/ is /home/alice"), "{text}");
+        let text = refused("user = \"root\"\n", "\"/srv/a:/root/.x\", \"/srv/b:~/.x\"");
+        assert!(text.contains("volume \"/srv/b:~/.x\" mounts at /root/.x, where volume \"/srv/a:/root/.x\""), "{text}");
+        // The default agent's home is Lazaret's own bind.
+        let text = refused("", "\"/srv/a:~\"");
+        assert!(text.contains("mounts at /home/alice, the agent's home, which Lazaret binds there"), "{text}");
+        assert!(text.contains("hint: mount the volume below the home instead, e.g. \"HOST:~/.tool\""), "{text}");
+        // So is the workspace.
+        let ws = std::fs::canonicalize(dir.path()).expect("canonical").join("ws");
+        let text = refused("", &format!("\"/srv/a:{}\"", ws.display()));
+        assert!(text.contains("the workspace, which Lazaret mounts there"), "{text}");
+        // A root agent's home is the image's /root: a volume may cover it;
+        // different paths for the default agent are fine.
+        test_context(dir.path(), test_developer(), "user = \"root\"\nvolumes = [\"/srv/a:~\"]\n").check_volume_targets().expect("root's home");
+        test_context(dir.path(), test_developer(), "volumes = [\"/srv/a:/root/.x\", \"/srv/b:~/.x\"]\n").check_volume_targets().expect("different places");
     }
 
     #[test]

@@ -90,11 +90,10 @@ pub fn assemble(
     }
     log_sticky(&workspace_plan.sticky, &ctx.profile.name, log_only);
     let (sentry_host, sentry_sandbox) = volumes::sentry_paths(&workspace_plan);
-    let vols: Vec<volumes::Volume> = ctx
-        .profile
-        .volumes
-        .iter()
-        .map(|v| volumes::Volume { host: std::fs::canonicalize(&v.host).unwrap_or_else(|_| v.host.clone()), ..v.value.clone() })
+    let vols: Vec<volumes::VolumeMount> = ctx
+        .volumes()
+        .into_iter()
+        .map(|v| volumes::VolumeMount { host: std::fs::canonicalize(&v.host).unwrap_or_else(|_| v.host.clone()), ..v.value })
         .collect();
     let protected = [ctx.config.storage_root.clone(), ctx.paths.runtime_dir.clone()];
     volumes::validate_volumes(&vols, &ctx.config.file, &sentry_host, &sentry_sandbox, &protected)?;

@@ -8,11 +8,35 @@
 //! coordinator (holding the lock, so the old one is dead) moves it aside as
 //! `journal-<ms>.crashed.jsonl` (still a conformant prefix, and checked as
 //! such by `lazaret journal --check`) and starts a new one.
+//!
+//! # When a line is durable
+//!
+//! [`DomainJournal::record`] writes a line and fsyncs it before it returns:
+//! the line is on the disk before the caller does the real thing.
+//! [`DomainJournal::record_unsynced`] writes it (in the same order as every
+//! other line, under the same `&mut self`) and returns a [`JournalSync`]
+//! instead; the line becomes durable when that is synced, or with the next
+//! fsync of the journal, whichever comes first (an fsync covers every line
+//! written before it). Two uses:
+//!
+//! - Group commit: apply and write under the caller's lock, fsync after
+//!   letting go of it ([`JournalSync::sync`]), then act. Another thread's
+//!   lines are not held up behind this fsync, and one fsync may carry the
+//!   lines of several.
+//! - Lines that only record what has already happened or been decided, with
+//!   no real action that must wait for them, are not synced on their own:
+//!   they reach the disk with the next line that must. Which lines those
+//!   are is the caller's argument (see the escalation request lifecycle in
+//!   `daemon::escalation`). A written line survives a crash of the
+//!   coordinator (it is in the kernel's page cache); only a crash of the
+//!   machine before the next fsync can lose it, and the journal left is
+//!   still a conformant prefix, as after any crash.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use lazaret_protocol::journal::{ConformanceError, Event, JournalEntry, Machine, TransitionError};
 use lazaret_protocol::model::DomainPhase;
@@ -49,7 +73,28 @@ pub struct DomainJournal {
     domain: String,
     path: PathBuf,
     file: File,
+    /// The same open file, for fsyncs made outside the caller's lock.
+    sync_file: Arc<File>,
     machine: Machine,
+    /// Why a line could not be written: from then on the journal takes no
+    /// more lines (its model has moved past its file).
+    broken: Option<String>,
+}
+
+/// Makes the lines a journal has written so far durable (see the module
+/// docs): an fsync that needs no access to the [`DomainJournal`].
+#[derive(Clone)]
+pub struct JournalSync {
+    path: PathBuf,
+    file: Arc<File>,
+}
+
+impl JournalSync {
+    /// fsyncs the journal: every line written before this call is on the
+    /// disk when it returns `Ok`.
+    pub fn sync(&self) -> Result<(), JournalError> {
+        self.file.sync_data().map_err(|source| JournalError::Io { path: self.path.clone(), source })
+    }
 }
 
 impl DomainJournal {
@@ -85,23 +130,54 @@ impl DomainJournal {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(&path)
             .map_err(io)?;
-        Ok((DomainJournal { domain: domain.to_string(), path, file, machine }, notes))
+        let sync_file = Arc::new(file.try_clone().map_err(io)?);
+        Ok((DomainJournal { domain: domain.to_string(), path, file, sync_file, machine, broken: None }, notes))
     }
 
     /// Applies `event` to the model and, if it is allowed, appends and
     /// fsyncs its line. Call it *before* doing the real thing; on error,
-    /// do not do it.
+    /// do not do it. (A failed fsync leaves the line written and applied:
+    /// an intention that was not carried out, as a crash right after it.)
     pub fn record(&mut self, event: Event) -> Result<(), JournalError> {
-        let entry = JournalEntry::now(&self.domain, event);
-        let mut next = self.machine.clone();
-        next.apply(&entry)?;
-        let mut line = entry.to_json_line().map_err(|e| JournalError::Io { path: self.path.clone(), source: e.into() })?;
-        line.push('\n');
+        self.record_unsynced(event)?.sync()
+    }
+
+    /// Applies `event` to the model and, if it is allowed, appends its line
+    /// without waiting for the disk; the returned handle makes it durable
+    /// (see the module docs for when that may come later). On error, the
+    /// model and the file are unchanged and the caller must not act.
+    ///
+    /// A line that cannot be written (a full disk) breaks the journal: the
+    /// model has already taken the step (applying it is all or nothing, and
+    /// keeping a copy to roll back would cost a clone of the whole model per
+    /// line), so this and every later call fails and the coordinator acts
+    /// on nothing more. A partly written line would have made the file
+    /// unreadable past it anyway.
+    pub fn record_unsynced(&mut self, event: Event) -> Result<JournalSync, JournalError> {
         let io = |source| JournalError::Io { path: self.path.clone(), source };
-        self.file.write_all(line.as_bytes()).map_err(io)?;
-        self.file.sync_data().map_err(io)?;
-        self.machine = next;
-        Ok(())
+        if let Some(why) = &self.broken {
+            return Err(io(std::io::Error::other(format!("a line could not be written earlier ({why}); the journal takes no more"))));
+        }
+        let entry = JournalEntry::now(&self.domain, event);
+        let mut line = entry.to_json_line().map_err(|e| io(e.into()))?;
+        line.push('\n');
+        self.machine.apply(&entry)?;
+        if let Err(e) = self.file.write_all(line.as_bytes()) {
+            self.broken = Some(e.to_string());
+            return Err(io(e));
+        }
+        Ok(self.syncer())
+    }
+
+    /// A handle that fsyncs what this journal has written, usable without
+    /// holding it.
+    pub fn syncer(&self) -> JournalSync {
+        JournalSync { path: self.path.clone(), file: self.sync_file.clone() }
+    }
+
+    /// Why the journal takes no more lines, once a write failed.
+    pub fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 
     /// Whether the model would allow `event` now.
@@ -222,6 +298,22 @@ mod tests {
         assert_eq!(notes.len(), 1, "{notes:?}");
         let checked = check_all(dir.path()).expect("conformant");
         assert_eq!(checked.len(), 2, "{checked:?}");
+    }
+
+    #[test]
+    fn unsynced_lines_are_written_in_order_and_a_refused_one_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let (mut j, _) = DomainJournal::open_for_run(dir.path(), "d1").expect("open");
+        let sync = j.record_unsynced(Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() }).expect("lock");
+        assert!(matches!(j.record_unsynced(Event::StartSandbox), Err(JournalError::Refused(_))));
+        j.record_unsynced(Event::MountStateAnchor).expect("anchor");
+        // Synced from another handle, after the fact: both lines.
+        sync.sync().expect("sync");
+        j.syncer().sync().expect("sync");
+        let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).expect("read");
+        let actions: Vec<String> = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["action"].as_str().unwrap_or("").to_string()).collect();
+        assert_eq!(actions, ["AcquireDomainLock", "MountStateAnchor"]);
+        assert_eq!(check_all(dir.path()).expect("conformant")[0].entries, 2);
     }
 
     #[test]

@@ -8,8 +8,17 @@
 //! <domain dir>/coordinator.log    the coordinator's log
 //! <domain dir>/ca.pem             the Trust Anchor's certificate
 //! <domain dir>/sidecar-id         the running sidecar's ID (crash recovery)
+//! <domain dir>/setup.running      present while the profile's setup runs (waiting clients)
 //! <domain dir>/runsc/             runsc's state root
 //! <domain dir>/run-<container>/   one sandbox's run directory (see RunDir)
+//! ```
+//!
+//! In the Domain Root (`<storage root>/domains/<domain-id>/`, root's), beside
+//! the journal, State Anchor layers and Ignored Workspace State:
+//!
+//! ```text
+//! <Domain Root>/quarantine/       the Workspace Guard's quarantine
+//! <Domain Root>/ignored/          Ignored Workspace State storage
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -21,6 +30,9 @@ const CA_CERT: &str = "ca.pem";
 const SIDECAR_RECORD: &str = "sidecar-id";
 const RUNSC_STATE: &str = "runsc";
 const RUN_PREFIX: &str = "run-";
+const SETUP_MARKER: &str = "setup.running";
+const QUARANTINE: &str = "quarantine";
+const IGNORED_STATE: &str = "ignored";
 
 /// A Domain's runtime directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +69,11 @@ impl DomainDir {
         self.0.join(CA_CERT)
     }
 
+    /// The locked resolver's refused names (`lazaret policy log`).
+    pub fn refused_names(&self) -> PathBuf {
+        self.0.join("refused-names.json")
+    }
+
     /// The record of the running sidecar's ID.
     pub fn sidecar_record(&self) -> PathBuf {
         self.0.join(SIDECAR_RECORD)
@@ -87,9 +104,15 @@ impl DomainDir {
         found
     }
 
+    /// Present while the profile's setup steps run (it holds the current
+    /// step): a client waiting for the socket waits longer meanwhile.
+    pub fn setup_marker(&self) -> PathBuf {
+        self.0.join(SETUP_MARKER)
+    }
+
     /// Files that only a live coordinator may have: removed by recovery.
-    pub fn published_files(&self) -> [PathBuf; 2] {
-        [self.socket(), self.ca_cert()]
+    pub fn published_files(&self) -> [PathBuf; 3] {
+        [self.socket(), self.ca_cert(), self.setup_marker()]
     }
 }
 
@@ -139,6 +162,21 @@ impl RunDir {
         self.0.join("resolv.conf")
     }
 
+    /// The OCI bundle of the setup sandbox (the profile's `setup` steps).
+    pub fn setup_bundle(&self) -> PathBuf {
+        self.0.join("setup-bundle")
+    }
+
+    /// runsc's PID file of the setup sandbox process.
+    pub fn setup_sandbox_pid(&self) -> PathBuf {
+        self.0.join("setup-sandbox.pid")
+    }
+
+    /// The PID file (PID inside the setup sandbox) of the running setup step.
+    pub fn setup_step_pid(&self) -> PathBuf {
+        self.0.join("setup-step.pid")
+    }
+
     /// runsc's PID file of the sandbox process.
     pub fn sandbox_pid(&self) -> PathBuf {
         self.0.join("sandbox.pid")
@@ -148,6 +186,20 @@ impl RunDir {
     pub fn session_pid(&self, session: &str) -> PathBuf {
         self.0.join(format!("session-{session}.pid"))
     }
+}
+
+/// The Workspace Guard's quarantine in a Domain Root
+/// (`<Domain Root>/quarantine/<id>/{record.json,content}`): what the guard
+/// moved out of the workspace, until `lazaret audit PROFILE --restore ID`.
+pub fn quarantine_dir(domain_root: &Path) -> PathBuf {
+    domain_root.join(QUARANTINE)
+}
+
+/// The Ignored Workspace State storage in a Domain Root (the directory
+/// `lazaret_mounts::ignored_state::plan_ignored` puts every isolated path's
+/// storage in).
+pub fn ignored_state_dir(domain_root: &Path) -> PathBuf {
+    domain_root.join(IGNORED_STATE)
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //! - [`images`]: `lazaret image ...`.
 //! - [`doctor`]: `lazaret doctor`.
 //! - [`escalation`]: host escalation requests, their rules and approvals.
+//! - [`workspace_guard`]: the Workspace Guard's configuration and `lazaret audit`.
 //!
 //! Module dependencies point one way: `client` and `daemon` both use
 //! `layout` and `transport` but never each other; `daemon` uses `context`,
@@ -42,6 +43,7 @@ pub mod passwd;
 pub mod random;
 pub mod transport;
 pub mod trust;
+pub mod workspace_guard;
 
 /// Exit status of `lazaret` for its own failures, distinct from the agent's.
 pub const LAZARET_FAILED: i32 = 125;

@@ -8,10 +8,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lazaret_netpolicy::topology::{self, DomainNetwork, HostWatcher, Netns, SidecarId, TopologyConfig, TopologyError};
-use lazaret_netpolicy::{CompiledPolicy, PolicyError, PolicyInput};
+use lazaret_netpolicy::topology::{self, DomainNetwork, HostWatcher, LockedResolver, Netns, ResolverSettings, SidecarId, TopologyConfig, TopologyError};
+use lazaret_netpolicy::{CompiledPolicy, NameRule, PolicyError, PolicyInput};
 
-use crate::config::{Config, Profile};
+use crate::config::{Config, EgressMode, Profile};
 
 /// Errors from the network layer, with the fix where there is one.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +85,12 @@ pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, N
         deny: profile.deny_egress.iter().map(|p| (p.value, p.origin.clone())).collect(),
         dns,
         ipv6,
+        locked: profile.egress == EgressMode::Locked,
+        names: profile
+            .allow_names
+            .iter()
+            .map(|name| NameRule { pattern: name.pattern.clone(), port: name.port, origin: name.origin.clone() })
+            .collect(),
         ..PolicyInput::default()
     })
 }
@@ -151,6 +157,22 @@ pub fn watch_host(topology: &Arc<DomainNetwork>, log: impl Fn(&str) + Send + 'st
         Ok(update) => log(&format!("host addresses changed; sidecar policy updated and verified: {update}")),
         Err(e) => log(&format!("host addresses changed, but updating the sidecar policy failed (retried at the next change): {e}")),
     })?)
+}
+
+/// The environment variable that lowers the resolver's TTL clamp (seconds,
+/// at least 1; default 30): for the end-to-end tests, which need an answer
+/// to expire within seconds. It can only make the Domain stricter (an
+/// address closes sooner), so honouring it is safe.
+pub const DNS_MIN_TTL_ENV: &str = "LAZARET_TEST_DNS_MIN_TTL";
+
+/// Starts a locked Domain's resolver with its upstream resolvers.
+pub fn start_resolver(topology: &DomainNetwork, log_file: PathBuf) -> Result<LockedResolver, NetworkError> {
+    let mut settings = ResolverSettings::new(topology.policy().resolvers().to_vec());
+    settings.log_file = Some(log_file);
+    if let Some(seconds) = std::env::var(DNS_MIN_TTL_ENV).ok().and_then(|v| v.parse::<u64>().ok()).filter(|s| *s >= 1) {
+        settings.clamp.min = settings.clamp.min.min(std::time::Duration::from_secs(seconds));
+    }
+    Ok(topology.start_resolver(settings)?)
 }
 
 /// Takes the Domain's network down and forgets its Sidecar ID.

@@ -221,7 +221,7 @@ fn paths_and_volumes() {
         "[profiles.a]\nimage = \"i\"\nvolumes = [\"/a:/x\", \"/b:/x/\", \"~bob/x:/y\", \"/c\", \"~/../etc:/z\", \"/:/host\"]\n",
         &[
             (3, 21, "sandbox path /x is the target of two volumes"),
-            (3, 31, "only ~/ (the developer's home) is supported"),
+            (3, 31, "only ~/ (your home on the host) is supported"),
             (3, 44, "is not HOST:SANDBOX[:ro]"),
             (3, 50, "contains `..`"),
             (3, 65, "may not be `/`"),
@@ -231,6 +231,35 @@ fn paths_and_volumes() {
         "runtime_dir = \"run/x\"\n[runsc]\ndebug_log_dir = \"/\"\n[profiles.a]\nimage = \"i\"\n",
         &[(1, 15, "relative path"), (3, 17, "may not be `/`")],
     );
+}
+
+/// `~/` on the sandbox side is the agent's home: `~user/`, `..` and a
+/// relative path are refused with hints that name the `~/` form, and two
+/// volumes written with the same `~/` path collide.
+#[test]
+fn sandbox_side_home_paths() {
+    let found = expect(
+        "[profiles.a]\nimage = \"i\"\nvolumes = [\"/a:~bob/x\", \"/b:~/../etc\", \"/c:rel\", \"/d:~/x\", \"/e:~/./x/\"]\n",
+        &[
+            (3, 12, "volume sandbox path \"~bob/x\": only ~/ (the agent's home inside the sandbox) is supported, not ~user/"),
+            (3, 25, "volume sandbox path \"~/../etc\" contains `..`"),
+            (3, 40, "`volumes (sandbox side)`: \"rel\" is a relative path"),
+            (3, 60, "sandbox path ~/x is the target of two volumes"),
+        ],
+    );
+    let hints: Vec<&str> = found.iter().map(|d| d.hint.as_deref().unwrap()).collect();
+    assert!(hints[0].contains("the home of the agent the profile runs") && hints[0].contains("/root for `user = \"root\"`"), "{}", hints[0]);
+    assert!(hints[1].contains("SANDBOX absolute or starting with ~/ (the agent's home inside the sandbox)"), "{}", hints[1]);
+    assert!(hints[2].contains("~/... for a path in the agent's home inside the sandbox"), "{}", hints[2]);
+    // Accepted: `~`, `~/...`, both sides.
+    let config = Config::parse(
+        "[profiles.a]\nimage = \"i\"\nvolumes = [\"~/.claude:~/.claude\", \"/srv/t:~:ro\"]\n",
+        Path::new("cfg.toml"),
+        Path::new("/home/dev"),
+    )
+    .unwrap();
+    let written: Vec<String> = config.profiles["a"].volumes.iter().map(ToString::to_string).collect();
+    assert_eq!(written, ["/home/dev/.claude:~/.claude", "/srv/t:~:ro"]);
 }
 
 #[test]

@@ -243,6 +243,24 @@ fn every_change_of_meaning_changes_it() {
     assert_ne!(other_home.fingerprint("claude").unwrap(), base);
 }
 
+/// A `~/...` sandbox path is hashed as written (normalised), not resolved:
+/// the agent's home depends on `user` (hashed anyway) and the developer,
+/// so the same file gives the same fingerprint to every developer whose
+/// host paths are the same, and `~/x` differs from `/home/dev/x`, which
+/// a root agent would not get at its home.
+#[test]
+fn a_sandbox_path_below_the_agents_home_is_hashed_as_written() {
+    let text = |volume: &str| format!("[profiles.a]\nimage = \"i\"\nvolumes = [\"{volume}\"]\n");
+    let with = |volume: &str| fingerprint_of(&text(volume), "a");
+    assert_eq!(with("/srv/t:~/.tool"), with("/srv/t:~//./.tool/"));
+    assert_ne!(with("/srv/t:~/.tool"), with("/srv/t:/home/dev/.tool"));
+    assert_ne!(with("/srv/t:~/.tool"), with("/srv/t:~/.tool2"));
+    assert_ne!(with("/srv/t:~/.tool"), with("/srv/t:~/.tool:ro"));
+    assert_ne!(with("/srv/t:~"), with("/srv/t:~/.tool"));
+    let other_developer = Config::parse(&text("/srv/t:~/.tool"), Path::new("x.toml"), Path::new("/home/other")).unwrap();
+    assert_eq!(other_developer.fingerprint("a").unwrap(), with("/srv/t:~/.tool"));
+}
+
 #[test]
 fn unknown_profile_is_an_error() {
     let config = Config::parse(&full_text(), Path::new("x.toml"), Path::new("/h")).unwrap();

@@ -132,7 +132,7 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(claude.env, env);
     assert_eq!(claude.volumes.len(), 2);
     assert_eq!(claude.volumes[0].host, PathBuf::from("/home/dev/.claude"));
-    assert_eq!(claude.volumes[0].sandbox, PathBuf::from("/root/.claude"));
+    assert_eq!(claude.volumes[0].sandbox, lazaret_coordinator::config::SandboxPath::Absolute(PathBuf::from("/root/.claude")));
     assert!(!claude.volumes[0].readonly);
     assert_eq!(claude.volumes[0].written, "~/.claude:/root/.claude");
     assert_eq!(claude.volumes[1].host, PathBuf::from("/srv/data"));
@@ -194,7 +194,8 @@ fn example_config_in_docs_is_valid() {
     );
     for agent in ["claude", "codex", "gemini", "grok", "opencode"] {
         let profile = config.profile(agent).unwrap();
-        assert_eq!(profile.command, vec![agent.to_string()]);
+        assert_eq!(profile.command[0], agent, "{agent} starts its own CLI");
+        assert!(!profile.setup.is_empty(), "{agent} installs its CLI through setup");
         assert_eq!(profile.persistent_dirs.len(), 5);
         assert_eq!(profile.allow_egress[0].to_string(), "10.222.0.0/16");
         assert!(!profile.volumes.is_empty());
@@ -206,7 +207,8 @@ fn example_config_in_docs_is_valid() {
         );
     }
     assert_eq!(config.profile("shell").unwrap().image, "debian-bookworm");
-    assert_eq!(config.profile("opencode").unwrap().env.len(), 3);
+    // opencode needs one provider key; an unset `env:` variable is an error.
+    assert_eq!(config.profile("opencode").unwrap().env.len(), 1);
     assert_eq!(
         config
             .profile("claude")
@@ -282,6 +284,19 @@ fn rendered_toml_parses_back_to_the_same_configuration() {
             );
         }
     }
+}
+
+#[test]
+fn a_locked_profile_renders_its_names_in_allow_egress_and_parses_back() {
+    let config = parse(
+        "[profiles.locked]\nimage = \"i\"\negress = \"locked\"\n\
+         allow_egress = [\"api.example.com\", \"10.1.0.0/16\", \"*.npm.example:443\"]\n",
+    );
+    let rendered = config.render_toml().unwrap();
+    assert!(!rendered.contains("allow_egress_names"), "one key, as in the file:\n{rendered}");
+    let again = parse(&rendered);
+    assert_eq!(again.render_json().unwrap(), config.render_json().unwrap());
+    assert_eq!(again.fingerprint("locked").unwrap(), config.fingerprint("locked").unwrap());
 }
 
 #[test]

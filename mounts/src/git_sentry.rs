@@ -240,10 +240,18 @@ impl Sentry<'_> {
                 config.merge(own.clone());
             }
         }
-        if let Some(hooks_path) = config.get("core", "hooksPath") {
+        // Each reading of a path: older git reads an unquoted tab in it as a space.
+        for hooks_path in config.get_readings("core", "hooksPath") {
             self.protect_hooks_path(location, hooks_path)?;
         }
-        self.protect_excludes_file(location, config.get("core", "excludesFile"))
+        let excludes = config.get_readings("core", "excludesFile");
+        if excludes.is_empty() {
+            return self.protect_excludes_file(location, None);
+        }
+        for excludes_file in excludes {
+            self.protect_excludes_file(location, Some(excludes_file))?;
+        }
+        Ok(())
     }
 
     /// A git dir that git uses as a common dir (a repository's, or the

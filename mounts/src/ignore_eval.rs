@@ -358,6 +358,17 @@ fn is_ignored(path: &[u8], is_dir: bool, stack: &[Vec<Pattern>], rules: &RepoRul
     false
 }
 
+/// Whether `path` (relative to the work tree root, no trailing slash) is
+/// ignored by the patterns of a root `.gitignore` holding `gitignore`, as
+/// git decides it for a path whose parent directories are not ignored. For
+/// the fuzz targets in `fuzz/` (docs/fuzzing.md): not part of the API.
+#[doc(hidden)]
+pub fn fuzz_is_ignored(gitignore: &[u8], path: &[u8], is_dir: bool, casefold: bool) -> bool {
+    let stack = vec![parse_patterns(gitignore, b"")];
+    let rules = RepoRules { global: Vec::new(), casefold };
+    is_ignored(path, is_dir, &stack, &rules)
+}
+
 /// Adds literal directory patterns of `list` that do not exist yet under
 /// `dir` (relative to the work tree) and would be ignored there.
 fn collect_anticipated(
@@ -551,6 +562,20 @@ fn list_dir(dir: BorrowedFd<'_>, rel_path: &Path) -> Result<Vec<(Vec<u8>, FileKi
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_hostile_line_of_many_stars_is_evaluated_in_milliseconds() {
+        // Found by fuzz target gitignore_match (a libFuzzer timeout): git's
+        // matcher retries the rest of the line at every position after each
+        // `*`; without wildmatch's remembered outcomes this took minutes.
+        let line: &[u8] = b"/******/***/*******/****/******/**/***/***/**/****/******/**/****/**/********/**/****/*******/****/******/**/***/***/***/**/********[;pht";
+        let path: &[u8] = b"\xff\xff\xff\xff**/****/******/**/**aabc[**/*****/***\xff\xff\xff\xff/**\xff\xff*/****/*a/***/**/*/***";
+        for casefold in [false, true] {
+            for is_dir in [false, true] {
+                assert!(!fuzz_is_ignored(line, path, is_dir, casefold), "an unclosed `[` matches nothing");
+            }
+        }
+    }
 
     fn ignored(gitignore: &str, path: &str, is_dir: bool) -> bool {
         let rules = RepoRules { global: Vec::new(), casefold: false };

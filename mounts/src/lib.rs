@@ -9,6 +9,7 @@
 //! * [`repo`]: locating git directories (`.git` dirs, `gitdir:` files,
 //!   linked worktrees validated by their back-link).
 //! * [`git_sentry`]: read-only protection of hooks and configuration.
+//! * [`guard`]: the run-time Workspace Guard (events + sweep + quarantine).
 //! * [`ignored_state`]: Domain storage for ignored paths.
 //! * [`anchor`]: State Anchor overlays for `persistent_dirs`.
 //! * [`plan`]: [`plan::plan_workspace`] and [`plan::assemble`], which produce
@@ -24,6 +25,7 @@ pub mod anchor;
 pub mod error;
 pub mod git_sentry;
 pub mod gitconfig;
+pub mod guard;
 pub mod ignore_eval;
 pub mod ignored_state;
 pub mod plan;

@@ -318,3 +318,139 @@ pub fn access_as(path: &Path, uid: u32, gid: u32, groups: &[u32], mode: libc::c_
     })?;
     worker.join().map_err(|_| std::io::Error::other("the access-check thread panicked"))?
 }
+
+// ---------------------------------------------------------------------------
+// Workspace Guard: fanotify, file handles and xattrs (see crate::guard).
+// ---------------------------------------------------------------------------
+
+/// `fanotify_init(flags, event_f_flags)`: a new fanotify group.
+pub fn fanotify_init(flags: libc::c_uint, event_f_flags: libc::c_uint) -> Result<OwnedFd, Errno> {
+    // SAFETY: plain integer arguments; on success the kernel returns a new
+    // fd that nothing else owns.
+    let ret = unsafe { libc::fanotify_init(flags, event_f_flags) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: `ret` is a fresh fd owned by us (see above).
+    Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
+/// `fanotify_mark(group, flags, mask, dirfd, path)` with `path` relative to
+/// `dirfd` (`None`: the object `dirfd` itself, i.e. a NULL path).
+pub fn fanotify_mark(
+    group: BorrowedFd<'_>,
+    flags: libc::c_uint,
+    mask: u64,
+    dirfd: BorrowedFd<'_>,
+    path: Option<&CStr>,
+) -> Result<(), Errno> {
+    let path_ptr = path.map_or(std::ptr::null(), CStr::as_ptr);
+    // SAFETY: both fds are valid for the call; `path_ptr` is NULL or points
+    // to a NUL-terminated string that outlives the call.
+    let ret = unsafe { libc::fanotify_mark(group.as_raw_fd(), flags, mask, dirfd.as_raw_fd(), path_ptr) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}
+
+/// `open_by_handle_at(mount_fd, handle, flags)` for a handle reported by
+/// fanotify (`handle_type` and the opaque `handle` bytes). Needs
+/// CAP_DAC_READ_SEARCH.
+pub fn open_by_handle_at(mount_fd: BorrowedFd<'_>, handle_type: i32, handle: &[u8], flags: libc::c_int) -> Result<OwnedFd, Errno> {
+    let handle_bytes = u32::try_from(handle.len()).map_err(|_| Errno::EINVAL)?;
+    // struct file_handle { u32 handle_bytes; int handle_type; unsigned char f_handle[]; },
+    // built in a u32-aligned buffer.
+    let header_words = 2;
+    let mut buffer = vec![0u32; header_words + handle.len().div_ceil(4)];
+    buffer[0] = handle_bytes;
+    buffer[1] = handle_type as u32;
+    for (index, byte) in handle.iter().enumerate() {
+        let word = header_words + index / 4;
+        let mut bytes = buffer[word].to_ne_bytes();
+        bytes[index % 4] = *byte;
+        buffer[word] = u32::from_ne_bytes(bytes);
+    }
+    // SAFETY: `buffer` holds a complete `struct file_handle` (header plus
+    // `handle_bytes` bytes), suitably aligned, live for the call; the kernel
+    // reads at most that much. On success it returns a new fd we own.
+    let ret = unsafe { libc::open_by_handle_at(mount_fd.as_raw_fd(), buffer.as_mut_ptr().cast::<libc::file_handle>(), flags) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fresh fd (see above).
+    Ok(unsafe { OwnedFd::from_raw_fd(ret) })
+}
+
+/// Whether the file `fd` refers to has the extended attribute `name`
+/// (`fgetxattr` with a zero-size buffer). `fd` must be a real (not
+/// `O_PATH`) fd.
+pub fn has_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<bool, Errno> {
+    // SAFETY: a size-0 query: the kernel writes nothing to the (NULL)
+    // buffer; `name` is NUL-terminated and outlives the call.
+    let ret = unsafe { libc::fgetxattr(fd.as_raw_fd(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    if ret >= 0 {
+        return Ok(true);
+    }
+    match Errno::last() {
+        Errno::ENODATA | Errno::ENOTSUP => Ok(false),
+        errno => Err(errno),
+    }
+}
+
+/// Removes the extended attribute `name` from the file `fd` refers to
+/// (`fremovexattr`); an attribute that is already gone is not an error.
+pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {
+    // SAFETY: `name` is NUL-terminated and outlives the call.
+    let ret = unsafe { libc::fremovexattr(fd.as_raw_fd(), name.as_ptr()) };
+    if ret == 0 {
+        return Ok(());
+    }
+    match Errno::last() {
+        Errno::ENODATA => Ok(()),
+        errno => Err(errno),
+    }
+}
+
+/// `fstatfs(fd).f_fsid` as fanotify reports it (two `i32`s, native order).
+pub fn fsid(fd: BorrowedFd<'_>) -> Result<[u8; 8], Errno> {
+    let mut st = std::mem::MaybeUninit::<libc::statfs>::zeroed();
+    // SAFETY: `st` is a writable `struct statfs` for the kernel to fill.
+    let ret = unsafe { libc::fstatfs(fd.as_raw_fd(), st.as_mut_ptr()) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    // SAFETY: fstatfs succeeded, so the struct is initialised (and it was
+    // zeroed before anyway).
+    let st = unsafe { st.assume_init() };
+    // SAFETY: `fsid_t` is two plain i32s (`__val`), private in libc's
+    // definition; reading its 8 bytes is reading plain integers.
+    let raw: [u8; 8] = unsafe { std::mem::transmute::<libc::fsid_t, [u8; 8]>(st.f_fsid) };
+    Ok(raw)
+}
+
+/// Closes a raw fd the kernel handed us inside a data buffer (a fanotify
+/// event's `fd` field, which is never set for the file-handle groups the
+/// guard uses; closed defensively so it cannot leak).
+pub fn close_raw_fd(fd: libc::c_int) {
+    if fd >= 0 {
+        // SAFETY: the kernel created this fd for us in the event just read;
+        // nothing else refers to it, so taking ownership and dropping it
+        // closes it exactly once.
+        drop(unsafe { OwnedFd::from_raw_fd(fd) });
+    }
+}
+
+/// Sets the extended attribute `name` of `path` (not following a symlink
+/// at its last component: `lsetxattr`). Used by tests and tools to plant
+/// file capabilities; the guard itself only reads and removes them.
+pub fn set_xattr_nofollow(path: &Path, name: &CStr, value: &[u8]) -> Result<(), Errno> {
+    let c_path = std::ffi::CString::new(path.as_os_str().as_bytes()).map_err(|_| Errno::EINVAL)?;
+    // SAFETY: `c_path` and `name` are NUL-terminated and `value` is a live
+    // buffer of `value.len()` bytes, all outliving the call.
+    let ret = unsafe { libc::lsetxattr(c_path.as_ptr(), name.as_ptr(), value.as_ptr().cast(), value.len(), 0) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    Ok(())
+}

@@ -19,7 +19,29 @@ enum Outcome {
 
 /// True if `text` matches `pattern` under git's wildmatch rules.
 pub fn wildmatch(pattern: &[u8], text: &[u8], flags: u32) -> bool {
-    dowild(pattern, 0, text, 0, flags) == Outcome::Match
+    dowild(&mut Seen::default(), pattern, 0, text, 0, flags) == Outcome::Match
+}
+
+/// The outcome of every (pattern position, text position) already tried.
+/// git's matcher backtracks: each `*` retries the rest of the pattern at
+/// every later text position, so `/**/**/**/...` patterns of a hostile
+/// `.gitignore` take exponential time (found by fuzz target
+/// gitignore_match: a 137-byte line and a 72-byte path ran for minutes;
+/// `ignore_eval`'s test `a_hostile_line_of_many_stars_is_evaluated_in_milliseconds`).
+/// A call's outcome depends
+/// only on the two positions, so remembering it keeps git's answers exactly
+/// and bounds the work by pattern length x text length calls.
+#[derive(Default)]
+struct Seen(std::collections::HashMap<(usize, usize), Outcome>);
+
+/// [`dowild_uncached`], remembered.
+fn dowild(seen: &mut Seen, pat: &[u8], p: usize, text: &[u8], t: usize, flags: u32) -> Outcome {
+    if let Some(&outcome) = seen.0.get(&(p, t)) {
+        return outcome;
+    }
+    let outcome = dowild_uncached(seen, pat, p, text, t, flags);
+    seen.0.insert((p, t), outcome);
+    outcome
 }
 
 /// Byte at `i`, or 0 past the end (git works on NUL-terminated strings).
@@ -35,7 +57,7 @@ fn fold(c: u8, flags: u32) -> u8 {
     if flags & CASEFOLD != 0 { c.to_ascii_lowercase() } else { c }
 }
 
-fn dowild(pat: &[u8], mut p: usize, text: &[u8], mut t: usize, flags: u32) -> Outcome {
+fn dowild_uncached(seen: &mut Seen, pat: &[u8], mut p: usize, text: &[u8], mut t: usize, flags: u32) -> Outcome {
     // git compares against the pattern pointer this (recursive) call started at.
     let pattern_start = p;
     loop {
@@ -71,7 +93,7 @@ fn dowild(pat: &[u8], mut p: usize, text: &[u8], mut t: usize, flags: u32) -> Ou
                     } else if prev_is_start_or_slash
                         && (next == 0 || next == b'/' || (next == b'\\' && at(pat, p + 1) == b'/'))
                     {
-                        if next == b'/' && dowild(pat, p + 1, text, t, flags) == Outcome::Match {
+                        if next == b'/' && dowild(seen, pat, p + 1, text, t, flags) == Outcome::Match {
                             return Outcome::Match;
                         }
                         match_slash = true;
@@ -114,7 +136,7 @@ fn dowild(pat: &[u8], mut p: usize, text: &[u8], mut t: usize, flags: u32) -> Ou
                             return if match_slash { Outcome::AbortAll } else { Outcome::AbortToStarStar };
                         }
                     }
-                    let matched = dowild(pat, p, text, t, flags);
+                    let matched = dowild(seen, pat, p, text, t, flags);
                     if matched != Outcome::NoMatch {
                         if !match_slash || matched != Outcome::AbortToStarStar {
                             return matched;

@@ -6,6 +6,11 @@
 //!   [`CompiledPolicy::explain`] for `lazaret policy explain`).
 //! * [`special`]: the IANA special-purpose address blocks the policy denies
 //!   by default, one table naming the registry and the RFC of each row.
+//! * [`names`]: the name rules of locked mode (`egress = "locked"`):
+//!   names, `*.` wildcards, optional ports, and which rule decides a name.
+//! * [`dnswire`] and [`resolver`]: the DNS messages of the locked-mode
+//!   resolver and its decisions (refuse, forward, which addresses an answer
+//!   opens for how long), without I/O.
 //! * [`dns`]: the Domain's resolvers from config or the host's resolv.conf, and
 //!   the sandbox's `/etc/resolv.conf`.
 //! * [`topology`]: per Domain a sandbox netns and a sidecar (router) netns with
@@ -29,8 +34,11 @@
 #![forbid(unsafe_code)]
 
 pub mod dns;
+pub mod dnswire;
+pub mod names;
 pub mod policy;
 pub mod prefix;
+pub mod resolver;
 pub mod special;
 mod sys;
 pub mod topology;
@@ -40,4 +48,5 @@ pub use policy::{
     Action, CompiledPolicy, PolicyError, PolicyInput, PolicyProblem, PolicyRoute, RouteKind, Rule, RuleOrigin,
     Verdict, compile, parse_prefixes,
 };
+pub use names::{NameError, NamePattern, NamePolicy, NameRule, NameVerdict, Ports, parse_name_rule};
 pub use prefix::{Prefix, PrefixError};

@@ -39,6 +39,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::IpAddr;
 
+use crate::names::{NamePolicy, NameRule};
 use crate::prefix::{Prefix, PrefixError};
 use crate::special::{self, SpecialBlock};
 
@@ -91,6 +92,10 @@ pub enum RuleOrigin {
     OtherDomain,
     /// IPv6 is disabled for this Domain.
     Ipv6Disabled,
+    /// Locked mode (`egress = "locked"`): an address the routes would allow
+    /// is reachable only while a name rule's answer holds it (or through an
+    /// `allow_egress` prefix).
+    Locked,
 }
 
 impl fmt::Display for RuleOrigin {
@@ -108,6 +113,9 @@ impl fmt::Display for RuleOrigin {
             RuleOrigin::Dns => f.write_str("DNS resolver"),
             RuleOrigin::DnsPort53 => f.write_str(
                 "DNS resolver, UDP/TCP port 53 only (the address is otherwise denied; an allow_egress entry covering it opens it fully)",
+            ),
+            RuleOrigin::Locked => f.write_str(
+                "locked mode: reachable only as an address an allowed name resolved to, while its answer lasts, or through an allow_egress prefix",
             ),
             RuleOrigin::HostAddress => f.write_str("default: host address"),
             RuleOrigin::HostNetwork => f.write_str("default: the host's on-link network (LAN)"),
@@ -150,6 +158,11 @@ pub struct PolicyInput {
     pub own_addresses: Vec<Prefix>,
     /// Address space of other Domains (typically the whole Lazaret pool).
     pub other_domains: Vec<Prefix>,
+    /// Locked mode (`egress = "locked"`): only what `allow` and `names` name
+    /// is reachable; open mode (false) allows the public internet.
+    pub locked: bool,
+    /// The name entries of `allow_egress` (locked mode only).
+    pub names: Vec<NameRule>,
 }
 
 /// One thing wrong with a policy input.
@@ -200,6 +213,24 @@ pub enum PolicyProblem {
         resolver: IpAddr,
         /// Location of the deny entry.
         deny_location: String,
+    },
+    /// A name entry in `allow_egress` while the profile's egress is open.
+    #[error("{location}: {rule} is a DNS name, but names are only allowed with egress = \"locked\" (open mode already allows every public address); set egress = \"locked\" in the profile or write the destination as a prefix such as \"192.0.2.0/24\"")]
+    NameNeedsLocked {
+        /// The rule as written.
+        rule: String,
+        /// Its config location.
+        location: String,
+    },
+    /// The same name rule (pattern and port) twice.
+    #[error("{rule} is listed twice in allow_egress (at {first_location} and {second_location}); remove one of them")]
+    DuplicateName {
+        /// The rule.
+        rule: String,
+        /// Location of the first entry.
+        first_location: String,
+        /// Location of the second entry.
+        second_location: String,
     },
     /// A DNS resolver the sandbox cannot use.
     #[error("DNS resolver {resolver} cannot be used by the sandbox: {reason}")]
@@ -261,6 +292,10 @@ pub struct CompiledPolicy {
     resolvers: Vec<IpAddr>,
     /// Whether IPv6 is policed (true) or disabled (false).
     ipv6: bool,
+    /// Locked mode: see [`PolicyInput::locked`].
+    locked: bool,
+    /// The name rules (locked mode).
+    names: NamePolicy,
 }
 
 fn default_rules(input: &PolicyInput) -> Vec<Rule> {
@@ -343,6 +378,22 @@ pub fn compile(input: &PolicyInput) -> Result<CompiledPolicy, PolicyError> {
         }
     }
 
+    // Name rules: locked mode only, each (pattern, port) once.
+    let mut names: Vec<NameRule> = Vec::new();
+    for rule in &input.names {
+        if !input.locked {
+            problems.push(PolicyProblem::NameNeedsLocked { rule: rule.to_string(), location: rule.origin.clone() });
+        } else if let Some(first) = names.iter().find(|n| n.pattern == rule.pattern && n.port == rule.port) {
+            problems.push(PolicyProblem::DuplicateName {
+                rule: rule.to_string(),
+                first_location: first.origin.clone(),
+                second_location: rule.origin.clone(),
+            });
+        } else {
+            names.push(rule.clone());
+        }
+    }
+
     // DNS resolvers: host routes, allowed.
     let mut resolvers: Vec<IpAddr> = Vec::new();
     for resolver in &input.dns {
@@ -409,7 +460,7 @@ pub fn compile(input: &PolicyInput) -> Result<CompiledPolicy, PolicyError> {
         (!a.prefix.is_v4(), std::cmp::Reverse(a.prefix.prefix_len()), a.prefix.network())
             .cmp(&(!b.prefix.is_v4(), std::cmp::Reverse(b.prefix.prefix_len()), b.prefix.network()))
     });
-    Ok(CompiledPolicy { rules, resolvers, ipv6: input.ipv6 })
+    Ok(CompiledPolicy { rules, resolvers, ipv6: input.ipv6, locked: input.locked, names: NamePolicy::new(names) })
 }
 
 /// How the sidecar routes one prefix.
@@ -459,7 +510,31 @@ impl CompiledPolicy {
             // Unreachable by construction (each family has a /0 rule); fail closed anyway.
             Rule { prefix: Prefix::any(address.is_ipv4()), action: Action::Deny, origin: RuleOrigin::Default("no rule") }
         });
+        if self.locked && rule.action == Action::Allow && !matches!(rule.origin, RuleOrigin::Config(_)) {
+            let rule = Rule { prefix: rule.prefix, action: Action::Deny, origin: RuleOrigin::Locked };
+            return Verdict { action: Action::Deny, rule };
+        }
         Verdict { action: rule.action, rule }
+    }
+
+    /// Whether the Domain is locked down (`egress = "locked"`).
+    pub fn locked(&self) -> bool {
+        self.locked
+    }
+
+    /// The name rules (empty in open mode).
+    pub fn names(&self) -> &NamePolicy {
+        &self.names
+    }
+
+    /// The `allow_egress` prefixes: in locked mode the only destinations
+    /// open without a name (the routes still decide inside them).
+    pub fn allowed_prefixes(&self) -> Vec<Prefix> {
+        self.rules
+            .iter()
+            .filter(|rule| rule.action == Action::Allow && matches!(rule.origin, RuleOrigin::Config(_)))
+            .map(|rule| rule.prefix)
+            .collect()
     }
 
     /// The routes the sidecar needs, one per rule, sorted.
@@ -484,7 +559,13 @@ impl CompiledPolicy {
         let width = self.rules.iter().map(|r| r.prefix.to_string().len()).max().unwrap_or(6).max(6);
         let mut out = format!("{:<width$}  {:<6}  ORIGIN\n", "PREFIX", "ACTION");
         for rule in &self.rules {
-            out.push_str(&format!("{:<width$}  {:<6}  {}\n", rule.prefix.to_string(), rule.action.to_string(), rule.origin));
+            // Locked: what the routes allow is open only to resolved names' addresses.
+            let action = if self.locked && rule.action == Action::Allow && !matches!(rule.origin, RuleOrigin::Config(_)) {
+                "names".to_string()
+            } else {
+                rule.action.to_string()
+            };
+            out.push_str(&format!("{:<width$}  {:<6}  {}\n", rule.prefix.to_string(), action, rule.origin));
         }
         let resolvers: Vec<String> = self.resolvers.iter().map(ToString::to_string).collect();
         out.push_str(&format!(
@@ -492,6 +573,20 @@ impl CompiledPolicy {
             if resolvers.is_empty() { "(none)".to_string() } else { resolvers.join(", ") },
             if self.ipv6 { "policed" } else { "disabled (all of ::/0 denied)" }
         ));
+        if self.locked {
+            out.push_str("Egress: locked (rows marked `names` are reachable only at the addresses the names below resolve to, while their answers last; the sandbox's resolver is Lazaret's, in the sidecar)\n");
+            if self.names.rules().is_empty() {
+                out.push_str("Names: (none: no name resolves)\n");
+            } else {
+                let width = self.names.rules().iter().map(|r| r.to_string().len()).max().unwrap_or(4).max(4);
+                out.push_str(&format!("{:<width$}  ORIGIN\n", "NAME"));
+                for rule in self.names.rules() {
+                    out.push_str(&format!("{:<width$}  config: {}\n", rule.to_string(), rule.origin));
+                }
+            }
+        } else {
+            out.push_str("Egress: open (public addresses allowed, private and special-purpose ranges denied)\n");
+        }
         out
     }
 
@@ -917,5 +1012,54 @@ mod tests {
             "100.100.100.100: deny (rule deny 100.64.0.0/10, default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose))"
         );
         assert!(lines.iter().any(|l| l.starts_with("224.0.0.0/4") && l.contains("deny") && l.contains("RFC 5771 multicast (IANA IPv4 multicast)")), "{table}");
+    }
+
+    fn name(text: &str, origin: &str) -> NameRule {
+        let (pattern, port) = crate::names::parse_name_rule(text).unwrap_or_else(|e| panic!("{e}"));
+        NameRule { pattern, port, origin: origin.into() }
+    }
+
+    #[test]
+    fn names_need_locked_mode_and_are_listed_once() {
+        let mut input = base();
+        input.names = vec![name("api.anthropic.com", "c:1:2")];
+        let error = compile(&input).expect_err("names in open mode");
+        let message = error.to_string();
+        assert!(message.contains("c:1:2: api.anthropic.com is a DNS name, but names are only allowed with egress = \"locked\""), "{message}");
+        input.locked = true;
+        input.names.push(name("API.anthropic.com.", "c:1:30"));
+        input.names.push(name("api.anthropic.com:443", "c:1:50"));
+        let error = compile(&input).expect_err("duplicate");
+        assert_eq!(error.problems.len(), 1, "{error}");
+        assert!(error.to_string().contains("api.anthropic.com is listed twice in allow_egress (at c:1:2 and c:1:30)"), "{error}");
+    }
+
+    #[test]
+    fn locked_mode_denies_all_but_config_prefixes() {
+        let mut input = base();
+        input.locked = true;
+        input.allow = entries(&[("198.51.100.0/24", "c:1:1"), ("11.0.0.0/8", "c:1:20")]);
+        input.names = vec![name("*.npmjs.org", "c:2:1"), name("github.com:22", "c:2:20")];
+        let policy = compile_ok(&input);
+        assert!(policy.locked());
+        assert_eq!(verdict(&policy, "8.8.8.8"), (Action::Deny, RuleOrigin::Locked, p("0.0.0.0/0")));
+        assert_eq!(verdict(&policy, "11.1.1.1"), (Action::Allow, RuleOrigin::Config("c:1:20".into()), p("11.0.0.0/8")));
+        // The resolvers are the sidecar's business now: the sandbox cannot reach them.
+        assert_eq!(verdict(&policy, "10.0.2.3").0, Action::Deny);
+        assert_eq!(verdict(&policy, "10.1.1.1").1.to_string(), "default: RFC 1918 private-use (IANA special-purpose)");
+        assert_eq!(policy.allowed_prefixes(), vec![p("198.51.100.0/24"), p("11.0.0.0/8")]);
+        // Routes are those of open mode: the sidecar's filter does the locking.
+        let mut open = input.clone();
+        open.locked = false;
+        open.names.clear();
+        assert_eq!(policy.routes(), compile_ok(&open).routes());
+        let table = policy.render_table();
+        assert!(table.contains("Egress: locked"), "{table}");
+        assert!(table.contains("\n*.npmjs.org    config: c:2:1\n"), "{table}");
+        assert!(table.contains("\ngithub.com:22  config: c:2:20\n"), "{table}");
+        assert!(table.contains("0.0.0.0/0        names   default: public IPv4"), "{table}");
+        assert!(table.contains("11.0.0.0/8       allow   config: c:1:20"), "{table}");
+        assert!(compile_ok(&open).render_table().contains("Egress: open"));
+        assert!(policy.explain(ip("8.8.8.8")).contains("locked mode: reachable only as an address an allowed name resolved to"));
     }
 }

@@ -70,6 +70,16 @@
 //! exit status); once `CompleteHostExecution` is applied, a late cancel is
 //! refused; after `DisconnectSession`, every step of that request is refused.
 //!
+//! # Observations
+//!
+//! A few events record what the coordinator *saw and undid* rather than a
+//! protocol step: [`Event::NeutraliseSandboxWrite`] (the Workspace Guard).
+//! They map to no TLA+ action. The rule: an observation is accepted while
+//! the Domain is not Absent (its coordinator runs: Starting, Ready,
+//! Stopping or Failed), refused otherwise, and changes no model state, so
+//! a journal with observations is a behaviour of the model once they are
+//! left out, and `Lazaret.tla` needs no change for them.
+//!
 //! ```
 //! use lazaret_protocol::journal::{Event, JournalEntry, Machine};
 //!
@@ -284,6 +294,43 @@ pub enum Event {
         /// The request.
         request: String,
     },
+    /// The Workspace Guard neutralised something the sandbox wrote in the
+    /// workspace, its Ignored Workspace State or a volume (issue 13): a git
+    /// control file quarantined, a new repository's configuration reduced,
+    /// privilege bits or file capabilities removed, ownership given back to
+    /// the developer.
+    ///
+    /// An *observation*, not a TLA+ action: it maps to no model action and
+    /// changes no model state. [`Machine::apply`] accepts it while the
+    /// Domain is not Absent (its coordinator holds the lock: Starting,
+    /// Ready, Stopping or Failed) and refuses it otherwise, so a journal
+    /// still replays as a behaviour of the model with these lines left out.
+    /// Every text field may carry agent-chosen names: make them inert
+    /// before showing them.
+    NeutraliseSandboxWrite {
+        /// The guarded root the path is in: its label (`workspace`,
+        /// `ignored`, `volume …`).
+        root: String,
+        /// The path, relative to that root.
+        path: String,
+        /// What was done: the guard's action kind (`quarantined`,
+        /// `filtered_git_config`, `cleared_privilege_bits`,
+        /// `removed_file_capabilities`, `changed_owner`).
+        kind: String,
+        /// The one-line account the developer's terminals showed.
+        summary: String,
+        /// Why it was neutralised.
+        #[serde(default)]
+        reason: String,
+        /// The quarantine entry holding the original (`lazaret audit
+        /// PROFILE --restore ID` puts it back), when the file was moved aside.
+        #[serde(default)]
+        quarantine_id: Option<String>,
+        /// How it was found: `event` (the guard saw the write) or `sweep`
+        /// (a full sweep: session end, Domain stop, guard start, overflow).
+        #[serde(default)]
+        found_by: String,
+    },
 }
 
 /// The [`Event::AutoApprove`] rule name of a request approved because the
@@ -322,7 +369,15 @@ impl Event {
         }
     }
 
-    /// The TLA+ action name of the event.
+    /// Whether the event is an observation: journalled while its Domain's
+    /// coordinator runs, mapped to no model action, changing no model state
+    /// (see [`Event::NeutraliseSandboxWrite`]).
+    pub fn is_observation(&self) -> bool {
+        matches!(self, Self::NeutraliseSandboxWrite { .. })
+    }
+
+    /// The TLA+ action name of the event (for an observation, its own name;
+    /// no TLA+ action has it).
     pub fn name(&self) -> &'static str {
         match self {
             Self::AcquireDomainLock { .. } => "AcquireDomainLock",
@@ -357,6 +412,7 @@ impl Event {
             Self::CancelRequest { .. } => "CancelRequest",
             Self::FailHostExecution { .. } => "FailHostExecution",
             Self::DeliverResult { .. } => "DeliverResult",
+            Self::NeutraliseSandboxWrite { .. } => "NeutraliseSandboxWrite",
         }
     }
 }
@@ -423,6 +479,15 @@ pub enum TransitionError {
         event: &'static str,
         /// What it contradicts.
         detail: String,
+    },
+    /// An observation ([`Event::is_observation`]) of a Domain whose
+    /// coordinator does not run (the Domain is Absent or never appeared).
+    #[error("{event} needs a running coordinator of Domain {domain:?}, but the Domain is absent")]
+    NotRunning {
+        /// The event's name.
+        event: &'static str,
+        /// The real Domain ID.
+        domain: String,
     },
     /// The transition was allowed but led to a state breaking an invariant
     /// (a bug in the model itself; never expected).
@@ -553,9 +618,13 @@ impl Machine {
         self.clone().apply(entry).map(|_| ())
     }
 
-    /// Applies `entry` if the model allows it and returns the model action;
-    /// on refusal nothing changes.
-    pub fn apply(&mut self, entry: &JournalEntry) -> Result<Action, TransitionError> {
+    /// Applies `entry` if the model allows it and returns the model action
+    /// (`None` for an observation, which changes no model state); on
+    /// refusal nothing changes.
+    pub fn apply(&mut self, entry: &JournalEntry) -> Result<Option<Action>, TransitionError> {
+        if entry.event.is_observation() {
+            return self.observe(entry).map(|()| None);
+        }
         let mut next = self.clone();
         let action = next.action_for(entry)?;
         let event = entry.event.name();
@@ -564,7 +633,19 @@ impl Machine {
         check_invariants(&next.config, &next.state)
             .map_err(|invariant| TransitionError::Invariant { event, invariant })?;
         *self = next;
-        Ok(action)
+        Ok(Some(action))
+    }
+
+    /// Accepts an observation of a Domain whose coordinator runs (any
+    /// phase but Absent); changes nothing.
+    fn observe(&self, entry: &JournalEntry) -> Result<(), TransitionError> {
+        match self.domain_state(&entry.domain) {
+            Some(d) if d.phase != DomainPhase::Absent => Ok(()),
+            _ => Err(TransitionError::NotRunning {
+                event: entry.event.name(),
+                domain: entry.domain.clone(),
+            }),
+        }
     }
 
     /// Maps an entry to its model action, adding the Domain, session, request
@@ -734,6 +815,14 @@ impl Machine {
             }
             Event::DeliverResult { request } => {
                 Action::DeliverResult(self.request(event, request)?)
+            }
+            // Observations never reach here (apply handles them first); a
+            // refusal keeps this total without a panic.
+            Event::NeutraliseSandboxWrite { .. } => {
+                return Err(TransitionError::NotRunning {
+                    event,
+                    domain: entry.domain.clone(),
+                });
             }
         };
         // Every action concerns the entry's Domain.
@@ -946,4 +1035,69 @@ pub fn replay_reader(reader: impl BufRead) -> Result<Machine, ConformanceError> 
             })?;
     }
     Ok(machine)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn neutralised() -> Event {
+        Event::NeutraliseSandboxWrite {
+            root: "workspace".into(),
+            path: "sub/.git/hooks/pre-commit".into(),
+            kind: "quarantined".into(),
+            summary: "quarantined sub/.git/hooks/pre-commit".into(),
+            reason: "a hook of a repository created in the sandbox".into(),
+            quarantine_id: Some("q1".into()),
+            found_by: "event".into(),
+        }
+    }
+
+    fn apply(m: &mut Machine, event: Event) -> Result<Option<Action>, TransitionError> {
+        m.apply(&JournalEntry::now("d1", event))
+    }
+
+    #[test]
+    fn an_observation_is_accepted_only_while_the_coordinator_runs_and_changes_nothing() {
+        let mut m = Machine::new();
+        assert!(matches!(apply(&mut m, neutralised()), Err(TransitionError::NotRunning { .. })), "unknown Domain");
+        let lock = Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() };
+        assert!(apply(&mut m, lock).expect("lock").is_some());
+        // Starting, then Ready, then Stopping: each accepts it unchanged.
+        let mut phases = Vec::new();
+        for step in [None, Some(Event::MountStateAnchor), Some(Event::CreateTrustAnchor), Some(Event::StartSidecar), Some(Event::StartSandbox), Some(Event::PublishDomain), Some(Event::BeginTeardown), Some(Event::StopSandbox)] {
+            if let Some(e) = step {
+                apply(&mut m, e).expect("a start-up or teardown step");
+            }
+            let before = m.state().clone();
+            assert_eq!(apply(&mut m, neutralised()).expect("observed"), None);
+            assert_eq!(m.state(), &before, "an observation changes no model state");
+            phases.push(m.domain_state("d1").map(|d| d.phase));
+        }
+        assert!(phases.contains(&Some(DomainPhase::Starting)) && phases.contains(&Some(DomainPhase::Ready)) && phases.contains(&Some(DomainPhase::Stopping)), "{phases:?}");
+        for e in [Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
+            apply(&mut m, e).expect("teardown");
+        }
+        assert!(matches!(apply(&mut m, neutralised()), Err(TransitionError::NotRunning { .. })), "absent again");
+    }
+
+    #[test]
+    fn an_observation_round_trips_as_a_journal_line_and_replays() {
+        let lines: Vec<JournalEntry> = [
+            Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() },
+            neutralised(),
+            Event::MountStateAnchor,
+        ]
+        .into_iter()
+        .map(|e| JournalEntry::now("d1", e))
+        .collect();
+        let text: String = lines.iter().map(|e| e.to_json_line().expect("json") + "\n").collect();
+        assert!(text.contains("\"action\":\"NeutraliseSandboxWrite\""), "{text}");
+        let m = replay_reader(std::io::Cursor::new(text)).expect("replays");
+        assert_eq!(m.domain_state("d1").map(|d| d.phase), Some(DomainPhase::Starting));
+        // Older readers' defaults: only the required fields.
+        let minimal = r#"{"timestamp_ms":1,"domain":"d1","action":"NeutraliseSandboxWrite","root":"workspace","path":"x","kind":"quarantined","summary":"s"}"#;
+        let parsed: JournalEntry = serde_json::from_str(minimal).expect("parses");
+        assert!(parsed.event.is_observation());
+    }
 }

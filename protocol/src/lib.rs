@@ -20,18 +20,28 @@
 //!   fields) in messages and prompts, escaped ([`display::inert`]);
 //! - [`shell`]: an argv quoted for display and parsed back after the
 //!   developer edits it, with no shell and no expansion;
+//! - [`session`]: what the coordinator and `lazaret-session-init`, the
+//!   per-session subreaper inside the sandbox, agree on;
 //! - [`mount`]: vocabulary shared by crates that must not depend on each
-//!   other ([`mount::BindMount`], used by `mounts` and `oci`).
+//!   other ([`mount::BindMount`], used by `mounts` and `oci`);
+//! - `client` (feature `client`): the Escalation Client's request path,
+//!   used by `lazaret-escalate` and the benchmark probe.
 
-#![forbid(unsafe_code)]
+// Denied, not forbidden: the client's signalfd and poll wrapper
+// (`client/sys.rs`, feature `client`) is the one place allowed unsafe code.
+#![deny(unsafe_code)]
 
 pub mod checker;
+#[cfg(feature = "client")]
+pub mod client;
 pub mod display;
 pub mod escalation;
 pub mod journal;
 pub mod model;
 pub mod mount;
+pub mod session;
 pub mod shell;
+pub mod utc;
 pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};

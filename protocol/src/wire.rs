@@ -28,6 +28,55 @@ use serde::{Deserialize, Serialize};
 /// ([`CoordinatorMessage::Prompt`], [`ClientMessage::PromptAnswer`]).
 pub const WIRE_VERSION: u32 = 3;
 
+/// The variables of the client's environment the agent gets, so that it
+/// draws and formats like the developer's terminal: the terminal type and
+/// colour support, the locale (`LANG` and every `LC_*` category) and the
+/// time zone (`TZ`, carried as it is: an
+/// image without `/usr/share/zoneinfo` falls back to UTC).
+pub const AGENT_TERMINAL_ENV: &[&str] = &[
+    "TERM",
+    "COLORTERM",
+    "LANG",
+    "LC_ALL",
+    "LC_CTYPE",
+    "LC_NUMERIC",
+    "LC_TIME",
+    "LC_COLLATE",
+    "LC_MONETARY",
+    "LC_MESSAGES",
+    "LC_PAPER",
+    "LC_NAME",
+    "LC_ADDRESS",
+    "LC_TELEPHONE",
+    "LC_MEASUREMENT",
+    "LC_IDENTIFICATION",
+    "TZ",
+];
+
+/// Longest value of an [`AGENT_TERMINAL_ENV`] variable, in bytes.
+pub const MAX_TERMINAL_VALUE: usize = 256;
+
+/// Whether `value` may be carried for one of [`AGENT_TERMINAL_ENV`]: not
+/// empty, at most [`MAX_TERMINAL_VALUE`] bytes, no control characters
+/// (C0, DEL or C1), so that no value can drive a terminal or split a line.
+pub fn acceptable_terminal_value(value: &str) -> bool {
+    !value.is_empty() && value.len() <= MAX_TERMINAL_VALUE && !value.chars().any(char::is_control)
+}
+
+/// The variables of `sent` the agent may get: names of
+/// [`AGENT_TERMINAL_ENV`], each once, with acceptable values, and the
+/// terminal ones (TERM, COLORTERM) only when `tty`.
+pub fn agent_terminal_env(sent: &[(String, String)], tty: bool) -> Vec<(String, String)> {
+    let mut kept: Vec<(String, String)> = Vec::new();
+    for (name, value) in sent {
+        let terminal_only = name == "TERM" || name == "COLORTERM";
+        if AGENT_TERMINAL_ENV.contains(&name.as_str()) && (tty || !terminal_only) && acceptable_terminal_value(value) && !kept.iter().any(|(k, _)| k == name) {
+            kept.push((name.clone(), value.clone()));
+        }
+    }
+    kept
+}
+
 /// Largest frame either side accepts (the body, without the length prefix).
 /// A Hello carries the client's rendered configuration, so this is generous
 /// for that and tiny for anything hostile.
@@ -81,6 +130,12 @@ pub enum ClientMessage {
         /// environment, and nothing from the agent's.
         #[serde(default)]
         host_env: Vec<(String, String)>,
+        /// The developer's terminal and locale settings for the agent's
+        /// environment: variables named in [`AGENT_TERMINAL_ENV`] only, each
+        /// value [`acceptable_terminal_value`] (the coordinator checks both
+        /// again). TERM and COLORTERM are used only for a session with a PTY.
+        #[serde(default)]
+        agent_env: Vec<(String, String)>,
     },
     /// The developer's answer to a [`CoordinatorMessage::Prompt`].
     PromptAnswer {
@@ -383,7 +438,43 @@ mod tests {
             cols: 80,
             cwd: None,
             host_env: vec![("SSH_AUTH_SOCK".into(), "/tmp/ssh-x/agent.1".into())],
+            agent_env: vec![("TERM".into(), "xterm-256color".into()), ("TZ".into(), "Europe/Berlin".into())],
         }
+    }
+
+    #[test]
+    fn a_hello_without_the_agent_env_still_parses() {
+        let mut old = serde_json::to_value(hello()).expect("json");
+        old.as_object_mut().expect("object").remove("agent_env");
+        let back: ClientMessage = serde_json::from_value(old).expect("parse");
+        assert!(matches!(back, ClientMessage::Hello { agent_env, .. } if agent_env.is_empty()));
+    }
+
+    #[test]
+    fn only_named_well_formed_terminal_variables_reach_the_agent() {
+        let v = |pairs: &[(&str, &str)]| pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect::<Vec<_>>();
+        let sent = v(&[
+            ("TERM", "xterm-256color"),
+            ("COLORTERM", "truecolor"),
+            ("LANG", "de_DE.UTF-8"),
+            ("LC_TIME", "en_GB.UTF-8"),
+            ("TZ", "Europe/Berlin"),
+            ("LD_PRELOAD", "/x.so"),
+            ("PATH", "/evil"),
+            ("LANG", "second"),
+            ("LC_ALL", "C\u{1b}]0;title\u{7}"),
+            ("LC_CTYPE", "a\nb"),
+            ("LC_NAME", "\u{9b}31m"),
+            ("LC_PAPER", ""),
+            ("LC_ADDRESS", &"x".repeat(MAX_TERMINAL_VALUE + 1)),
+        ]);
+        assert_eq!(
+            agent_terminal_env(&sent, true),
+            v(&[("TERM", "xterm-256color"), ("COLORTERM", "truecolor"), ("LANG", "de_DE.UTF-8"), ("LC_TIME", "en_GB.UTF-8"), ("TZ", "Europe/Berlin")])
+        );
+        assert_eq!(agent_terminal_env(&sent, false), v(&[("LANG", "de_DE.UTF-8"), ("LC_TIME", "en_GB.UTF-8"), ("TZ", "Europe/Berlin")]));
+        assert!(acceptable_terminal_value(&"x".repeat(MAX_TERMINAL_VALUE)));
+        assert!(acceptable_terminal_value(":/usr/share/zoneinfo/Asia/Kolkata"));
     }
 
     #[test]

@@ -72,7 +72,9 @@
 //!
 //! The command runs in a cgroup v2 directory of its own,
 //! [`HostCommand::cgroup`], which [`spawn`] creates (and its missing
-//! parents) and the child joins before it can fork. Every descendant is in
+//! parents). The child is created in it (`clone3` with `CLONE_INTO_CGROUP`,
+//! Linux >= 5.7; older kernels: `fork`, and the child joins it before it
+//! can fork itself). Every descendant is in
 //! it too, including those that called `setsid`, daemonized or were
 //! reparented: a process cannot leave a cgroup without write access to the
 //! common ancestor's `cgroup.procs`, which is root's. When the run ends, in
@@ -484,6 +486,7 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
         programs: &prepared.programs,
         argv: &argv,
         envp: &envp,
+        cgroup_dir: cgroup.dir.as_raw_fd(),
         cgroup_procs: procs.as_raw_fd(),
         mount_ns: mount_ns.as_ref().map(|f| f.as_raw_fd()),
         uid: cmd.uid,
@@ -497,8 +500,11 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
         parent: nix::unistd::getpid().as_raw(),
         fd_limit: highest_open_fd() + 1,
     };
-    let pid = sys::fork_host_child(&plan).map_err(|source| HostExecError::Sys { context: "forking the host command", source })?;
-    let pid = Pid::from_raw(pid);
+    let child = sys::spawn_host_child(&plan).map_err(|e| match e {
+        sys::SpawnError::Cgroup(source) => HostExecError::Exec { program: cmd.argv[0].clone(), stage: ExecStage::Cgroup, source },
+        sys::SpawnError::Sys(source) => HostExecError::Sys { context: "creating the host command's process", source },
+    })?;
+    let pid = Pid::from_raw(child.pid);
     drop((procs, stdin, out_w, err_w, report_w, cwd, mount_ns));
 
     let report = read_report(report_r);
@@ -519,7 +525,7 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
     }
     guard.0 = None;
     // Without a pidfd (Linux < 5.3) the run polls waitpid instead.
-    let pidfd = sys::pidfd_open(pid.as_raw()).ok();
+    let pidfd = child.pidfd.or_else(|| sys::pidfd_open(pid.as_raw()).ok());
     // From here on, dropping the process cleans up (kills, reaps, removes).
     let process = HostProcess { pid, pidfd, stdout: out_r, stderr: err_r, cgroup, status: None, done: false };
     for fd in [&process.stdout, &process.stderr] {
@@ -666,8 +672,11 @@ impl HostProcess {
         let mut last_kill: Option<Instant> = None;
         let mut pause = Duration::from_micros(200);
         // The child is in the cgroup from before exec: once it is empty,
-        // the child is dead too (a zombie at most).
-        let mut empty = false;
+        // the child is dead too (a zombie at most). A command that exited
+        // and left nothing running needs no kill (a write to cgroup.kill
+        // takes the cgroup core's lock): nothing enters an empty cgroup
+        // but through root (its cgroup.procs, or clone3 into it).
+        let mut empty = self.status.is_some() && !self.cgroup.populated()?;
         loop {
             let now = Instant::now();
             if !empty {

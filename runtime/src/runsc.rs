@@ -422,16 +422,19 @@ impl Runsc {
         }
         let mut cmd = self.command_logging_to("create", &log);
         cmd.arg("--bundle").arg(bundle).arg("--pid-file").arg(pid_file);
-        // The sandbox keeps the caller's stdio for the container's first
-        // process; never pipe it to ourselves (reading to EOF would hang).
-        // runsc's message therefore comes back through its log file.
-        cmd.stdin(Stdio::inherit()).stdout(Stdio::inherit()).stderr(Stdio::inherit());
+        // The sandbox keeps runsc create's stdio as the container's first
+        // process's, which the agent (as root) can write through
+        // /proc/1/fd: never the caller's (the coordinator's are its log, a
+        // host file: tests/tests/escape_fds.rs), never a pipe to ourselves
+        // (reading to EOF would hang). runsc's message therefore comes back
+        // through its log file only.
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
         let status = cmd.arg(id).status().map_err(io_err("running runsc create"))?;
         if status.success() {
             return Ok(());
         }
         // (No log at all: runsc died before opening it.)
-        let where_ = format!("in its log {} (whatever it printed on stderr went to the caller's stderr)", log.display());
+        let where_ = format!("in its log {} (its stderr is /dev/null)", log.display());
         let stderr = match read_tail(&log, 4 * MESSAGE_TAIL_BYTES) {
             Ok(bytes) => messages_or_silence(&bytes, &where_),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => messages_or_silence(b"", &where_),
@@ -492,6 +495,12 @@ impl Runsc {
     /// /proc/self/fd/N`: it is never on disk or on a command line. The
     /// child starts with exactly its stdio, the memfd and `extra`, whatever
     /// else this process has open.
+    ///
+    /// With `on_terminal` (stdin is a PTY slave), the child leads a new
+    /// session with that PTY as its controlling terminal: the kernel then
+    /// signals it when the PTY's window size changes (SIGWINCH), for the
+    /// terminal's keys and when the master is closed (SIGHUP), and runsc
+    /// forwards each signal to the foreground process group inside.
     pub fn exec(
         &self,
         id: &str,
@@ -499,6 +508,7 @@ impl Runsc {
         internal_pid_file: &Path,
         stdio: [std::os::fd::OwnedFd; 3],
         extra: Vec<(std::os::fd::OwnedFd, i32)>,
+        on_terminal: bool,
     ) -> Result<std::process::Child, RunscError> {
         use nix::sys::memfd::{MFdFlags, memfd_create};
         use std::io::Write;
@@ -529,6 +539,9 @@ impl Runsc {
         cmd.stdin(Stdio::from(stdin)).stdout(Stdio::from(stdout)).stderr(Stdio::from(stderr));
         let passed: Vec<_> = kept.iter().map(|f| f.as_raw_fd()).chain([spec.as_raw_fd()]).collect();
         crate::sys::only_these_in_child(&mut cmd, passed).map_err(io_err("passing descriptors to runsc exec"))?;
+        if on_terminal {
+            crate::sys::controlling_terminal_in_child(&mut cmd);
+        }
         let child = cmd.spawn().map_err(io_err("running runsc exec"));
         // The child has its own copies; ours close here.
         drop(kept);

@@ -173,14 +173,37 @@ pub(crate) fn only_these_in_child(cmd: &mut Command, fds: Vec<RawFd>) -> std::io
     Ok(())
 }
 
+/// Makes the child of `cmd` the leader of a new session whose controlling
+/// terminal is the terminal on its descriptor 0 (after stdio is set up), so
+/// that the kernel sends it that terminal's signals: SIGWINCH when the
+/// master's window size changes, SIGINT/SIGQUIT/SIGTSTP for the keys, and
+/// SIGHUP when the master is closed.
+pub(crate) fn controlling_terminal_in_child(cmd: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: the closure runs in the forked child before exec and only
+    // makes raw setsid(2) and ioctl(2) calls, which are async-signal-safe,
+    // and builds an io::Error from errno (no allocation).
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 // ---------------------------------------------------------------------------
 // The host command's child (`hostexec`)
 // ---------------------------------------------------------------------------
 
 use crate::hostexec::ExecStage;
 
-/// Everything the host command's child does between fork and exec, prepared
-/// in full before the fork: the child of a multi-threaded process may only
+/// Everything the host command's child does between its creation and exec,
+/// prepared in full before: the child of a multi-threaded process may only
 /// make async-signal-safe calls, so it allocates nothing and builds no path.
 /// Every descriptor here is 3 or above (the child's stdio goes below).
 pub(crate) struct HostChildPlan<'a> {
@@ -190,7 +213,12 @@ pub(crate) struct HostChildPlan<'a> {
     pub(crate) argv: &'a [*const libc::c_char],
     /// The environment, null-terminated; its strings live in the caller.
     pub(crate) envp: &'a [*const libc::c_char],
-    /// `cgroup.procs` of the command's cgroup, open for writing.
+    /// The command's cgroup directory, which the child is created in
+    /// (`clone3` with `CLONE_INTO_CGROUP`).
+    pub(crate) cgroup_dir: RawFd,
+    /// `cgroup.procs` of the command's cgroup, open for writing: where a
+    /// child created by plain `fork` (kernels without `CLONE_INTO_CGROUP`)
+    /// moves itself first.
     pub(crate) cgroup_procs: RawFd,
     /// A mount namespace to enter first, if any.
     pub(crate) mount_ns: Option<RawFd>,
@@ -211,7 +239,7 @@ pub(crate) struct HostChildPlan<'a> {
     /// The write end of the close-on-exec error pipe: the child writes
     /// (stage, errno) there if anything fails before exec.
     pub(crate) error_pipe: RawFd,
-    /// The PID of the forking process, to notice that it died before the
+    /// The PID of the creating process, to notice that it died before the
     /// child armed its parent-death signal.
     pub(crate) parent: libc::pid_t,
     /// Highest descriptor number + 1 to close if `close_range` is missing.
@@ -224,50 +252,147 @@ const NSIG: libc::c_int = 65;
 /// Length of the error report the child writes: stage (u32), errno (i32).
 pub(crate) const CHILD_REPORT_LEN: usize = 8;
 
-/// Forks the host command's child, which sets itself up as `plan` says and
-/// execs the program; returns its PID. If the child fails before exec, it
-/// writes `(stage, errno)` to `plan.error_pipe` and exits with 127.
-pub(crate) fn fork_host_child(plan: &HostChildPlan<'_>) -> std::io::Result<libc::pid_t> {
+/// `clone3(2)`'s argument (`struct clone_args`, version 2: with `cgroup`).
+#[repr(C, align(8))]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+/// `CLONE_INTO_CGROUP` (Linux >= 5.7; not in every libc yet).
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// The host command's child, created and not yet reaped.
+pub(crate) struct HostChild {
+    /// Its PID.
+    pub(crate) pid: libc::pid_t,
+    /// Its pidfd, if the kernel gave one with the child (`CLONE_PIDFD`).
+    pub(crate) pidfd: Option<OwnedFd>,
+}
+
+/// Why [`spawn_host_child`] made no child.
+#[derive(Debug)]
+pub(crate) enum SpawnError {
+    /// The kernel refused to create the child in the command's cgroup
+    /// (permissions, an `nsdelegate` boundary, a cgroup that cannot take
+    /// processes): the error the child's own join would have met.
+    Cgroup(std::io::Error),
+    /// `clone3`/`fork` failed otherwise (no memory, too many processes).
+    Sys(std::io::Error),
+}
+
+/// Creates the host command's child, which sets itself up as `plan` says
+/// and execs the program.
+///
+/// The child is created directly in the command's cgroup: `clone3` with
+/// `CLONE_INTO_CGROUP` (and `CLONE_PIDFD`). That is atomic, and it is
+/// fast: moving a process by a write to `cgroup.procs` takes the cgroup
+/// core's thread-group lock for writing, which waits for an RCU grace
+/// period (milliseconds, the bulk of a short command's cost). On kernels
+/// without it (`ENOSYS`, `E2BIG`, `EINVAL` before Linux 5.7) it falls back
+/// to `fork` and the child writes itself into `cgroup.procs` before it does
+/// anything else. If the child fails before exec, it writes `(stage,
+/// errno)` to `plan.error_pipe` and exits with 127.
+pub(crate) fn spawn_host_child(plan: &HostChildPlan<'_>) -> Result<HostChild, SpawnError> {
     if plan.argv.last().is_none_or(|p| !p.is_null()) || plan.envp.last().is_none_or(|p| !p.is_null()) {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "argv and envp must be null-terminated"));
+        return Err(SpawnError::Sys(std::io::Error::new(std::io::ErrorKind::InvalidInput, "argv and envp must be null-terminated")));
+    }
+    let mut pidfd: libc::c_int = -1;
+    let args = CloneArgs {
+        flags: CLONE_INTO_CGROUP | libc::CLONE_PIDFD as u64,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        cgroup: plan.cgroup_dir as u64,
+        ..CloneArgs::default()
+    };
+    // SAFETY: clone3 without CLONE_VM (nor CLONE_VFORK, CLONE_THREAD or a
+    // new stack) is fork(2) with more options: the child gets a copy of the
+    // address space and continues on its copy of this stack. That is sound
+    // as long as the child only makes async-signal-safe calls until it
+    // execs or exits: `host_child` makes raw system calls only, on data
+    // prepared before (no allocation, no locks, no panics, none of glibc's
+    // thread-aware wrappers such as setuid, which would talk to threads the
+    // child does not have), and the child ends with `_exit`, never
+    // returning into Rust code of the parent's state. `args` and `pidfd`
+    // are live locals of the size the call is given.
+    let rc = unsafe { libc::syscall(libc::SYS_clone3, &args as *const CloneArgs, std::mem::size_of::<CloneArgs>()) };
+    if rc == 0 {
+        // SAFETY: we are the new child, in its cgroup already; see above.
+        unsafe { child_main(plan, true) }
+    }
+    if rc > 0 {
+        // SAFETY: CLONE_PIDFD stored a new descriptor (close-on-exec) that
+        // nothing else owns; the kernel writes it whenever the call succeeds.
+        let pidfd = (pidfd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(pidfd) });
+        return Ok(HostChild { pid: rc as libc::pid_t, pidfd });
+    }
+    let error = std::io::Error::last_os_error();
+    match error.raw_os_error() {
+        Some(libc::ENOSYS | libc::E2BIG | libc::EINVAL) => {}
+        Some(libc::EAGAIN | libc::ENOMEM | libc::EINTR) => return Err(SpawnError::Sys(error)),
+        _ => return Err(SpawnError::Cgroup(error)),
     }
     // SAFETY: fork(2) in a multi-threaded process is sound as long as the
-    // child only makes async-signal-safe calls until it execs or exits:
-    // `host_child` makes raw system calls only, on data prepared before the
-    // fork (no allocation, no locks, no panics), and the child ends with
-    // `_exit`, never returning into Rust code of the parent's state.
+    // child only makes async-signal-safe calls until it execs or exits;
+    // see `host_child`, as above.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(std::io::Error::last_os_error());
+        return Err(SpawnError::Sys(std::io::Error::last_os_error()));
     }
     if pid == 0 {
         // SAFETY: we are the freshly forked child; see above.
-        let (stage, errno) = unsafe { host_child(plan) };
-        let mut report = [0u8; CHILD_REPORT_LEN];
-        report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
-        report[4..].copy_from_slice(&errno.to_ne_bytes());
-        // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer
-        // is a live local.
-        unsafe {
-            libc::write(plan.error_pipe, report.as_ptr().cast(), report.len());
-            libc::_exit(127);
-        }
+        unsafe { child_main(plan, false) }
     }
-    Ok(pid)
+    Ok(HostChild { pid, pidfd: None })
+}
+
+/// The child's whole life: set up, exec, or report the failure and exit.
+///
+/// # Safety
+///
+/// Call only in a new child (fork or clone3 without `CLONE_VM`), before exec.
+unsafe fn child_main(plan: &HostChildPlan<'_>, in_cgroup: bool) -> ! {
+    // SAFETY: we are that child (the caller's contract).
+    let (stage, errno) = unsafe { host_child(plan, in_cgroup) };
+    let mut report = [0u8; CHILD_REPORT_LEN];
+    report[..4].copy_from_slice(&(stage as u32).to_ne_bytes());
+    report[4..].copy_from_slice(&errno.to_ne_bytes());
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; the buffer is a
+    // live local.
+    unsafe {
+        libc::write(plan.error_pipe, report.as_ptr().cast(), report.len());
+        libc::_exit(127)
+    }
 }
 
 fn errno() -> i32 {
     nix::errno::Errno::last_raw()
 }
 
-/// The child's side of [`fork_host_child`]. Returns only on failure, with
-/// the stage that failed and its errno.
+/// The child's side of [`spawn_host_child`]. Returns only on failure, with
+/// the stage that failed and its errno. `in_cgroup`: the child was created
+/// in the command's cgroup; otherwise it joins it first.
+///
+/// The credential calls are raw system calls, not glibc's wrappers: those
+/// apply the change to every thread glibc knows of, and a child made by a
+/// raw `clone3` still believes in its parent's threads. In the child, the
+/// calling thread is the whole process, so the raw calls change it all.
 ///
 /// # Safety
 ///
 /// Call only in the child of a fork, before exec: it changes the process's
 /// credentials, namespaces, signals and descriptors.
-unsafe fn host_child(plan: &HostChildPlan<'_>) -> (ExecStage, i32) {
+unsafe fn host_child(plan: &HostChildPlan<'_>, in_cgroup: bool) -> (ExecStage, i32) {
     macro_rules! check {
         ($stage:expr, $rc:expr) => {
             if $rc < 0 {
@@ -281,18 +406,20 @@ unsafe fn host_child(plan: &HostChildPlan<'_>) -> (ExecStage, i32) {
     unsafe {
         // No controlling terminal, a session and process group of its own.
         check!(ExecStage::Session, libc::setsid());
-        // Into the command's cgroup before anything else can fork.
-        let zero = b"0";
-        let n = libc::write(plan.cgroup_procs, zero.as_ptr().cast(), zero.len());
-        if n != 1 {
-            return (ExecStage::Cgroup, if n < 0 { errno() } else { libc::EIO });
+        if !in_cgroup {
+            // Into the command's cgroup before anything else can fork.
+            let zero = b"0";
+            let n = libc::write(plan.cgroup_procs, zero.as_ptr().cast(), zero.len());
+            if n != 1 {
+                return (ExecStage::Cgroup, if n < 0 { errno() } else { libc::EIO });
+            }
         }
         if let Some(ns) = plan.mount_ns {
             check!(ExecStage::MountNamespace, libc::setns(ns, libc::CLONE_NEWNS));
         }
-        check!(ExecStage::Groups, libc::setgroups(plan.groups.len(), plan.groups.as_ptr()));
-        check!(ExecStage::Gid, libc::setresgid(plan.gid, plan.gid, plan.gid));
-        check!(ExecStage::Uid, libc::setresuid(plan.uid, plan.uid, plan.uid));
+        check!(ExecStage::Groups, libc::syscall(libc::SYS_setgroups, plan.groups.len(), plan.groups.as_ptr()));
+        check!(ExecStage::Gid, libc::syscall(libc::SYS_setresgid, plan.gid, plan.gid, plan.gid));
+        check!(ExecStage::Uid, libc::syscall(libc::SYS_setresuid, plan.uid, plan.uid, plan.uid));
         // Never exec with any identity of root left: check what stuck.
         let (mut r, mut e, mut s) = (0, 0, 0);
         check!(ExecStage::VerifyIdentity, libc::getresuid(&mut r, &mut e, &mut s));
@@ -309,7 +436,7 @@ unsafe fn host_child(plan: &HostChildPlan<'_>) -> (ExecStage, i32) {
             return (ExecStage::VerifyIdentity, libc::EPERM);
         }
         // Had any capability survived, this would succeed.
-        if libc::setuid(0) == 0 {
+        if libc::syscall(libc::SYS_setuid, 0 as libc::uid_t) == 0 {
             return (ExecStage::VerifyIdentity, libc::EPERM);
         }
         libc::umask(0o022);

@@ -14,6 +14,7 @@
 #![forbid(unsafe_code)]
 
 pub mod escalation;
+pub mod escape;
 pub mod images;
 pub mod netlab;
 pub mod pty;
@@ -21,10 +22,10 @@ pub mod registry;
 
 use std::ffi::OsStr;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::process::{Child, ChildStdout, Command, ExitStatus, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -32,8 +33,18 @@ use std::time::{Duration, Instant};
 pub const TEST_STORAGE: &str = "/var/cache/lazaret/test-storage";
 /// The name of the test image in that store.
 pub const TEST_IMAGE: &str = "test";
-/// Parent of every test's runtime directory.
+/// Parent of every test's runtime directory, unless
+/// [`RUNTIME_PARENT_VAR`] names another.
 pub const TEST_RUNTIME_PARENT: &str = "/run/lazaret-test";
+/// The environment variable naming another parent for the tests' runtime
+/// directories (scripts/matrix.sh gives each cell its own, to find
+/// anything a cell left behind by the command lines naming it).
+pub const RUNTIME_PARENT_VAR: &str = "LAZARET_TEST_RUNTIME_PARENT";
+
+/// Parent of this process's test runtime directories: `$LAZARET_TEST_RUNTIME_PARENT`, else [`TEST_RUNTIME_PARENT`].
+pub fn runtime_parent() -> PathBuf {
+    std::env::var_os(RUNTIME_PARENT_VAR).filter(|v| !v.is_empty()).map(PathBuf::from).unwrap_or_else(|| PathBuf::from(TEST_RUNTIME_PARENT))
+}
 /// The non-root developer the ownership tests use (created by scripts/test.sh).
 pub const TEST_USER: &str = "lazaret-test";
 /// Exit code of the in-sandbox probe when every assertion held.
@@ -134,6 +145,47 @@ fn write_config(path: &Path, text: &str) {
     fs::set_permissions(path, fs::Permissions::from_mode(0o644)).expect("chmod config");
 }
 
+/// The environment variable naming the runsc platform (`systrap`,
+/// `ptrace`, `kvm`) that [`TestEnv`]'s configurations ask for in
+/// `[runsc] platform`; unset, they leave the default (scripts/matrix.sh
+/// sets it per cell).
+pub const RUNSC_PLATFORM_VAR: &str = "LAZARET_TEST_RUNSC_PLATFORM";
+
+/// The platform [`RUNSC_PLATFORM_VAR`] asks for, if set; fails the test on
+/// a value runsc has no platform for.
+pub fn runsc_platform() -> Option<String> {
+    let value = std::env::var(RUNSC_PLATFORM_VAR).ok().filter(|v| !v.is_empty())?;
+    assert!(["systrap", "ptrace", "kvm"].contains(&value.as_str()), "{RUNSC_PLATFORM_VAR}={value:?}: expected systrap, ptrace or kvm");
+    Some(value)
+}
+
+fn has_runsc_table(config: &str) -> bool {
+    config.lines().any(|l| l.trim() == "[runsc]")
+}
+
+/// `config` with `keys` (TOML lines) in its `[runsc]` table: inserted
+/// after the table's header when it has one (a TOML table may not appear
+/// twice, and [`TestEnv::write_config`] may have written one for the
+/// platform), else appended as a new table.
+pub fn with_runsc_keys(config: &str, keys: &str) -> String {
+    if !has_runsc_table(config) {
+        return format!("{config}\n[runsc]\n{keys}");
+    }
+    let mut out = String::new();
+    let mut done = false;
+    for line in config.split_inclusive('\n') {
+        out.push_str(line);
+        if !done && line.trim() == "[runsc]" {
+            if !line.ends_with('\n') {
+                out.push('\n');
+            }
+            out.push_str(keys);
+            done = true;
+        }
+    }
+    out
+}
+
 /// One test's world: a git workspace, a configuration, a runtime directory.
 pub struct TestEnv {
     /// Scratch directory holding everything below (removed on drop).
@@ -150,6 +202,9 @@ pub struct TestEnv {
     /// each invocation gets a fresh, empty one: no test ever builds a
     /// sidecar in this machine's real network namespace.
     pub netns: Option<PathBuf>,
+    /// The Storage Root the configuration names ([`TEST_STORAGE`] unless a
+    /// test points it elsewhere, then rewrites the configuration).
+    pub storage: PathBuf,
 }
 
 impl TestEnv {
@@ -179,10 +234,11 @@ impl TestEnv {
         let mut env = TestEnv {
             workspace: PathBuf::new(),
             config: scratch.join("config.toml"),
-            runtime_dir: Path::new(TEST_RUNTIME_PARENT).join(random_suffix()),
+            runtime_dir: runtime_parent().join(random_suffix()),
             scratch,
             env: Vec::new(),
             netns: None,
+            storage: PathBuf::from(TEST_STORAGE),
         };
         let scratch = env.scratch.clone();
         fs::create_dir_all(scratch.join(ws_rel)).expect("scratch");
@@ -193,15 +249,22 @@ impl TestEnv {
         fs::write(workspace.join("README"), "test workspace\n").expect("README");
         git(&workspace, &["add", "README"]);
         git(&workspace, &["-c", "user.name=t", "-c", "user.email=t@example.invalid", "commit", "-qm", "init"]);
-        fs::create_dir_all(TEST_RUNTIME_PARENT).expect("runtime parent");
+        fs::create_dir_all(runtime_parent()).expect("runtime parent");
         env.write_config(extra);
         env
     }
 
-    /// Rewrites the configuration with `extra` keys for `[profiles.test]`.
+    /// Rewrites the configuration with `extra` keys for `[profiles.test]`
+    /// (and `[runsc] platform` when [`RUNSC_PLATFORM_VAR`] is set).
     pub fn write_config(&self, extra: &str) {
+        let (runsc, extra) = match runsc_platform() {
+            Some(platform) if has_runsc_table(extra) => (String::new(), with_runsc_keys(extra, &format!("platform = \"{platform}\"\n"))),
+            Some(platform) => (format!("[runsc]\nplatform = \"{platform}\"\n\n"), extra.to_string()),
+            None => (String::new(), extra.to_string()),
+        };
         let text = format!(
-            "storage_root = \"{TEST_STORAGE}\"\nruntime_dir = \"{}\"\n\n[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{extra}",
+            "storage_root = \"{}\"\nruntime_dir = \"{}\"\n\n{runsc}[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{extra}",
+            self.storage.display(),
             self.runtime_dir.display()
         );
         write_config(&self.config, &text);
@@ -342,7 +405,7 @@ impl TestEnv {
         assert_eq!(locked, Vec::<String>::new(), "Domains still locked (not down) after {COMMAND_LIMIT:?}");
         let mut journals = Vec::new();
         for id in self.domain_ids() {
-            let root = Path::new(TEST_STORAGE).join("domains").join(&id);
+            let root = self.storage.join("domains").join(&id);
             for e in fs::read_dir(&root).map(|rd| rd.flatten().collect::<Vec<_>>()).unwrap_or_default() {
                 let name = e.file_name().to_string_lossy().into_owned();
                 if name == "journal.jsonl" || (name.starts_with("journal-") && name.ends_with(".crashed.jsonl")) {
@@ -366,7 +429,7 @@ impl TestEnv {
     pub fn journal_entries(&self) -> Vec<serde_json::Value> {
         let mut entries = Vec::new();
         for id in self.domain_ids() {
-            let path = Path::new(TEST_STORAGE).join("domains").join(&id).join("journal.jsonl");
+            let path = self.storage.join("domains").join(&id).join("journal.jsonl");
             for line in fs::read_to_string(&path).unwrap_or_default().lines() {
                 if let Ok(v) = serde_json::from_str(line) {
                     entries.push(v);
@@ -465,7 +528,7 @@ impl HostCounts {
         let mut mount_needles = vec![needle.clone(), env.workspace.to_string_lossy().into_owned()];
         let mut cgroups = 0;
         for id in env.domain_ids() {
-            mount_needles.push(Path::new(TEST_STORAGE).join("domains").join(&id).to_string_lossy().into_owned());
+            mount_needles.push(env.storage.join("domains").join(&id).to_string_lossy().into_owned());
             for h in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
                 let d = h.join("lazaret").join(&id);
                 if d.is_dir() {
@@ -519,13 +582,31 @@ impl Drop for TestEnv {
             }
         }
         for id in self.domain_ids() {
-            let _ = fs::remove_dir_all(Path::new(TEST_STORAGE).join("domains").join(&id));
+            let _ = fs::remove_dir_all(self.storage.join("domains").join(&id));
             for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
-                let _ = fs::remove_dir(hierarchy.join("lazaret").join(&id));
+                remove_cgroup_tree(&hierarchy.join("lazaret").join(&id));
             }
         }
         let _ = fs::remove_dir_all(&self.runtime_dir);
         let _ = fs::remove_dir_all(&self.scratch);
+    }
+}
+
+/// Removes a cgroup directory and the cgroups below it, leaf first (a
+/// killed runsc leaves its containers' `lzr-*` cgroups under the Domain's in
+/// every v1 hierarchy). Processes just sent SIGKILL take a moment to leave
+/// their cgroup, so a busy one is retried for up to a second.
+fn remove_cgroup_tree(dir: &Path) {
+    let children: Vec<PathBuf> = fs::read_dir(dir).map(|rd| rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()).unwrap_or_default();
+    for child in &children {
+        remove_cgroup_tree(child);
+    }
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        match fs::remove_dir(dir) {
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && Instant::now() < deadline => std::thread::sleep(Duration::from_millis(20)),
+            _ => return,
+        }
     }
 }
 
@@ -545,6 +626,21 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
         }
     }
     found
+}
+
+/// The developer's git on the host: as [`TEST_USER`], with their home and
+/// an identity for commits, in `dir`. Returns the output, whatever the
+/// status.
+pub fn developer_git(dir: &Path, args: &[&str]) -> Output {
+    let home = nix::unistd::User::from_name(TEST_USER).ok().flatten().map(|u| u.dir).unwrap_or_else(|| PathBuf::from("/"));
+    Command::new("runuser")
+        .args(["-u", TEST_USER, "--", "env"])
+        .arg(format!("HOME={}", home.display()))
+        .args(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C"])
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("running the developer's git")
 }
 
 /// Runs git in `dir` and fails the test if it fails.
@@ -604,4 +700,66 @@ pub fn text(bytes: &[u8]) -> String {
 /// Writes `data` to a writer and flushes, failing the test on error.
 pub fn send(w: &mut impl Write, data: &[u8]) {
     w.write_all(data).and_then(|_| w.flush()).expect("writing to lazaret");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_runsc_keys;
+
+    #[test]
+    fn runsc_keys_join_an_existing_runsc_table_or_start_one() {
+        assert_eq!(with_runsc_keys("a = 1\n", "path = \"x\"\n"), "a = 1\n\n[runsc]\npath = \"x\"\n");
+        let config = "a = 1\n[runsc]\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n";
+        assert_eq!(with_runsc_keys(config, "path = \"x\"\n"), "a = 1\n[runsc]\npath = \"x\"\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n");
+        assert_eq!(with_runsc_keys("[runsc]", "path = \"x\"\n"), "[runsc]\npath = \"x\"\n");
+    }
+}
+
+/// A `lazaret` invocation with piped stdio, its stdout read line by line
+/// (a session a test talks to while it runs).
+pub struct PipedSession {
+    /// The `lazaret` process.
+    pub child: Child,
+    /// Its stdout, as lines.
+    pub lines: std::io::Lines<BufReader<ChildStdout>>,
+}
+
+impl PipedSession {
+    /// `lazaret ARGS` in `env`.
+    pub fn start(env: &TestEnv, args: &[&str]) -> PipedSession {
+        let mut child = env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
+        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+        PipedSession { child, lines }
+    }
+
+    /// `lazaret run test -- sh -c SCRIPT` in `env`.
+    pub fn script(env: &TestEnv, script: &str) -> PipedSession {
+        PipedSession::start(env, &["run", "test", "--", "sh", "-c", script])
+    }
+
+    /// The next line of stdout (empty at its end).
+    pub fn next_line(&mut self) -> String {
+        self.lines.next().and_then(Result::ok).unwrap_or_default()
+    }
+
+    /// Writes `data` to the session's stdin.
+    pub fn send(&mut self, data: &[u8]) {
+        send(self.child.stdin.as_mut().expect("stdin"), data);
+    }
+
+    /// Closes stdin, reads the rest of stdout and stderr, and waits (within
+    /// [`wait_with_limit`]'s limit): the exit code, the remaining lines and
+    /// stderr.
+    pub fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
+        drop(self.child.stdin.take());
+        let mut err = String::new();
+        let mut stderr = self.child.stderr.take().expect("stderr");
+        let reader = std::thread::spawn(move || {
+            let _ = stderr.read_to_string(&mut err);
+            err
+        });
+        let rest: Vec<String> = self.lines.by_ref().map_while(Result::ok).collect();
+        let status = wait_with_limit(&mut self.child);
+        (status.code(), rest, reader.join().unwrap_or_default())
+    }
 }

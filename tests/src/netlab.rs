@@ -35,6 +35,22 @@ pub const HOST_ADDR_V6: &str = "2001:db8:1::2";
 /// The port every test server listens on (TCP and UDP).
 pub const PORT: u16 = 8080;
 
+/// The environment variable that makes the lab's host IPv4-only when set
+/// to `0` (scripts/matrix.sh's IPv4-only cell): no IPv6 address or route
+/// on the host, and IPv6 disabled on its interfaces. Unset or `1`, the
+/// host is dual-stack.
+pub const LAB_IPV6_VAR: &str = "LAZARET_TEST_LAB_IPV6";
+
+/// Whether the lab's host has IPv6 ([`LAB_IPV6_VAR`]); fails the test on a
+/// value other than `0` or `1`.
+pub fn lab_has_ipv6() -> bool {
+    match std::env::var(LAB_IPV6_VAR).as_deref() {
+        Err(_) | Ok("") | Ok("1") => true,
+        Ok("0") => false,
+        Ok(other) => panic!("{LAB_IPV6_VAR}={other:?}: expected 0 (IPv4-only host) or 1 (dual-stack)"),
+    }
+}
+
 /// The lab. See the module documentation.
 pub struct NetLab {
     holders: Vec<Child>,
@@ -57,6 +73,21 @@ fn ip(ns: &Path, args: &[&str]) {
         .output()
         .expect("running ip (iproute2) for the test lab");
     assert!(out.status.success(), "ip {args:?} in {}: {}", ns.display(), String::from_utf8_lossy(&out.stderr));
+}
+
+/// Turns IPv6 off on every interface of the namespace at `ns`, present and
+/// future (an IPv4-only host).
+fn disable_ipv6(ns: &Path) {
+    for scope in ["all", "default", "lo"] {
+        let knob = format!("/proc/sys/net/ipv6/conf/{scope}/disable_ipv6");
+        // /proc/sys/net shows the namespace of the process that opens it.
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", ns.display()))
+            .args(["--", "sh", "-c", &format!("echo 1 > {knob}")])
+            .output()
+            .expect("nsenter (util-linux) for the test lab");
+        assert!(out.status.success(), "writing {knob} in {}: {}", ns.display(), String::from_utf8_lossy(&out.stderr));
+    }
 }
 
 /// Starts a process holding a new network namespace and returns it with
@@ -95,15 +126,24 @@ impl NetLab {
         let mut lab = NetLab { holders: vec![host_holder, world_holder], host: host.clone(), world: world.clone(), servers: Vec::new(), log };
         // Created directly inside the lab: the veth never exists in the
         // machine's real namespace.
+        let ipv6 = lab_has_ipv6();
+        if !ipv6 {
+            // Before the link exists, so that it never gets even a link-local address.
+            disable_ipv6(&host);
+        }
         ip(&host, &["link", "add", "wan0", "type", "veth", "peer", "name", "wan0", "netns", &world_pid]);
         ip(&host, &["addr", "add", &format!("{HOST_ADDR}/24"), "dev", "wan0"]);
-        ip(&host, &["addr", "add", &format!("{HOST_ADDR_V6}/64"), "dev", "wan0", "nodad"]);
+        if ipv6 {
+            ip(&host, &["addr", "add", &format!("{HOST_ADDR_V6}/64"), "dev", "wan0", "nodad"]);
+        }
         ip(&host, &["link", "set", "wan0", "up"]);
         ip(&world, &["addr", "add", &format!("{WORLD_GATEWAY}/24"), "dev", "wan0"]);
         ip(&world, &["addr", "add", "2001:db8:1::1/64", "dev", "wan0", "nodad"]);
         ip(&world, &["link", "set", "wan0", "up"]);
         ip(&host, &["route", "add", "default", "via", WORLD_GATEWAY]);
-        ip(&host, &["-6", "route", "add", "default", "via", "2001:db8:1::1"]);
+        if ipv6 {
+            ip(&host, &["-6", "route", "add", "default", "via", "2001:db8:1::1"]);
+        }
         let mut world_addrs: Vec<&str> = vec![PUBLIC, PUBLIC_DENIED, DNS];
         world_addrs.extend(PRIVATE);
         for a in &world_addrs {
@@ -119,7 +159,9 @@ impl NetLab {
         lab.start_server(&world, &serve.iter().map(String::as_str).collect::<Vec<_>>(), true);
         lab.start_server(&world, &["dns", DNS, PUBLIC], false);
         // A server on the lab host's own address: the sandbox must not reach it.
-        lab.start_server(&host, &["serve", &PORT.to_string(), HOST_ADDR, HOST_ADDR_V6], false);
+        let port = PORT.to_string();
+        let host_server: &[&str] = if ipv6 { &["serve", &port, HOST_ADDR, HOST_ADDR_V6] } else { &["serve", &port, HOST_ADDR] };
+        lab.start_server(&host, host_server, false);
         lab
     }
 
@@ -183,6 +225,12 @@ impl NetLab {
             assert!(Instant::now() < deadline, "the world never logged {needle:?}; log: {text}");
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Runs `ip ARGS` in the lab's world namespace (e.g. to give it one
+    /// more address); panics on failure.
+    pub fn world_ip(&self, args: &[&str]) {
+        ip(&self.world, args);
     }
 
     /// Runs `ip ARGS` in the lab host namespace (e.g. to give the host an

@@ -51,11 +51,15 @@ impl TestTerminal {
 
     /// `lazaret ARGS` with this terminal as its controlling terminal
     /// (`setsid -c`, so that resizes reach it as SIGWINCH), in a fresh
-    /// network namespace (`unshare --net`, which execs in place). The
-    /// caller chooses its stdio.
+    /// network namespace (`unshare --net`, which execs in place), with
+    /// the env's extra variables ([`TestEnv::env`]). The caller chooses its
+    /// stdio.
     pub fn command(&self, env: &TestEnv, args: &[&str]) -> Command {
         let mut cmd = Command::new("setsid");
         cmd.arg("-c").args(["unshare", "--net", "--"]).arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
+        for (k, v) in &env.env {
+            cmd.env(k, v);
+        }
         cmd
     }
 
@@ -134,15 +138,56 @@ impl TestTerminal {
         &self.seen
     }
 
-    /// Types `data`.
+    /// Types `data` (all of it, as one write where the terminal takes it).
     pub fn write(&self, data: &[u8]) {
-        nix::unistd::write(self.master.as_fd(), data).expect("write to master");
+        let mut rest = data;
+        while !rest.is_empty() {
+            let n = nix::unistd::write(self.master.as_fd(), rest).expect("write to master");
+            rest = &rest[n..];
+        }
     }
 
     /// Resizes the terminal through its master, as a terminal emulator
     /// does; the kernel then signals the foreground group.
     pub fn resize(&self, rows: u16, cols: u16) {
         set_window_size(self.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
+    }
+
+    /// Closes the terminal, as a terminal emulator's window closing or a
+    /// dropped ssh connection does: the kernel hangs up its slave (SIGHUP
+    /// to the session leader; end of file, EIO and POLLHUP on every
+    /// descriptor of it, whoever holds it).
+    pub fn hang_up(self) {
+        drop(self.master);
+        drop(self.slave);
+    }
+
+    /// Input queued on the terminal that no process read (what a TIOCSTI
+    /// into it would leave once its readers are gone): the slave is put in
+    /// raw mode, so that a partial line shows too, and read without
+    /// blocking. Call it after the processes on the terminal exited.
+    pub fn pending_input(&self) -> Vec<u8> {
+        let mut raw = termios::tcgetattr(self.slave.as_fd()).expect("tcgetattr");
+        termios::cfmakeraw(&mut raw);
+        termios::tcsetattr(self.slave.as_fd(), termios::SetArg::TCSANOW, &raw).expect("tcsetattr");
+        let mut pending = Vec::new();
+        let mut fds = [PollFd::new(self.slave.as_fd(), PollFlags::POLLIN)];
+        while poll(&mut fds, PollTimeout::from(100u16)).unwrap_or(0) > 0 {
+            let mut buf = [0u8; 4096];
+            match nix::unistd::read(self.slave.as_fd(), &mut buf) {
+                Ok(n) if n > 0 => pending.extend_from_slice(&buf[..n]),
+                _ => break,
+            }
+        }
+        pending
+    }
+
+    /// The terminal's window size as its slave reports it (rows, columns).
+    pub fn window_size(&self) -> (u16, u16) {
+        let out = Command::new("stty").arg("size").stdin(self.io()).output().expect("stty size (coreutils)");
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let mut it = text.split_whitespace().map(|n| n.parse().unwrap_or(0));
+        (it.next().unwrap_or(0), it.next().unwrap_or(0))
     }
 
     /// The terminal's modes, for comparing before and after.

@@ -2,49 +2,16 @@
 //! Domain, configuration refusal, concurrency, crash recovery at every
 //! start-up stage, `lazaret stop`, `ls`, and hostile clients.
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::process::{Child, ChildStdout, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use lazaret_tests::netlab::NetLab;
 use lazaret_tests::*;
 
 /// A `lazaret run` with piped stdio and its stdout as lines.
-struct Session {
-    child: Child,
-    lines: std::io::Lines<BufReader<ChildStdout>>,
-}
-
-impl Session {
-    fn start(env: &TestEnv, args: &[&str]) -> Session {
-        let mut child = env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
-        let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-        Session { child, lines }
-    }
-
-    fn next_line(&mut self) -> String {
-        self.lines.next().and_then(Result::ok).unwrap_or_default()
-    }
-
-    fn send(&mut self, data: &[u8]) {
-        send(self.child.stdin.as_mut().expect("stdin"), data);
-    }
-
-    /// Closes stdin, reads the rest of stdout and stderr, and waits.
-    fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
-        drop(self.child.stdin.take());
-        let mut err = String::new();
-        let mut stderr = self.child.stderr.take().expect("stderr");
-        let reader = std::thread::spawn(move || {
-            let _ = stderr.read_to_string(&mut err);
-            err
-        });
-        let rest: Vec<String> = self.lines.by_ref().map_while(Result::ok).collect();
-        let status = wait_with_limit(&mut self.child);
-        (status.code(), rest, reader.join().unwrap_or_default())
-    }
-}
+type Session = PipedSession;
 
 fn ls_json(env: &TestEnv) -> Vec<serde_json::Value> {
     let out = env.run(["ls", "--json"]);
@@ -62,14 +29,15 @@ fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo marker-aaa > /tmp/from-a; echo a-ready; read x; cat /tmp/from-b; echo a-done"]);
     assert_eq!(a.next_line(), "a-ready");
     // B sees A's file and A's process (its own command line spells the
-    // marker as a pattern that does not match itself).
+    // marker as a pattern that does not match itself; A's subreaper,
+    // `lazaret-session-init -- sh -c ...`, is left out).
     let b = env.run([
         "run",
         "test",
         "--",
         "sh",
         "-c",
-        "cat /tmp/from-a; echo from-b > /tmp/from-b; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '[m]arker-aaa > /tmp'",
+        "cat /tmp/from-a; echo from-b > /tmp/from-b; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -v '^/usr/local/bin/lazaret-session-init ' | grep -c '[m]arker-aaa > /tmp'",
     ]);
     assert_eq!(b.status.code(), Some(0), "stderr: {}", text(&b.stderr));
     assert_eq!(text(&b.stdout), "marker-aaa\n1\n", "session B's output (its own terminal only)");
@@ -134,19 +102,18 @@ fn a_killed_client_takes_only_its_own_agent_along() {
     let (status, rest, err) = a.finish();
     assert_eq!(status, Some(0), "stderr: {err}");
     assert_eq!(rest.first().map(String::as_str), Some("a-alive"));
-    // Left inside: the container's init, A's shell and its pipeline (no sleep 1000).
+    // Left inside: the container's init, A's subreaper, A's shell and its
+    // pipeline (no sleep 1000).
     let procs: usize = rest.get(1).and_then(|n| n.trim().parse().ok()).unwrap_or(99);
-    assert!(procs <= 5, "processes inside: {procs}");
+    assert!(procs <= 6, "processes inside: {procs}");
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
 
-/// What issue 17 still asks for: a process the agent double-forked (here
-/// `(sleep 1000 &)`, re-parented to the container's init) must end with its
-/// session. `kill_session_tree` follows `runsc ps` parent links and misses
-/// it; ignored until a sound way is in place.
+/// Issue 17: a process the agent double-forked (here `(sleep 1000 &)`,
+/// re-parented to the session's subreaper, `lazaret-session-init`) ends
+/// with its session.
 #[test]
-#[ignore = "issue 17: double-forked processes outlive their session"]
 fn a_killed_clients_double_forked_processes_go_too() {
     let env = TestEnv::new();
     let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^[s]leep 1000'"]);
@@ -165,6 +132,115 @@ fn a_killed_clients_double_forked_processes_go_too() {
     assert_eq!(rest, vec!["0".to_string()], "processes of the killed session left inside; stderr: {err}");
     assert_eq!(status, Some(1), "grep -c found none (exit 1)");
     env.assert_nothing_left();
+}
+
+/// How many processes inside run a command line starting with one of
+/// `commands`, as a session's `sh -c` of this text prints it (its own
+/// command line spells each as a pattern that does not match itself).
+fn count_inside(commands: &[&str]) -> String {
+    let pattern: Vec<String> = commands.iter().map(|c| format!("[{}]{}", &c[..1], &c[1..])).collect();
+    format!("for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -cE '^({})'", pattern.join("|"))
+}
+
+/// Like [`count_inside`] for processes that must be gone: a session's end
+/// kills its tree inside asynchronously (after the coordinator has already
+/// dropped the session), so the count is repeated for up to five seconds
+/// until it is 0, then printed.
+fn count_gone_inside(commands: &[&str]) -> String {
+    let count = count_inside(commands);
+    format!("n=$({count}); i=0; while [ \"$n\" != 0 ] && [ $i -lt 50 ]; do sleep 0.1; n=$({count}); i=$((i+1)); done; echo $n")
+}
+
+/// Waits until the Domain has `n` sessions.
+fn wait_sessions(env: &TestEnv, n: usize) {
+    let deadline = Instant::now() + COMMAND_LIMIT;
+    while ls_json(env).first().and_then(|d| d["sessions"].as_array().map(Vec::len)) != Some(n) {
+        assert!(Instant::now() < deadline, "the Domain never had {n} sessions: {:?}", ls_json(env));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// An agent that exits normally takes what it daemonised along (a child in
+/// the background and a double-forked one in a session of its own), keeps
+/// its exit status, and another session of the Domain goes on untouched.
+#[test]
+fn an_agent_that_exits_takes_its_daemonised_children_along() {
+    let env = TestEnv::new();
+    let count = count_gone_inside(&["sleep 1001", "sleep 1002"]);
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; sleep 1009 & read x; {count}; read x; echo a-alive; kill $!")]);
+    assert_eq!(a.next_line(), "up");
+    let c = env.run(["run", "test", "--", "sh", "-c", "(setsid sleep 1001 &); sleep 1002 & echo c-done; exit 7"]);
+    assert_eq!(c.status.code(), Some(7), "stderr: {}", text(&c.stderr));
+    assert_eq!(text(&c.stdout), "c-done\n");
+    wait_sessions(&env, 1);
+    a.send(b"x\n");
+    assert_eq!(a.next_line(), "0", "the finished session's processes are still inside");
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(rest, vec!["a-alive".to_string()], "stderr: {err}");
+    assert_eq!(status, Some(0), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// A client killed (SIGKILL) while its agent's double-forked child holds
+/// the session's PTY on all of its stdio: that child goes too, and another
+/// session of the Domain keeps running, its own background job included.
+#[test]
+fn a_killed_terminal_clients_double_forked_pty_holder_goes_too() {
+    let env = TestEnv::new();
+    let count = count_gone_inside(&["sleep 1003", "sleep 1004"]);
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; sleep 1008 & read x; {count}; echo a-alive; {}; kill $!", count_inside(&["sleep 1008"]))]);
+    assert_eq!(a.next_line(), "up");
+    let mut pty = lazaret_tests::pty::TestTerminal::new(24, 80);
+    let mut c = pty.spawn(&env, &["run", "test", "--", "sh", "-c", "(setsid sh -c 'exec sleep 1003' &); echo c-up; sleep 1004"]);
+    pty.expect("c-up");
+    wait_sessions(&env, 2);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the client");
+    let _ = wait_with_limit(&mut c);
+    wait_sessions(&env, 1);
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(rest, vec!["0".to_string(), "a-alive".to_string(), "1".to_string()], "stderr: {err}");
+    assert_eq!(status, Some(0), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Host PIDs of this env's `runsc exec` processes.
+fn runsc_execs(env: &TestEnv) -> Vec<i32> {
+    processes_mentioning(&env.runtime_dir.to_string_lossy())
+        .into_iter()
+        .filter(|p| p.contains(" exec ") && p.contains("--process"))
+        .filter_map(|p| p.split(':').next().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
+/// A session whose `runsc exec` is killed on the host (its process inside
+/// would live on): the coordinator ends the session inside, its
+/// double-forked child too, and the client gets 137; another session goes
+/// on.
+#[test]
+fn a_killed_runsc_exec_still_ends_its_session_inside() {
+    let env = TestEnv::new();
+    let count = count_gone_inside(&["sleep 1005", "sleep 1006"]);
+    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; read x; {count}; echo a-alive")]);
+    assert_eq!(a.next_line(), "up");
+    let before = runsc_execs(&env);
+    let mut c = Session::start(&env, &["run", "test", "--", "sh", "-c", "(setsid sleep 1005 &); echo c-up; sleep 1006"]);
+    assert_eq!(c.next_line(), "c-up");
+    let theirs: Vec<i32> = runsc_execs(&env).into_iter().filter(|p| !before.contains(p)).collect();
+    assert_eq!(theirs.len(), 1, "C's runsc exec among {theirs:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(theirs[0]), nix::sys::signal::Signal::SIGKILL).expect("kill -9 C's runsc exec");
+    let (status, _, err) = c.finish();
+    assert_eq!(status, Some(137), "stderr: {err}");
+    wait_sessions(&env, 1);
+    a.send(b"x\n");
+    let (status, rest, err) = a.finish();
+    assert_eq!(rest, vec!["0".to_string(), "a-alive".to_string()], "stderr: {err}");
+    assert_eq!(status, Some(0), "stderr: {err}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
 }
 
 #[test]

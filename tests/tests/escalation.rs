@@ -640,6 +640,12 @@ fn a_session_disconnecting_mid_execution_kills_the_whole_host_tree() {
     assert_eq!(ids.len(), 1);
     let actions = request_actions(&env, &ids[0]);
     assert!(!actions.contains(&"CompleteHostExecution".to_string()), "{actions:?}");
+    // The host tree can be gone (its request cancelled with the client's
+    // connection) before the session's end is journalled: wait for it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while journal_with(&env, "DisconnectSession").is_empty() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
     assert!(!journal_with(&env, "DisconnectSession").is_empty(), "no DisconnectSession in the journal");
     // The Domain carries on for its other sessions.
     let out = agent(&env, &["lazaret-escalate", "--", "true"]);

@@ -50,7 +50,7 @@ fn image_not_imported() {
 fn runsc_missing() {
     let env = TestEnv::with_profile("user = \"root\"\n");
     let cfg = std::fs::read_to_string(&env.config).expect("read config");
-    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"/nonexistent/runsc\"\n")).expect("config");
+    std::fs::write(&env.config, with_runsc_keys(&cfg, "path = \"/nonexistent/runsc\"\n")).expect("config");
     let out = env.run(["run", "test", "--", "true"]);
     assert_refused(&env, &out, &["runsc not found", "/nonexistent/runsc", "install-runsc.sh"]);
 }
@@ -62,7 +62,7 @@ fn runsc_too_old() {
     std::fs::write(&fake, "#!/bin/sh\necho 'runsc version 0.0~20221219.0'\necho 'spec: 1.0.2-dev'\n").expect("fake runsc");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let cfg = std::fs::read_to_string(&env.config).expect("read config");
-    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"{}\"\n", fake.display())).expect("config");
+    std::fs::write(&env.config, with_runsc_keys(&cfg, &format!("path = \"{}\"\n", fake.display()))).expect("config");
     let out = env.run(["run", "test", "--", "true"]);
     assert_refused(&env, &out, &["too old", "20221219", "install-runsc.sh"]);
 }
@@ -165,7 +165,7 @@ fn doctor_reports_every_check_with_ok_or_a_fix() {
     assert_eq!(out.status.code(), Some(0), "{report}");
     // A broken prerequisite is a FAIL line with its fix, and a non-zero exit.
     let cfg = std::fs::read_to_string(&env.config).expect("config");
-    std::fs::write(&env.config, format!("{cfg}\n[runsc]\npath = \"/nonexistent/runsc\"\n")).expect("config");
+    std::fs::write(&env.config, with_runsc_keys(&cfg, "path = \"/nonexistent/runsc\"\n")).expect("config");
     let out = env.run(["doctor"]);
     let report = text(&out.stdout);
     assert_ne!(out.status.code(), Some(0), "{report}");

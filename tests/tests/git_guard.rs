@@ -14,8 +14,7 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::path::Path;
 
 use lazaret_tests::*;
 
@@ -34,21 +33,8 @@ fn commit_file(dir: &Path, name: &str) {
     setup_git(dir, &["commit", "-qm", name]);
 }
 
-/// The developer's git on the host: as the test user, with their home.
-fn dev_git(dir: &Path, args: &[&str]) -> Output {
-    let home = nix::unistd::User::from_name(TEST_USER).ok().flatten().map(|u| u.dir).unwrap_or_else(|| PathBuf::from("/"));
-    Command::new("runuser")
-        .args(["-u", TEST_USER, "--", "env"])
-        .arg(format!("HOME={}", home.display()))
-        .args(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C"])
-        .arg(dir)
-        .args(args)
-        .output()
-        .expect("running the developer's git")
-}
-
 fn dev_git_ok(dir: &Path, args: &[&str]) -> String {
-    let out = dev_git(dir, args);
+    let out = developer_git(dir, args);
     assert!(out.status.success(), "developer's git {args:?} in {} failed: {}", dir.display(), text(&out.stderr));
     text(&out.stdout)
 }

@@ -2,7 +2,8 @@
 //! developer's home (where the agent's persistent home is bound), below
 //! /root for a root developer, and below a volume's sandbox path. Every
 //! other test's workspace is under /tmp, which is why the wrong mount order
-//! went unnoticed. Also: the developer has a name inside, and a failing
+//! went unnoticed. A volume written `HOST:~/...` lands in the agent's home
+//! (the default agent's and a root agent's). Also: the developer has a name inside, and a failing
 //! `runsc create` shows runsc's own message.
 
 use std::fs;
@@ -97,7 +98,8 @@ fn workspace_below_the_developers_home() {
     let script = format!(
         "{IDENTITY}; echo written=$(echo inside > {ws}/inside.txt && echo yes); echo readme=$(cat {ws}/README); \
          echo host-only=$(test -e {scratch}/host-only && echo visible || echo hidden); \
-         echo home-writable=$(touch ~/.lazaret-e2e && echo yes)"
+         echo home-writable=$(touch ~/.lazaret-e2e && echo yes); \
+         echo parent-writable=$(mkdir {ws}/../lazaret-e2e-sibling && rmdir {ws}/../lazaret-e2e-sibling && echo yes)"
     );
     let out = ok(&sh(&env, &script));
     println!("inside, as the developer:\n{out}");
@@ -117,6 +119,9 @@ fn workspace_below_the_developers_home() {
     assert_eq!(field(&out, "readme"), "test workspace");
     assert_eq!(field(&out, "host-only"), "hidden", "the host's home is visible inside");
     assert_eq!(field(&out, "home-writable"), "yes");
+    // The directories between the home and the workspace are the
+    // developer's too (not mount points runsc made as root).
+    assert_eq!(field(&out, "parent-writable"), "yes", "{out}");
     let inside = env.workspace.join("inside.txt");
     assert_eq!(fs::read_to_string(&inside).expect("inside.txt on the host"), "inside\n");
     let meta = fs::metadata(&inside).expect("stat");
@@ -198,6 +203,77 @@ fn workspace_below_a_volumes_sandbox_path() {
     assert_eq!(fs::read_to_string(volume.join("new")).expect("volume write on the host"), "new\n");
     assert!(!outer.join("new").exists(), "a volume write reached the host's path below the volume");
     assert!(!env.workspace.join(".git/hooks/pre-commit").exists(), "a hook was written");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// A volume written `HOSTDIR:~/.tool` for `agent_user` (a profile's `user`
+/// line, empty for the default agent) with the test user as the developer
+/// (`SUDO_UID`): the configuration is root's, as a root agent requires,
+/// the workspace and the host directory the developer's. Returns the env
+/// and the host directory, which holds `from-host`.
+fn home_volume_env(agent_user: &str) -> (TestEnv, PathBuf) {
+    let (uid, gid) = test_user();
+    let mut env = TestEnv::with_profile(agent_user);
+    env.env.push(("SUDO_UID".into(), uid.to_string()));
+    env.env.push(("SUDO_GID".into(), gid.to_string()));
+    let host_dir = env.scratch.join("tool");
+    fs::create_dir(&host_dir).expect("host dir");
+    fs::write(host_dir.join("from-host"), "host\n").expect("host file");
+    chown_tree(&host_dir, uid, gid);
+    chown_tree(&env.workspace, uid, gid);
+    env.write_config(&format!("{agent_user}volumes = [\"{}:~/.tool\"]\n", host_dir.display()));
+    (env, host_dir)
+}
+
+const HOME_VOLUME: &str = "echo home=$HOME; echo seen=$(cat $HOME/.tool/from-host); \
+                           echo wrote=$(echo agent > $HOME/.tool/from-agent && echo yes); echo uid=$(id -u)";
+
+/// `~/.tool` on the sandbox side is the default agent's home: the
+/// developer's name inside, the Domain's persistent home, with the volume
+/// bound below it; what the agent writes there is on the host, the
+/// developer's.
+#[test]
+fn a_home_volume_lands_in_the_default_agents_home() {
+    let (uid, gid) = test_user();
+    let (env, host_dir) = home_volume_env("");
+    let out = ok(&sh(&env, &format!("{HOME_VOLUME}; echo home-owner=$(stat -c %u ~)")));
+    println!("inside, as the developer:\n{out}");
+    assert_eq!(field(&out, "home"), format!("/home/{TEST_USER}"), "{out}");
+    assert_eq!(field(&out, "uid"), uid.to_string());
+    assert_eq!(field(&out, "seen"), "host", "the host directory is not at $HOME/.tool");
+    assert_eq!(field(&out, "wrote"), "yes");
+    // The home around the volume is still the agent's own.
+    assert_eq!(field(&out, "home-owner"), uid.to_string());
+    let written = host_dir.join("from-agent");
+    assert_eq!(fs::read_to_string(&written).expect("the agent's write on the host"), "agent\n");
+    let meta = fs::metadata(&written).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "owner of the agent's write");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// The same volume for a root agent (a root-owned configuration) lands at
+/// /root/.tool; its write reaches the host and, once the Domain is down
+/// (the Workspace Guard's final sweep), belongs to the developer.
+#[test]
+fn a_home_volume_lands_in_root_agents_home() {
+    let (uid, gid) = test_user();
+    let (env, host_dir) = home_volume_env("user = \"root\"\n");
+    let on_host_before = Path::new("/root/.tool").exists();
+    let out = ok(&sh(&env, &format!("{HOME_VOLUME}; echo root-path=$(cat /root/.tool/from-host)")));
+    println!("inside, as root:\n{out}");
+    assert_eq!(field(&out, "home"), "/root", "{out}");
+    assert_eq!(field(&out, "uid"), "0");
+    assert_eq!(field(&out, "seen"), "host", "the host directory is not at $HOME/.tool");
+    assert_eq!(field(&out, "root-path"), "host");
+    assert_eq!(field(&out, "wrote"), "yes");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    let written = host_dir.join("from-agent");
+    assert_eq!(fs::read_to_string(&written).expect("the agent's write on the host"), "agent\n");
+    let meta = fs::metadata(&written).expect("stat");
+    assert_eq!((meta.uid(), meta.gid()), (uid, gid), "a root agent's write in a volume is given to the developer");
+    assert_eq!(Path::new("/root/.tool").exists(), on_host_before, "the volume's sandbox path reached the host's /root");
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }

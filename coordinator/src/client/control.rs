@@ -130,6 +130,23 @@ pub fn debug(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result
     }
 }
 
+/// `lazaret policy log`: the names the running locked Domain of `profile`
+/// on the workspace at `dir` refused, most frequent first; `None` when the
+/// Domain's egress is open (it has no resolver of its own).
+pub fn refused_names(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<Option<Vec<lazaret_netpolicy::topology::RefusedName>>, ClientError> {
+    let (ctx, domain) = running(config, profile, dir)?;
+    if ctx.profile.egress != crate::config::EgressMode::Locked {
+        return Ok(None);
+    }
+    let path = domain.refused_names();
+    match lazaret_netpolicy::topology::read_refused_log(&path) {
+        Ok(names) => Ok(Some(names)),
+        // Nothing refused yet.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Some(Vec::new())),
+        Err(source) => Err(ClientError::Io { context: format!("reading {}", path.display()), source }),
+    }
+}
+
 /// The Domain Root (holding the journal) of `profile`'s Domain on the
 /// workspace at `dir`.
 pub fn journal_location(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<PathBuf, ClientError> {

@@ -33,6 +33,12 @@ pub enum ClientError {
         /// The profile.
         profile: String,
     },
+    /// `--reprovision` while the Domain runs.
+    #[error("--reprovision needs the Domain stopped, and profile {profile:?} is running on this workspace\n  hint: stop it with `lazaret stop {profile}` first")]
+    ReprovisionWhileRunning {
+        /// The profile.
+        profile: String,
+    },
     /// The Domain's coordinator refused the session (its reason says why).
     #[error("{0}")]
     Refused(String),
@@ -58,10 +64,11 @@ pub enum ClientError {
         log: PathBuf,
     },
     /// The connection broke during a session.
-    #[error("lost the connection to the Domain's coordinator ({source}); see {log}")]
+    #[error("lost the connection to the Domain's coordinator ({cause}); see {log}")]
     ConnectionLost {
-        /// What broke.
-        source: FrameError,
+        /// What broke (shown in the parentheses, so not an error `source`:
+        /// the CLI prints sources after the message, which would say it twice).
+        cause: FrameError,
         /// The Domain's log.
         log: PathBuf,
     },

@@ -7,7 +7,8 @@
 //! for those streams, whose master comes from the coordinator (SCM_RIGHTS)
 //! and which the client copies to and from the developer's terminal (raw
 //! mode while stdin is a terminal); window-size changes go straight to that
-//! master. Every other stream is a fresh pipe the client relays. Only
+//! master. The agent gets the developer's TERM, COLORTERM, LANG, `LC_*` and
+//! TZ (`wire::AGENT_TERMINAL_ENV`). Every other stream is a fresh pipe the client relays. Only
 //! signals, the exit status and escalation prompts travel as messages; a
 //! prompt ([`prompt`]) takes the terminal over until it is answered.
 
@@ -30,9 +31,11 @@ use crate::context::{require_root, Context, ContextError};
 use crate::layout::DomainDir;
 use crate::{transport, EXIT_BUSY};
 
-pub use control::{debug, journal_location, list, stop, stop_all, wait_unlocked};
+pub use control::{debug, journal_location, list, refused_names, stop, stop_all, wait_unlocked};
 pub use error::ClientError;
 pub use spawn::Verbosity;
+#[doc(hidden)]
+pub use prompt::fuzzing as prompt_fuzzing;
 
 /// How long `lazaret run` waits for a coordinator to publish its socket.
 const START_LIMIT: Duration = Duration::from_secs(120);
@@ -52,6 +55,8 @@ pub struct RunRequest {
     pub args: Vec<String>,
     /// Discard the State Anchor before starting (`--reset-anchor`).
     pub reset_anchor: bool,
+    /// `--no-setup` (skip the profile's setup) or `--reprovision` (rerun it).
+    pub setup: crate::daemon::provision::SetupMode,
 }
 
 /// `lazaret run`: joins the Domain (starting its coordinator if needed),
@@ -81,10 +86,18 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         // What a host command of this session may see of this environment
         // (SSH_AUTH_SOCK, LANG, and the names the escalation rules allow).
         host_env: ctx.profile.escalation.host_env_names().into_iter().filter_map(|n| std::env::var(&n).ok().map(|v| (n, v))).collect(),
+        // The terminal type, locale and time zone, for the agent (the
+        // coordinator checks them again).
+        agent_env: lazaret_protocol::wire::AGENT_TERMINAL_ENV
+            .iter()
+            .filter_map(|n| std::env::var(n).ok().map(|v| (n.to_string(), v)))
+            .filter(|(_, v)| lazaret_protocol::wire::acceptable_terminal_value(v))
+            .collect(),
     };
     let socket = dir.socket();
-    let deadline = Instant::now() + START_LIMIT;
+    let mut deadline = Instant::now() + START_LIMIT;
     let mut launched: Option<spawn::Launched> = None;
+    let mut told_waiting = false;
     loop {
         if let Some(sig) = signals.pending_termination() {
             return Err(ClientError::Interrupted(sig.to_string()));
@@ -92,6 +105,9 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
         if let Ok(stream) = UnixStream::connect(&socket) {
             if req.reset_anchor && launched.is_none() {
                 return Err(ClientError::ResetWhileRunning { profile: ctx.profile.name.clone() });
+            }
+            if req.setup == crate::daemon::provision::SetupMode::Rerun && launched.is_none() {
+                return Err(ClientError::ReprovisionWhileRunning { profile: ctx.profile.name.clone() });
             }
             let answer = handshake(&stream, &hello, &io.agent_ends())?;
             match answer {
@@ -131,6 +147,17 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
                         }
                     }
                 }
+            }
+        }
+        // A coordinator running the profile's setup (which may take
+        // minutes) is not stuck: wait as long as the marker is there and
+        // its lock is held. Another terminal's setup is said once.
+        let setup_running = dir.setup_marker().exists() && !wait_unlocked(&dir.lock(), Duration::ZERO);
+        if setup_running {
+            deadline = Instant::now() + START_LIMIT;
+            if launched.is_none() && !told_waiting && req.verbosity != Verbosity::Quiet {
+                told_waiting = true;
+                eprintln!("lazaret: note: the Domain of profile {} is running its setup (started by another terminal); waiting for it", ctx.profile.name);
             }
         }
         if Instant::now() > deadline {

@@ -623,6 +623,61 @@ fn utf8_len(lead: u8) -> usize {
     }
 }
 
+/// The prompt driven from outside the client, for the fuzz targets in
+/// `fuzz/` (docs/fuzzing.md): not part of the API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use std::time::Duration;
+
+    use lazaret_protocol::wire::{PromptDecision, PromptRequest};
+
+    use super::{Prompt, Step, ERASE_ROW_REST, REDRAW_ROW, RESTORE, SANE};
+
+    /// Something that happens to a prompt.
+    #[derive(Debug, Clone)]
+    pub enum Event {
+        /// Bytes from the developer's terminal.
+        Input(Vec<u8>),
+        /// The terminal's width changed.
+        Width(u16),
+        /// Time left until the prompt times out.
+        Tick(Duration),
+    }
+
+    /// The control sequences the prompt writes of its own (everything else
+    /// it writes is text): the start and end blocks, row erasing and
+    /// redrawing, and the line break and erase-below at the start.
+    pub const OWN_SEQUENCES: [&[u8]; 5] = [SANE, RESTORE, b"\x1b[J", REDRAW_ROW.as_bytes(), ERASE_ROW_REST.as_bytes()];
+
+    /// Shows a prompt for `request` and feeds it `events` until it decides:
+    /// every chunk of bytes it writes, in order, and the decision, if any.
+    /// The closing text after a withdrawal with `withdrawn` is written last
+    /// when no decision was made.
+    pub fn drive_prompt(request: PromptRequest, events: &[Event], withdrawn: &str) -> (Vec<Vec<u8>>, Option<PromptDecision>) {
+        let mut prompt = Prompt::new(request);
+        let mut written = vec![prompt.render()];
+        for event in events {
+            match event {
+                Event::Input(bytes) => match prompt.on_input(bytes) {
+                    Step::Redraw(bytes) => written.push(bytes),
+                    Step::Answer(decision, bytes) => {
+                        written.push(bytes);
+                        return (written, Some(decision));
+                    }
+                    Step::Nothing => {}
+                },
+                Event::Width(cols) => {
+                    prompt.set_width(*cols);
+                    written.push(prompt.render());
+                }
+                Event::Tick(left) => written.extend(prompt.tick(*left)),
+            }
+        }
+        written.push(prompt.withdrawn(withdrawn));
+        (written, None)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

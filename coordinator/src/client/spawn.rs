@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 use lazaret_protocol::journal::{Event, JournalEntry};
 
 use crate::context::Context;
+use crate::daemon::provision::{Progress, SetupMode};
 use crate::daemon::stages::Stage;
 use crate::layout::DomainDir;
 
@@ -100,8 +101,12 @@ impl Launched {
             }
         }
         for line in self.status.feed(&got, all) {
-            if self.display.verbosity != Verbosity::Quiet {
-                self.display.line(&line);
+            if self.display.verbosity == Verbosity::Quiet {
+                continue;
+            }
+            match Progress::parse(&line) {
+                Some(progress) => self.display.progress(progress),
+                None => self.display.line(&line),
             }
         }
         self.display.tick();
@@ -142,6 +147,15 @@ pub(super) fn spawn_coordinator(req: &RunRequest, ctx: &Context, dir: &DomainDir
         .arg(&req.dir);
     if req.reset_anchor {
         cmd.arg("--reset-anchor");
+    }
+    match req.setup {
+        SetupMode::Normal => {}
+        SetupMode::Skip => {
+            cmd.arg("--no-setup");
+        }
+        SetupMode::Rerun => {
+            cmd.arg("--reprovision");
+        }
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
     let mut child = cmd.spawn().map_err(ClientError::io("starting the Domain's coordinator"))?;
@@ -246,6 +260,8 @@ struct StartupDisplay {
     status_line: bool,
     journal: JournalTail,
     stage: Option<Stage>,
+    /// The setup step running now (`N/M: ARGV`), shown instead of the stage.
+    setup_step: Option<String>,
     /// The status line is on the screen.
     shown: bool,
     last_poll: Option<Instant>,
@@ -266,6 +282,7 @@ impl StartupDisplay {
             status_line,
             journal,
             stage: None,
+            setup_step: None,
             shown: false,
             last_poll: None,
             last_draw: None,
@@ -278,6 +295,35 @@ impl StartupDisplay {
     fn line(&mut self, text: &str) {
         self.erase();
         eprintln!("{text}");
+    }
+
+    /// Setup progress: on a terminal the status line names the step; the
+    /// step headers and their output are printed with `--verbose` or when
+    /// stderr is not a terminal (a log then shows what was installed).
+    fn progress(&mut self, progress: Progress) {
+        let print = self.verbosity == Verbosity::Verbose || !self.status_line;
+        match progress {
+            Progress::Step(step) => {
+                if print {
+                    self.line(&Progress::Step(step.clone()).line());
+                }
+                self.setup_step = Some(step);
+                self.last_draw = None;
+            }
+            Progress::Output(text) => {
+                if print {
+                    self.line(&format!("  {text}"));
+                }
+            }
+            Progress::Done(text) => {
+                if print {
+                    self.line(&text);
+                }
+                self.setup_step = None;
+                self.last_draw = None;
+            }
+        }
+        self.tick();
     }
 
     /// Follows the journal and redraws the status line when due.
@@ -314,7 +360,11 @@ impl StartupDisplay {
         // A terminal that does not know its size (0 columns) counts as 80.
         let columns = lazaret_runtime::terminal::window_size(std::io::stderr().as_fd()).map_or(0, |w| usize::from(w.cols));
         let columns = if columns == 0 { 80 } else { columns };
-        let text = status_text(&self.profile, self.stage, self.started.elapsed(), columns);
+        let label = match &self.setup_step {
+            Some(step) => Some(format!("setup {step}")),
+            None => self.stage.map(|s| s.to_string()),
+        };
+        let text = status_text_of(&self.profile, label.as_deref(), self.started.elapsed(), columns);
         let mut err = std::io::stderr().lock();
         let _ = write!(err, "{ERASE_LINE}{text}");
         let _ = err.flush();
@@ -354,10 +404,31 @@ impl Drop for StartupDisplay {
 
 /// The status line: `lazaret: starting Domain PROFILE (STAGE) 1.2s`, cut to
 /// fit in `columns - 1` (a line that wraps could not be erased).
+#[cfg(test)]
 fn status_text(profile: &str, stage: Option<Stage>, elapsed: Duration, columns: usize) -> String {
-    let stage = stage.map(|s| format!(" ({s})")).unwrap_or_default();
-    let text = format!("lazaret: starting Domain {profile}{stage} {:.1}s", elapsed.as_secs_f64());
-    text.chars().take(columns.saturating_sub(1).max(1)).collect()
+    status_text_of(profile, stage.map(|s| s.to_string()).as_deref(), elapsed, columns)
+}
+
+/// [`status_text`] with any label in the parentheses (a stage, or the
+/// setup step running).
+/// A label too long for the line is cut (marked `…`) before the elapsed
+/// time is.
+fn status_text_of(profile: &str, label: Option<&str>, elapsed: Duration, columns: usize) -> String {
+    let width = columns.saturating_sub(1).max(1);
+    let time = format!(" {:.1}s", elapsed.as_secs_f64());
+    let base = format!("lazaret: starting Domain {profile}");
+    let stage = match label {
+        None => String::new(),
+        Some(l) => {
+            let room = width.saturating_sub(base.chars().count() + time.chars().count() + 3);
+            if l.chars().count() <= room {
+                format!(" ({l})")
+            } else {
+                format!(" ({}…)", l.chars().take(room.saturating_sub(1)).collect::<String>())
+            }
+        }
+    };
+    format!("{base}{stage}{time}").chars().take(width).collect()
 }
 
 #[cfg(test)]
@@ -371,6 +442,9 @@ mod tests {
         assert_eq!(status_text("shell", None, Duration::ZERO, 80), "lazaret: starting Domain shell 0.0s");
         assert_eq!(status_text("shell", None, Duration::ZERO, 11).chars().count(), 10);
         assert_eq!(status_text("shell", None, Duration::ZERO, 0).chars().count(), 1);
+        let long = status_text_of("claude", Some("setup 3/3: npm install -g @anthropic-ai/claude-code --some --more --arguments"), Duration::from_millis(41_200), 80);
+        assert_eq!(long.chars().count(), 79, "{long}");
+        assert!(long.starts_with("lazaret: starting Domain claude (setup 3/3: npm install") && long.ends_with("…) 41.2s"), "the time stays: {long}");
     }
 
     #[test]

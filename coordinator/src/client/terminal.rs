@@ -7,6 +7,15 @@
 //! mode (restored on every exit path) while stdin is a terminal; signals go
 //! to the coordinator as messages, and the agent's exit status comes back.
 //!
+//! A hangup (the developer's terminal closed or its connection dropped:
+//! SIGHUP, or the terminal itself reporting it) is forwarded to the agent as
+//! SIGHUP; nothing is read from or written to a terminal that hung up any
+//! more (the agent's output is drained and dropped). An agent that has not
+//! exited after [`HANGUP_GRACE`] (one that ignores SIGHUP) has its session
+//! ended as a second ^C would: SIGKILL, which the coordinator turns into
+//! ending the session's whole process tree through its subreaper. The client
+//! then exits 129 (128 + SIGHUP).
+//!
 //! An escalation prompt takes the terminal over (terminal routes Sandbox →
 //! Prompt → HostProcess → Sandbox): while it is up the keyboard goes to the
 //! [`Prompt`], and the PTY's output is held back and written once it is
@@ -167,6 +176,9 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
         queued: VecDeque::new(),
         held: Vec::new(),
         held_notices: Vec::new(),
+        terminal,
+        terminal_gone: false,
+        hangup: None,
     };
     let outcome = relay.run(signals, dir);
     // A lost connection leaves a prompt up: close it (no answer can go).
@@ -174,8 +186,13 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
     drop(raw);
     outcome?;
     // The coordinator sends the exit before it tears the Domain down; a
-    // rerun waits for the Domain lock itself.
-    let status = relay.exit.unwrap_or(LAZARET_FAILED);
+    // rerun waits for the Domain lock itself. A session the client ended
+    // after a hangup reports the hangup, not the SIGKILL that ended it.
+    let status = match (&relay.hangup, relay.exit) {
+        (Some(Hangup { ended_at: Some(_), .. }), _) => HANGUP_STATUS,
+        (_, Some(status)) => status,
+        (_, None) => LAZARET_FAILED,
+    };
     Ok(ExitStatus(status))
 }
 
@@ -195,6 +212,20 @@ const PROMPT_ARMING: Duration = Duration::from_millis(300);
 /// How long past a prompt's timeout the client waits for the coordinator's
 /// withdrawal before it closes the prompt itself, answering deny.
 const WITHDRAWAL_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the agent may take to exit after a hangup was forwarded to it
+/// before the client ends its session (an agent that ignores SIGHUP would
+/// otherwise hold the Domain up forever, with nobody left to see it).
+const HANGUP_GRACE: Duration = Duration::from_secs(3);
+
+/// How long the client waits for the agent's exit once it asked for the
+/// session's end after a hangup; then it leaves anyway (the coordinator
+/// ends the tree of a session whose client went away, too).
+const HANGUP_EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// The client's status when it ended its session after a hangup: as a
+/// process killed by SIGHUP (128 + 1).
+pub(super) const HANGUP_STATUS: i32 = 128 + libc::SIGHUP;
 
 /// How often the relay wakes while a prompt is up (the time left, the
 /// deadline).
@@ -216,6 +247,14 @@ struct Showing {
     tty: Option<OwnedFd>,
     /// Which of the client's streams shows it otherwise.
     screen: usize,
+}
+
+/// A hangup under way: the agent was sent SIGHUP.
+struct Hangup {
+    /// When the agent's grace ends and its session is ended.
+    grace_ends: Instant,
+    /// When the client asked for the session's end, if the grace ran out.
+    ended_at: Option<Instant>,
 }
 
 /// One of the agent's output pipes and the client stream it goes to.
@@ -260,6 +299,13 @@ struct Relay<'a> {
     held: Vec<u8>,
     /// The coordinator's notices held back while a prompt is up.
     held_notices: Vec<String>,
+    /// Which of the client's stdin, stdout and stderr are terminals.
+    terminal: [bool; 3],
+    /// The developer's terminal hung up: nothing is read from it or
+    /// written to it any more.
+    terminal_gone: bool,
+    /// Set once the client forwarded a hangup to the agent.
+    hangup: Option<Hangup>,
 }
 
 /// What one poll round found ready.
@@ -270,6 +316,8 @@ struct Ready {
     input: PollFlags,
     stdin_pipe: PollFlags,
     outputs: Vec<PollFlags>,
+    /// The developer's terminal, watched for a hangup only.
+    watch: PollFlags,
     timed_out: bool,
 }
 
@@ -292,6 +340,9 @@ impl Relay<'_> {
             if self.exit.is_some() && (ready.timed_out || !self.output_open()) {
                 return Ok(());
             }
+            if ready.watch.intersects(PollFlags::POLLHUP | PollFlags::POLLERR | PollFlags::POLLNVAL) {
+                self.on_terminal_gone();
+            }
             if ready.signals {
                 self.on_signals(signals);
             }
@@ -308,6 +359,9 @@ impl Relay<'_> {
                 self.pump_input(&ready);
             }
             if self.exit.is_some() && !self.output_open() {
+                return Ok(());
+            }
+            if self.hangup_tick() {
                 return Ok(());
             }
         }
@@ -346,13 +400,27 @@ impl Relay<'_> {
         let wanted = if self.prompt.is_some() { true } else { destination && self.to_agent.len() < INPUT_BACKLOG };
         let input = if self.input_open && wanted { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
         let outputs: Vec<Option<usize>> = self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
-        let timeout = if self.exit.is_some() {
+        // No events asked: a terminal reports POLLHUP when it hung up, even
+        // while nothing is read from it or written to it. Once gone, it is
+        // not polled again (it would report POLLHUP on every round).
+        let watch = match self.sizing {
+            Some(n) if !self.terminal_gone => add(&mut fds, self.std.fd(n), PollFlags::empty()),
+            _ => None,
+        };
+        let mut timeout = if self.exit.is_some() {
             PollTimeout::from(100u16)
         } else if self.prompt.is_some() {
             PollTimeout::from(PROMPT_TICK)
         } else {
             PollTimeout::NONE
         };
+        if let Some(next) = self.hangup_deadline() {
+            let ms = next.saturating_duration_since(Instant::now()).as_millis().saturating_add(1);
+            let ms = PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX));
+            if timeout == PollTimeout::NONE || ms < timeout {
+                timeout = ms;
+            }
+        }
         let n = match poll(&mut fds, timeout) {
             Err(Errno::EINTR) => return Ok(None),
             Err(e) => return Err(ClientError::errno("waiting for terminal events")(e)),
@@ -366,6 +434,7 @@ impl Relay<'_> {
             input: revents(input),
             stdin_pipe: revents(stdin_pipe),
             outputs: outputs.into_iter().map(revents).collect(),
+            watch: revents(watch),
             timed_out: n == 0,
         }))
     }
@@ -386,9 +455,19 @@ impl Relay<'_> {
                         showing.prompt.set_width(cols);
                     }
                 }
-                Signal::SIGINT | Signal::SIGTERM | Signal::SIGHUP | Signal::SIGQUIT => {
+                // The agent gets its grace. The kernel's SIGHUP often comes
+                // after the terminal itself showed the hangup (POLLHUP): the
+                // same hangup, not a second signal that would end it at once.
+                Signal::SIGHUP => {
+                    self.check_terminal();
+                    self.hang_up();
+                }
+                Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT => {
                     self.terminations += 1;
                     let signal = if self.terminations == 1 { sig as i32 } else { libc::SIGKILL };
+                    if let (libc::SIGKILL, Some(h)) = (signal, self.hangup.as_mut()) {
+                        h.ended_at.get_or_insert_with(Instant::now);
+                    }
                     let _ = wire::write_message(&mut out, &ClientMessage::Signal { signal });
                 }
                 _ => {}
@@ -410,17 +489,29 @@ impl Relay<'_> {
             Ok(CoordinatorMessage::Notice { text }) if self.prompt.is_some() => self.held_notices.push(text),
             Ok(CoordinatorMessage::Notice { text }) => self.show_notice(&text),
             Ok(_) => {}
-            Err(e) => return Err(ClientError::ConnectionLost { source: e, log: dir.log() }),
+            Err(e) => return Err(ClientError::ConnectionLost { cause: e, log: dir.log() }),
         }
         Ok(())
     }
 
-    /// A notice from the coordinator, on stderr.
+    /// A notice from the coordinator, on stderr (if it is still there:
+    /// written, not `eprint!`ed, which would panic on a hung-up terminal).
     fn show_notice(&self, text: &str) {
-        if self.raw {
-            eprint!("\r\nlazaret: {text}\r\n");
-        } else {
-            eprintln!("lazaret: {text}");
+        if self.terminal_gone && self.terminal[2] {
+            return;
+        }
+        let line = if self.raw { format!("\r\nlazaret: {text}\r\n") } else { format!("lazaret: {text}\n") };
+        let _ = write_all(self.std.fd(2), line.as_bytes());
+    }
+
+    /// Writes the PTY's output to the developer's terminal; a terminal that
+    /// hung up is noticed here too (EIO), and then written to no more.
+    fn write_terminal(&mut self, data: &[u8]) {
+        if self.terminal_gone {
+            return;
+        }
+        if write_all(self.std.fd(self.master_out), data).is_err() {
+            self.check_terminal();
         }
     }
 
@@ -435,7 +526,11 @@ impl Relay<'_> {
                     Ok(0) | Err(Errno::EIO) => self.master = None,
                     Ok(n) if holding => self.held.extend_from_slice(&self.buf[..n]),
                     Ok(n) => {
-                        let _ = write_all(self.std.fd(self.master_out), &self.buf[..n]);
+                        // Still drained once the terminal is gone: an agent
+                        // that writes while it exits must not block.
+                        let out = std::mem::take(&mut self.buf);
+                        self.write_terminal(&out[..n]);
+                        self.buf = out;
                     }
                     Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
                     Err(_) => self.master = None,
@@ -467,10 +562,15 @@ impl Relay<'_> {
     fn pump_input(&mut self, ready: &Ready) {
         if ready.input.intersects(READABLE) {
             match nix::unistd::read(self.std.fd(0), &mut self.buf) {
-                Ok(0) => self.input_open = false,
-                Ok(n) => self.to_agent.extend_from_slice(&self.buf[..n]),
+                Ok(n) if n > 0 => self.to_agent.extend_from_slice(&self.buf[..n]),
                 Err(Errno::EAGAIN) | Err(Errno::EINTR) => {}
-                Err(_) => self.input_open = false,
+                // In raw mode a terminal gives no end of file: it hung up.
+                _ => {
+                    self.input_open = false;
+                    if self.terminal[0] {
+                        self.check_terminal();
+                    }
+                }
             }
         }
         self.flush_to_agent(ready);
@@ -507,13 +607,93 @@ impl Relay<'_> {
     }
 }
 
+/// Hangups: the developer's terminal closed or its connection dropped.
+impl Relay<'_> {
+    /// Whether the developer's terminal (the first of the client's streams
+    /// that is one) hung up: it then reports POLLHUP, whatever is asked.
+    fn terminal_hung_up(&self) -> bool {
+        let Some(n) = self.sizing else { return false };
+        let mut p = [PollFd::new(self.std.fd(n), PollFlags::empty())];
+        matches!(poll(&mut p, PollTimeout::ZERO), Ok(1)) && p[0].revents().is_some_and(|r| r.contains(PollFlags::POLLHUP))
+    }
+
+    /// After a sign of a hangup (SIGHUP, POLLHUP, end of file or EIO on
+    /// the terminal): if the terminal really is gone, nothing is read from
+    /// or written to it any more, and the hangup goes to the agent.
+    fn check_terminal(&mut self) {
+        if !self.terminal_gone && self.terminal_hung_up() {
+            self.on_terminal_gone();
+        }
+    }
+
+    /// The terminal hung up: see [`Relay::check_terminal`].
+    fn on_terminal_gone(&mut self) {
+        if self.terminal_gone {
+            return;
+        }
+        self.terminal_gone = true;
+        if self.input_to_master {
+            self.input_open = false;
+        }
+        self.held.clear();
+        self.hang_up();
+    }
+
+    /// Forwards the hangup to the agent (once) and starts its grace. Prompts
+    /// are denied: the session is going away.
+    fn hang_up(&mut self) {
+        if self.hangup.is_some() || self.exit.is_some() {
+            return;
+        }
+        self.hangup = Some(Hangup { grace_ends: Instant::now() + HANGUP_GRACE, ended_at: None });
+        // A further termination signal ends the agent at once.
+        self.terminations += 1;
+        let mut out = self.stream;
+        let _ = wire::write_message(&mut out, &ClientMessage::Signal { signal: libc::SIGHUP });
+        self.deny_all(if self.terminal_gone { "the terminal hung up" } else { "hangup (SIGHUP): the session ends" });
+    }
+
+    /// The next moment [`Relay::hangup_tick`] has something to do.
+    fn hangup_deadline(&self) -> Option<Instant> {
+        match (&self.hangup, self.exit) {
+            (Some(h), None) => Some(match h.ended_at {
+                None => h.grace_ends,
+                Some(at) => at + HANGUP_EXIT_WAIT,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Past the grace, ends the session: SIGKILL, which the coordinator
+    /// turns into ending the session's tree (`Domain::kill_session_tree`:
+    /// `session::END_SIGNAL` to its subreaper, which kills the agent and
+    /// everything it left, double-forked processes too). Returns
+    /// true when the agent's exit did not come in time after that: the
+    /// client leaves (closing the connection, which makes the coordinator
+    /// end the session's tree again).
+    fn hangup_tick(&mut self) -> bool {
+        let Some(deadline) = self.hangup_deadline() else { return false };
+        if Instant::now() < deadline {
+            return false;
+        }
+        let Some(h) = self.hangup.as_mut() else { return false };
+        if h.ended_at.is_some() {
+            return true;
+        }
+        h.ended_at = Some(Instant::now());
+        let mut out = self.stream;
+        let _ = wire::write_message(&mut out, &ClientMessage::Signal { signal: libc::SIGKILL });
+        false
+    }
+}
+
 /// The escalation prompt (see [`super::prompt`] for the screen and keys).
 impl Relay<'_> {
     /// A request for the developer: shown now, or queued behind the prompt
     /// on screen. A session whose stdin is not a terminal cannot be asked
     /// (the coordinator does not ask it; this is defensive): denied.
     fn on_prompt(&mut self, request: PromptRequest) {
-        if !self.input_to_master || !self.input_open {
+        if !self.input_to_master || !self.input_open || self.hangup.is_some() {
             self.answer(&request.request, PromptDecision::Deny);
             return;
         }
@@ -566,6 +746,7 @@ impl Relay<'_> {
                 // The terminal is gone: nobody can answer.
                 self.input_open = false;
                 self.deny_all("the terminal closed");
+                self.check_terminal();
                 return;
             }
             Ok(n) => n,
@@ -642,10 +823,12 @@ impl Relay<'_> {
     /// held back, then shows the next prompt, if any.
     fn finish(&mut self, text: &[u8]) {
         let Some(showing) = self.prompt.take() else { return };
-        let _ = write_all(showing.fd(&self.std), text);
+        if !self.terminal_gone {
+            let _ = write_all(showing.fd(&self.std), text);
+        }
         drop(showing);
         let held = std::mem::take(&mut self.held);
-        let _ = write_all(self.std.fd(self.master_out), &held);
+        self.write_terminal(&held);
         for notice in std::mem::take(&mut self.held_notices) {
             self.show_notice(&notice);
         }
@@ -825,6 +1008,97 @@ mod tests {
     /// Longer than the prompt's arming time.
     fn let_it_arm() {
         std::thread::sleep(PROMPT_ARMING + Duration::from_millis(200));
+    }
+
+    /// Set in the child of the hangup test: the coordinator's socket path.
+    const HANGUP_CHILD: &str = "LAZARET_TEST_HANGUP_RELAY_SOCKET";
+    const HANGUP_TEST: &str = "client::terminal::tests::a_hung_up_terminal_is_forwarded_and_the_session_ended_after_the_grace";
+
+    /// The developer's terminal hangs up (its master closed) under a client
+    /// that leads its session (`setsid -c`): the client sees it on the
+    /// terminal and gets the kernel's SIGHUP (one hangup, forwarded once),
+    /// drains the agent's output into nothing (the agent never blocks on a
+    /// full PTY), asks for the session's end (SIGKILL) only once the grace
+    /// is over, and exits 129.
+    #[test]
+    fn a_hung_up_terminal_is_forwarded_and_the_session_ended_after_the_grace() {
+        if let Some(socket) = std::env::var_os(HANGUP_CHILD) {
+            client(&socket);
+        }
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("socket");
+        let listener = UnixListener::bind(&path).expect("bind");
+        let developer = open_pty().expect("pty");
+        let agent = open_pty().expect("pty");
+        let stdio = || Stdio::from(developer.slave.try_clone().expect("dup"));
+        let exe = std::env::current_exe().expect("current_exe");
+        // The client blocks its signals in its own thread (`lazaret run` is
+        // single-threaded then); in the child, libtest's other threads must
+        // not take the kernel's SIGHUP and die of it: blocked here, the
+        // signal stays blocked through fork and exec, in every thread.
+        let mut hup = nix::sys::signal::SigSet::empty();
+        hup.add(Signal::SIGHUP);
+        let mut mask = nix::sys::signal::SigSet::empty();
+        nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_BLOCK, Some(&hup), Some(&mut mask)).expect("blocking SIGHUP");
+        let child = Command::new("setsid")
+            .arg("-c")
+            .arg(exe)
+            .args(["--exact", HANGUP_TEST, "--test-threads=1", "--nocapture", "-q"])
+            .env(HANGUP_CHILD, &path)
+            .stdin(stdio())
+            .stdout(stdio())
+            .stderr(stdio())
+            .spawn()
+            .expect("spawn the client (setsid, util-linux)");
+        nix::sys::signal::pthread_sigmask(nix::sys::signal::SigmaskHow::SIG_SETMASK, Some(&mask), None).expect("restoring the signal mask");
+        let mut child = Reaped(child);
+        drop(developer.slave);
+        let mut screen = Screen { master: developer.master, seen: String::new() };
+        listener.set_nonblocking(true).expect("nonblocking");
+        let deadline = Instant::now() + LIMIT;
+        let coordinator = loop {
+            match listener.accept() {
+                Ok((stream, _)) => break stream,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => screen.read_for(Duration::from_millis(20)),
+                Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", screen.seen),
+            }
+        };
+        coordinator.set_nonblocking(false).expect("blocking");
+        coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
+        transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent.master.as_fd()]).expect("send the master");
+        drop(agent.master);
+        let mut agent_out = std::fs::File::from(agent.slave.try_clone().expect("dup"));
+        agent_out.write_all(b"agent says hi\r\n").expect("agent output");
+        screen.wait_for("agent says hi", 0);
+
+        let hung_up = Instant::now();
+        drop(screen);
+        assert_eq!(receive(&coordinator), ClientMessage::Signal { signal: libc::SIGHUP });
+        // The agent ignores it and writes on, far more than a PTY holds:
+        // the client drains it into nothing.
+        nix::fcntl::fcntl(&agent_out, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).expect("nonblocking");
+        let chunk = [b'x'; 4096];
+        let mut written = 0;
+        while written < 1024 * 1024 && hung_up.elapsed() < HANGUP_GRACE / 2 {
+            match agent_out.write(&chunk) {
+                Ok(n) => written += n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(1)),
+                Err(e) => panic!("the agent's write: {e}"),
+            }
+        }
+        assert!(written >= 1024 * 1024, "the agent could write only {written} bytes after the hangup: its output was not drained");
+        assert_eq!(receive(&coordinator), ClientMessage::Signal { signal: libc::SIGKILL });
+        assert!(hung_up.elapsed() >= HANGUP_GRACE, "the session was ended before the agent's grace was over");
+        send(&coordinator, &CoordinatorMessage::Exit { status: 137 });
+        let deadline = Instant::now() + LIMIT;
+        let status = loop {
+            if let Some(status) = child.0.try_wait().expect("wait") {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the client did not exit");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        assert_eq!(status.code(), Some(HANGUP_STATUS));
     }
 
     #[test]

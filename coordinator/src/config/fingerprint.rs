@@ -55,6 +55,11 @@ struct Canonical<'a> {
     persistent_dirs: Vec<&'a PathBuf>,
     allow_egress: Vec<&'a Located<Prefix>>,
     deny_egress: Vec<&'a Located<Prefix>>,
+    /// Only when locked or naming names, so open profiles keep older fingerprints.
+    #[serde(skip_serializing_if = "super::EgressMode::is_open")]
+    egress: super::EgressMode,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    allow_names: Vec<&'a Located<super::AllowName>>,
     ipv6: Option<bool>,
     /// Effective resolvers: the profile's, else the top-level list.
     dns: &'a [IpAddr],
@@ -64,6 +69,9 @@ struct Canonical<'a> {
     hostname: Option<&'a str>,
     memory_limit: Option<u64>,
     pids_limit: Option<u64>,
+    /// Only when set, so profiles without setup keep older fingerprints.
+    #[serde(skip_serializing_if = "<[Vec<String>]>::is_empty")]
+    setup: &'a [Vec<String>],
 }
 
 fn sorted<T: Ord>(items: impl IntoIterator<Item = T>) -> Vec<T> {
@@ -87,6 +95,8 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         persistent_dirs: sorted(&profile.persistent_dirs),
         allow_egress: sorted(&profile.allow_egress),
         deny_egress: sorted(&profile.deny_egress),
+        egress: profile.egress,
+        allow_names: sorted(&profile.allow_names),
         ipv6: profile.ipv6,
         dns: profile.effective_dns(config),
         env: &profile.env,
@@ -95,6 +105,7 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         hostname: profile.hostname.as_deref(),
         memory_limit: profile.memory_limit,
         pids_limit: profile.pids_limit,
+        setup: &profile.setup,
     };
     let bytes = serde_json::to_vec(&canonical).map_err(|error| ConfigError::Render {
         message: error.to_string(),
@@ -103,9 +114,21 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
 }
 
 pub(crate) fn render_toml(config: &Config) -> Result<String, ConfigError> {
-    let body = toml::to_string_pretty(config).map_err(|error| ConfigError::Render {
-        message: error.to_string(),
-    })?;
+    let render_error = |message: String| ConfigError::Render { message };
+    let mut table = toml::Table::try_from(config).map_err(|error| render_error(error.to_string()))?;
+    // `allow_egress` is one list in the file, prefixes and names mixed; the
+    // model keeps the names apart. Written back as one, the output parses.
+    if let Some(toml::Value::Table(profiles)) = table.get_mut("profiles") {
+        for (_, profile) in profiles.iter_mut() {
+            let toml::Value::Table(profile) = profile else { continue };
+            let Some(toml::Value::Array(names)) = profile.remove("allow_egress_names") else { continue };
+            match profile.entry("allow_egress").or_insert_with(|| toml::Value::Array(Vec::new())) {
+                toml::Value::Array(entries) => entries.extend(names),
+                _ => return Err(render_error("allow_egress is not a list".to_string())),
+            }
+        }
+    }
+    let body = toml::to_string_pretty(&table).map_err(|error| render_error(error.to_string()))?;
     Ok(format!(
         "# Validated configuration from {} (defaults filled in)\n{body}",
         config.file.display()

@@ -14,6 +14,7 @@
 //! `persistent_dirs`, `allow_egress` and `deny_egress` are sets (duplicates are
 //! rejected, order does not change the [`Fingerprint`]). Escalation rules keep
 //! their order (the first matching rule applies); a rule's `env` is a set.
+//! `setup` steps keep their order (they run in it).
 
 mod confine;
 mod diag;
@@ -45,8 +46,9 @@ pub use diag::{ConfigError, Diagnostic};
 pub use discover::{ConfigPathSource, config_path, config_path_with_source};
 pub use fingerprint::Fingerprint;
 pub use located::Located;
-/// One `volumes` entry (the mounts crate's type and parser).
-pub use lazaret_mounts::volumes::Volume;
+/// One `volumes` entry (the mounts crate's type and parser), its sandbox
+/// side as written, and the entry resolved for one agent.
+pub use lazaret_mounts::volumes::{SandboxPath, Volume, VolumeMount};
 /// The gVisor platform of `[runsc] platform` (runsc's own type).
 pub use lazaret_runtime::Platform;
 
@@ -266,6 +268,16 @@ pub struct Profile {
     pub allow_egress: Vec<Located<Prefix>>,
     /// Destination prefixes closed in addition to the defaults.
     pub deny_egress: Vec<Located<Prefix>>,
+    /// `egress`: open (default: the public internet) or locked (only what
+    /// `allow_egress` names).
+    #[serde(skip_serializing_if = "EgressMode::is_open")]
+    pub egress: EgressMode,
+    /// The name entries of `allow_egress` (`api.anthropic.com`,
+    /// `*.npmjs.org`, `github.com:22`); only with `egress = "locked"`.
+    /// `config show` writes them back into `allow_egress` (so its output
+    /// parses); `--json` keeps them apart, as `allow_egress_names`.
+    #[serde(rename = "allow_egress_names", skip_serializing_if = "Vec::is_empty")]
+    pub allow_names: Vec<Located<AllowName>>,
     /// IPv6 on or off; `None` leaves the choice to the network policy.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ipv6: Option<bool>,
@@ -294,10 +306,31 @@ pub struct Profile {
     /// What `[profiles.NAME.escalation]` writes itself.
     #[serde(rename = "escalation", skip_serializing_if = "EscalationOverrides::is_empty")]
     pub escalation_overrides: EscalationOverrides,
+    /// Provisioning: argument vectors run in order, as root inside the
+    /// sandbox (without the workspace), on the Domain's first start and
+    /// whenever they (or the image, or `persistent_dirs`) change; their
+    /// results persist in the State Anchor. See `daemon::provision`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub setup: Vec<Vec<String>>,
     /// Where the profile table starts, `FILE:LINE:COLUMN`.
     #[serde(skip)]
     pub origin: String,
 }
+
+/// Bounds of a profile's `setup` list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SetupLimits {
+    /// Most steps in one profile.
+    pub steps: usize,
+    /// Most elements in one step's argv.
+    pub args: usize,
+    /// Most bytes in one step's argv (each element plus one).
+    pub step_bytes: usize,
+}
+
+/// The limits of `setup`: generous for real installs, small enough that a
+/// typo (a whole file pasted in) is caught.
+pub const SETUP_LIMITS: SetupLimits = SetupLimits { steps: 64, args: 1024, step_bytes: 64 * 1024 };
 
 /// The value of one `env` entry.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
@@ -329,6 +362,48 @@ impl fmt::Display for EnvValue {
 }
 
 impl Serialize for EnvValue {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+/// A profile's `egress` key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EgressMode {
+    /// The public internet is reachable; private and special ranges are not.
+    #[default]
+    Open,
+    /// Only the `allow_egress` prefixes and names are reachable.
+    Locked,
+}
+
+impl EgressMode {
+    /// Whether this is the default, open mode.
+    pub fn is_open(&self) -> bool {
+        *self == EgressMode::Open
+    }
+}
+
+/// One name entry of `allow_egress`: a name or `*.` wildcard, maybe a port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct AllowName {
+    /// The names matched.
+    pub pattern: lazaret_netpolicy::NamePattern,
+    /// The only port opened, if any.
+    pub port: Option<u16>,
+}
+
+impl fmt::Display for AllowName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.port {
+            Some(port) => write!(f, "{}:{port}", self.pattern),
+            None => write!(f, "{}", self.pattern),
+        }
+    }
+}
+
+impl Serialize for AllowName {
     fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         serializer.collect_str(self)
     }

@@ -16,8 +16,8 @@ use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
 use super::{
     Config, DEFAULT_COMMAND, DEFAULT_ESCALATION_TIMEOUT, DEFAULT_PROMPT_TIMEOUT,
     DEFAULT_STORAGE_ROOT, ESCALATION_TIMEOUT_RANGE, EnvValue, EscalationOverrides,
-    EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
-    Platform, Profile, Rule, RunscSettings, UserChoice, net,
+    AllowName, EgressMode, EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
+    Platform, Profile, Rule, RunscSettings, SETUP_LIMITS, UserChoice, net,
 };
 use crate::escalation::rules::{HOST_COMMAND_PATH, RelativeDirProblem, refused_env, workspace_relative};
 
@@ -44,6 +44,7 @@ const PROFILE_KEYS: &[&str] = &[
     "persistent_dirs",
     "allow_egress",
     "deny_egress",
+    "egress",
     "ipv6",
     "dns",
     "env",
@@ -53,6 +54,7 @@ const PROFILE_KEYS: &[&str] = &[
     "memory_limit",
     "pids_limit",
     "escalation",
+    "setup",
 ];
 
 /// Parses `text` (the content of `file`) into a validated [`Config`].
@@ -845,8 +847,17 @@ impl<'a> Walker<'a> {
             Some(v) => self.boolean(v, "ipv6").map(Some),
             None => Some(None),
         };
+        let egress = match keys.get("egress") {
+            Some(v) => self.egress_mode(v),
+            None => Some(EgressMode::Open),
+        };
         let (allow, deny, egress_ok) = self.egress(keys.get("allow_egress"), keys.get("deny_egress"), ipv6);
         ok &= egress_ok;
+        let (allow_names, names_ok) = match keys.get("allow_egress") {
+            Some(v) => self.allow_names(v, egress),
+            None => (Vec::new(), true),
+        };
+        ok &= names_ok;
         let (allow_egress, deny_egress) = (Some(allow), Some(deny));
         let dns = match keys.get("dns") {
             Some(v) => self.dns(v, "dns").map(Some),
@@ -883,6 +894,10 @@ impl<'a> Walker<'a> {
             Some(v) => self.escalation(v, &format!("profiles.{name_text}.escalation"), &global_escalation.rules),
             None => Some(EscalationOverrides::default()),
         };
+        let setup = match keys.get("setup") {
+            Some(v) => self.setup(v, &context, persistent_dirs.as_ref().map(Vec::is_empty)),
+            None => Some(Vec::new()),
+        };
         if !ok {
             return None;
         }
@@ -894,6 +909,8 @@ impl<'a> Walker<'a> {
             persistent_dirs: persistent_dirs?,
             allow_egress: allow_egress?,
             deny_egress: deny_egress?,
+            egress: egress?,
+            allow_names,
             ipv6: ipv6?,
             dns: dns?,
             env: env?,
@@ -904,8 +921,74 @@ impl<'a> Walker<'a> {
             pids_limit: pids_limit?,
             escalation: escalation_overrides.as_ref()?.apply_to(global_escalation),
             escalation_overrides: escalation_overrides?,
+            setup: setup?,
             origin,
         })
+    }
+
+    /// A profile's `setup`: steps run as root in the sandbox before the
+    /// agent's first session (see `daemon::provision`), each a non-empty
+    /// argv, within [`SETUP_LIMITS`]. `no_persistent_dirs` is whether the
+    /// profile keeps nothing across runs (`None` when `persistent_dirs` was
+    /// invalid): then the steps' results would be lost at every start.
+    fn setup(&mut self, value: &Value<'_>, context: &str, no_persistent_dirs: Option<bool>) -> Option<Vec<Vec<String>>> {
+        let example = "[[\"apt-get\", \"update\"], [\"apt-get\", \"install\", \"-y\", \"nodejs\", \"npm\"]]";
+        let array = self.array(value, "setup", example)?;
+        let mut ok = true;
+        if array.len() > SETUP_LIMITS.steps {
+            self.error(&value.span(), format!("`setup` of {context} has {} steps, more than {}", array.len(), SETUP_LIMITS.steps), "join steps with `sh -c \"a && b\"` or move them into a script installed by one step");
+            ok = false;
+        }
+        if no_persistent_dirs == Some(true) && !array.is_empty() {
+            self.error(&value.span(), format!("`setup` of {context} needs `persistent_dirs`: only they keep what the steps install"), "keep the directories the steps write, e.g. persistent_dirs = [\"/usr\", \"/var\", \"/etc\", \"/opt\", \"/root\"]");
+            ok = false;
+        }
+        let mut steps = Vec::new();
+        for (index, element) in array.iter().enumerate() {
+            let number = index + 1;
+            let DeValue::Array(args) = element.get_ref() else {
+                let found = element.get_ref().type_str();
+                self.error(&element.span(), format!("setup step {number} of {context} must be an argument vector (an array of strings), found {found}"), format!("write each step as an array, e.g. setup = {example}; for a shell command line use [\"sh\", \"-c\", \"a && b\"]"));
+                ok = false;
+                continue;
+            };
+            let mut argv = Vec::new();
+            let mut step_ok = true;
+            for arg in args.iter() {
+                match arg.get_ref() {
+                    DeValue::String(text) if text.contains('\0') => {
+                        self.error(&arg.span(), format!("an argument of setup step {number} of {context} contains a NUL character"), "");
+                        step_ok = false;
+                    }
+                    DeValue::String(text) => argv.push(text.to_string()),
+                    other => {
+                        let found = other.type_str();
+                        self.error(&arg.span(), format!("arguments of setup step {number} of {context} must be strings, found {found}"), format!("e.g. setup = {example}"));
+                        step_ok = false;
+                    }
+                }
+            }
+            if !step_ok {
+                ok = false;
+                continue;
+            }
+            let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
+            let problem = match argv.first() {
+                None => Some((format!("setup step {number} of {context} is empty"), "give the program and its arguments, e.g. [\"apt-get\", \"update\"]".to_string())),
+                Some(program) if program.is_empty() => Some((format!("setup step {number} of {context} starts with an empty program name"), "e.g. [\"apt-get\", \"update\"]".to_string())),
+                Some(_) if argv.len() > SETUP_LIMITS.args => Some((format!("setup step {number} of {context} has {} arguments, more than {}", argv.len(), SETUP_LIMITS.args), "split it into several steps".to_string())),
+                Some(_) if bytes > SETUP_LIMITS.step_bytes => Some((format!("setup step {number} of {context} is {bytes} bytes long, more than {}", SETUP_LIMITS.step_bytes), "install a script with one step and run it with the next".to_string())),
+                Some(_) => None,
+            };
+            match problem {
+                Some((message, hint)) => {
+                    self.error(&element.span(), message, hint);
+                    ok = false;
+                }
+                None => steps.push(argv),
+            }
+        }
+        ok.then_some(steps)
     }
 
     /// `allow_egress` and `deny_egress` with their conflicts: an equal
@@ -942,6 +1025,54 @@ impl<'a> Walker<'a> {
             }
         }
         (allow, deny, ok)
+    }
+
+    /// A profile's `egress`: "open" or "locked".
+    fn egress_mode(&mut self, v: &Value<'_>) -> Option<EgressMode> {
+        let text = self.string(v, "egress", "\"locked\"")?;
+        match text {
+            "open" => Some(EgressMode::Open),
+            "locked" => Some(EgressMode::Locked),
+            _ => {
+                self.error(&v.span(), format!("`egress` = {text:?} is not valid"), "use \"open\" (default: the public internet, private ranges denied) or \"locked\" (only what allow_egress names)");
+                None
+            }
+        }
+    }
+
+    /// The name entries of `allow_egress` (the prefixes are read by
+    /// [`Self::prefixes`], which leaves names to this). Names need
+    /// `egress = "locked"` (`egress` is `None` when it was invalid).
+    fn allow_names(&mut self, value: &Value<'_>, egress: Option<EgressMode>) -> (Vec<Located<AllowName>>, bool) {
+        let Some(items) = self.strings(value, "allow_egress", "[\"api.anthropic.com\"]") else {
+            return (Vec::new(), true);
+        };
+        let mut ok = true;
+        let mut names: Vec<Located<AllowName>> = Vec::new();
+        for (text, span) in items {
+            if !lazaret_netpolicy::names::looks_like_name(text) {
+                continue;
+            }
+            match lazaret_netpolicy::parse_name_rule(text) {
+                Ok((pattern, port)) => {
+                    let name = Located::new(AllowName { pattern, port }, self.map.origin(&span));
+                    if egress == Some(EgressMode::Open) {
+                        self.error(&span, format!("`allow_egress`: {text:?} is a DNS name, but names are only allowed with egress = \"locked\""), "open mode already allows every public address; set egress = \"locked\" in the profile to allow only what allow_egress names, or write the destination as a prefix such as \"192.0.2.0/24\"");
+                        ok = false;
+                    } else if let Some(first) = names.iter().find(|n| **n == name) {
+                        self.error(&span, format!("{name} is listed twice in `allow_egress`"), format!("remove one; the first is at {}", short_origin(&first.origin)));
+                        ok = false;
+                    } else {
+                        names.push(name);
+                    }
+                }
+                Err(error) => {
+                    self.error(&span, format!("`allow_egress`: {error}"), "write a name such as \"api.anthropic.com\", a wildcard such as \"*.npmjs.org\", either optionally with a port (\"github.com:22\"), or a prefix such as \"10.222.0.0/16\"");
+                    ok = false;
+                }
+            }
+        }
+        (names, ok)
     }
 
     /// A profile's `user`.
@@ -1029,6 +1160,15 @@ impl<'a> Walker<'a> {
         let mut ok = items.len() == self.array(value, key, example).map_or(0, |a| a.len());
         let mut prefixes: Vec<Located<Prefix>> = Vec::new();
         for (text, span) in items {
+            if key == "allow_egress" && lazaret_netpolicy::names::looks_like_name(text) {
+                // A name: read by `allow_names`.
+                continue;
+            }
+            if key == "deny_egress" && lazaret_netpolicy::names::looks_like_name(text) {
+                self.error(&span, format!("`deny_egress`: {text:?} is a DNS name, but deny_egress takes prefixes only"), "names cannot be denied reliably (a name's addresses change and are shared); with egress = \"locked\" every name that allow_egress does not name is refused already");
+                ok = false;
+                continue;
+            }
             match text.parse::<Prefix>() {
                 Ok(prefix) => {
                     let prefix = Located::new(prefix, self.map.origin(&span));
@@ -1096,19 +1236,21 @@ impl<'a> Walker<'a> {
     }
 
     fn volumes(&mut self, value: &Value<'_>) -> Option<Vec<Located<Volume>>> {
-        let example = "[\"~/.claude:/root/.claude\", \"/srv/data:/data:ro\"]";
+        let example = "[\"~/.claude:~/.claude\", \"/srv/data:/data:ro\"]";
         let items = self.strings(value, "volumes", example)?;
         let mut ok = items.len() == self.array(value, "volumes", example).map_or(0, |a| a.len());
         let mut volumes: Vec<Located<Volume>> = Vec::new();
         for (text, span) in items {
             match self.volume(text, &span) {
                 Some(volume) => {
+                    // As written: `~/x` and `/home/NAME/x` can meet only once
+                    // the agent's home is known (`Context::resolve` checks).
                     if let Some(first) = volumes.iter().find(|v| v.sandbox == volume.sandbox) {
                         self.error(
                             &span,
                             format!(
                                 "sandbox path {} is the target of two volumes",
-                                volume.sandbox.display()
+                                volume.sandbox
                             ),
                             format!("the other volume is at {}", short_origin(&first.origin)),
                         );
@@ -1124,7 +1266,7 @@ impl<'a> Walker<'a> {
     }
 
     fn volume(&mut self, text: &str, span: &Range<usize>) -> Option<Located<Volume>> {
-        const HINT: &str = "write \"HOST:SANDBOX\" or \"HOST:SANDBOX:ro\", HOST absolute or starting with ~/ (your home), SANDBOX absolute, e.g. \"~/.claude:/root/.claude\"";
+        const HINT: &str = "write \"HOST:SANDBOX\" or \"HOST:SANDBOX:ro\", HOST absolute or starting with ~/ (your home), SANDBOX absolute or starting with ~/ (the agent's home inside the sandbox), e.g. \"~/.claude:~/.claude\"";
         let error = match Volume::parse(text, self.home) {
             Ok(volume) => return Some(Located::new(volume, self.map.origin(span))),
             Err(error) => error,
@@ -1134,17 +1276,27 @@ impl<'a> Walker<'a> {
                 error.to_string(),
                 "the only options are `ro` (read-only) and `rw` (default)".to_string(),
             ),
-            VolumeError::NotHostSandbox { .. }
-            | VolumeError::HomeDotDot { .. }
-            | VolumeError::OtherHome { .. } => (error.to_string(), HINT.to_string()),
+            VolumeError::NotHostSandbox { .. } | VolumeError::HomeDotDot { .. } => (error.to_string(), HINT.to_string()),
+            VolumeError::OtherHome { side: Side::Host, .. } => (
+                error.to_string(),
+                "write the path in full (e.g. \"/home/bob/data:/data:ro\"), or ~/... for your own home".to_string(),
+            ),
+            VolumeError::OtherHome { side: Side::Sandbox, .. } => (
+                error.to_string(),
+                "~/ on the sandbox side is the home of the agent the profile runs (/home/<your name>, or /root for `user = \"root\"`); write another user's path in full, e.g. \"~/.claude:/home/bob/.claude\"".to_string(),
+            ),
+            VolumeError::Path { side: Side::Sandbox, path, problem: PathProblem::Relative, .. } => (
+                format!("`volumes (sandbox side)`: {path:?} is a relative path"),
+                "use an absolute path, or ~/... for a path in the agent's home inside the sandbox, e.g. \"~/.claude:~/.claude\" or \"/srv/data:/data\"".to_string(),
+            ),
             VolumeError::Path { side, from_home, path, problem, .. } => {
                 let (key, example) = match (side, from_home) {
-                    (Side::Host, true) => ("volumes (host side)", "\"~/.claude:/root/.claude\""),
+                    (Side::Host, true) => ("volumes (host side)", "\"~/.claude:~/.claude\""),
                     (Side::Host, false) => (
                         "volumes (host side)",
-                        "\"/srv/data:/data\" or \"~/.claude:/root/.claude\"",
+                        "\"/srv/data:/data\" or \"~/.claude:~/.claude\"",
                     ),
-                    (Side::Sandbox, _) => ("volumes (sandbox side)", "\"~/.claude:/root/.claude\""),
+                    (Side::Sandbox, _) => ("volumes (sandbox side)", "\"~/.claude:~/.claude\" or \"/srv/data:/data\""),
                 };
                 path_problem(*problem, path, key, example)
             }
@@ -1325,6 +1477,112 @@ mod tests {
         assert!(valid_hostname("agent-box.local"));
         assert!(!valid_hostname("-bad"));
         assert!(!valid_hostname("a..b"));
+    }
+
+    fn parse_profile(keys: &str) -> Result<Config, ConfigError> {
+        Config::parse(&format!("[profiles.claude]\nimage = \"i\"\n{keys}"), Path::new("/c.toml"), Path::new("/home/alice"))
+    }
+
+    fn errors(keys: &str) -> String {
+        match parse_profile(keys) {
+            Ok(_) => panic!("accepted: {keys}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    const DIRS: &str = "persistent_dirs = [\"/usr\"]\n";
+
+    #[test]
+    fn setup_steps_are_argument_vectors_in_order() {
+        let config = parse_profile(&format!("{DIRS}setup = [[\"apt-get\", \"update\"], [\"sh\", \"-c\", \"\"]]\n")).expect("valid");
+        let setup = &config.profiles["claude"].setup;
+        assert_eq!(setup, &[vec!["apt-get".to_string(), "update".to_string()], vec!["sh".into(), "-c".into(), String::new()]]);
+        assert!(config.render_toml().expect("toml").contains("setup = ["), "config show shows the steps");
+        assert!(config.render_json().expect("json").contains("\"apt-get\""), "config show --json too");
+        let none = parse_profile(DIRS).expect("valid");
+        assert!(!none.render_toml().expect("toml").contains("setup"), "no setup, no key");
+    }
+
+    #[test]
+    fn setup_errors_name_the_profile_and_the_step() {
+        let text = errors(&format!("{DIRS}setup = [[\"apt-get\", \"update\"], []]\n"));
+        assert!(text.contains("setup step 2 of [profiles.claude] is empty"), "{text}");
+        assert!(text.contains("/c.toml:4:"), "{text}");
+        let text = errors(&format!("{DIRS}setup = [\"apt-get update\"]\n"));
+        assert!(text.contains("setup step 1 of [profiles.claude] must be an argument vector (an array of strings), found string"), "{text}");
+        assert!(text.contains("[\"sh\", \"-c\""), "the hint shows how to write a command line: {text}");
+        let text = errors(&format!("{DIRS}setup = [[\"npm\", 1]]\n"));
+        assert!(text.contains("arguments of setup step 1 of [profiles.claude] must be strings, found integer"), "{text}");
+        let text = errors(&format!("{DIRS}setup = [[\"\", \"x\"]]\n"));
+        assert!(text.contains("setup step 1 of [profiles.claude] starts with an empty program name"), "{text}");
+        let text = errors(&format!("{DIRS}setup = \"apt-get update\"\n"));
+        assert!(text.contains("`setup` must be an array, found string"), "{text}");
+        let text = errors("setup = [[\"apt-get\", \"update\"]]\n");
+        assert!(text.contains("`setup` of [profiles.claude] needs `persistent_dirs`"), "{text}");
+    }
+
+    #[test]
+    fn setup_limits_hold() {
+        let many = vec!["[\"true\"]"; SETUP_LIMITS.steps + 1].join(", ");
+        let text = errors(&format!("{DIRS}setup = [{many}]\n"));
+        assert!(text.contains(&format!("has {} steps, more than {}", SETUP_LIMITS.steps + 1, SETUP_LIMITS.steps)), "{text}");
+        let fits = vec!["[\"true\"]"; SETUP_LIMITS.steps].join(", ");
+        assert!(parse_profile(&format!("{DIRS}setup = [{fits}]\n")).is_ok());
+        let args = vec!["\"a\""; SETUP_LIMITS.args + 1].join(", ");
+        let text = errors(&format!("{DIRS}setup = [[{args}]]\n"));
+        assert!(text.contains(&format!("setup step 1 of [profiles.claude] has {} arguments", SETUP_LIMITS.args + 1)), "{text}");
+        let long = "x".repeat(SETUP_LIMITS.step_bytes);
+        let text = errors(&format!("{DIRS}setup = [[\"sh\", \"-c\", \"{long}\"]]\n"));
+        assert!(text.contains("bytes long, more than"), "{text}");
+        let text = errors(&format!("{DIRS}setup = [[\"a\\u0000b\"]]\n"));
+        assert!(text.contains("contains a NUL character"), "{text}");
+    }
+
+    #[test]
+    fn locked_egress_takes_names_wildcards_and_ports() {
+        let config = parse_profile("egress = \"locked\"\nallow_egress = [\"API.anthropic.com\", \"*.npmjs.org\", \"github.com:22\", \"10.222.0.0/16\"]\n").expect("valid");
+        let profile = &config.profiles["claude"];
+        assert_eq!(profile.egress, EgressMode::Locked);
+        let names: Vec<String> = profile.allow_names.iter().map(ToString::to_string).collect();
+        assert_eq!(names, ["api.anthropic.com", "*.npmjs.org", "github.com:22"]);
+        assert!(profile.allow_names[2].origin.ends_with("c.toml:4:53"), "{}", profile.allow_names[2].origin);
+        assert_eq!(profile.allow_egress.len(), 1);
+        let toml = config.render_toml().expect("toml");
+        assert!(toml.contains("egress = \"locked\"") && toml.contains("\"*.npmjs.org\""), "{toml}");
+        assert_eq!(parse_profile("").expect("valid").profiles["claude"].egress, EgressMode::Open);
+    }
+
+    #[test]
+    fn names_in_open_mode_and_bad_names_are_errors() {
+        let message = errors("allow_egress = [\"api.anthropic.com\"]\n");
+        assert!(message.contains("\"api.anthropic.com\" is a DNS name, but names are only allowed with egress = \"locked\""), "{message}");
+        assert!(message.contains("set egress = \"locked\""), "{message}");
+        let message = errors("egress = \"locked\"\nallow_egress = [\"*.com\", \"a.b:0\", \"x.org\", \"X.org.\"]\n");
+        assert!(message.contains("would allow a whole top-level domain"), "{message}");
+        assert!(message.contains("the port must be a number from 1 to 65535"), "{message}");
+        assert!(message.contains("x.org is listed twice in `allow_egress`"), "{message}");
+        assert!(errors("egress = \"closed\"\n").contains("`egress` = \"closed\" is not valid"));
+        assert!(errors("deny_egress = [\"evil.com\"]\n").contains("deny_egress takes prefixes only"));
+    }
+
+    #[test]
+    fn egress_is_part_of_the_fingerprint_only_when_locked() {
+        let fp = |keys: &str| parse_profile(keys).expect("valid").fingerprint("claude").expect("fingerprint");
+        assert_eq!(fp(""), fp("egress = \"open\"\n"));
+        let locked = fp("egress = \"locked\"\n");
+        assert_ne!(fp(""), locked);
+        assert_ne!(locked, fp("egress = \"locked\"\nallow_egress = [\"a.example.org\"]\n"));
+    }
+
+    #[test]
+    fn setup_is_part_of_the_fingerprint_only_when_set() {
+        let fp = |keys: &str| parse_profile(keys).expect("valid").fingerprint("claude").expect("fingerprint");
+        let without = fp(DIRS);
+        assert_eq!(without, fp(&format!("{DIRS}setup = []\n")), "an empty setup changes nothing");
+        let one = fp(&format!("{DIRS}setup = [[\"apt-get\", \"update\"]]\n"));
+        assert_ne!(without, one);
+        assert_ne!(one, fp(&format!("{DIRS}setup = [[\"apt-get\", \"update\"], [\"true\"]]\n")), "a changed list is another configuration");
+        assert_ne!(one, fp(&format!("{DIRS}setup = [[\"apt-get update\"]]\n")), "argv boundaries count");
     }
 
     #[test]

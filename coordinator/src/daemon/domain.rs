@@ -1,6 +1,6 @@
 //! A running Domain: what its session threads share, the accept loop, the
-//! supervisor (stop requests, signals, the first-session timeout), and the
-//! end of its life.
+//! supervisor (stop requests, signals, the first-session timeout, health
+//! checks), and the end of its life.
 
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
@@ -41,6 +41,11 @@ pub(super) struct NetworkView {
     pub sandbox_ns: Option<Netns>,
     /// The sidecar's network namespace.
     pub sidecar_ns: Option<Netns>,
+    /// The host's network namespace (the coordinator's), where the Domain's
+    /// nftables table lives.
+    pub host_ns: Option<Netns>,
+    /// The Sidecar ID, parsed (None for a Domain without a network).
+    pub sidecar_id: Option<lazaret_netpolicy::topology::SidecarId>,
 }
 
 /// Everything session threads share.
@@ -65,6 +70,8 @@ pub(super) struct Domain {
     pub connections: AtomicUsize,
     /// Open escalation connections (the escalation listener's own count).
     pub escalation_connections: AtomicUsize,
+    /// The Workspace Guard (sessions ask it for a sweep when they end).
+    pub guard: super::guard::GuardLink,
 }
 
 /// Where the Domain is in its life, as sessions see it.
@@ -83,7 +90,16 @@ pub(super) struct Live {
     pub launcher_connected: bool,
     pub ever_joined: bool,
     pub stop: Option<StopRequest>,
-    listener_fd: Option<i32>,
+    /// The session listeners' descriptors (the published one, and one
+    /// per republication after the socket was removed), each owned by its
+    /// accept thread.
+    pub listener_fds: Vec<i32>,
+    /// Accept threads of republished sockets (joined after supervision).
+    pub acceptors: Vec<std::thread::JoinHandle<()>>,
+    /// The inode of the published socket (None until it is published).
+    pub socket_ino: Option<u64>,
+    /// Sessions already told why the Domain stops (each hears it once).
+    pub notified: std::collections::BTreeSet<String>,
     /// The escalation listener's descriptor, owned by its accept thread.
     pub escalation_listener_fd: Option<i32>,
 }
@@ -97,18 +113,28 @@ pub(super) struct SessionEntry {
     pub link: Arc<super::escalation::SessionLink>,
 }
 
-/// A `lazaret stop` (or a termination signal) in progress.
-#[derive(Clone, Copy)]
+/// A `lazaret stop` (or a termination signal, or a fault) in progress.
+#[derive(Clone)]
 pub(super) struct StopRequest {
     pub at: Instant,
     pub grace: Duration,
     pub term_sent: bool,
     pub kill_sent: bool,
+    /// The one line each session is told (without the `lazaret: ` the client adds).
+    pub notice: String,
 }
+
+/// What a session hears of a `lazaret stop` or a termination signal.
+const STOP_NOTICE: &str = "the Domain is stopping (lazaret stop); the agent gets SIGTERM";
 
 impl StopRequest {
     pub fn new(grace: Duration) -> StopRequest {
-        StopRequest { at: Instant::now(), grace, term_sent: false, kill_sent: false }
+        StopRequest::because(grace, STOP_NOTICE.into())
+    }
+
+    /// A stop the coordinator decided on itself, with the line sessions see.
+    pub fn because(grace: Duration, notice: String) -> StopRequest {
+        StopRequest { at: Instant::now(), grace, term_sent: false, kill_sent: false, notice }
     }
 }
 
@@ -126,12 +152,15 @@ impl Domain {
         fingerprint: String,
         journal: DomainJournal,
         launcher: String,
+        guard: super::guard::GuardLink,
     ) -> Domain {
         let topology = &network.topology;
         let view = NetworkView {
             sidecar: topology.sidecar_id().to_string(),
             sandbox_ns: topology.sandbox_netns().and_then(|n| n.try_clone().ok()),
             sidecar_ns: topology.sidecar_netns().and_then(|n| n.try_clone().ok()),
+            host_ns: Netns::of_current_thread().ok(),
+            sidecar_id: topology.sidecar_netns().map(|_| topology.sidecar_id()),
         };
         let config_json = ctx.config.render_json().unwrap_or_default();
         Domain {
@@ -156,12 +185,16 @@ impl Domain {
                 launcher_connected: false,
                 ever_joined: false,
                 stop: None,
-                listener_fd: None,
+                listener_fds: Vec::new(),
+                acceptors: Vec::new(),
+                socket_ino: None,
+                notified: Default::default(),
                 escalation_listener_fd: None,
             }),
             changed: Condvar::new(),
             connections: AtomicUsize::new(0),
             escalation_connections: AtomicUsize::new(0),
+            guard,
         }
     }
 
@@ -184,8 +217,8 @@ impl Domain {
         }
         live.phase = Phase::Stopping;
         let _ = std::fs::remove_file(self.dir.socket());
-        if let Some(fd) = live.listener_fd.take() {
-            // `fd` is the listener's descriptor, still owned by the accept
+        for fd in live.listener_fds.drain(..) {
+            // `fd` is a listener's descriptor, still owned by its accept
             // thread (which only exits after this shutdown wakes it);
             // shutdown(2) does not close it.
             let _ = nix::sys::socket::shutdown(fd, nix::sys::socket::Shutdown::Both);
@@ -234,13 +267,20 @@ impl Domain {
         }
     }
 
-    /// SIGKILLs a session's agent and every process it started (which would
-    /// otherwise live on, re-parented to the container's init).
+    /// Ends a session: its `lazaret-session-init` (the PID runsc wrote)
+    /// gets `session::END_SIGNAL` and SIGKILLs the agent and every process
+    /// the session left, double-forked ones too (they are re-parented to
+    /// it). Should that signal fail, the tree `runsc ps` shows is killed
+    /// from here.
     pub fn kill_session_tree(&self, session: &str, pid_file: &Path) {
         let Some(root) = read_internal_pid(pid_file) else {
             log(&format!("session {session}: no agent PID to kill"));
             return;
         };
+        match self.runsc.kill_process(&self.container, root, lazaret_protocol::session::END_SIGNAL) {
+            Ok(()) => return,
+            Err(e) => log(&format!("session {session}: ending it through its subreaper: {e}; killing its tree from here")),
+        }
         let tree = match self.runsc.processes(&self.container) {
             Ok(ps) => lazaret_runtime::runsc::descendants(&ps, root),
             Err(e) => {
@@ -248,7 +288,7 @@ impl Domain {
                 vec![root]
             }
         };
-        for pid in tree {
+        for pid in tree.into_iter().rev() {
             if let Err(e) = self.runsc.kill_process(&self.container, pid, libc::SIGKILL) {
                 log(&format!("session {session}: killing PID {pid}: {e}"));
             }
@@ -273,10 +313,14 @@ fn read_internal_pid(pid_file: &Path) -> Option<i32> {
 /// Serves the published Domain until teardown begins: an accept thread
 /// hands each connection to a thread of its own; this thread supervises.
 pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, escalation: Option<Arc<std::net::TcpListener>>, signals: &mut Signals) {
-    d.live().listener_fd = Some(listener.as_raw_fd());
+    {
+        let mut live = d.live();
+        live.listener_fds.push(listener.as_raw_fd());
+        live.socket_ino = std::fs::symlink_metadata(d.dir.socket()).ok().map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+    }
     let acceptor = {
         let d = d.clone();
-        std::thread::spawn(move || accept_loop(&d, listener))
+        std::thread::spawn(move || accept_sessions(&d, listener))
     };
     if let Some(l) = &escalation {
         d.live().escalation_listener_fd = Some(l.as_raw_fd());
@@ -287,12 +331,17 @@ pub(super) fn serve(d: &Arc<Domain>, listener: UnixListener, escalation: Option<
     });
     supervise(d, signals);
     let _ = acceptor.join();
+    let republished = std::mem::take(&mut d.live().acceptors);
+    for a in republished {
+        let _ = a.join();
+    }
     if let Some(a) = escalation_acceptor {
         let _ = a.join();
     }
 }
 
-fn accept_loop(d: &Arc<Domain>, listener: UnixListener) {
+/// Serves a session listener until teardown.
+pub(super) fn accept_sessions(d: &Arc<Domain>, listener: UnixListener) {
     let accept = || listener.accept().map(|(stream, _)| stream);
     accept_until_teardown(d, "session", MAX_CONNECTIONS, |d| &d.connections, accept, super::session::serve_connection);
 }
@@ -340,10 +389,12 @@ pub(super) fn accept_until_teardown<S: Send + 'static>(
     }
 }
 
-/// The main thread after publishing: handles stop requests, signals and the
-/// first-session timeout, until teardown begins.
-fn supervise(d: &Domain, signals: &mut Signals) {
+/// The main thread after publishing: handles stop requests, signals, the
+/// first-session timeout and the health checks ([`super::health`]), until
+/// teardown begins.
+fn supervise(d: &Arc<Domain>, signals: &mut Signals) {
     let published = Instant::now();
+    let mut last_check = Instant::now();
     let mut live = d.live();
     loop {
         if live.phase != Phase::Ready {
@@ -353,7 +404,15 @@ fn supervise(d: &Domain, signals: &mut Signals) {
             log(&format!("received {sig}: stopping the Domain"));
             live.stop.get_or_insert(StopRequest::new(Duration::from_secs(5)));
         }
-        if let Some(stop) = live.stop {
+        if last_check.elapsed() >= super::health::INTERVAL {
+            // Without the lock: the checks talk to the kernel (netlink).
+            drop(live);
+            let findings = super::health::check(d);
+            last_check = Instant::now();
+            live = d.live();
+            super::health::act(d, &mut live, findings);
+        }
+        if let Some(stop) = live.stop.take() {
             live.stop = Some(escalate_stop(d, &mut live, stop));
         }
         let abandoned = !live.ever_joined && published.elapsed() >= FIRST_SESSION_WAIT;
@@ -374,10 +433,13 @@ fn supervise(d: &Domain, signals: &mut Signals) {
 fn escalate_stop(d: &Domain, live: &mut Live, mut stop: StopRequest) -> StopRequest {
     if !stop.term_sent {
         stop.term_sent = true;
-        for (id, s) in live.sessions.iter_mut() {
-            s.link.send(&CoordinatorMessage::Notice { text: "the Domain is stopping (lazaret stop); the agent gets SIGTERM".into() });
+        for (id, s) in live.sessions.iter() {
+            if !live.notified.contains(id) {
+                s.link.send(&CoordinatorMessage::Notice { text: stop.notice.clone() });
+            }
             d.signal_session(id, &s.pid_file, libc::SIGTERM);
         }
+        live.notified.extend(live.sessions.keys().cloned());
     } else if !stop.kill_sent && stop.at.elapsed() >= stop.grace {
         stop.kill_sent = true;
         for (id, s) in live.sessions.iter() {

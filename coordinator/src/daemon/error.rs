@@ -53,6 +53,9 @@ pub enum StartError {
     /// The PID namespace of the Domain.
     #[error(transparent)]
     PidNamespace(#[from] lazaret_runtime::pidns::PidNsError),
+    /// A step of the profile's `setup` failed.
+    #[error(transparent)]
+    Setup(Box<super::provision::SetupError>),
     /// A file or system call.
     #[error("{context}: {source}")]
     Io {
@@ -61,6 +64,12 @@ pub enum StartError {
         /// The error.
         source: std::io::Error,
     },
+}
+
+impl From<super::provision::SetupError> for StartError {
+    fn from(error: super::provision::SetupError) -> Self {
+        StartError::Setup(Box::new(error))
+    }
 }
 
 impl StartError {

@@ -21,6 +21,36 @@
 //!
 //! A waiting thread (`watch_client`) reads the connection for the client's
 //! `Cancel` or its going away, which cancels the request wherever it is.
+//!
+//! # Which journal lines are on the disk before what
+//!
+//! Every step is applied to the model and written to the journal before
+//! the real thing it stands for, in order, as always. What differs is when
+//! a line is fsynced (see `crate::journal`): a line the next real action
+//! depends on is fsynced before that action (`record`), outside the
+//! Domain's lock so that other sessions' steps are not queued behind the
+//! disk; a line that only records what has been decided or has happened is
+//! written and reaches the disk with the next fsynced line (`note`):
+//!
+//! - `VerifyRequest`, `AutoApprove`: a decision, no action of its own. The
+//!   action it leads to is preceded by an fsynced line that carries it
+//!   along: `StartHostExecution` before the command runs, `PromptDeveloper`
+//!   before a prompt is shown, `DeveloperDeny` before a denial is sent.
+//! - `StartHostExecution`: fsynced before the host command is started, so
+//!   the journal on the disk shows every host command that may have run.
+//!   Prompt steps (`PromptDeveloper`, the developer's answer, time-outs),
+//!   cancellations, failures: fsynced too (not on the fast path).
+//! - `CompleteHostExecution`: the command has exited; nothing waits for it
+//!   but the result. `DeliverResult`: journalled after the result was
+//!   handed to the transport (the result never waited for its line), so
+//!   its fsync can only be evidence, not an ordering: both reach the disk
+//!   with the next fsynced line of the Domain, at the latest the session's
+//!   `DisconnectSession`.
+//!
+//! A written line survives a crash of the coordinator (it is in the page
+//! cache); a crash of the machine can lose the lines after the last fsync,
+//! and leaves a journal that is a conformant prefix, as any crash does. A
+//! rule-approved request thus waits for one fsync, not five.
 
 use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -43,8 +73,11 @@ use crate::trust;
 use super::domain::Domain;
 use super::log;
 
-/// How long a client may take for its TLS handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a client may take for its TLS handshake: long enough for
+/// hundreds of clients starting at once on a loaded machine (the client
+/// waits as long); a client that holds a connection idle holds only one of
+/// [`MAX_CONNECTIONS`] and only its own Domain's.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a client may take to send its request after the handshake.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 /// Most escalation connections served at once (8 sessions × 100 requests
@@ -376,17 +409,37 @@ fn deliver(d: &Domain, chan: &TlsChannel, session: &str, req: &EscalationRequest
         // was accepted cannot get it, yet the request must still end for its
         // session: the model knows one connection per session, not per
         // request.
-        record(d, Event::DeliverResult { request: req.id.clone() });
+        note(d, Event::DeliverResult { request: req.id.clone() });
     }
     log(&format!("escalation {} (session {session}): {:?}{}", req.id, result.outcome, if result.truncated { ", output truncated" } else { "" }));
 }
 
-/// Journals `event`; false if the model refused it (a race lost to the
-/// session's end), in which case the caller must not act on it.
+/// Journals `event` and fsyncs it, after letting go of the Domain's lock
+/// (group commit); false if the model refused it (a race lost to the
+/// session's end) or it could not be made durable, in which case the
+/// caller must not act on it.
 fn record(d: &Domain, event: Event) -> bool {
     let name = event.name();
-    match d.live().journal.record(event) {
+    // The guard is a temporary: the lock ends with this statement.
+    let written = d.live().journal.record_unsynced(event);
+    match written.and_then(|sync| sync.sync()) {
         Ok(()) => true,
+        Err(e) => {
+            log(&format!("escalation: {name} not journalled: {e}"));
+            false
+        }
+    }
+}
+
+/// Journals `event`, a record of what has been decided or has happened
+/// that no real action waits for: written now, on the disk with the next
+/// fsynced line (see the module docs for which lines these are). False if
+/// the model refused it.
+fn note(d: &Domain, event: Event) -> bool {
+    let name = event.name();
+    let written = d.live().journal.record_unsynced(event);
+    match written {
+        Ok(_) => true,
         Err(e) => {
             log(&format!("escalation: {name} not journalled: {e}"));
             false
@@ -472,16 +525,16 @@ fn decide_and_run(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsC
     let rule = settings.matching_rule(&req.argv, rel);
     let for_domain = rule.is_none() && esc.approvals.lock().unwrap_or_else(|p| p.into_inner()).is_approved(&req.argv, rel);
     let verified = Event::verify_request(session, &req.id, &req.argv, &req.cwd, &req.justification, rule.is_some() || for_domain);
-    if !record(d, verified) {
+    if !note(d, verified) {
         return refused(format!("session {session} cannot make a request now"));
     }
     let approved = if let Some(rule) = rule {
-        if !record(d, Event::AutoApprove { request: req.id.clone(), rule: rule.name.clone() }) {
+        if !note(d, Event::AutoApprove { request: req.id.clone(), rule: rule.name.clone() }) {
             return lost(link);
         }
         Approved { argv: req.argv.clone(), rule: Some(rule) }
     } else if for_domain {
-        if !record(d, Event::AutoApprove { request: req.id.clone(), rule: DOMAIN_APPROVAL_RULE.into() }) {
+        if !note(d, Event::AutoApprove { request: req.id.clone(), rule: DOMAIN_APPROVAL_RULE.into() }) {
             return lost(link);
         }
         Approved { argv: req.argv.clone(), rule: None }
@@ -645,7 +698,7 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
     let with = |outcome| EscalationResult { outcome, truncated };
     match finished.end {
         End::Exited(status) => {
-            if !record(d, Event::CompleteHostExecution { request: id, exit_status: Some(status) }) {
+            if !note(d, Event::CompleteHostExecution { request: id, exit_status: Some(status) }) {
                 return lost(link);
             }
             Ending::Deliver(with(Outcome::Completed { exit_status: status }))

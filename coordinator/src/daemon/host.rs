@@ -6,6 +6,7 @@
 //! start-up stack only ever holds whole resources.
 
 use std::fs;
+use std::io::Write as _;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixListener;
@@ -59,6 +60,8 @@ pub struct Network {
     /// The escalation listener, in the sidecar's namespace on the
     /// sandbox-facing address.
     pub escalation: Arc<std::net::TcpListener>,
+    /// Locked egress: the Domain's resolver (stopped before the teardown).
+    pub resolver: Arc<std::sync::Mutex<Option<lazaret_netpolicy::topology::LockedResolver>>>,
 }
 
 /// The created sandbox.
@@ -119,12 +122,31 @@ pub struct HostEffects {
     reset_anchor: bool,
     container: String,
     stderr: StderrRoute,
+    setup: super::provision::SetupMode,
+    /// The launcher's status pipe, for setup progress.
+    progress: Option<fs::File>,
+    /// Workspace-relative destinations of the read-only binds below the
+    /// workspace (Git Sentry's), for the Workspace Guard.
+    readonly_in_workspace: Vec<PathBuf>,
 }
 
 impl HostEffects {
     /// Effects for starting `ctx`'s Domain in `dir`, with sandbox `container`.
     pub fn new(ctx: Arc<Context>, dir: DomainDir, reset_anchor: bool, container: String, stderr: StderrRoute) -> HostEffects {
-        HostEffects { ctx, dir, reset_anchor, container, stderr }
+        HostEffects { ctx, dir, reset_anchor, container, stderr, setup: super::provision::SetupMode::Normal, progress: None, readonly_in_workspace: Vec::new() }
+    }
+
+    /// `--no-setup` / `--reprovision`, and where setup progress goes (the
+    /// launcher's status pipe).
+    pub fn set_setup(&mut self, mode: super::provision::SetupMode, progress: Option<fs::File>) {
+        self.setup = mode;
+        self.progress = progress;
+    }
+
+    /// What the sandbox sees read-only below the workspace (Git Sentry's
+    /// binds), relative to it; known once the State Anchor stage is done.
+    pub fn readonly_in_workspace(&self) -> Vec<PathBuf> {
+        self.readonly_in_workspace.clone()
     }
 
     /// The sandbox's container ID.
@@ -148,23 +170,32 @@ pub const ESCALATE_NAME: &str = "lazaret-escalate";
 /// Where the Escalation Client is inside the sandbox (on PATH).
 pub const ESCALATE_DIR: &str = "/usr/local/bin";
 
-/// Where the static Escalation Client is on the host: `../lib/lazaret/`
-/// from the `lazaret` executable (`/usr/local/lib/lazaret/` for an
-/// installed `/usr/local/bin/lazaret`; `target/lib/lazaret/` for a build
-/// tree, where cargo's own, dynamically linked build of the client lives
-/// beside `lazaret`).
-pub fn escalate_binary_path() -> Result<PathBuf, StartError> {
+/// The session subreaper's file name; inside every sandbox it is
+/// [`lazaret_protocol::session::SESSION_INIT_PATH`].
+pub const SESSION_INIT_NAME: &str = "lazaret-session-init";
+
+/// Where the static program `name` Lazaret binds into sandboxes is on the
+/// host: `../lib/lazaret/NAME` from the `lazaret` executable
+/// (`/usr/local/lib/lazaret/` for an installed `/usr/local/bin/lazaret`;
+/// `target/lib/lazaret/` for a build tree, where cargo's own, dynamically
+/// linked builds live beside `lazaret`).
+fn static_binary_path(name: &str) -> Result<PathBuf, StartError> {
     let exe = std::env::current_exe().map_err(StartError::io("locating the lazaret executable"))?;
     let bin_dir = exe.parent().unwrap_or(Path::new("/"));
-    Ok(bin_dir.parent().unwrap_or(Path::new("/")).join("lib/lazaret").join(ESCALATE_NAME))
+    Ok(bin_dir.parent().unwrap_or(Path::new("/")).join("lib/lazaret").join(name))
 }
 
-/// The static `lazaret-escalate` to bind into the sandbox; a missing or
-/// dynamically linked one (it must run in images without a C library) is
-/// an error that says how to install the right one.
-fn escalate_binary() -> Result<PathBuf, StartError> {
-    let path = escalate_binary_path()?;
-    let fix = "scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" target/lib/lazaret/lazaret-escalate";
+/// The static program `name` (the Escalation Client or the session
+/// subreaper) to bind into the sandbox; a missing or dynamically linked one
+/// (it must run in images without a C library) is an error that says how
+/// to install the right one.
+fn static_binary(name: &str, what: &str) -> Result<PathBuf, StartError> {
+    let path = static_binary_path(name)?;
+    let fix = if name == ESCALATE_NAME {
+        format!("scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" target/lib/lazaret/{name}")
+    } else {
+        format!("scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh {name})\" target/lib/lazaret/{name}")
+    };
     let problem = match fs::read(&path) {
         Ok(elf) => match interpreter_of(&elf) {
             Ok(false) => return Ok(path),
@@ -173,7 +204,7 @@ fn escalate_binary() -> Result<PathBuf, StartError> {
         },
         Err(_) => "is missing",
     };
-    Err(StartError::Io { context: format!("the Escalation Client {} {problem}; {fix}", path.display()), source: std::io::Error::from(std::io::ErrorKind::InvalidData) })
+    Err(StartError::Io { context: format!("{what} {} {problem}; {fix}", path.display()), source: std::io::Error::from(std::io::ErrorKind::InvalidData) })
 }
 
 /// Whether a 64-bit little-endian ELF executable names a program
@@ -253,6 +284,7 @@ impl Effects for HostEffects {
         cgroup::remove_children(&format!("/lazaret/{}", self.ctx.domain_id), "escalation-");
         for (container, run) in self.dir.run_dirs() {
             cgroup::remove(&format!("/lazaret/{}/{container}", self.ctx.domain_id));
+            cgroup::remove(&format!("/lazaret/{}/{container}-setup", self.ctx.domain_id));
             match fs::remove_dir_all(run.path()) {
                 Ok(()) => eprintln!("lazaret: removed run-{container} left by a crashed earlier run"),
                 Err(e) => eprintln!("lazaret: cannot remove {}: {e}", run.path().display()),
@@ -312,13 +344,18 @@ impl Effects for HostEffects {
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
             let mut binds = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
-            if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid)? {
+            let mount_points: Vec<PathBuf> = binds.iter().map(|b| b.destination.clone()).collect();
+            if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid, &mount_points)? {
                 binds.push(home);
             }
             Ok(binds)
         })();
         match assembled {
-            Ok(binds) => Ok(Filesystem(Arc::new(Mounted { mountpoints, binds }))),
+            Ok(binds) => {
+                let workspace = self.ctx.workspace.root();
+                self.readonly_in_workspace = binds.iter().filter(|b| b.readonly).filter_map(|b| b.destination.strip_prefix(workspace).ok()).filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf).collect();
+                Ok(Filesystem(Arc::new(Mounted { mountpoints, binds })))
+            }
             Err(e) => {
                 if let Err(u) = unmount_all(&mountpoints) {
                     log(&format!("cleaning up a failed mount assembly: {u}"));
@@ -345,7 +382,52 @@ impl Effects for HostEffects {
                 return Err(network::NetworkError::from(e).into());
             }
         };
-        Ok(Network { topology: Arc::new(topology), record, escalation: Arc::new(escalation) })
+        let resolver = if topology.policy().locked() {
+            match network::start_resolver(&topology, self.dir.refused_names()) {
+                Ok(resolver) => Some(resolver),
+                Err(e) => {
+                    if let Err(u) = network::tear_down(topology, &record) {
+                        log(&format!("tearing down the sidecar after a failed start: {u}"));
+                    }
+                    return Err(e.into());
+                }
+            }
+        } else {
+            None
+        };
+        Ok(Network { topology: Arc::new(topology), record, escalation: Arc::new(escalation), resolver: Arc::new(std::sync::Mutex::new(resolver)) })
+    }
+
+    /// The profile's setup ([`super::provision`]), in a sandbox with the
+    /// State Anchor binds alone. runsc's processes never hold the
+    /// launcher's pipe: stderr goes to the log from here on, and progress
+    /// through the status pipe's duplicate, which is dropped afterwards.
+    fn provision(&mut self, prepared: &Prepared, run: &RunDir, fs_: &Filesystem, net: &Network) -> Result<(), StartError> {
+        let mut progress = self.progress.take();
+        if self.ctx.profile.setup.is_empty() {
+            return Ok(());
+        }
+        self.stderr_to_log();
+        let anchor_dir = run.anchor();
+        let sandbox = super::provision::SetupSandbox {
+            ctx: &self.ctx,
+            dir: &self.dir,
+            runsc: &prepared.runsc,
+            image: &prepared.image,
+            base: &prepared.spec,
+            run,
+            anchor_binds: fs_.0.binds.iter().filter(|b| b.source.starts_with(&anchor_dir)).cloned().collect(),
+            network: &net.topology,
+            container: format!("{}-setup", self.container),
+            cgroups_path: format!("{}-setup", self.cgroups_path()),
+        };
+        let mut say = |line: &str| {
+            if let Some(p) = progress.as_mut() {
+                // The launcher may be gone (EPIPE): setup goes on for whoever waits.
+                let _ = writeln!(p, "{line}");
+            }
+        };
+        super::provision::provision(&sandbox, self.setup, self.reset_anchor, &mut say)
     }
 
     /// Writes the bundle and runs `runsc create`. From here on stderr goes
@@ -353,7 +435,7 @@ impl Effects for HostEffects {
     fn create_sandbox(&mut self, prepared: &Prepared, run: &RunDir, fs_: &Filesystem, net: &Network) -> Result<Sandbox, StartError> {
         self.stderr_to_log();
         let resolv_conf = run.resolv_conf();
-        fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(net.topology.policy().resolvers())).map_err(StartError::io("writing the sandbox's resolv.conf"))?;
+        fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(&net.topology.sandbox_resolvers())).map_err(StartError::io("writing the sandbox's resolv.conf"))?;
         let mut spec = prepared.spec.clone();
         spec.rootfs = run.rootfs();
         spec.cgroups_path = self.cgroups_path();
@@ -361,7 +443,13 @@ impl Effects for HostEffects {
         spec.mounts = fs_.0.binds.clone();
         spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
         spec.mounts.extend(crate::passwd::bind_account_files(&self.ctx, &prepared.image.rootfs, run.path())?);
-        spec.mounts.push(BindMount { source: escalate_binary()?, destination: Path::new(ESCALATE_DIR).join(ESCALATE_NAME), readonly: true });
+        spec.mounts.push(BindMount { source: static_binary(ESCALATE_NAME, "the Escalation Client")?, destination: Path::new(ESCALATE_DIR).join(ESCALATE_NAME), readonly: true });
+        // Every session's first process (its subreaper, see session.rs).
+        spec.mounts.push(BindMount {
+            source: static_binary(SESSION_INIT_NAME, "the session subreaper")?,
+            destination: lazaret_protocol::session::SESSION_INIT_PATH.into(),
+            readonly: true,
+        });
         let bundle = run.bundle();
         make_dir(&bundle, 0o700)?;
         lazaret_oci::bundle::write_bundle(&bundle, &spec)?;
@@ -417,6 +505,11 @@ impl Effects for HostEffects {
     }
 
     fn stop_sidecar(&mut self, net: Network) -> Result<(), StartError> {
+        // The resolver's threads (one inside the sidecar) go first.
+        let resolver = net.resolver.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+        if let Some(resolver) = resolver {
+            resolver.stop();
+        }
         match Arc::try_unwrap(net.topology) {
             Ok(topology) => Ok(network::tear_down(topology, &net.record)?),
             Err(_) => {

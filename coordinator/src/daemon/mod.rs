@@ -28,7 +28,10 @@
 mod domain;
 mod error;
 mod escalation;
+mod guard;
+mod health;
 mod host;
+pub mod provision;
 mod report;
 mod session;
 pub mod stages;
@@ -77,6 +80,8 @@ pub struct CoordinatorArgs {
     pub session: String,
     /// `--reset-anchor`.
     pub reset_anchor: bool,
+    /// `--no-setup` or `--reprovision`.
+    pub setup: provision::SetupMode,
     /// The Domain runtime directory the launcher computed (must match ours).
     pub domain_dir: PathBuf,
 }
@@ -284,6 +289,7 @@ fn open_journal(ctx: &Context) -> Result<(DomainJournal, String), StartError> {
 /// notes) go to the launcher until the sandbox is created. Returns the
 /// exit status.
 fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status: StatusPipe, signals: &mut Signals) -> i32 {
+    let begun = std::time::SystemTime::now();
     let stderr = StderrRoute::to_launcher(status.0.as_ref());
     let opened = open_journal(&ctx).and_then(|(journal, fingerprint)| {
         let id = crate::random::hex(4).map_err(StartError::io("reading randomness for the container ID"))?;
@@ -296,8 +302,13 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
             return status.fail(&e);
         }
     };
+    // A crashed run's leftovers, before Git Sentry looks at the workspace.
+    let recovered = guard::recover_crashed_run(&ctx);
     let ctx = Arc::new(ctx);
     let mut fx = HostEffects::new(ctx.clone(), dir.clone(), args.reset_anchor, container, stderr);
+    // Setup progress goes to the launcher (a close-on-exec duplicate of its
+    // status pipe, dropped when setup is over).
+    fx.set_setup(args.setup, status.0.as_ref().and_then(|f| f.try_clone().ok()));
     let launch = Launch { session: args.session.clone(), fingerprint: fingerprint.clone() };
     let started = match stages::start_up(&mut fx, &mut journal, &launch) {
         Ok(s) => s,
@@ -308,19 +319,45 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
         }
     };
     fx.stderr_to_log();
+    // The Workspace Guard, before any session runs: without it the Domain
+    // does not run.
+    let mut workspace_guard = match guard::DomainGuard::start(&ctx, &started.sandbox.cgroups_path, &started.run_dir.sandbox_pid(), fx.readonly_in_workspace(), begun, recovered) {
+        Ok((g, warnings)) => {
+            for w in warnings {
+                status.say(&format!("lazaret: warning: {w}"));
+            }
+            g
+        }
+        Err(e) => {
+            let e = format!("starting the Workspace Guard: {e}");
+            if let Err(j) = journal.record(lazaret_protocol::journal::Event::FailDomain { reason: e.clone() }) {
+                log(&format!("{j}"));
+            }
+            let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
+            drop((image, run_dir, trust, network, sandbox, listener));
+            for failure in stack.unwind(&mut fx, &mut journal) {
+                log(&format!("teardown: {failure}"));
+            }
+            return status.fail(&e);
+        }
+    };
     log(&format!("published {} (sandbox {})", dir.socket().display(), fx.container()));
     drop(status);
 
     let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
     let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path);
     let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
-    let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone()));
+    let guard_link = workspace_guard.link();
+    let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone(), guard_link));
+    workspace_guard.attach(&domain);
     // Live host addresses; stopped (thread joined, its Weak gone) before teardown.
     let host_watch = crate::network::watch_host(&network.topology, log).map_err(|e| log(&format!("not following host address changes: {e}"))).ok();
     // The stack's handle must be the network's last one at teardown.
     drop(network);
     domain::serve(&domain, listener, escalation_listener, signals);
     drop(host_watch);
+    // The final sweep, with nothing left running in the sandbox.
+    workspace_guard.finish();
 
     crash_point(TEARDOWN);
     domain.tear_down(|journal| stack.unwind(&mut fx, journal));

@@ -32,6 +32,8 @@ struct SessionRequest {
     /// Which of stdin, stdout and stderr are the PTY (the rest came as pipes).
     terminal: [bool; 3],
     term: Option<String>,
+    /// The developer's terminal type, locale and time zone, checked.
+    agent_env: Vec<(String, String)>,
     args: Vec<String>,
     cwd: Option<String>,
     size: WindowSize,
@@ -105,7 +107,7 @@ impl Refusal {
 /// Checks a Hello and registers its session (journalled). Returns the
 /// session's request, or why it was refused.
 fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env } = hello else {
+    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env, agent_env } = hello else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
@@ -155,7 +157,9 @@ fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionReque
     let link = Arc::new(SessionLink::new(&session, terminal[0], host_env));
     live.sessions.insert(session.clone(), SessionEntry { pid_file: d.run.session_pid(&session), link: link.clone() });
     log(&format!("session {session} joined ({} connected)", live.sessions.len()));
-    Ok(SessionRequest { session, tty: terminal.iter().any(|t| *t), terminal, term, args, cwd, size: WindowSize { rows, cols }, link })
+    let tty = terminal.iter().any(|t| *t);
+    let agent_env = wire::agent_terminal_env(&agent_env, tty);
+    Ok(SessionRequest { session, tty, terminal, term, agent_env, args, cwd, size: WindowSize { rows, cols }, link })
 }
 
 /// One session: register it, exec its agent, relay signals, report its exit.
@@ -201,6 +205,12 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
     let status = match child.wait() {
         Ok(s) => {
             use std::os::unix::process::ExitStatusExt;
+            // runsc exec reports its process's death by a signal as an exit
+            // code; killed itself, it leaves the session running inside.
+            if s.signal().is_some() {
+                log(&format!("session {session}: runsc exec was killed ({s}); ending the session inside"));
+                d.kill_session_tree(&session, &pid_file);
+            }
             s.code().or_else(|| s.signal().map(|n| 128 + n)).unwrap_or(LAZARET_FAILED)
         }
         Err(e) => {
@@ -218,6 +228,7 @@ fn run_session(d: &Arc<Domain>, stream: &UnixStream, hello: ClientMessage, fds: 
         None => status,
     };
     let _ = std::fs::remove_file(lazaret_runtime::execfail::exec_log_path(&pid_file));
+    super::health::session_ended(d, &session);
     exited.store(true, Ordering::SeqCst);
     finish_session(d, &req.link, &session, status);
     let _ = stream.shutdown(std::net::Shutdown::Both);
@@ -246,6 +257,10 @@ fn finish_session(d: &Domain, link: &SessionLink, session: &str, status: i32) {
     }
     live.sessions.remove(session);
     log(&format!("session {session} left with status {status} ({} connected)", live.sessions.len()));
+    // The last one's sweep is the Domain's final one.
+    if !live.sessions.is_empty() {
+        d.guard.sweep("session end");
+    }
     d.last_session_left(&mut live);
 }
 
@@ -261,6 +276,8 @@ fn relay_client(d: &Domain, stream: UnixStream, session: &str, pid_file: &Path, 
             return;
         }
         match msg {
+            // SIGKILL would kill the subreaper alone: it ends the session.
+            Ok(ClientMessage::Signal { signal: libc::SIGKILL }) => d.kill_session_tree(session, pid_file),
             Ok(ClientMessage::Signal { signal }) if (1..=64).contains(&signal) => d.signal_session(session, pid_file, signal),
             Ok(ClientMessage::PromptAnswer { request, decision }) => link.answer(&request, decision),
             Ok(other) => {
@@ -296,9 +313,19 @@ fn agent_cwd(d: &Domain, cwd: Option<&str>) -> Option<PathBuf> {
 /// this session's `runsc exec` gets them, as its stdio or `--pass-fd`.
 fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &Path) -> Result<(std::process::Child, Option<OwnedFd>), StartError> {
     let mut spec = d.ctx.bundle_spec(&d.image, &req.args, req.tty)?;
-    if let Some(t) = req.term.as_ref().filter(|t| !t.is_empty() && t.len() < 64 && t.chars().all(|c| c.is_ascii_graphic())) {
-        spec.env.retain(|(k, _)| k != "TERM");
-        spec.env.push(("TERM".into(), t.clone()));
+    // The developer's terminal type, locale and time zone (a client of an
+    // older build sends only TERM), unless the profile sets them itself.
+    let mut carried = req.agent_env.clone();
+    if let Some(t) = req.term.as_ref().filter(|t| req.tty && !t.is_empty() && t.len() < 64 && t.chars().all(|c| c.is_ascii_graphic())) {
+        if !carried.iter().any(|(k, _)| k == "TERM") {
+            carried.push(("TERM".into(), t.clone()));
+        }
+    }
+    for (name, value) in carried {
+        if !d.ctx.profile.env.contains_key(&name) {
+            spec.env.retain(|(k, _)| *k != name);
+            spec.env.push((name, value));
+        }
     }
     if let Some(c) = agent_cwd(d, req.cwd.as_deref()) {
         spec.cwd = c;
@@ -313,6 +340,7 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     if req.tty && req.terminal.iter().any(|t| !t) {
         spec.args = stdio_wrapper(&req.terminal, std::mem::take(&mut spec.args));
     }
+    spec.args = under_session_init(std::mem::take(&mut spec.args));
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
     let missing = || StartError::Io { context: "the client's pipes".into(), source: std::io::Error::other("missing descriptors") };
     let mut pipes = fds.into_iter();
@@ -338,7 +366,9 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
         }
     };
     // The spec holds the agent's environment (secrets too): never on disk.
-    let child = d.runsc.exec(&d.container, process.as_bytes(), pid_file, stdio, extra)?;
+    // On a terminal, runsc exec's controlling terminal is the PTY: resizes
+    // (SIGWINCH) and the terminal's signals reach the agent through runsc.
+    let child = d.runsc.exec(&d.container, process.as_bytes(), pid_file, stdio, extra, req.tty)?;
     Ok((child, master))
 }
 
@@ -362,6 +392,19 @@ fn escalation_env(env: &mut Vec<(String, String)>, address: std::net::SocketAddr
     Ok(())
 }
 
+/// The session's command behind `lazaret-session-init`, the session's
+/// subreaper: it runs the command as its child, forwards signals to it, and
+/// when it exits or the coordinator sends `session::END_SIGNAL` (see
+/// `Domain::kill_session_tree`), kills every process the session left, also those
+/// that double-forked, before it exits with the command's status. runsc's
+/// PID file names it, so signals go through it.
+fn under_session_init(args: Vec<String>) -> Vec<String> {
+    use lazaret_protocol::session::{COMMAND_SEPARATOR, SESSION_INIT_PATH};
+    let mut wrapped = vec![SESSION_INIT_PATH.to_string(), COMMAND_SEPARATOR.to_string()];
+    wrapped.extend(args);
+    wrapped
+}
+
 /// The agent's command behind a `/bin/sh` that moves each stream that is
 /// not the terminal from descriptor 3 + N (where runsc put it, see
 /// [`start_agent`]) to N, closes the original and execs the command, which
@@ -383,7 +426,7 @@ fn stdio_wrapper(terminal: &[bool; 3], args: Vec<String>) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::stdio_wrapper;
+    use super::{stdio_wrapper, under_session_init};
 
     #[test]
     fn the_wrapper_moves_only_the_streams_that_are_not_the_terminal() {
@@ -392,5 +435,18 @@ mod tests {
         let w = stdio_wrapper(&[false, true, false], vec!["a b".into()]);
         assert_eq!(w[2], "exec 0<&3 3<&-; exec 2>&5 5>&-; exec \"$@\"");
         assert_eq!(w[4], "a b");
+    }
+
+    #[test]
+    fn every_session_runs_under_its_subreaper() {
+        assert_eq!(under_session_init(vec!["agent".into(), "--".into()]), ["/usr/local/bin/lazaret-session-init", "--", "agent", "--"]);
+    }
+
+    /// `runsc kill` refuses real-time signals ("unknown signal"): the
+    /// session's end must be one of the named ones.
+    #[test]
+    fn the_end_signal_is_one_runsc_kill_accepts() {
+        assert!((1..=31).contains(&lazaret_protocol::session::END_SIGNAL));
+        assert!(![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP].contains(&lazaret_protocol::session::END_SIGNAL));
     }
 }

@@ -41,6 +41,9 @@ pub enum Stage {
     TrustAnchor,
     /// The sidecar network, its policy installed and verified.
     Sidecar,
+    /// The profile's `setup` steps, in a sandbox of their own, when they
+    /// have not run yet or changed ([`super::provision`]).
+    Provision,
     /// The bundle written and `runsc create` done.
     SandboxCreated,
     /// The sandbox's network re-verified and `runsc start` done.
@@ -51,7 +54,7 @@ pub enum Stage {
 
 impl Stage {
     /// Every stage, in start-up order.
-    pub const ALL: [Stage; 10] = [
+    pub const ALL: [Stage; 11] = [
         Stage::Lock,
         Stage::Recovery,
         Stage::Image,
@@ -59,6 +62,7 @@ impl Stage {
         Stage::StateAnchor,
         Stage::TrustAnchor,
         Stage::Sidecar,
+        Stage::Provision,
         Stage::SandboxCreated,
         Stage::SandboxStarted,
         Stage::Published,
@@ -74,6 +78,7 @@ impl Stage {
             Stage::StateAnchor => "state-anchor",
             Stage::TrustAnchor => "trust-anchor",
             Stage::Sidecar => "sidecar",
+            Stage::Provision => "setup",
             Stage::SandboxCreated => "sandbox-created",
             Stage::SandboxStarted => "sandbox",
             Stage::Published => "published",
@@ -94,7 +99,7 @@ impl Stage {
             Stage::Sidecar => Some(Event::StartSidecar),
             Stage::SandboxCreated => Some(Event::StartSandbox),
             Stage::Published => Some(Event::PublishDomain),
-            Stage::Recovery | Stage::Image | Stage::RunDir | Stage::SandboxStarted => None,
+            Stage::Recovery | Stage::Image | Stage::RunDir | Stage::Provision | Stage::SandboxStarted => None,
         }
     }
 
@@ -107,7 +112,7 @@ impl Stage {
             Stage::TrustAnchor => Some(Event::DestroyTrustAnchor),
             Stage::Sidecar => Some(Event::StopSidecar),
             Stage::SandboxCreated => Some(Event::StopSandbox),
-            Stage::Recovery | Stage::Image | Stage::RunDir | Stage::SandboxStarted | Stage::Published => None,
+            Stage::Recovery | Stage::Image | Stage::RunDir | Stage::Provision | Stage::SandboxStarted | Stage::Published => None,
         }
     }
 }
@@ -165,6 +170,9 @@ pub trait Effects {
     fn create_trust_anchor(&mut self) -> Result<Self::Trust, StartError>;
     /// [`Stage::Sidecar`].
     fn start_sidecar(&mut self, run: &Self::RunDir) -> Result<Self::Network, StartError>;
+    /// [`Stage::Provision`]: runs the profile's setup if due, in a sandbox
+    /// of its own that is gone again when this returns (nothing to undo).
+    fn provision(&mut self, image: &Self::Image, run: &Self::RunDir, fs: &Self::Filesystem, net: &Self::Network) -> Result<(), StartError>;
     /// [`Stage::SandboxCreated`].
     fn create_sandbox(&mut self, image: &Self::Image, run: &Self::RunDir, fs: &Self::Filesystem, net: &Self::Network) -> Result<Self::Sandbox, StartError>;
     /// [`Stage::SandboxStarted`].
@@ -389,6 +397,12 @@ fn run_stages<E: Effects>(fx: &mut E, journal: &mut DomainJournal, launch: &Laun
     stack.done.push(Done::Network(network.clone()));
     fx.reached(Stage::Sidecar);
 
+    // Before the agent's sandbox exists, so no session can start before
+    // the setup ended.
+    begin(Stage::Provision, journal)?;
+    fx.provision(&image, &run_dir, &fs, &network)?;
+    fx.reached(Stage::Provision);
+
     begin(Stage::SandboxCreated, journal)?;
     let sandbox = fx.create_sandbox(&image, &run_dir, &fs, &network)?;
     stack.done.push(Done::Sandbox(sandbox.clone()));
@@ -472,6 +486,9 @@ mod tests {
         fn start_sidecar(&mut self, _: &()) -> Result<(), StartError> {
             self.act(Stage::Sidecar)
         }
+        fn provision(&mut self, _: &(), _: &(), _: &(), _: &()) -> Result<(), StartError> {
+            self.act(Stage::Provision)
+        }
         fn create_sandbox(&mut self, _: &(), _: &(), _: &(), _: &()) -> Result<(), StartError> {
             self.act(Stage::SandboxCreated)
         }
@@ -503,7 +520,7 @@ mod tests {
 
     /// Stages whose effect leaves something to undo.
     fn has_undo(stage: Stage) -> bool {
-        !matches!(stage, Stage::Recovery | Stage::Image | Stage::SandboxStarted)
+        !matches!(stage, Stage::Recovery | Stage::Image | Stage::Provision | Stage::SandboxStarted)
     }
 
     fn launch() -> Launch {

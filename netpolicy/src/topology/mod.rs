@@ -63,11 +63,13 @@
 //!   table and rules, like `ip`, for `lazaret debug`.
 
 mod debug;
+mod dns_server;
 mod forwarding;
 mod live;
 pub mod nat;
 pub mod netns;
 mod nft;
+mod nftset;
 
 use std::fmt;
 use std::io::Read;
@@ -89,9 +91,11 @@ use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 pub use lazaret_protocol::escalation::ESCALATION_PORT;
 
 pub use debug::debug_view;
+pub use dns_server::{LockedResolver, RefusedName, ResolverSettings, read_refused_log};
 pub use live::{HostWatch, HostWatcher, PolicyUpdate};
 pub use netns::Netns;
-pub use nft::SIDECAR_FILTER_TABLE;
+pub use nft::{LOCKED_TABLE, SIDECAR_FILTER_TABLE, locked_set_name};
+pub use nftset::{SetElement, put_elements, set_addresses};
 
 use forwarding::Switch;
 
@@ -566,6 +570,8 @@ const SELF_GUARD_PRIORITY: u32 = 500;
 /// from the sandbox to its gateway's [`ESCALATION_PORT`], goes straight to
 /// `lookup local` (see [`DomainNetwork::bind_escalation_listener`]).
 const ESCALATION_PRIORITY: u32 = 490;
+/// Where the locked-mode resolver listens (on the sandbox's gateway).
+pub const DNS_PORT: u16 = 53;
 /// Listen backlog of the escalation listener (the kernel caps it at
 /// `net.core.somaxconn`): every session of a Domain may connect at once.
 const ESCALATION_BACKLOG: i32 = 1024;
@@ -748,8 +754,9 @@ impl fmt::Display for SidecarRule {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum GuardFamily {
     /// IPv4: the sandbox's gateway (the sidecar's inner address), where the
-    /// escalation channel is let through.
-    V4 { gateway: Ipv4Addr },
+    /// escalation channel is let through, and with `resolver` (locked
+    /// mode) UDP and TCP port 53, where Lazaret's resolver listens.
+    V4 { gateway: Ipv4Addr, resolver: bool },
     /// IPv6: the sandbox's address, the only source the spoof guard lets pass.
     V6 { sandbox: Ipv6Addr },
 }
@@ -773,7 +780,19 @@ impl GuardFamily {
 fn sidecar_rules(family: GuardFamily) -> Vec<SidecarRule> {
     let v4 = family.is_v4();
     let mut rules = Vec::new();
-    if let GuardFamily::V4 { gateway } = family {
+    if let GuardFamily::V4 { gateway, resolver: true } = family {
+        // Locked mode: the sandbox's only resolver listens on the gateway.
+        for protocol in [IpProtocol::Udp, IpProtocol::Tcp] {
+            rules.push(SidecarRule {
+                destination: Some(Prefix::host(IpAddr::V4(gateway))),
+                protocol: Some(protocol),
+                destination_ports: Some((DNS_PORT, DNS_PORT)),
+                table: LOCAL_TABLE,
+                ..SidecarRule::from_sandbox(ESCALATION_PRIORITY, RuleAction::ToTable)
+            });
+        }
+    }
+    if let GuardFamily::V4 { gateway, .. } = family {
         // TCP to the gateway's escalation port is delivered (to the
         // coordinator's listener, see `bind_escalation_listener`) instead of
         // meeting the self-guard; `rp_filter` on the sandbox link already
@@ -1050,10 +1069,14 @@ fn sandbox_route_differences(view: &NetView, addresses: &DomainAddresses, ipv6: 
 
 /// Differences between the sidecar's nftables state and `filter`, its only
 /// table: nothing else may be there (no table accepts or rewrites anything).
-fn sidecar_filter_differences(filter: &nft::TableSpec) -> Result<Vec<String>, TopologyError> {
+fn sidecar_filter_differences(filter: &nft::TableSpec, locked: Option<&nft::TableSpec>) -> Result<Vec<String>, TopologyError> {
     let mut differences: Vec<String> = filter.differences()?.into_iter().map(|d| format!("sidecar {d}")).collect();
+    if let Some(locked) = locked {
+        differences.extend(locked.differences()?.into_iter().map(|d| format!("sidecar {d}")));
+    }
+    let ours = |name: &str| name == filter.name || locked.is_some_and(|l| l.name == name);
     for table in nat::list_tables()? {
-        if !(table.family == nft::NFPROTO_INET && table.name == filter.name) {
+        if !(table.family == nft::NFPROTO_INET && ours(&table.name)) {
             differences.push(format!("unexpected nftables table {} (family {}) in the sidecar", table.name, table.family));
         }
     }
@@ -1248,10 +1271,11 @@ impl DomainNetwork {
         let host_fd = self.host.as_fd().as_raw_fd();
         let host_link = self.id.host_link_name();
         let addresses = self.addresses;
-        let (routes, port53_only) = {
+        let (routes, port53_only, locked_filter) = {
             let policy = self.locked_policy();
-            (policy.routes(), policy.port53_only_resolvers())
+            (policy.routes(), policy.port53_only_resolvers(), policy.locked().then(|| nft::locked_table(&policy.names().ports(), &policy.allowed_prefixes())))
         };
+        let locked = locked_filter.is_some();
         let ipv6 = self.ipv6();
         let filter = nft::sidecar_filter(&port53_only);
         sidecar.netlink(async move |handle| {
@@ -1285,13 +1309,18 @@ impl DomainNetwork {
                     .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
             install_self_guard_table(&handle, true, &addresses.sidecar_own()).await?;
-            install_rules(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner }).await?;
+            install_rules(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner, resolver: locked }).await?;
             if ipv6 {
                 install_self_guard_table(&handle, false, &addresses.v6.sidecar_own()).await?;
                 install_rules(&handle, GuardFamily::V6 { sandbox: addresses.v6.sandbox }).await?;
             }
             // Resolvers only their DNS route opens: port 53 only (routes cannot match ports).
-            filter.install()
+            filter.install()?;
+            // Locked mode: only allowed names' addresses and allowed prefixes.
+            match &locked_filter {
+                Some(table) => table.install(),
+                None => Ok(()),
+            }
         })
     }
 
@@ -1405,6 +1434,8 @@ impl DomainNetwork {
         let mut differences = Vec::new();
         let (own, own6) = (addresses.sidecar_own(), addresses.v6.sidecar_own());
         let filter = nft::sidecar_filter(&policy.port53_only_resolvers());
+        let locked_filter = policy.locked().then(|| nft::locked_table(&policy.names().ports(), &policy.allowed_prefixes()));
+        let locked = locked_filter.is_some();
         let (view, sysctls, guard) = sidecar.netlink(async move |handle| {
             let view = net_view(&handle).await?;
             let mut sysctls = Vec::new();
@@ -1413,11 +1444,11 @@ impl DomainNetwork {
             }
             let rp_filter = inner_rp_filter();
             sysctls.push(forwarding::read_sysctl(&rp_filter)?);
-            let mut guard = self_guard_differences(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner }, &own).await?;
+            let mut guard = self_guard_differences(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner, resolver: locked }, &own).await?;
             if ipv6 {
                 guard.extend(self_guard_differences(&handle, GuardFamily::V6 { sandbox: addresses.v6.sandbox }, &own6).await?);
             }
-            guard.extend(sidecar_filter_differences(&filter)?);
+            guard.extend(sidecar_filter_differences(&filter, locked_filter.as_ref())?);
             Ok((view, sysctls, guard))
         })?;
         differences.extend(guard);
@@ -1688,7 +1719,7 @@ mod tests {
     #[test]
     fn sidecar_rules_read_like_ip_rule() {
         let gateway = Ipv4Addr::new(100, 96, 0, 5);
-        let v4: Vec<String> = sidecar_rules(GuardFamily::V4 { gateway }).iter().map(ToString::to_string).collect();
+        let v4: Vec<String> = sidecar_rules(GuardFamily::V4 { gateway, resolver: false }).iter().map(ToString::to_string).collect();
         assert_eq!(v4.len(), 1 + GUARDED_PROTOCOLS.len() + 1);
         assert_eq!(v4[0], "490: iif lzs0 from all to 100.96.0.5/32 ipproto Tcp dport 7418-7418 lookup 255");
         assert_eq!(v4[1], "500: iif lzs0 from all ipproto Icmp lookup 200");
@@ -1738,7 +1769,7 @@ mod tests {
         );
 
         // The escalation exception widened to every port is no longer the expected one.
-        let expected = sidecar_rules(GuardFamily::V4 { gateway: Ipv4Addr::new(100, 96, 0, 5) });
+        let expected = sidecar_rules(GuardFamily::V4 { gateway: Ipv4Addr::new(100, 96, 0, 5), resolver: false });
         let mut found = expected.clone();
         found[0].destination_ports = Some((1, u16::MAX));
         assert_eq!(

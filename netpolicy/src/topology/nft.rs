@@ -22,10 +22,12 @@ use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use nftnl::expr::{IcmpCode, RejectionType, Verdict as NftVerdict};
+use nftnl::expr::{IcmpCode, Lookup, RejectionType, Verdict as NftVerdict};
+use nftnl::set::Set;
 use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
 
 use super::{SIDECAR_INNER_LINK, SidecarId, TopologyError};
+use crate::prefix::Prefix;
 
 /// The sidecar's filter table (family inet).
 pub const SIDECAR_FILTER_TABLE: &str = "lazaret-filter";
@@ -64,6 +66,12 @@ pub(crate) enum Match {
     /// `ct state != established ct state != related`: a packet that starts
     /// something (new, invalid, untracked).
     NotEstablishedOrRelated,
+    /// `ct state established,related`: a packet of a flow already let through.
+    EstablishedOrRelated,
+    /// `ip|ip6 daddr @SET` (true for IPv4).
+    DaddrInSet(bool, String),
+    /// `ip|ip6 daddr PREFIX`.
+    DaddrInPrefix(Prefix),
 }
 
 /// What a rule does.
@@ -100,10 +108,20 @@ pub(crate) struct ChainSpec {
     pub rules: Vec<RuleSpec>,
 }
 
+/// One named set of addresses whose elements time out (`type
+/// ipv4_addr|ipv6_addr; flags timeout;`), filled at run time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SetSpec {
+    pub name: String,
+    pub v4: bool,
+}
+
 /// One `inet` table.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct TableSpec {
     pub name: String,
+    /// Sets, created before the chains (their rules look them up).
+    pub sets: Vec<SetSpec>,
     pub chains: Vec<ChainSpec>,
     /// The comment on every rule.
     pub comment: String,
@@ -126,6 +144,9 @@ impl fmt::Display for Match {
                 write!(f, "meta l4proto {} th dport {port}", if *protocol == IPPROTO_TCP { "tcp" } else { "udp" })
             }
             Match::NotEstablishedOrRelated => f.write_str("ct state != established ct state != related"),
+            Match::EstablishedOrRelated => f.write_str("ct state established,related"),
+            Match::DaddrInSet(v4, set) => write!(f, "{} daddr @{set}", if *v4 { "ip" } else { "ip6" }),
+            Match::DaddrInPrefix(prefix) => write!(f, "{} daddr {prefix}", if prefix.is_v4() { "ip" } else { "ip6" }),
         }
     }
 }
@@ -161,6 +182,9 @@ impl fmt::Display for ChainSpec {
 impl fmt::Display for TableSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "table inet {} {{", self.name)?;
+        for set in &self.sets {
+            writeln!(f, "  set {} {{ type {}; flags timeout; }}", set.name, if set.v4 { "ipv4_addr" } else { "ipv6_addr" })?;
+        }
         for chain in &self.chains {
             writeln!(f, "{chain}")?;
         }
@@ -177,6 +201,16 @@ fn interface_name(name: &str) -> Result<[u8; IFNAMSIZ], TopologyError> {
     let mut padded = [0u8; IFNAMSIZ];
     padded[..bytes.len()].copy_from_slice(bytes);
     Ok(padded)
+}
+
+/// The mask of `prefix` as an address of its family.
+fn netmask(prefix: &Prefix) -> IpAddr {
+    let len = u32::from(prefix.prefix_len());
+    if prefix.is_v4() {
+        IpAddr::V4(Ipv4Addr::from(u32::MAX.checked_shl(32 - len).unwrap_or(0)))
+    } else {
+        IpAddr::V6(Ipv6Addr::from(u128::MAX.checked_shl(128 - len).unwrap_or(0)))
+    }
 }
 
 fn c_name(text: &str) -> Result<CString, TopologyError> {
@@ -230,6 +264,40 @@ impl RuleSpec {
                     rule.add_expr(&nft_expr!(ct state));
                     rule.add_expr(&nft_expr!(cmp != CT_ESTABLISHED));
                     rule.add_expr(&nft_expr!(cmp != CT_RELATED));
+                }
+                Match::EstablishedOrRelated => {
+                    rule.add_expr(&nft_expr!(ct state));
+                    rule.add_expr(&nft_expr!(bitwise mask CT_ESTABLISHED | CT_RELATED, xor 0u32));
+                    rule.add_expr(&nft_expr!(cmp != 0u32));
+                }
+                Match::DaddrInSet(v4, name) => {
+                    let name = c_name(name)?;
+                    let table = chain.get_table();
+                    // Only to name the set in the lookup: the set itself is
+                    // created by `sets_messages` (nftnl cannot give it a timeout).
+                    if *v4 {
+                        rule.add_expr(&nft_expr!(payload ipv4 daddr));
+                        rule.add_expr(&Lookup::new(&Set::<Ipv4Addr>::new_named(&name, 0, table, ProtoFamily::Inet)));
+                    } else {
+                        rule.add_expr(&nft_expr!(payload ipv6 daddr));
+                        rule.add_expr(&Lookup::new(&Set::<Ipv6Addr>::new_named(&name, 0, table, ProtoFamily::Inet)));
+                    }
+                }
+                Match::DaddrInPrefix(prefix) => {
+                    let (mask, network): (Vec<u8>, Vec<u8>) = match (prefix.network(), netmask(prefix)) {
+                        (IpAddr::V4(network), IpAddr::V4(mask)) => {
+                            rule.add_expr(&nft_expr!(payload ipv4 daddr));
+                            (mask.octets().to_vec(), network.octets().to_vec())
+                        }
+                        (IpAddr::V6(network), IpAddr::V6(mask)) => {
+                            rule.add_expr(&nft_expr!(payload ipv6 daddr));
+                            (mask.octets().to_vec(), network.octets().to_vec())
+                        }
+                        _ => return Err(TopologyError::Nftables { action: format!("build rule {self}"), reason: "mixed families".into() }),
+                    };
+                    let zero = vec![0u8; mask.len()];
+                    rule.add_expr(&nft_expr!(bitwise mask &mask[..], xor &zero[..]));
+                    rule.add_expr(&nft_expr!(cmp == &network[..]));
                 }
             }
         }
@@ -290,8 +358,13 @@ impl TableSpec {
         Ok(batch.finalize())
     }
 
-    /// Installs the table in the calling thread's namespace.
+    /// Installs the table in the calling thread's namespace: first the
+    /// table and its sets (raw messages, one transaction), then the chains
+    /// and rules (nftnl). Only used before the sandbox starts.
     pub fn install(&self) -> Result<(), TopologyError> {
+        if !self.sets.is_empty() {
+            super::nftset::create_table_and_sets(&self.name, &self.sets)?;
+        }
         let batch = self.batch(false)?;
         super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
     }
@@ -327,6 +400,9 @@ impl TableSpec {
         let rules: Vec<DumpedRule> =
             dump(NFT_MSG_GETRULE, Some(&self.name))?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
         let mut differences = Vec::new();
+        if !self.sets.is_empty() {
+            differences.extend(super::nftset::set_differences(&self.name, &self.sets)?.into_iter().map(|d| format!("{table}: {d}")));
+        }
         for chain in &expected_chains {
             match chains.iter().find(|c| c.name == chain.name) {
                 None => differences.push(format!("{table}: chain {} is missing", chain.name)),
@@ -384,8 +460,61 @@ pub(crate) fn sidecar_filter(port53_only: &[IpAddr]) -> TableSpec {
     }
     TableSpec {
         name: SIDECAR_FILTER_TABLE.to_string(),
+        sets: Vec::new(),
         chains: vec![ChainSpec { name: "forward", kind: ChainKind::Forward, rules }],
         comment: "Lazaret: DNS resolvers get port 53 only".to_string(),
+    }
+}
+
+/// The sidecar's table of a locked Domain (`egress = "locked"`).
+pub const LOCKED_TABLE: &str = "lazaret-locked";
+
+/// The set of the addresses allowed names resolved to: `names4`/`names6`
+/// for every port, `names4_p22` for a rule with port 22.
+pub fn locked_set_name(v4: bool, port: Option<u16>) -> String {
+    let family = if v4 { 4 } else { 6 };
+    match port {
+        Some(port) => format!("names{family}_p{port}"),
+        None => format!("names{family}"),
+    }
+}
+
+/// The locked Domain's filter, `inet lazaret-locked`: from the sandbox
+/// (`iifname "lzs0"`) only flows already let through, addresses in the
+/// name sets (per port where the rule has one) and the `allow_egress`
+/// prefixes are forwarded; everything else is rejected (host-unreachable,
+/// so a client fails at once instead of timing out). The sets' elements
+/// time out; the resolver adds them before it answers the sandbox. The
+/// routes and `lazaret-filter` still apply on top (a name resolving to a
+/// private address stays denied).
+pub(crate) fn locked_table(ports: &std::collections::BTreeSet<u16>, prefixes: &[Prefix]) -> TableSpec {
+    let from_sandbox = || Match::IifName(SIDECAR_INNER_LINK.to_string());
+    let mut sets = Vec::new();
+    let mut rules = vec![RuleSpec { matches: vec![from_sandbox(), Match::EstablishedOrRelated], action: Action::Accept }];
+    for v4 in [true, false] {
+        let set = locked_set_name(v4, None);
+        rules.push(RuleSpec { matches: vec![from_sandbox(), Match::Family(v4), Match::DaddrInSet(v4, set.clone())], action: Action::Accept });
+        sets.push(SetSpec { name: set, v4 });
+    }
+    for port in ports {
+        for v4 in [true, false] {
+            let set = locked_set_name(v4, Some(*port));
+            for protocol in [IPPROTO_TCP, IPPROTO_UDP] {
+                let matches = vec![from_sandbox(), Match::Family(v4), Match::Dport(protocol, *port), Match::DaddrInSet(v4, set.clone())];
+                rules.push(RuleSpec { matches, action: Action::Accept });
+            }
+            sets.push(SetSpec { name: set, v4 });
+        }
+    }
+    for prefix in prefixes {
+        rules.push(RuleSpec { matches: vec![from_sandbox(), Match::Family(prefix.is_v4()), Match::DaddrInPrefix(*prefix)], action: Action::Accept });
+    }
+    rules.push(RuleSpec { matches: vec![from_sandbox()], action: Action::Reject });
+    TableSpec {
+        name: LOCKED_TABLE.to_string(),
+        sets,
+        chains: vec![ChainSpec { name: "forward", kind: ChainKind::Forward, rules }],
+        comment: "Lazaret: locked egress, only allowed names and prefixes".to_string(),
     }
 }
 
@@ -417,6 +546,7 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
     }
     TableSpec {
         name: super::nat::table_name(id),
+        sets: Vec::new(),
         chains: vec![
             ChainSpec { name: "snat", kind: ChainKind::SourceNat, rules: masquerade },
             ChainSpec { name: "forward", kind: ChainKind::Forward, rules: forward },
@@ -427,7 +557,7 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
 
 // ---- netlink messages of nf_tables, parsed without trusting their lengths ----
 
-const NFNL_SUBSYS_NFTABLES: u16 = 10;
+pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 3;
 const NFT_MSG_GETCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 4;
 const NFT_MSG_NEWRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 6;
@@ -517,6 +647,22 @@ fn normalize(bytes: &[u8]) -> Value {
     }
 }
 
+/// The attributes of an expression that say what it does: the kernel dumps
+/// a lookup with its flags but not the set ID nftnl sends (keep only
+/// NFTA_LOOKUP_SET and _SREG), and a bitwise with the operation nftnl
+/// leaves out (drop NFTA_BITWISE_OP, 0 = mask-and-xor either way).
+fn comparable(name: &str, data: Value) -> Value {
+    let keep: fn(u16) -> bool = match name {
+        "lookup" => |kind| kind == 1 || kind == 2,
+        "bitwise" => |kind| kind != 6,
+        _ => return data,
+    };
+    match data {
+        Value::Nested(list) => Value::Nested(list.into_iter().filter(|(kind, _)| keep(*kind)).collect()),
+        other => other,
+    }
+}
+
 /// A base chain as dumped (or as nftnl serializes it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct DumpedChain {
@@ -569,6 +715,7 @@ impl DumpedRule {
         for (_, element) in attributes(attribute(bytes, EXPRESSIONS).unwrap_or_default())? {
             let name = string(attribute(element, 1)?);
             let data = attribute(element, 2).map(normalize).unwrap_or(Value::Bytes(Vec::new()));
+            let data = comparable(&name, data);
             expressions.push((name, data));
         }
         Some(DumpedRule {
@@ -689,5 +836,29 @@ mod tests {
         // Malformed lengths are plain bytes, never a panic.
         assert_eq!(normalize(&[200, 0, 1, 0]), Value::Bytes(vec![200, 0, 1, 0]));
         assert_eq!(attributes(&[8, 0, 1, 0, 1]), None);
+    }
+
+    #[test]
+    fn locked_table_reads_like_nft() {
+        let table = locked_table(&[22].into(), &["198.51.100.0/24".parse().expect("prefix")]);
+        let text = table.to_string();
+        for line in [
+            "set names4 { type ipv4_addr; flags timeout; }",
+            "set names6_p22 { type ipv6_addr; flags timeout; }",
+            "iifname \"lzs0\" ct state established,related accept",
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr @names4 accept",
+            "iifname \"lzs0\" meta nfproto ipv6 meta l4proto udp th dport 22 ip6 daddr @names6_p22 accept",
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 198.51.100.0/24 accept",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+        assert_eq!(table.chains[0].rules.last().map(ToString::to_string).as_deref(), Some("iifname \"lzs0\" reject with icmpx host-unreachable"));
+        assert_eq!(table.sets.len(), 4);
+        // It serializes, and the lookups name their sets.
+        let (_, rules) = table.expected().expect("serialize");
+        assert_eq!(rules.len(), table.chains[0].rules.len());
+        assert!(rules[1].expressions.iter().any(|(name, _)| name == "lookup"));
+        assert_eq!(netmask(&"10.0.0.0/8".parse().expect("prefix")), IpAddr::V4(Ipv4Addr::new(255, 0, 0, 0)));
+        assert_eq!(netmask(&"::/0".parse().expect("prefix")), IpAddr::V6(Ipv6Addr::UNSPECIFIED));
     }
 }

@@ -22,6 +22,12 @@ pub use error::RegistryError;
 pub use pull::{LayerInfo, PullOptions, PullProgress, pull};
 pub use reference::{ImageReference, Platform};
 
+/// The media type a pull reads or infers from a manifest document (for the
+/// fuzz targets through [`crate::fuzzing`]).
+pub(crate) fn fuzz_document_media_type(bytes: &[u8]) -> String {
+    pull::document_media_type(bytes)
+}
+
 /// Installs rustls' ring provider as the process-wide default, unless one
 /// is installed already. Call it before any other rustls use in the process
 /// (the coordinator's mutual TLS included) so a single provider is used.

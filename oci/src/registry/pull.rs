@@ -584,7 +584,7 @@ fn oci_descriptor(desc: &Descriptor) -> OciDescriptor {
 
 /// The `mediaType` of a manifest document, inferred from its shape when the
 /// field is absent (allowed for OCI indexes and manifests).
-fn document_media_type(bytes: &[u8]) -> String {
+pub(super) fn document_media_type(bytes: &[u8]) -> String {
     #[derive(serde::Deserialize)]
     struct Probe {
         #[serde(rename = "mediaType", default)]

@@ -46,6 +46,13 @@ impl ImageReference {
                 "digest {digest:?} is not sha256:<64 lowercase hex digits>"
             )));
         }
+        // The full form is the image's name in the store, which holds at
+        // most 255 characters: a bare name of 240 grows past that with
+        // `docker.io/library/` and `:latest`.
+        let whole = inner.whole();
+        if whole.len() > 255 {
+            return Err(invalid(format!("its full form {whole:?} is longer than 255 characters")));
+        }
         Ok(ImageReference { inner })
     }
 
@@ -175,6 +182,18 @@ impl fmt::Display for Platform {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_name_whose_full_form_is_too_long_for_the_store_is_refused() {
+        // Found by fuzz target oci_manifest: 236 characters parse, but
+        // `docker.io/library/` + `:latest` make 261, which does not.
+        let long = "a".repeat(236);
+        let error = ImageReference::parse(&long).expect_err("too long once normalised");
+        assert!(error.to_string().contains("longer than 255 characters"), "{error}");
+        let fits = "a".repeat(255 - "docker.io/library/:latest".len());
+        let parsed = ImageReference::parse(&fits).expect("fits");
+        assert_eq!(ImageReference::parse(&parsed.store_name()).expect("parses again"), parsed);
+    }
 
     #[test]
     fn references_are_normalised_like_docker() -> Result<(), RegistryError> {

@@ -18,15 +18,30 @@
 //! (default 20,000) on the host and inside the sandbox, and the ratio.
 //!
 //! `lazaret-bench escalate [N]`: the round trip of a rule-approved `true`
-//! through `lazaret-escalate` inside one sandbox, N times one after the
-//! other (default 1,000; each timed inside the sandbox by
-//! `lazaret-escprobe time`), against spawning `/bin/true` on the host N
-//! times: median and p99 of each and the difference (target: median at most
-//! 5 ms beyond the host command). Then 8 sessions each starting 100
+//! from inside one sandbox, N times one after the other (default 1,000),
+//! against spawning `/bin/true` on the host N times: median and p99 of
+//! each and the difference (target: median at most 5 ms beyond the host
+//! command). Two ways, both timed inside the sandbox: the whole
+//! `lazaret-escalate -- true` process as the agent runs it
+//! (`lazaret-escprobe time`), and the request alone, without the client
+//! process's start, through the client's own code in one process
+//! (`lazaret-escprobe requests`); then the coordinator's share from the
+//! journal's timestamps, step by step. Then 8 sessions each starting 100
 //! requests at once (`echo TOKEN`, rule-approved): every token must come
 //! back exactly once with exit 0; prints the counts and the wall time.
 //! The developer is the non-root test user; `lazaret-escalate` must be
 //! installed in `../lib/lazaret/` of `lazaret` (scripts/bench.sh does it).
+//!
+//! `lazaret-bench guard [FILES] [ROUNDS]`: the Workspace Guard's cost (issue
+//! 13; targets: at most 5 % on a workspace-heavy run, at most 10 ms on
+//! Domain start). A FILES-file tree (default 20,000) unpacked with `tar`
+//! inside the workspace, then `git status` inside, timed inside the sandbox,
+//! and the whole `lazaret run` until the Domain is down (its final sweep
+//! included), with the guard on and off (the coordinator's test hook
+//! `LAZARET_TEST_GUARD=off`), ROUNDS times each (default 5), alternating;
+//! for the developer as agent and for a root agent (whose every file the
+//! guard gives back to the developer). Then Domain start: cold `lazaret run
+//! -- true` on and off, and the guard's own start time from the log.
 //!
 //! Run it through `scripts/bench.sh`, which builds release binaries first.
 
@@ -46,8 +61,9 @@ fn main() -> anyhow::Result<()> {
         Some("net") => bench_net(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
         Some("git") => bench_git(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000)),
         Some("escalate") => bench_escalate(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1000)),
+        Some("guard") => bench_guard(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000), args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(5)),
         _ => {
-            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES] | escalate [N]");
+            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES] | escalate [N] | guard [FILES] [ROUNDS]");
             std::process::exit(2);
         }
     }
@@ -343,6 +359,23 @@ fn bench_net(runs: usize) -> anyhow::Result<()> {
         println!("{:<38} {:>17} {:>7} {:>7.1}", name, r.0, r.1, r.2);
     }
     println!("{:<38} {:>17} {:>7} {:>7.2}", "sidecar / no sidecar", "", "", sidecar.2 / direct.2);
+
+    // (d) Time to first byte of a name: resolve, connect, first byte; open
+    // egress (the lab's resolver directly) vs locked (Lazaret's resolver in
+    // the sidecar, which also fills the nftables set before answering).
+    println!();
+    println!("name to first byte ({CONNECTS} runs)            median us  p90 us");
+    for (label, extra) in [("open egress", ""), ("locked egress (allow_egress = [\"bench.test\"])", "egress = \"locked\"\nallow_egress = [\"bench.test\"]\n")] {
+        let mut env = TestEnv::with_profile(&format!("user = \"root\"\ndns = [\"10.53.0.53\"]\n{extra}"));
+        env.netns = Some(lab.host.clone());
+        let probe = env.install_probe();
+        let out = env.run(["run".to_string(), "test".into(), "--".into(), probe.display().to_string(), "bench-name".into(), "bench.test".into(), PORT.to_string(), CONNECTS.to_string()]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        anyhow::ensure!(out.status.code() == Some(42), "name probe failed ({:?}): {} {}", out.status, text, String::from_utf8_lossy(&out.stderr));
+        let line = text.lines().find_map(|l| l.strip_prefix("first_byte_us ")).ok_or_else(|| anyhow::anyhow!("no first_byte_us in {text}"))?;
+        let (median, p90) = line.split_once(' ').ok_or_else(|| anyhow::anyhow!("bad line {line}"))?;
+        println!("{label:<46} {median:>9} {p90:>7}");
+    }
     Ok(())
 }
 
@@ -474,17 +507,18 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     // client's start without a connection).
     let warm = 20;
     let total = (n + warm).to_string();
-    // The baselines need fewer runs; all three loops share one `lazaret
+    // The baselines need fewer runs; all four loops share one `lazaret
     // run`, which the test library gives two minutes.
-    let base = (n.min(200) + warm).to_string();
+    let base = (n.min(100) + warm).to_string();
     let script = format!(
-        "{probe} time {base} -- true; echo --; {probe} time {base} -- lazaret-escalate --version; echo --; {probe} time {total} -- lazaret-escalate -- true"
+        "{probe} time {base} -- true; echo --; {probe} time {base} -- lazaret-escalate --version; echo --; \
+         {probe} requests {total} -- true; echo --; {probe} time {total} -- lazaret-escalate -- true"
     );
     let out = env.run(["run", "test", "--", "sh", "-c", &script]);
     anyhow::ensure!(out.status.success(), "the timing loops failed ({:?}): {}", out.status.code(), String::from_utf8_lossy(&out.stderr));
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let sections: Vec<&str> = text.split("--\n").collect();
-    anyhow::ensure!(sections.len() == 3, "expected three timing loops, got {}", sections.len());
+    anyhow::ensure!(sections.len() == 4, "expected four timing loops, got {}", sections.len());
     // Failed runs are counted, not timed.
     let timings = |section: &str| -> (Vec<Duration>, Vec<String>) {
         let failed = section.lines().filter(|l| l.starts_with("failed ")).map(String::from).collect();
@@ -494,9 +528,11 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     };
     let (spawn, spawn_failed) = timings(sections[0]);
     let (version, version_failed) = timings(sections[1]);
-    let (inside, failures) = timings(sections[2]);
+    let (alone, alone_failed) = timings(sections[2]);
+    let (inside, failures) = timings(sections[3]);
     anyhow::ensure!(spawn_failed.is_empty() && version_failed.is_empty(), "baselines failed: {spawn_failed:?} {version_failed:?}");
     anyhow::ensure!(inside.len() >= n / 2, "only {} of {n} requests succeeded: {failures:?}", inside.len());
+    anyhow::ensure!(alone.len() >= n / 2, "only {} of {n} in-process requests succeeded: {alone_failed:?}", alone.len());
     let mut host = Vec::with_capacity(n);
     for i in 0..n + warm {
         let t = Instant::now();
@@ -508,24 +544,34 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
         }
     }
     host.sort();
-    let row = |name: &str, d: &[Duration]| println!("{:<52} {:>10.2} {:>10.2}", name, quantile_ms(d, 0.5), quantile_ms(d, 0.99));
-    let (im, ip) = (quantile_ms(&inside, 0.5), quantile_ms(&inside, 0.99));
+    let row = |name: &str, d: &[Duration]| println!("{:<58} {:>10.2} {:>10.2}", name, quantile_ms(d, 0.5), quantile_ms(d, 0.99));
     let (hm, hp) = (quantile_ms(&host, 0.5), quantile_ms(&host, 0.99));
+    let beyond = |d: &[Duration]| {
+        let (m, p) = (quantile_ms(d, 0.5), quantile_ms(d, 0.99));
+        let verdict = if m - hm <= 5.0 { "target met" } else { "target missed" };
+        println!("{:<58} {:>10.2} {:>10.2}  {verdict}", "    beyond the host command (target: median <= 5 ms)", m - hm, p - hp);
+    };
     println!("rule-approved `true`, {n} requests one after the other ({})", lazaret_bin().display());
-    println!("{:<52} {:>10} {:>10}", "", "median ms", "p99 ms");
+    println!("{:<58} {:>10} {:>10}", "", "median ms", "p99 ms");
     row("true on the host (spawned by the bench)", &host);
-    row("lazaret-escalate -- true, inside the sandbox", &inside);
-    println!("{:<52} {:>10.2} {:>10.2}", "  difference (target: median <= 5 ms)", im - hm, ip - hp);
-    println!("{:<52} {:>10}", "  requests that did not exit 0 (not timed)", failures.len());
-    if let Some(first) = failures.first() {
+    row("lazaret-escalate -- true process, inside the sandbox", &inside);
+    beyond(&inside);
+    row("request round trip alone, inside (no client start)", &alone);
+    beyond(&alone);
+    let steps = request_steps(&env);
+    if let Some((_, _, total)) = steps.iter().find(|(_, to, _)| to.ends_with("(total)")) {
+        row("coordinator: VerifyRequest -> DeliverResult (journal)", total);
+    }
+    println!("{:<58} {:>10}", "  requests that did not exit 0 (not timed)", failures.len() + alone_failed.len());
+    if let Some(first) = failures.first().or(alone_failed.first()) {
         println!("    first: {first} ({})", String::from_utf8_lossy(&out.stderr).lines().next().unwrap_or(""));
     }
     println!("baselines inside the same sandbox");
     row("  spawning true", &spawn);
     row("  lazaret-escalate --version (no connection)", &version);
     println!("coordinator steps of the rule-approved requests (journal timestamps, ms resolution)");
-    for (from, to, d) in request_steps(&env) {
-        row(&format!("  {from} -> {to}"), &d);
+    for (from, to, d) in &steps {
+        row(&format!("  {from} -> {to}"), d);
     }
     println!();
 
@@ -603,10 +649,126 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     }
     println!("{:<48} {:>8}", "sessions that failed", failed_sessions);
     println!("{:<48} {:>8.0}", "wall time, ms", wall.as_secs_f64() * 1000.0);
+    let lost = expected.len() - exact;
+    println!(
+        "summary: {ESC_SESSIONS} x {ESC_CONCURRENT} concurrent: {exact} completed, {lost} lost, {duplicated} duplicated, {:.0} ms wall",
+        wall.as_secs_f64() * 1000.0
+    );
     for (reason, count) in &reasons {
         println!("  stderr x{count}: {reason}");
     }
     drop(env);
     drop(netns);
+    Ok(())
+}
+
+/// The guard's cost: see the module documentation.
+fn bench_guard(files: usize, rounds: usize) -> anyhow::Result<()> {
+    anyhow::ensure!(rounds >= 3, "use at least 3 rounds");
+    let netns = lazaret_netpolicy::topology::Netns::create()?;
+    let (uid, gid) = lazaret_tests::test_user();
+    let mut rows = Vec::new();
+    for (name, profile) in [("developer agent", ""), ("root agent, developer = test user", "user = \"root\"\n")] {
+        let mut env = TestEnv::with_profile(profile);
+        env.netns = Some(netns.proc_path());
+        env.env.push(("SUDO_UID".into(), uid.to_string()));
+        env.env.push(("SUDO_GID".into(), gid.to_string()));
+        env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+        let ws = env.workspace.clone();
+        tree_tarball(&ws.join("tree.tar"), files)?;
+        lazaret_tests::git(&ws, &["add", "tree.tar"]);
+        lazaret_tests::git(&ws, &["-c", "user.name=b", "-c", "user.email=b@example.invalid", "commit", "-qm", "tree"]);
+        lazaret_tests::escalation::chown_tree(&ws, uid, gid);
+        // Each round: remove the previous tree (untimed), then unpack and
+        // `git status` (timed inside).
+        let script = "rm -rf unpacked; mkdir unpacked; s=$(date +%s%N); tar -xf tree.tar -C unpacked; git status --porcelain >/dev/null; e=$(date +%s%N); echo $((e-s))";
+        let mut inside = [Vec::new(), Vec::new()];
+        let mut whole = [Vec::new(), Vec::new()];
+        let lock = {
+            let warm = env.run(["run", "test", "--", "sh", "-c", script]);
+            anyhow::ensure!(warm.status.success(), "warm-up failed: {}", String::from_utf8_lossy(&warm.stderr));
+            domain_lock(&env)?
+        };
+        for round in 0..rounds * 2 {
+            let on = round % 2 == 1;
+            anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+            let mut cmd = env.lazaret(["run", "test", "--", "sh", "-c", script]);
+            cmd.env("LAZARET_TEST_GUARD", if on { "on" } else { "off" }).stdout(Stdio::piped()).stderr(Stdio::piped());
+            let t = Instant::now();
+            let out = lazaret_tests::wait_output(cmd.spawn()?);
+            anyhow::ensure!(out.status.success(), "the workspace-heavy run failed: {}", String::from_utf8_lossy(&out.stderr));
+            anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+            whole[usize::from(on)].push(t.elapsed());
+            let ns: u64 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+            inside[usize::from(on)].push(Duration::from_nanos(ns));
+        }
+        let log = std::fs::read_to_string(env.domain_dir().ok_or_else(|| anyhow::anyhow!("no Domain directory"))?.join("coordinator.log"))?;
+        let last_sweep = log.lines().rev().find(|l| l.contains("workspace guard: sweep (Domain stop)")).map(|l| l.split("] ").nth(1).unwrap_or(l).to_string()).unwrap_or_default();
+        rows.push((name, inside, whole, last_sweep));
+    }
+
+    // Domain start: cold `lazaret run -- true`, alternating, and the
+    // guard's own start from the log.
+    let mut env = TestEnv::new();
+    env.netns = Some(netns.proc_path());
+    env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+    let warm = env.run(["run", "test", "--", "true"]);
+    anyhow::ensure!(warm.status.success(), "lazaret run failed: {}", String::from_utf8_lossy(&warm.stderr));
+    let lock = domain_lock(&env)?;
+    let mut start = [Vec::new(), Vec::new()];
+    for round in 0..rounds.max(10) * 2 {
+        let on = round % 2 == 1;
+        anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+        let t = Instant::now();
+        let status = env.lazaret(["run", "test", "--", "true"]).env("LAZARET_TEST_GUARD", if on { "on" } else { "off" }).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        start[usize::from(on)].push(t.elapsed());
+        anyhow::ensure!(status.success(), "lazaret run failed");
+    }
+    anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
+    let log = std::fs::read_to_string(env.domain_dir().ok_or_else(|| anyhow::anyhow!("no Domain directory"))?.join("coordinator.log"))?;
+    let mut guard_start: Vec<Duration> = log
+        .lines()
+        .filter_map(|l| l.split("workspace guard: started in ").nth(1))
+        .filter_map(|r| r.trim_end_matches(" us").parse::<u64>().ok())
+        .map(Duration::from_micros)
+        .collect();
+    guard_start.sort();
+
+    println!("Workspace Guard cost ({}): {files} files unpacked with tar inside the workspace, then git status inside; {rounds} rounds each, alternating", lazaret_bin().display());
+    println!("{:<52} {:>10} {:>10} {:>9}", "", "off ms", "on ms", "on/off");
+    for (name, inside, whole, _) in &rows {
+        let (off, on) = (stats(inside[0].clone()).0, stats(inside[1].clone()).0);
+        println!("{:<52} {:>10.1} {:>10.1} {:>9.3}", format!("{name}: tar + git status (inside)"), off, on, on / off);
+        let (off, on) = (stats(whole[0].clone()).0, stats(whole[1].clone()).0);
+        println!("{:<52} {:>10.1} {:>10.1} {:>9.3}", format!("{name}: whole run until the Domain is down"), off, on, on / off);
+    }
+    println!("  (medians; target: on/off at most 1.05)");
+    for (name, _, _, sweep) in &rows {
+        println!("  {name}, last final sweep: {sweep}");
+    }
+    println!();
+    let (off, on) = (stats(start[0].clone()), stats(start[1].clone()));
+    println!("Domain start: cold `lazaret run test -- true`, {} runs each   median ms  p90 ms", start[0].len());
+    println!("{:<52} {:>9.1} {:>7.1}", "guard off", off.0, off.1);
+    println!("{:<52} {:>9.1} {:>7.1}", "guard on", on.0, on.1);
+    println!("{:<52} {:>9.1} {:>7.1}", "  difference (noisy; target at most 10 ms)", on.0 - off.0, on.1 - off.1);
+    if !guard_start.is_empty() {
+        println!("{:<52} {:>9.2} {:>7.2}", "guard start on the start path (coordinator log)", quantile_ms(&guard_start, 0.5), quantile_ms(&guard_start, 0.9));
+    }
+    Ok(())
+}
+
+/// A tar archive at `path` of `files` small files in directories of 200.
+fn tree_tarball(path: &Path, files: usize) -> anyhow::Result<()> {
+    let src = tempfile::tempdir()?;
+    for i in 0..files {
+        let d = src.path().join(format!("d{:03}", i / 200));
+        if i % 200 == 0 {
+            std::fs::create_dir_all(&d)?;
+        }
+        std::fs::write(d.join(format!("f{i}.txt")), format!("{i}\n"))?;
+    }
+    let status = Command::new("tar").arg("-cf").arg(path).arg("-C").arg(src.path()).arg(".").status()?;
+    anyhow::ensure!(status.success(), "tar failed");
     Ok(())
 }

@@ -23,6 +23,18 @@
 //! and prints each run's wall time in microseconds, one per line, or
 //! `failed I STATUS` for a run that did not exit 0.
 //!
+//! `lazaret-escprobe requests N -- CMD...`: makes N escalation requests of
+//! CMD one after the other from this one process, through the Escalation
+//! Client's own code (`lazaret_protocol::client`, as `lazaret-escalate`
+//! runs it: TLS configuration from the session's credentials, a fresh
+//! request ID, a new connection with a full handshake, the request, its
+//! output and result), and prints each request's wall time in
+//! microseconds, or `failed I CODE`: the round trip without the client
+//! process's start. CMD's output goes to this process's stdout, so use a
+//! silent command (`true`). `lazaret-escprobe requests N PREFIX -- CMD...`
+//! does the same with `PREFIX-I` appended to request I's argv (so each
+//! request is told apart on the host and in its output).
+//!
 //! `lazaret-escprobe concurrent N PREFIX -- CMD...`: starts N copies of
 //! `CMD... PREFIX-I` at once, waits for all and prints `PREFIX-I exit=S
 //! out=STDOUT` per child (stdout with newlines as `\n`), then `wall_us=T`.
@@ -50,8 +62,9 @@ fn main() {
         Some("interrupt") => interrupt(&args[1..]),
         Some("time") => time(&args[1..]),
         Some("concurrent") => concurrent(&args[1..]),
+        Some("requests") => requests(&args[1..]),
         _ => {
-            eprintln!("usage: lazaret-escprobe hostile | interrupt SIGNAL -- CMD... | time N -- CMD... | concurrent N PREFIX -- CMD...");
+            eprintln!("usage: lazaret-escprobe hostile | interrupt SIGNAL -- CMD... | time N -- CMD... | requests N [PREFIX] -- CMD... | concurrent N PREFIX -- CMD...");
             2
         }
     };
@@ -154,6 +167,68 @@ fn time(args: &[String]) -> i32 {
                 return 1;
             }
         }
+    }
+    0
+}
+
+fn requests(args: &[String]) -> i32 {
+    use lazaret_protocol::client::{self, Credentials, Signals};
+    let Some(n) = args.first().and_then(|n| n.parse::<usize>().ok()) else {
+        eprintln!("requests N [PREFIX] -- CMD...");
+        return 2;
+    };
+    let prefix = args.get(1).filter(|a| *a != "--");
+    let cmd = match command_after_dashes(args, if prefix.is_some() { 2 } else { 1 }) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("{e}");
+            return 2;
+        }
+    };
+    let env = match env() {
+        Ok(e) => e,
+        Err(e) => {
+            eprintln!("requests: {e}");
+            return 1;
+        }
+    };
+    let signals = match Signals::block() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("requests: cannot block signals: {e}");
+            return 1;
+        }
+    };
+    let creds = Credentials { ca: env.ca.clone(), cert: env.cert.clone(), key: env.key.clone() };
+    for i in 0..n {
+        let t = Instant::now();
+        // Everything a client process does after parsing its command line.
+        let config = match client::config(&creds) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("requests: {e}");
+                return 1;
+            }
+        };
+        let id = match client::request_id() {
+            Ok(id) => id,
+            Err(e) => {
+                eprintln!("requests: {e}");
+                return 1;
+            }
+        };
+        let request = EscalationRequest {
+            version: ESCALATION_VERSION,
+            id,
+            argv: cmd.iter().cloned().chain(prefix.map(|p| format!("{p}-{i}"))).collect(),
+            cwd: env.workspace.clone(),
+            justification: String::new(),
+            timeout_secs: None,
+        };
+        let code = client::escalate(env.addr, config, &signals, request);
+        let us = t.elapsed().as_micros();
+        let mut out = std::io::stdout().lock();
+        let _ = if code == 0 { writeln!(out, "{us}") } else { writeln!(out, "failed {i} {code}") };
     }
     0
 }

@@ -10,6 +10,9 @@
 //!   (for throughput benchmarks).
 //! - `dns ADDR ANSWER`: a DNS server on ADDR:53 answering every A query
 //!   with ANSWER.
+//! - `dns ADDR ANSWER TTL LOG`: the same with TTL seconds, over UDP and
+//!   TCP, appending `dns NAME` (`dns-tcp NAME`) to the file LOG for every
+//!   query it receives (so a test can tell which names reached it).
 
 #![forbid(unsafe_code)]
 
@@ -92,6 +95,47 @@ fn main() {
                 }
             }));
         }
+        Some("dns") if args.len() == 5 => {
+            let ip: IpAddr = args[1].parse().expect("ADDR");
+            let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
+            let ttl: u32 = args[3].parse().expect("TTL");
+            let log = Arc::new(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(&args[4]).expect("LOG")));
+            let note = move |log: &Mutex<std::fs::File>, kind: &str, query: &[u8]| {
+                if let Ok((_, question)) = lazaret_netpolicy::dnswire::parse_query(query) {
+                    let mut file = log.lock().unwrap_or_else(|p| p.into_inner());
+                    let _ = writeln!(file, "{kind} {}", question.name);
+                }
+            };
+            let udp = bind_when_ready(|| UdpSocket::bind(SocketAddr::new(ip, 53))).unwrap_or_else(|e| panic!("dns {ip}:53: {e}"));
+            let tcp = bind_when_ready(|| TcpListener::bind(SocketAddr::new(ip, 53))).unwrap_or_else(|e| panic!("dns tcp {ip}:53: {e}"));
+            let udp_log = log.clone();
+            handles.push(std::thread::spawn(move || {
+                let mut buf = [0u8; 1500];
+                while let Ok((n, from)) = udp.recv_from(&mut buf) {
+                    note(&udp_log, "dns", &buf[..n]);
+                    if let Some(reply) = dns_answer_ttl(&buf[..n], answer, ttl) {
+                        let _ = udp.send_to(&reply, from);
+                    }
+                }
+            }));
+            handles.push(std::thread::spawn(move || {
+                use std::io::Read;
+                for mut conn in tcp.incoming().flatten() {
+                    let mut length = [0u8; 2];
+                    if conn.read_exact(&mut length).is_err() {
+                        continue;
+                    }
+                    let mut query = vec![0; usize::from(u16::from_be_bytes(length))];
+                    if conn.read_exact(&mut query).is_err() {
+                        continue;
+                    }
+                    note(&log, "dns-tcp", &query);
+                    if let Some(reply) = dns_answer_ttl(&query, answer, ttl) {
+                        let _ = conn.write_all(&[&(reply.len() as u16).to_be_bytes()[..], &reply].concat());
+                    }
+                }
+            }));
+        }
         Some("dns") if args.len() == 3 => {
             let ip: IpAddr = args[1].parse().expect("ADDR");
             let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
@@ -120,6 +164,11 @@ fn main() {
 /// A response to a standard query: the question echoed, and for type A one
 /// answer with `answer` (TTL 60); other types get an empty answer section.
 fn dns_answer(query: &[u8], answer: Ipv4Addr) -> Option<Vec<u8>> {
+    dns_answer_ttl(query, answer, 60)
+}
+
+/// [`dns_answer`] with the answer's TTL.
+fn dns_answer_ttl(query: &[u8], answer: Ipv4Addr, ttl: u32) -> Option<Vec<u8>> {
     if query.len() < 12 {
         return None;
     }
@@ -140,7 +189,9 @@ fn dns_answer(query: &[u8], answer: Ipv4Addr) -> Option<Vec<u8>> {
     r.extend_from_slice(&[0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
     r.extend_from_slice(&query[12..qend]);
     if is_a {
-        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1, 0, 0, 0, 60, 0, 4]);
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
+        r.extend_from_slice(&ttl.to_be_bytes());
+        r.extend_from_slice(&[0, 4]);
         r.extend_from_slice(&answer.octets());
     }
     Some(r)

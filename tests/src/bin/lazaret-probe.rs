@@ -107,6 +107,14 @@ fn run(check: &[String]) -> Result<(), String> {
             let name = nix::unistd::gethostname().map_err(|e| e.to_string())?;
             if name.to_string_lossy() == host.as_str() { Err(format!("hostname is the host's: {host}")) } else { Ok(()) }
         }
+        // Sets extended attribute NAME of PATH to the bytes HEX spells (the
+        // image has no setcap or setfattr): `security.capability` for the
+        // Workspace Guard's tests.
+        "setxattr" => {
+            let [path, name, hex] = rest else { return Err("setxattr PATH NAME HEX".into()) };
+            let value = (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect::<Option<Vec<u8>>>().ok_or("HEX must be pairs of hex digits")?;
+            rustix::fs::setxattr(path.as_str(), name.as_str(), &value, rustix::fs::XattrFlags::empty()).map_err(|e| format!("setxattr {path} {name}: {e}"))
+        }
         "exists" => {
             for p in rest {
                 if !Path::new(p).exists() {
@@ -150,6 +158,20 @@ fn run(check: &[String]) -> Result<(), String> {
             let addrs: Vec<SocketAddr> = (name.as_str(), 80).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.collect();
             if addrs.iter().any(|a| a.ip().to_string() == *ip) { Ok(()) } else { Err(format!("{name} resolved to {addrs:?}, expected {ip}")) }
         }
+        "no-resolve" => {
+            let [name] = rest else { return Err("no-resolve NAME".into()) };
+            use std::net::ToSocketAddrs;
+            match (name.as_str(), 80).to_socket_addrs() {
+                Ok(addrs) => Err(format!("{name} resolved to {:?}, expected no answer", addrs.collect::<Vec<_>>())),
+                Err(_) => Ok(()),
+            }
+        }
+        // Waits MS milliseconds (for an answer's TTL to run out).
+        "sleep" => {
+            let [ms] = rest else { return Err("sleep MS".into()) };
+            std::thread::sleep(std::time::Duration::from_millis(ms.parse().map_err(|_| "bad MS")?));
+            Ok(())
+        }
         // Hand-made UDP packets on a raw socket to DST:PORT, from our own
         // address and from a spoofed one; then a marker to MARKER:PORT
         // through the normal stack. Whether raw sockets are allowed at all
@@ -185,6 +207,28 @@ fn run(check: &[String]) -> Result<(), String> {
         // Benchmark, not a check: COUNT TCP connects to ADDR:PORT (the
         // `serve` greeting server), then one download of BYTES from
         // ADDR:BULKPORT. Prints `connect_us MEDIAN P90` and `mbytes_per_s X`.
+        // COUNT times: resolve NAME (through /etc/resolv.conf), connect to
+        // it on PORT and read the server's first bytes; prints
+        // `first_byte_us MEDIAN P90`.
+        "bench-name" => {
+            let [name, port, count] = rest else { return Err("bench-name NAME PORT COUNT".into()) };
+            use std::net::ToSocketAddrs;
+            let port: u16 = port.parse().map_err(|_| "bad port")?;
+            let count: usize = count.parse().map_err(|_| "bad count")?;
+            let mut samples = Vec::with_capacity(count);
+            for _ in 0..count {
+                let t = std::time::Instant::now();
+                let target = (name.as_str(), port).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.next().ok_or("no address")?;
+                let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5)).map_err(|e| format!("connect: {e}"))?;
+                let mut byte = [0u8; 1];
+                s.read_exact(&mut byte).map_err(|e| format!("read: {e}"))?;
+                samples.push(t.elapsed().as_micros());
+            }
+            samples.sort();
+            let p90 = samples[(samples.len() * 9).div_ceil(10).saturating_sub(1)];
+            println!("first_byte_us {} {}", samples[samples.len() / 2], p90);
+            Ok(())
+        }
         "bench-tcp" => {
             let [addr, port, bulk_port, count, bytes] = rest else { return Err("bench-tcp ADDR PORT BULKPORT COUNT BYTES".into()) };
             let ip: std::net::IpAddr = addr.parse().map_err(|_| "bad address")?;

@@ -7,32 +7,18 @@
 //! image, even one without a C library: it resolves no names (the address
 //! is `IP:PORT`) and reads no system files.
 
-#![deny(unsafe_code)]
+#![forbid(unsafe_code)]
 
 mod args;
-mod session;
-mod sys;
-mod tls;
 
-use std::net::{SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::SocketAddr;
 
+use lazaret_protocol::client::{self, say, unavailable, Credentials, Signals};
 use lazaret_protocol::escalation::{
     ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION, EscalationRequest, exit,
 };
-use rustls::ClientConnection;
-use rustls::pki_types::ServerName;
 
 use crate::args::{Parsed, UsageError};
-use crate::session::unavailable;
-
-/// How long to wait for the TCP connection to the coordinator.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Prints `lazaret-escalate: LINE` on stderr.
-pub fn say(line: &str) {
-    eprintln!("lazaret-escalate: {line}");
-}
 
 fn main() {
     std::process::exit(run());
@@ -59,7 +45,7 @@ fn run() -> i32 {
     let Some(cwd) = cwd.to_str().map(str::to_owned) else {
         return usage("the working directory is not valid UTF-8");
     };
-    let id = match tls::request_id() {
+    let id = match client::request_id() {
         Ok(id) => id,
         Err(reason) => return unavailable(&reason),
     };
@@ -82,7 +68,7 @@ fn run() -> i32 {
     };
     let (addr, creds) = match (|| {
         let addr = env(ENV_ADDR)?;
-        let creds = tls::Credentials { ca: env(ENV_CA)?, cert: env(ENV_CERT)?, key: env(ENV_KEY)? };
+        let creds = Credentials { ca: env(ENV_CA)?, cert: env(ENV_CERT)?, key: env(ENV_KEY)? };
         Ok::<_, String>((addr, creds))
     })() {
         Ok(found) => found,
@@ -94,32 +80,17 @@ fn run() -> i32 {
             lazaret_protocol::display::escaped_str(&addr)
         ));
     };
-    let config = match tls::config(&creds) {
+    let config = match client::config(&creds) {
         Ok(config) => config,
         Err(reason) => return unavailable(&reason),
     };
     // Blocked from here on, so a signal can only cancel, never kill the
     // client with a request in flight.
-    let signals = match sys::block_into_signalfd(&[libc::SIGINT, libc::SIGTERM, libc::SIGHUP]) {
-        Ok(fd) => fd,
+    let signals = match Signals::block() {
+        Ok(signals) => signals,
         Err(e) => return unavailable(&format!("cannot watch for signals: {e}")),
     };
-    // The coordinator's certificate names the address it listens on.
-    let server_name = ServerName::IpAddress(addr.ip().into());
-    let tls = match ClientConnection::new(config, server_name) {
-        Ok(tls) => tls,
-        Err(e) => return unavailable(&format!("TLS configuration: {e}")),
-    };
-    let sock = match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
-        Ok(sock) => sock,
-        Err(e) => return unavailable(&format!("cannot reach Lazaret at {addr}: {e}")),
-    };
-    if let Err(e) = sock.set_nonblocking(true) {
-        return unavailable(&format!("cannot set up the connection: {e}"));
-    }
-    // Output chunks are small and latency matters more than throughput.
-    let _ = sock.set_nodelay(true);
-    session::run(sock, tls, &signals, request)
+    client::escalate(addr, config, &signals, request)
 }
 
 fn usage(message: &str) -> i32 {

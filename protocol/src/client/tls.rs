@@ -1,10 +1,11 @@
 //! The client's TLS configuration: TLS 1.3 only, the ring provider, the
 //! Domain CA as the only trust root, the session's certificate as client
-//! authentication.
+//! authentication, no resumption (every request is a full handshake; the
+//! coordinator issues no tickets either).
 
 use std::sync::Arc;
 
-use lazaret_protocol::escalation::{ENV_CA, ENV_CERT, ENV_KEY};
+use crate::escalation::{ENV_CA, ENV_CERT, ENV_KEY};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::{ClientConfig, RootCertStore};
@@ -38,12 +39,13 @@ pub fn config(creds: &Credentials) -> Result<Arc<ClientConfig>, String> {
     let key = PrivatePkcs8KeyDer::from_pem_slice(creds.key.as_bytes())
         .map_err(|e| format!("{ENV_KEY} is not a PKCS#8 PEM key: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let config = ClientConfig::builder_with_provider(provider)
+    let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])
         .map_err(|e| format!("TLS configuration: {e}"))?
         .with_root_certificates(roots)
         .with_client_auth_cert(chain, PrivateKeyDer::Pkcs8(key))
         .map_err(|e| format!("the session certificate or key is unusable: {e}"))?;
+    config.resumption = rustls::client::Resumption::disabled();
     Ok(Arc::new(config))
 }
 

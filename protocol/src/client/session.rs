@@ -10,17 +10,20 @@ use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use lazaret_protocol::display::escaped_str;
-use lazaret_protocol::escalation::{
+use crate::display::escaped_str;
+use crate::escalation::{
     ChannelError, ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_server,
     write_client,
 };
 use rustls::ClientConnection;
 
-use crate::{say, sys};
+use super::{say, sys};
 
-/// How long the TLS handshake may take once connected.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the TLS handshake may take once connected. Generous: it is
+/// there for a coordinator that is gone, not for a busy one (hundreds of
+/// clients starting at once on a loaded machine each wait for CPU, in the
+/// sandbox and in the coordinator).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait for the Result after sending Cancel.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How long to try to get Cancel out when stdout has gone away.
@@ -42,7 +45,7 @@ struct Connection {
 
 /// Runs `request` over `sock` and returns the exit code; every ending other
 /// than the host command's own status has printed its one line on stderr.
-pub fn run(sock: TcpStream, tls: ClientConnection, signals: &OwnedFd, request: EscalationRequest) -> i32 {
+pub(crate) fn run(sock: TcpStream, tls: ClientConnection, signals: &OwnedFd, request: EscalationRequest) -> i32 {
     // A signal that came while connecting cancels before anything is sent.
     match sys::read_signal(signals) {
         Ok(None) => {}
@@ -185,7 +188,7 @@ fn cancelled() -> i32 {
 }
 
 /// Prints `unavailable: REASON` and returns its exit code.
-pub fn unavailable(reason: &str) -> i32 {
+pub(crate) fn unavailable(reason: &str) -> i32 {
     say(&format!("unavailable: {reason}"));
     exit::UNAVAILABLE
 }

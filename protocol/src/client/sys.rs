@@ -11,7 +11,7 @@ use std::time::Duration;
 /// Blocks `signals` for this (single-threaded) process and returns a
 /// non-blocking signalfd that becomes readable when one of them arrives, so
 /// the I/O loop sees a signal as one more descriptor in its poll.
-pub fn block_into_signalfd(signals: &[libc::c_int]) -> io::Result<OwnedFd> {
+pub(crate) fn block_into_signalfd(signals: &[libc::c_int]) -> io::Result<OwnedFd> {
     // SAFETY: sigset_t is plain data; an all-zero value is a valid starting
     // point that sigemptyset then initialises properly.
     let mut set: libc::sigset_t = unsafe { zeroed() };
@@ -41,7 +41,7 @@ pub fn block_into_signalfd(signals: &[libc::c_int]) -> io::Result<OwnedFd> {
 
 /// The number of the next pending signal on `signalfd`, or `None` when none
 /// is pending.
-pub fn read_signal(signalfd: &OwnedFd) -> io::Result<Option<u32>> {
+pub(crate) fn read_signal(signalfd: &OwnedFd) -> io::Result<Option<u32>> {
     // SAFETY: signalfd_siginfo is plain data; all-zero is a valid value.
     let mut info: libc::signalfd_siginfo = unsafe { zeroed() };
     let want = size_of::<libc::signalfd_siginfo>();
@@ -62,7 +62,7 @@ pub fn read_signal(signalfd: &OwnedFd) -> io::Result<Option<u32>> {
 }
 
 /// Interest in one descriptor for [`poll`].
-pub fn interest(fd: RawFd, readable: bool, writable: bool) -> libc::pollfd {
+pub(crate) fn interest(fd: RawFd, readable: bool, writable: bool) -> libc::pollfd {
     let mut events = 0;
     if readable {
         events |= libc::POLLIN;
@@ -74,14 +74,14 @@ pub fn interest(fd: RawFd, readable: bool, writable: bool) -> libc::pollfd {
 }
 
 /// Whether poll reported `fd` ready (readable, writable, hung up or in error).
-pub fn ready(fd: &libc::pollfd) -> bool {
+pub(crate) fn ready(fd: &libc::pollfd) -> bool {
     fd.revents != 0
 }
 
 /// Waits until one of `fds` is ready or `timeout` passes (`None`: forever).
 /// A signal that interrupts the wait returns normally; callers check their
 /// deadlines against the clock, not against the return value.
-pub fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
+pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::Result<()> {
     // Round up so a deadline a fraction of a millisecond away does not spin.
     let millis = timeout.map_or(-1, |t| i32::try_from(t.as_micros().div_ceil(1000)).unwrap_or(i32::MAX));
     let count = libc::nfds_t::try_from(fds.len()).map_err(|_| io::Error::other("too many descriptors"))?;

@@ -1,0 +1,577 @@
+//! The Workspace Guard of a running Domain (issue 13): the engine
+//! (`lazaret_mounts::guard`) started with the sandbox, and what the
+//! coordinator does with what it reports.
+//!
+//! - **Start** ([`DomainGuard::start`]): after start-up (the sandbox is
+//!   created and started, its init only reaps) and before the first session
+//!   is served. The predicate that tells the sandbox's writes from everyone
+//!   else's is [`SandboxProcesses`]: the processes in the container's
+//!   cgroup. Starting takes a millisecond or two. There is no sweep at a
+//!   normal start: the previous run ended with its final sweep, and since
+//!   then only the host wrote (the crash case is below).
+//! - **Report** (the reporter thread): each neutralisation is journalled
+//!   ([`Event::NeutraliseSandboxWrite`], an observation of the model) and
+//!   shown as one line on every session's terminal
+//!   ([`CoordinatorMessage::Notice`], which the client prints on its stderr
+//!   on a line of its own), at most [`NOTICE_BURST`] per second, then one
+//!   line saying how many more `lazaret audit` lists. Ownership given back
+//!   to the developer is routine, not a neutralisation of anything the
+//!   agent planted: it is counted in the log, not journalled file by file.
+//! - **Sweeps**: at the end of each session
+//!   ([`GuardLink::sweep`]), after an event-queue overflow (the engine
+//!   sweeps itself), and at Domain stop ([`DomainGuard::finish`]: the
+//!   sandbox's processes are killed first, so nothing writes after the
+//!   final sweep; then the start-up stack unwinds and the lock is released).
+//! - **Crash recovery** ([`recover_crashed_run`], the sweep at a guard's
+//!   restart): a marker in the Domain Root says a guard ran and its final
+//!   sweep has not happened. The next start sweeps before anything else,
+//!   with the crashed run's protected
+//!   paths and start time, because Git Sentry would otherwise adopt a
+//!   repository the agent made in that run as the developer's own.
+//!
+//! Test hook, for benchmarks only: with `LAZARET_TEST_HOOKS=1` and
+//! `LAZARET_TEST_GUARD=off` in the launcher's environment the Domain runs
+//! without the guard, and says so in its log and on the launcher's
+//! terminal. Nothing inside the sandbox can set these.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::{Arc, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use lazaret_mounts::guard::{self, Action, Backend, Guard, GuardConfig, GuardEvent, Neutralisation, PidFilter, SweepReport};
+use lazaret_protocol::journal::Event;
+use lazaret_protocol::wire::CoordinatorMessage;
+
+use crate::context::Context;
+
+use super::domain::Domain;
+use super::log;
+
+/// The test hook's variable (with `LAZARET_TEST_HOOKS=1`): `off` runs the
+/// Domain without the Workspace Guard. Benchmarks only.
+pub const GUARD_HOOK: &str = "LAZARET_TEST_GUARD";
+/// Most neutralisation lines a session terminal gets in one second; the
+/// rest are counted and summarised.
+pub const NOTICE_BURST: usize = 8;
+/// How many ownership changes of a run the log names one by one (the rest
+/// are counted).
+const OWNERSHIP_LOG_LINES: usize = 10;
+/// The crash-recovery marker in the Domain Root.
+const RUN_MARKER: &str = "guard-run.json";
+/// How long [`DomainGuard::finish`] waits for the sandbox's processes to die.
+const QUIESCE_WAIT: Duration = Duration::from_secs(2);
+
+/// Whether the test hook turns the guard off for this coordinator.
+pub fn disabled_by_test_hook() -> bool {
+    std::env::var("LAZARET_TEST_HOOKS").as_deref() == Ok("1") && std::env::var(GUARD_HOOK).as_deref() == Ok("off")
+}
+
+/// What the reporter thread is asked to do.
+enum Report {
+    /// Something the engine's thread reported.
+    Event(GuardEvent),
+    /// A full sweep, for this reason.
+    Sweep(&'static str),
+    /// The final sweep's result; the reporter ends after it.
+    Final(Result<SweepReport, String>),
+}
+
+/// How a neutralisation was found, for its journal line.
+#[derive(Clone, Copy)]
+enum FoundBy {
+    Event,
+    Sweep,
+}
+
+impl FoundBy {
+    fn as_str(self) -> &'static str {
+        match self {
+            FoundBy::Event => "event",
+            FoundBy::Sweep => "sweep",
+        }
+    }
+}
+
+/// What sessions hold of the guard: a way to ask for a sweep.
+#[derive(Default)]
+pub(super) struct GuardLink {
+    reports: Mutex<Option<Sender<Report>>>,
+}
+
+impl GuardLink {
+    /// Asks the reporter thread for a full sweep (returns at once).
+    pub fn sweep(&self, why: &'static str) {
+        if let Some(tx) = self.reports.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+            let _ = tx.send(Report::Sweep(why));
+        }
+    }
+}
+
+/// The running guard of a Domain (or none, with the test hook).
+pub(super) struct DomainGuard {
+    config: GuardConfig,
+    engine: Arc<Mutex<Option<Guard>>>,
+    reports: Option<Sender<Report>>,
+    pending: Option<Receiver<Report>>,
+    reporter: Option<JoinHandle<()>>,
+    marker: PathBuf,
+    /// Neutralisations of a crashed run's leftovers, journalled first.
+    recovered: Vec<Neutralisation>,
+    /// The sandbox's host processes (none with the test hook).
+    processes: Option<Arc<SandboxProcesses>>,
+}
+
+/// The crash-recovery marker's content.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct RunMarker {
+    /// When the run's guard started watching (ms since the epoch).
+    started_ms: u64,
+    /// Its protected paths (workspace-relative).
+    protected: Vec<PathBuf>,
+}
+
+fn marker_path(ctx: &Context) -> PathBuf {
+    ctx.paths.domain_root(&ctx.domain_id).join(RUN_MARKER)
+}
+
+fn epoch_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0)
+}
+
+/// Before start-up: if the previous run's guard never did its final sweep
+/// (the coordinator crashed), sweeps now, with that run's protected paths
+/// and start time, before Git Sentry looks at the workspace. Returns what
+/// it neutralised (journalled once the guard runs); failures are logged.
+pub(super) fn recover_crashed_run(ctx: &Context) -> Vec<Neutralisation> {
+    let marker = marker_path(ctx);
+    let Ok(text) = std::fs::read(&marker) else { return Vec::new() };
+    let Ok(run) = serde_json::from_slice::<RunMarker>(&text) else {
+        log(&format!("workspace guard: {} is unreadable; sweeping everything changed in the last day", marker.display()));
+        return sweep_crashed(ctx, Vec::new(), SystemTime::now() - Duration::from_secs(86_400), &marker);
+    };
+    let since = UNIX_EPOCH + Duration::from_millis(run.started_ms);
+    log("workspace guard: the previous run ended without its final sweep (crash); sweeping its changes before start-up");
+    sweep_crashed(ctx, run.protected, since, &marker)
+}
+
+fn sweep_crashed(ctx: &Context, protected: Vec<PathBuf>, since: SystemTime, marker: &Path) -> Vec<Neutralisation> {
+    let config = crate::workspace_guard::guard_config(ctx, protected, Some(since));
+    match guard::sweep(&config) {
+        Ok(report) => {
+            log_sweep("crash recovery", &report);
+            let _ = std::fs::remove_file(marker);
+            report.neutralised
+        }
+        Err(e) => {
+            log(&format!("workspace guard: the crash-recovery sweep failed: {e}"));
+            Vec::new()
+        }
+    }
+}
+
+fn log_sweep(why: &str, report: &SweepReport) {
+    let owners = report.neutralised.iter().filter(|n| matches!(n.action, Action::ChangedOwner { .. })).count();
+    log(&format!(
+        "workspace guard: sweep ({why}): {} entries in {:?}, {} neutralised, {owners} given back to the developer, {} errors",
+        report.entries_seen,
+        report.duration,
+        report.neutralised.len() - owners,
+        report.errors.len()
+    ));
+    for e in &report.errors {
+        log(&format!("workspace guard: sweep ({why}): {e}"));
+    }
+}
+
+impl DomainGuard {
+    /// Starts the guard over `ctx`'s workspace, Ignored Workspace State and
+    /// volumes, acting on the writes of the processes in the sandbox's
+    /// cgroup (`cgroups_path`, whose sandbox process runsc wrote to
+    /// `sandbox_pid_file`). `protected` are the paths the sandbox sees
+    /// read-only, `started` when this Domain's start began. Returns the
+    /// guard and warnings for the launcher's terminal.
+    pub fn start(ctx: &Context, cgroups_path: &str, sandbox_pid_file: &Path, protected: Vec<PathBuf>, started: SystemTime, recovered: Vec<Neutralisation>) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
+        let mut warnings = Vec::new();
+        let begun = Instant::now();
+        let config = crate::workspace_guard::guard_config(ctx, protected.clone(), Some(started));
+        let marker = marker_path(ctx);
+        let (tx, rx) = channel();
+        let mut guard = DomainGuard { config: config.clone(), engine: Arc::new(Mutex::new(None)), reports: None, pending: None, reporter: None, marker, recovered, processes: None };
+        if disabled_by_test_hook() {
+            log("workspace guard: OFF (test hook LAZARET_TEST_GUARD=off): nothing the sandbox writes is neutralised in this run");
+            warnings.push(format!("the Workspace Guard is OFF for this Domain (test hook {GUARD_HOOK}=off): nothing the agent writes is neutralised"));
+            return Ok((guard, warnings));
+        }
+        let processes = Arc::new(SandboxProcesses::new(cgroups_path, sandbox_pid_file));
+        log(&format!("workspace guard: sandbox processes {:?} (cgroup {cgroups_path})", processes.known()));
+        let filter: PidFilter = {
+            let p = processes.clone();
+            Arc::new(move |pid| p.accepts(pid))
+        };
+        let sink_tx = tx.clone();
+        let engine = Guard::start(config, filter, Box::new(move |event| {
+            let _ = sink_tx.send(Report::Event(event));
+        }))?;
+        for (root, backend) in guard.config.roots.iter().zip(engine.backends()) {
+            match backend {
+                Backend::Fanotify => log(&format!("workspace guard: watching {} ({})", root.label, root.path.display())),
+                Backend::SweepOnly => {
+                    log(&format!("workspace guard: {} ({}) cannot be watched by events: only sweeps protect it", root.label, root.path.display()));
+                    warnings.push(format!("{} cannot be watched by the Workspace Guard; it is swept at the end of each session instead", lazaret_protocol::display::escaped(&root.path)));
+                }
+            }
+        }
+        *guard.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine);
+        guard.processes = Some(processes);
+        let run = RunMarker { started_ms: epoch_ms(started), protected };
+        if let Err(e) = serde_json::to_vec(&run).map_err(std::io::Error::other).and_then(|b| std::fs::write(&guard.marker, b)) {
+            log(&format!("workspace guard: cannot write {}: {e} (a crash would not be swept at the next start)", guard.marker.display()));
+        }
+        // `lazaret-bench guard` reads this line.
+        log(&format!("workspace guard: started in {} us", begun.elapsed().as_micros()));
+        guard.reports = Some(tx);
+        guard.pending = Some(rx);
+        Ok((guard, warnings))
+    }
+
+    /// The link sessions keep (asks for sweeps).
+    pub fn link(&self) -> GuardLink {
+        GuardLink { reports: Mutex::new(self.reports.clone()) }
+    }
+
+    /// Starts the reporter thread for the running Domain `d` (journal,
+    /// terminals); what happened before it ran waits in its queue.
+    pub fn attach(&mut self, d: &Arc<Domain>) {
+        let Some(rx) = self.pending.take() else { return };
+        let (d, config, engine) = (d.clone(), self.config.clone(), self.engine.clone());
+        let recovered = std::mem::take(&mut self.recovered);
+        self.reporter = Some(std::thread::spawn(move || {
+            let mut reporter = Reporter::new(&d);
+            for n in recovered {
+                reporter.neutralised(&d, n, FoundBy::Sweep);
+            }
+            reporter.run(&d, &config, &engine, rx);
+        }));
+    }
+
+    /// Domain stop, before the start-up stack unwinds: kills the sandbox
+    /// (nothing may write after the final sweep), stops the
+    /// engine (its final sweep), lets the reporter journal the rest, and
+    /// removes the crash marker.
+    pub fn finish(mut self) {
+        let engine = self.engine.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(engine) = engine else { return };
+        let t = Instant::now();
+        if let Some(p) = &self.processes {
+            quiesce_sandbox(p);
+        }
+        let quiesced = t.elapsed();
+        let last = engine.stop().map_err(|e| e.to_string());
+        log(&format!("workspace guard: stopped (sandbox quiesced in {quiesced:?}, final sweep done {:?} after)", t.elapsed() - quiesced));
+        let complete = last.as_ref().is_ok_and(|r| r.errors.is_empty());
+        if let Some(tx) = self.reports.take() {
+            let _ = tx.send(Report::Final(last));
+        }
+        // Sessions' links hold senders too: the Final report ends the reporter.
+        if let Some(r) = self.reporter.take() {
+            let _ = r.join();
+        }
+        if complete {
+            let _ = std::fs::remove_file(&self.marker);
+        }
+    }
+}
+
+/// SIGKILLs the sandbox's host processes (the sandbox process, which runs
+/// every process inside and makes their file operations, its gofer and
+/// platform stubs) and waits (up to [`QUIESCE_WAIT`]) until each is dead:
+/// nothing writes after that. Much faster than asking runsc to kill every
+/// process inside (a few milliseconds against a few hundred); teardown's
+/// `runsc delete --force` removes the dead sandbox's state. The pids are
+/// children of this PID namespace's init, which reaps them.
+fn quiesce_sandbox(processes: &SandboxProcesses) {
+    let pids = processes.known();
+    for &pid in &pids {
+        if let Ok(p) = i32::try_from(pid) {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
+        }
+    }
+    let deadline = Instant::now() + QUIESCE_WAIT;
+    while pids.iter().any(|&p| alive(p)) {
+        if Instant::now() >= deadline {
+            log("workspace guard: the sandbox's processes outlived SIGKILL; sweeping anyway");
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Whether `pid` runs (exists and is not a zombie).
+fn alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // The state follows the command name, which is in parentheses.
+        Ok(stat) => stat.rfind(')').and_then(|i| stat[i + 1..].split_whitespace().next()).is_some_and(|state| !matches!(state, "Z" | "X")),
+        Err(_) => false,
+    }
+}
+
+/// The reporter thread's state: notice rate limiting and the ownership count.
+struct Reporter {
+    window: Instant,
+    shown: usize,
+    suppressed: usize,
+    owners: usize,
+    profile: String,
+}
+
+impl Reporter {
+    fn new(d: &Domain) -> Reporter {
+        Reporter { window: Instant::now(), shown: 0, suppressed: 0, owners: 0, profile: d.ctx.profile.name.clone() }
+    }
+
+    fn run(&mut self, d: &Domain, config: &GuardConfig, engine: &Mutex<Option<Guard>>, rx: Receiver<Report>) {
+        loop {
+            // Wake up now and then to flush the count of suppressed lines.
+            let report = match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(r) => r,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    self.flush_suppressed(d);
+                    continue;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            };
+            match report {
+                Report::Event(GuardEvent::Neutralised(n)) => self.neutralised(d, n, FoundBy::Event),
+                Report::Event(GuardEvent::Overflow { sweep_time }) => log(&format!("workspace guard: the event queue overflowed; swept everything in {sweep_time:?}")),
+                Report::Event(GuardEvent::Error(e)) => log(&format!("workspace guard: {e}")),
+                Report::Sweep(why) => {
+                    // Events already queued first, so both never act on one file.
+                    if let Some(g) = engine.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                        if let Err(e) = g.settle() {
+                            log(&format!("workspace guard: settling before the sweep ({why}): {e}"));
+                        }
+                    } else {
+                        continue;
+                    }
+                    match guard::sweep(config) {
+                        Ok(r) => self.swept(d, why, r),
+                        Err(e) => log(&format!("workspace guard: sweep ({why}) failed: {e}")),
+                    }
+                }
+                Report::Final(r) => {
+                    match r {
+                        Ok(r) => self.swept(d, "Domain stop", r),
+                        Err(e) => log(&format!("workspace guard: the final sweep failed: {e}")),
+                    }
+                    break;
+                }
+            }
+        }
+        self.flush_suppressed(d);
+        if self.owners > 0 {
+            log(&format!("workspace guard: gave {} file(s) the sandbox made back to the developer in this run", self.owners));
+        }
+    }
+
+    fn swept(&mut self, d: &Domain, why: &str, report: SweepReport) {
+        log_sweep(why, &report);
+        for n in report.neutralised {
+            self.neutralised(d, n, FoundBy::Sweep);
+        }
+        self.flush_suppressed(d);
+    }
+
+    /// Journals `n` and shows it on every session's terminal (ownership
+    /// fixes are only counted).
+    fn neutralised(&mut self, d: &Domain, n: Neutralisation, found_by: FoundBy) {
+        if let Action::ChangedOwner { old_uid, old_gid } = n.action {
+            self.owners += 1;
+            if self.owners <= OWNERSHIP_LOG_LINES {
+                log(&format!("workspace guard: {}:{} was {old_uid}:{old_gid}, now the developer's ({})", n.root, lazaret_protocol::display::escaped(&n.path), found_by.as_str()));
+            }
+            return;
+        }
+        let summary = n.summary();
+        log(&format!("{summary} ({})", found_by.as_str()));
+        let links: Vec<_> = {
+            let mut live = d.live();
+            if let Err(e) = live.journal.record(journal_event(&n, &summary, found_by)) {
+                log(&format!("workspace guard: journalling a neutralisation: {e}"));
+            }
+            live.sessions.values().map(|s| s.link.clone()).collect()
+        };
+        if self.window.elapsed() >= Duration::from_secs(1) {
+            self.flush_suppressed_to(&links);
+            self.window = Instant::now();
+            self.shown = 0;
+        }
+        if self.shown < NOTICE_BURST {
+            self.shown += 1;
+            for l in &links {
+                l.send(&CoordinatorMessage::Notice { text: summary.clone() });
+            }
+        } else {
+            self.suppressed += 1;
+        }
+    }
+
+    fn flush_suppressed(&mut self, d: &Domain) {
+        if self.suppressed == 0 {
+            return;
+        }
+        let links: Vec<_> = d.live().sessions.values().map(|s| s.link.clone()).collect();
+        self.flush_suppressed_to(&links);
+    }
+
+    fn flush_suppressed_to(&mut self, links: &[Arc<super::escalation::SessionLink>]) {
+        if self.suppressed == 0 {
+            return;
+        }
+        let text = format!("workspace guard: and {} more neutralisation(s); `lazaret audit {}` lists them", self.suppressed, self.profile);
+        for l in links {
+            l.send(&CoordinatorMessage::Notice { text: text.clone() });
+        }
+        self.suppressed = 0;
+    }
+}
+
+/// The journal observation of `n`.
+fn journal_event(n: &Neutralisation, summary: &str, found_by: FoundBy) -> Event {
+    Event::NeutraliseSandboxWrite {
+        root: n.root.clone(),
+        path: n.path.to_string_lossy().into_owned(),
+        kind: action_kind(&n.action).into(),
+        summary: summary.to_string(),
+        reason: n.reason.clone(),
+        quarantine_id: n.quarantine_id.clone(),
+        found_by: found_by.as_str().into(),
+    }
+}
+
+/// The action's kind, as its serde tag spells it.
+fn action_kind(a: &Action) -> &'static str {
+    match a {
+        Action::ClearedPrivilegeBits { .. } => "cleared_privilege_bits",
+        Action::RemovedFileCapabilities => "removed_file_capabilities",
+        Action::ChangedOwner { .. } => "changed_owner",
+        Action::FilteredGitConfig { .. } => "filtered_git_config",
+        Action::Quarantined => "quarantined",
+    }
+}
+
+/// Which pids are the sandbox's: the processes runsc put in the
+/// container's cgroup (the sandbox process, which does the host file
+/// operations itself with directfs, and the gofer), read when the guard
+/// starts; a pid not seen then is looked up in `/proc/PID/cgroup` (this
+/// PID namespace's /proc: the coordinator's own). Events of processes
+/// outside the Domain's PID namespace (the developer's) carry pid 0 and
+/// are never the sandbox's; nor are the coordinator's own writes.
+pub(super) struct SandboxProcesses {
+    /// `/lazaret/<domain>/<container>`: the suffix of the sandbox's line in
+    /// `/proc/PID/cgroup` (seen from the coordinator's cgroup namespace the
+    /// path may start with `/..`).
+    cgroup: String,
+    own: u32,
+    known: RwLock<HashSet<u32>>,
+}
+
+impl SandboxProcesses {
+    fn new(cgroups_path: &str, sandbox_pid_file: &Path) -> SandboxProcesses {
+        let mut known: HashSet<u32> = cgroup_members(cgroups_path).into_iter().collect();
+        if let Some(pid) = std::fs::read_to_string(sandbox_pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
+            known.insert(pid);
+        }
+        SandboxProcesses { cgroup: cgroups_path.trim_end_matches('/').to_string(), own: std::process::id(), known: RwLock::new(known) }
+    }
+
+    fn known(&self) -> Vec<u32> {
+        let mut v: Vec<u32> = self.known.read().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// Whether `pid` (as fanotify reports it in this PID namespace) is one
+    /// of the sandbox's processes.
+    pub fn accepts(&self, pid: u32) -> bool {
+        if pid == 0 || pid == 1 || pid == self.own {
+            return false;
+        }
+        if self.known.read().unwrap_or_else(|p| p.into_inner()).contains(&pid) {
+            return true;
+        }
+        let member = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| in_cgroup(&t, &self.cgroup));
+        if member {
+            self.known.write().unwrap_or_else(|p| p.into_inner()).insert(pid);
+        }
+        member
+    }
+}
+
+/// Whether a `/proc/PID/cgroup` text puts the process in `cgroup` (or below
+/// it) in any hierarchy.
+fn in_cgroup(proc_cgroup: &str, cgroup: &str) -> bool {
+    proc_cgroup.lines().filter_map(|l| l.splitn(3, ':').nth(2)).any(|path| {
+        let path = path.trim_end_matches('/');
+        path.ends_with(cgroup) || path.contains(&format!("{cgroup}/"))
+    })
+}
+
+/// The pids in `cgroups_path` of any mounted hierarchy (v1 controllers and
+/// the unified tree).
+fn cgroup_members(cgroups_path: &str) -> Vec<u32> {
+    let rel = cgroups_path.trim_start_matches('/');
+    let mut pids = Vec::new();
+    let Ok(hierarchies) = std::fs::read_dir("/sys/fs/cgroup") else { return pids };
+    let mut dirs: Vec<PathBuf> = vec![Path::new("/sys/fs/cgroup").join(rel)];
+    dirs.extend(hierarchies.flatten().map(|h| h.path().join(rel)));
+    for dir in dirs {
+        if let Ok(text) = std::fs::read_to_string(dir.join("cgroup.procs")) {
+            pids.extend(text.lines().filter_map(|l| l.trim().parse::<u32>().ok()));
+        }
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cgroup_lines_match_the_container_wherever_the_namespace_root_is() {
+        let cg = "/lazaret/d1/lzr-d1-ab";
+        assert!(in_cgroup("12:pids:/lazaret/d1/lzr-d1-ab\n0::/user.slice\n", cg));
+        assert!(in_cgroup("5:memory:/../../lazaret/d1/lzr-d1-ab\n", cg));
+        assert!(in_cgroup("5:memory:/lazaret/d1/lzr-d1-ab/sub\n", cg));
+        assert!(!in_cgroup("5:memory:/lazaret/d1/escalation-1\n0::/\n", cg));
+        assert!(!in_cgroup("5:memory:/lazaret/d1/lzr-d1-abc\n", cg));
+        assert!(!in_cgroup("", cg));
+    }
+
+    #[test]
+    fn the_developer_the_coordinator_and_init_are_never_the_sandbox() {
+        let p = SandboxProcesses { cgroup: "/lazaret/none/none".into(), own: std::process::id(), known: RwLock::new([4242].into()) };
+        assert!(p.accepts(4242));
+        assert!(!p.accepts(0), "pid 0: a process outside the Domain's PID namespace");
+        assert!(!p.accepts(1));
+        assert!(!p.accepts(std::process::id()));
+        // This test process is in no such cgroup.
+        assert!(!p.accepts(std::process::id() + 1_000_000));
+    }
+
+    #[test]
+    fn journal_lines_carry_the_engines_action_kind() {
+        let n = Neutralisation { root: "workspace".into(), path: "a/.git/hooks/x".into(), action: Action::Quarantined, reason: "hook".into(), quarantine_id: Some("q".into()), pid: Some(7) };
+        let Event::NeutraliseSandboxWrite { kind, path, found_by, quarantine_id, .. } = journal_event(&n, "s", FoundBy::Event) else { panic!("wrong event") };
+        assert_eq!((kind.as_str(), path.as_str(), found_by.as_str(), quarantine_id.as_deref()), ("quarantined", "a/.git/hooks/x", "event", Some("q")));
+        // The kind is the engine's serde tag.
+        for a in [Action::Quarantined, Action::RemovedFileCapabilities, Action::ChangedOwner { old_uid: 0, old_gid: 0 }, Action::FilteredGitConfig { dropped_keys: vec![] }, Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 }] {
+            let tag = serde_json::to_value(&a).expect("json")["kind"].as_str().map(String::from);
+            assert_eq!(tag.as_deref(), Some(action_kind(&a)));
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! Which workspace paths are git control files, decided from the path alone
+//! (pure logic). A path is only a candidate: the caller confirms that the
+//! directory named as its git dir really is one ([`looks_like_git_dir`]'s
+//! rule, applied on disk), because a path alone cannot tell
+//! `.git/modules/a/b/config` (module `a/b`) from a ref named `config`.
+//!
+//! A git directory is a directory named `.git`, or one holding a `HEAD`
+//! entry (linked-worktree and submodule gitdirs, the target of a `gitdir:`
+//! file, a bare repository git would discover when the developer `cd`s into
+//! it). Its control files are `config`, `config.worktree`, `commondir`,
+//! `gitdir`, everything in `hooks/` but `*.sample` files (git never runs
+//! those), `info/attributes`, and the `hooks` and `info` entries themselves
+//! (a symlink there would redirect git).
+
+use std::ffi::OsStr;
+use std::path::{Component, Path, PathBuf};
+
+/// The kinds of git control files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ControlFile {
+    /// `config`: filtered to the allowlist.
+    Config,
+    /// `config.worktree`: filtered to the allowlist.
+    ConfigWorktree,
+    /// `commondir`: kept only in `worktrees/<name>/` pointing at `../..`.
+    Commondir,
+    /// `gitdir` (a linked worktree's back-link): kept when inside.
+    Gitdir,
+    /// An entry of `hooks/` (other than `*.sample`): quarantined.
+    Hook,
+    /// `info/attributes`: quarantined.
+    InfoAttributes,
+    /// The `hooks` entry itself: a symlink is quarantined, a directory
+    /// has its hooks checked.
+    HooksDir,
+    /// The `info` entry itself: as `hooks`.
+    InfoDir,
+}
+
+/// One candidate reading of a path as a control file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Candidate {
+    /// The git directory it would belong to (same base as the input path).
+    pub git_dir: PathBuf,
+    /// What it would be.
+    pub kind: ControlFile,
+}
+
+/// The ways `rel` can be a control file of some git directory: the parent
+/// as git dir (`config`, `config.worktree`, `commondir`, `gitdir`, `hooks`,
+/// `info`) and the grandparent (`hooks/<x>`, `info/attributes`).
+pub fn control_candidates(rel: &Path) -> Vec<Candidate> {
+    let names: Vec<&OsStr> = rel
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(name) => Some(name),
+            _ => None,
+        })
+        .collect();
+    let mut out = Vec::new();
+    let Some((last, parents)) = names.split_last() else { return out };
+    let parent: PathBuf = parents.iter().collect();
+    let last = last.as_encoded_bytes();
+    let kind = match last {
+        b"config" => Some(ControlFile::Config),
+        b"config.worktree" => Some(ControlFile::ConfigWorktree),
+        b"commondir" => Some(ControlFile::Commondir),
+        b"gitdir" => Some(ControlFile::Gitdir),
+        b"hooks" => Some(ControlFile::HooksDir),
+        b"info" => Some(ControlFile::InfoDir),
+        _ => None,
+    };
+    if let Some(kind) = kind {
+        out.push(Candidate { git_dir: parent, kind });
+    }
+    if let Some((dir, grandparents)) = parents.split_last() {
+        let git_dir: PathBuf = grandparents.iter().collect();
+        match dir.as_encoded_bytes() {
+            b"hooks" if !hook_is_inert(last) => out.push(Candidate { git_dir, kind: ControlFile::Hook }),
+            b"info" if last == b"attributes" => out.push(Candidate { git_dir, kind: ControlFile::InfoAttributes }),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Whether a hook file name is one git never runs (`*.sample`, as `git
+/// init` writes them).
+pub fn hook_is_inert(name: &[u8]) -> bool {
+    name.ends_with(b".sample")
+}
+
+/// Whether the last component of `rel` is `.git` (a repository appears).
+pub fn is_dot_git(rel: &Path) -> bool {
+    rel.file_name().is_some_and(|n| n == ".git")
+}
+
+/// Whether `rel` is one of `protected` (Git Sentry's read-only paths) or
+/// below one.
+pub fn is_protected(rel: &Path, protected: &[PathBuf]) -> bool {
+    protected.iter().any(|p| rel.starts_with(p))
+}
+
+/// Whether a `commondir` file in `git_dir` with contents `value` is the
+/// ordinary one of a linked worktree: `git_dir` is `<common>/worktrees/<name>`
+/// and the value leads (lexically) to `<common>`. Any other commondir
+/// would redirect git to a configuration and hooks of the agent's choosing.
+pub fn commondir_ok(git_dir: &Path, value: &str) -> bool {
+    let value = value.trim_end_matches(['\n', '\r']);
+    let Some(worktrees) = git_dir.parent() else { return false };
+    if worktrees.file_name() != Some(OsStr::new("worktrees")) {
+        return false;
+    }
+    let Some(common) = worktrees.parent() else { return false };
+    if value.is_empty() || Path::new(value).is_absolute() {
+        return false;
+    }
+    lexical_join(git_dir, Path::new(value)).as_deref() == Some(common)
+}
+
+/// `base/rel` with `.`/`..` resolved lexically; `None` if it climbs above
+/// `base`'s root.
+pub fn lexical_join(base: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut out: Vec<&OsStr> = base.iter().collect();
+    for component in rel.components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop()?;
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out.iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kinds(rel: &str) -> Vec<(String, ControlFile)> {
+        control_candidates(Path::new(rel))
+            .into_iter()
+            .map(|c| (c.git_dir.to_string_lossy().into_owned(), c.kind))
+            .collect()
+    }
+
+    #[test]
+    fn candidates() {
+        assert_eq!(kinds(".git/config"), vec![(".git".into(), ControlFile::Config)]);
+        assert_eq!(kinds("a/.git/hooks/pre-commit"), vec![("a/.git".into(), ControlFile::Hook)]);
+        assert!(kinds("a/.git/hooks/pre-commit.sample").is_empty());
+        assert_eq!(kinds(".git/modules/x/y/info/attributes"), vec![(".git/modules/x/y".into(), ControlFile::InfoAttributes)]);
+        assert_eq!(kinds(".git/worktrees/w/commondir"), vec![(".git/worktrees/w".into(), ControlFile::Commondir)]);
+        assert_eq!(kinds("bare/hooks"), vec![("bare".into(), ControlFile::HooksDir)]);
+        assert_eq!(kinds("config"), vec![("".into(), ControlFile::Config)], "the root itself may be a git dir");
+        // A hook named `config` is both a hook of x and the config of x/hooks.
+        assert_eq!(
+            kinds("x/hooks/config"),
+            vec![("x/hooks".into(), ControlFile::Config), ("x".into(), ControlFile::Hook)]
+        );
+        assert!(kinds("src/main.rs").is_empty());
+        assert!(kinds(".git/refs/heads/main").is_empty());
+        assert!(kinds("").is_empty());
+    }
+
+    #[test]
+    fn commondir_rules() {
+        assert!(commondir_ok(Path::new(".git/worktrees/w"), "../..\n"));
+        assert!(commondir_ok(Path::new("sub/.git/worktrees/w"), "../../"));
+        assert!(!commondir_ok(Path::new(".git"), "../elsewhere"), "a main gitdir has no commondir");
+        assert!(!commondir_ok(Path::new(".git/worktrees/w"), "../../../evil/.git"));
+        assert!(!commondir_ok(Path::new(".git/worktrees/w"), "/ws/.git"), "absolute values are not git's own");
+        assert!(!commondir_ok(Path::new(".git/modules/m"), "../.."));
+    }
+
+    #[test]
+    fn protection_and_names() {
+        let protected = vec![PathBuf::from(".git/config"), PathBuf::from(".git/hooks")];
+        assert!(is_protected(Path::new(".git/hooks/pre-commit"), &protected));
+        assert!(!is_protected(Path::new(".git/config.worktree"), &protected));
+        assert!(is_dot_git(Path::new("a/b/.git")));
+        assert!(!is_dot_git(Path::new("a/.gitx")));
+        assert_eq!(lexical_join(Path::new("a/b"), Path::new("../../..")), None);
+    }
+}

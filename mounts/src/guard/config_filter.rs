@@ -1,0 +1,354 @@
+//! The allowlist a git config the guard did not expect (a repository made
+//! or changed by the sandbox) is reduced to (pure logic).
+//!
+//! Kept: what `git init`, `git clone`, `git submodule add/update`, `git
+//! worktree add` and ordinary work write, and nothing that names a program,
+//! a hook, another configuration or a path outside the workspace:
+//!
+//! * `core.`: repositoryformatversion, filemode, bare, logallrefupdates,
+//!   ignorecase, precomposeunicode, symlinks, autocrlf, eol, safecrlf,
+//!   quotepath, checkstat, trustctime, sparsecheckout, sparsecheckoutcone,
+//!   splitindex, untrackedcache, abbrev, bigfilethreshold, and `worktree`
+//!   (a submodule's gitdir has it) only when it stays inside the workspace
+//!   (checked lexically here, for symlinks by the caller);
+//! * `extensions.`: objectformat, worktreeconfig, refstorage,
+//!   preciousobjects, partialclone, noop;
+//! * `remote.<name>.`: url and pushurl (no `-` start, no `<helper>::`
+//!   transport such as `ext::`/`fd::`), fetch, push, mirror, tagopt, prune,
+//!   prunetags, promisor, partialclonefilter, skipdefaultupdate,
+//!   skipfetchall;
+//! * `branch.<name>.`: remote, pushremote, merge, rebase, description;
+//! * `submodule.<name>.`: url (same check), active, path, branch, ignore,
+//!   fetchrecursesubmodules, shallow, and `update` only as
+//!   checkout/rebase/merge/none (`!command` runs a command);
+//!   `submodule.`: active, recurse, fetchjobs;
+//! * `user.name`, `user.email`, `init.defaultbranch`, `gc.auto`,
+//!   `pull.rebase`, `pull.ff`, `push.default`, `push.autosetupremote`,
+//!   `fetch.prune`, `worktree.guessremote`, `i18n.commitencoding`,
+//!   `i18n.logoutputencoding`, `index.version`.
+//!
+//! Dropped, notably: `core.hooksPath`, `core.fsmonitor`, `core.pager`,
+//! `core.editor`, `core.sshCommand`, `core.askPass`, `core.excludesFile`,
+//! `core.attributesFile`, `core.gitProxy`, `include*`, `alias.*`,
+//! `filter.*`, `diff.*`, `merge.*`, `credential.*`, `gpg.*`, `sequence.*`,
+//! `uploadpack.*`, `protocol.*`, `http.*`, `url.*`, `safe.*`,
+//! `remote.*.uploadpack/receivepack/vcs/proxy`, and every line the parser
+//! could not read. The output is written in git's own layout, so a config
+//! git itself wrote and that holds only allowed keys comes out unchanged.
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::gitconfig::{ConfigEntry, GitConfig};
+
+/// What [`filter_config`] made of a config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FilteredConfig {
+    /// The config to write (git's layout).
+    pub text: Vec<u8>,
+    /// `section[.subsection].key` of every dropped entry, in file order.
+    pub dropped: Vec<String>,
+    /// Lines the parser skipped (malformed for git too; they are dropped).
+    pub skipped_lines: usize,
+}
+
+impl FilteredConfig {
+    /// Whether `original` must be replaced by [`FilteredConfig::text`].
+    pub fn changes(&self, original: &[u8]) -> bool {
+        self.text != original
+    }
+}
+
+/// Where a config lives, to judge its path values.
+#[derive(Debug, Clone, Copy)]
+pub struct ConfigLocation<'a> {
+    /// Canonical absolute path of the workspace (inside the sandbox too).
+    pub workspace_abs: &'a Path,
+    /// The git directory holding the config, relative to the workspace.
+    pub git_dir: &'a Path,
+}
+
+/// Reduces `text` to the allowlist. `path_ok` is asked about every path
+/// value that stays lexically inside the workspace (workspace-relative):
+/// the caller refuses one that goes through a symlink.
+pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> FilteredConfig {
+    let parsed = GitConfig::parse(text);
+    let mut out = String::new();
+    let mut dropped = Vec::new();
+    let mut current: Option<(String, Option<String>)> = None;
+    for entry in parsed.entries() {
+        let ConfigEntry { section, subsection, key, value, older_git_value } = entry;
+        let name = match subsection {
+            Some(sub) => format!("{section}.{sub}.{key}"),
+            None => format!("{section}.{key}"),
+        };
+        // A value older git reads otherwise means two things: it goes.
+        if older_git_value.is_some()
+            || !entry_allowed(section, subsection, key, value, location, path_ok)
+            || !writable(section, subsection, value)
+        {
+            dropped.push(name);
+            continue;
+        }
+        let header = (section.to_owned(), subsection.map(str::to_owned));
+        if current.as_ref() != Some(&header) {
+            match subsection {
+                Some(sub) => out.push_str(&format!("[{section} \"{}\"]\n", escape_subsection(sub))),
+                None => out.push_str(&format!("[{section}]\n")),
+            }
+            current = Some(header);
+        }
+        out.push_str(&format!("\t{key} = {}\n", encode_value(value)));
+    }
+    FilteredConfig { text: out.into_bytes(), dropped, skipped_lines: parsed.skipped_lines().len() }
+}
+
+/// Whether the entry can be written back faithfully (names git would read
+/// the same way).
+fn writable(section: &str, subsection: Option<&str>, value: &str) -> bool {
+    !section.is_empty()
+        && section.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '.')
+        && subsection.is_none_or(|s| !s.contains(['\n', '\r', '\0']))
+        && !value.contains('\0')
+}
+
+/// The allowlist itself (see the module documentation).
+fn entry_allowed(
+    section: &str,
+    subsection: Option<&str>,
+    key: &str,
+    value: &str,
+    location: ConfigLocation<'_>,
+    path_ok: &dyn Fn(&Path) -> bool,
+) -> bool {
+    match (section, subsection) {
+        ("core", None) => match key {
+            "worktree" => path_value_ok(value, location, path_ok),
+            _ => matches!(
+                key,
+                "repositoryformatversion"
+                    | "filemode"
+                    | "bare"
+                    | "logallrefupdates"
+                    | "ignorecase"
+                    | "precomposeunicode"
+                    | "symlinks"
+                    | "autocrlf"
+                    | "eol"
+                    | "safecrlf"
+                    | "quotepath"
+                    | "checkstat"
+                    | "trustctime"
+                    | "sparsecheckout"
+                    | "sparsecheckoutcone"
+                    | "splitindex"
+                    | "untrackedcache"
+                    | "abbrev"
+                    | "bigfilethreshold"
+            ),
+        },
+        ("extensions", None) => matches!(
+            key,
+            "objectformat" | "worktreeconfig" | "refstorage" | "preciousobjects" | "partialclone" | "noop"
+        ),
+        ("remote", Some(_)) => match key {
+            "url" | "pushurl" => url_ok(value),
+            _ => matches!(
+                key,
+                "fetch"
+                    | "push"
+                    | "mirror"
+                    | "tagopt"
+                    | "prune"
+                    | "prunetags"
+                    | "promisor"
+                    | "partialclonefilter"
+                    | "skipdefaultupdate"
+                    | "skipfetchall"
+            ),
+        },
+        ("branch", Some(_)) => matches!(key, "remote" | "pushremote" | "merge" | "rebase" | "description"),
+        ("submodule", Some(_)) => match key {
+            "url" => url_ok(value),
+            "update" => matches!(value, "checkout" | "rebase" | "merge" | "none"),
+            _ => matches!(key, "active" | "path" | "branch" | "ignore" | "fetchrecursesubmodules" | "shallow"),
+        },
+        ("submodule", None) => matches!(key, "active" | "recurse" | "fetchjobs"),
+        ("user", None) => matches!(key, "name" | "email"),
+        ("init", None) => key == "defaultbranch",
+        ("gc", None) => key == "auto",
+        ("pull", None) => matches!(key, "rebase" | "ff"),
+        ("push", None) => matches!(key, "default" | "autosetupremote"),
+        ("fetch", None) => key == "prune",
+        ("worktree", None) => key == "guessremote",
+        ("i18n", None) => matches!(key, "commitencoding" | "logoutputencoding"),
+        ("index", None) => key == "version",
+        _ => false,
+    }
+}
+
+/// A remote or submodule URL git will not turn into a command: no option
+/// look-alike, no `<helper>::address` (transport helpers `ext::`, `fd::`,
+/// or any `git-remote-<helper>` program), no control characters.
+pub fn url_ok(url: &str) -> bool {
+    let url = url.trim();
+    if url.is_empty() || url.starts_with('-') || url.chars().any(char::is_control) {
+        return false;
+    }
+    if let Some(at) = url.find("::") {
+        let helper = &url[..at];
+        if helper.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-')) {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether a path value (relative to the git dir, or absolute) stays in
+/// the workspace lexically and `path_ok` accepts it.
+fn path_value_ok(value: &str, location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> bool {
+    match workspace_relative(value, location) {
+        Some(rel) => path_ok(&rel),
+        None => false,
+    }
+}
+
+/// `value` (absolute, or relative to the git dir) as a normalised
+/// workspace-relative path, if it stays inside the workspace lexically.
+/// `~` paths and empty values are refused.
+pub fn workspace_relative(value: &str, location: ConfigLocation<'_>) -> Option<PathBuf> {
+    if value.is_empty() || value.starts_with('~') {
+        return None;
+    }
+    let value = Path::new(value);
+    let start = if value.is_absolute() {
+        value.strip_prefix(location.workspace_abs).ok()?.to_path_buf()
+    } else {
+        location.git_dir.join(value)
+    };
+    let mut out = PathBuf::new();
+    for component in start.components() {
+        match component {
+            Component::Normal(name) => out.push(name),
+            Component::CurDir => {}
+            Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
+/// A subsection name in quotes (`\` and `"` escaped).
+fn escape_subsection(sub: &str) -> String {
+    sub.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
+/// A value as git writes it: bare when that reads back the same, quoted
+/// with escapes otherwise.
+fn encode_value(value: &str) -> String {
+    let plain = !value.is_empty()
+        && !value.starts_with(char::is_whitespace)
+        && !value.ends_with(char::is_whitespace)
+        && !value.contains(['"', '\\', '#', ';', '\n', '\t', '\r']);
+    if plain {
+        return value.to_owned();
+    }
+    let mut out = String::from("\"");
+    for c in value.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn location() -> ConfigLocation<'static> {
+        ConfigLocation { workspace_abs: Path::new("/ws"), git_dir: Path::new(".git/modules/sub") }
+    }
+
+    fn filter(text: &str) -> FilteredConfig {
+        filter_config(text.as_bytes(), location(), &|_| true)
+    }
+
+    #[test]
+    fn git_init_and_clone_configs_come_out_unchanged() {
+        let init = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n";
+        let clone = format!(
+            "{init}[remote \"origin\"]\n\turl = https://example.com/x.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+             [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n"
+        );
+        for text in [init.to_owned(), clone] {
+            let out = filter(&text);
+            assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+            assert!(!out.changes(text.as_bytes()), "{}", String::from_utf8_lossy(&out.text));
+        }
+        let module = "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n[submodule \"lib\"]\n\turl = ../lib.git\n\tactive = true\n";
+        let out = filter(module);
+        assert!(out.dropped.is_empty(), "{:?}", out.dropped);
+        assert!(!out.changes(module.as_bytes()));
+    }
+
+    #[test]
+    fn drops_everything_that_runs_or_loads_something() {
+        let text = "[core]\n\tfsmonitor = /tmp/x\n\thooksPath = h\n\tpager = evil\n\tsshCommand = evil\n\teditor = e\n\
+                    \tbare = false\n[include]\n\tpath = /tmp/c\n[includeIf \"gitdir:/\"]\n\tpath = c\n[alias]\n\tst = !evil\n\
+                    [filter \"x\"]\n\tclean = evil\n[diff]\n\texternal = evil\n[remote \"o\"]\n\turl = ext::sh -c evil\n\
+                    \tuploadpack = evil\n\tpushurl = fd::7\n[remote \"p\"]\n\turl = -oProxyCommand=evil\n[remote \"q\"]\n\
+                    \turl = weird::thing\n[submodule \"s\"]\n\tupdate = !evil\n\turl = ../ok\n[credential]\n\thelper = evil\n";
+        let out = filter(text);
+        let kept = String::from_utf8_lossy(&out.text).into_owned();
+        assert_eq!(kept, "[core]\n\tbare = false\n[submodule \"s\"]\n\turl = ../ok\n");
+        for key in ["core.fsmonitor", "core.hookspath", "include.path", "includeif.gitdir:/.path", "alias.st", "remote.o.url", "remote.o.pushurl", "submodule.s.update"] {
+            assert!(out.dropped.iter().any(|d| d == key), "{key} not in {:?}", out.dropped);
+        }
+    }
+
+    #[test]
+    fn path_values_must_stay_inside() {
+        let out = filter("[core]\n\tworktree = ../../../../../etc\n");
+        assert_eq!(out.dropped, vec!["core.worktree"]);
+        let out = filter("[core]\n\tworktree = /elsewhere/x\n");
+        assert_eq!(out.dropped, vec!["core.worktree"]);
+        let out = filter("[core]\n\tworktree = /ws/sub\n");
+        assert!(out.dropped.is_empty());
+        let refused = filter_config(b"[core]\n\tworktree = ../../../sub\n", location(), &|p| p != Path::new("sub"));
+        assert_eq!(refused.dropped, vec!["core.worktree"], "the caller's symlink check is honoured");
+        assert_eq!(workspace_relative("../../../sub", location()), Some(PathBuf::from("sub")));
+        assert_eq!(workspace_relative("~/x", location()), None);
+    }
+
+    #[test]
+    fn urls() {
+        for ok in ["https://h/x", "git@h:x.git", "../rel", "/abs/path", "file:///x", "ssh://h/x::y"] {
+            assert!(url_ok(ok), "{ok}");
+        }
+        for bad in ["ext::sh -c x", "fd::3", "EXT::x", "hg::x", "-u x", "", "a\nb"] {
+            assert!(!url_ok(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn malformed_and_odd_values_are_rewritten_safely() {
+        let out = filter("garbage line\n[core]\n\tbare = \"a # b\"\n[user]\n\tname = \" x\\\"y\"\n");
+        assert_eq!(out.skipped_lines, 1);
+        let text = String::from_utf8_lossy(&out.text).into_owned();
+        assert_eq!(text, "[core]\n\tbare = \"a # b\"\n[user]\n\tname = \" x\\\"y\"\n");
+        let reparsed = GitConfig::parse(&out.text);
+        assert_eq!(reparsed.get("user", "name"), Some(" x\"y"));
+        // A subsection spelled the old way is written quoted, lower-cased as git reads it.
+        let out = filter("[branch.Main]\n\tremote = o\n");
+        assert_eq!(String::from_utf8_lossy(&out.text), "[branch \"main\"]\n\tremote = o\n");
+    }
+}

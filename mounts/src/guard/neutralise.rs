@@ -1,0 +1,610 @@
+//! The actions on one entry, fd-relative: every path is resolved from a
+//! held root fd with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS)`, and
+//! the entry itself is opened `O_NOFOLLOW` relative to its verified parent
+//! before anything is changed through that fd (chown, chmod, xattr), so a
+//! symlink or rename race the agent plays never makes the guard act
+//! outside a root.
+
+// The handlers take the verified fds, names and stat explicitly (no
+// re-resolution by path), hence their long parameter lists.
+#![allow(clippy::too_many_arguments)]
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::time::UNIX_EPOCH;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::sys::stat::{FileStat, Mode, SFlag};
+use nix::unistd::{Gid, Uid};
+
+use super::classify::{self, ControlFile};
+use super::config_filter::{self, ConfigLocation};
+use super::quarantine::{Quarantine, RestoredMark};
+use super::{Action, GuardConfig, GuardError, Neutralisation, RootKind};
+use crate::error::MountError;
+use crate::safe_path::{self, FileKind};
+
+/// The xattr that carries file capabilities.
+const CAPABILITY_XATTR: &std::ffi::CStr = c"security.capability";
+
+/// Largest git control file read (a larger config is quarantined whole).
+const MAX_CONTROL_FILE: u64 = 1 << 20;
+
+/// One opened root.
+pub(crate) struct OpenRoot {
+    pub(crate) label: String,
+    pub(crate) kind: RootKind,
+    pub(crate) path: PathBuf,
+    pub(crate) fd: OwnedFd,
+}
+
+/// Where the results go.
+#[derive(Default)]
+pub(crate) struct Out {
+    pub(crate) neutralised: Vec<Neutralisation>,
+    pub(crate) errors: Vec<String>,
+}
+
+/// The roots, the quarantine and the rules.
+pub(crate) struct Engine {
+    pub(crate) config: GuardConfig,
+    pub(crate) roots: Vec<OpenRoot>,
+    quarantine: Quarantine,
+    restored: Vec<RestoredMark>,
+}
+
+/// Who caused what is being handled: an event's pid, or a sweep.
+#[derive(Clone, Copy)]
+pub(crate) struct Cause {
+    pub(crate) pid: Option<u32>,
+}
+
+impl Engine {
+    /// Opens every root and the quarantine.
+    pub(crate) fn open(config: GuardConfig) -> Result<Engine, GuardError> {
+        let mut labels = std::collections::HashSet::new();
+        let mut workspaces = 0;
+        for root in &config.roots {
+            if !labels.insert(root.label.as_str()) {
+                return Err(GuardError::Config(format!("duplicate root label {:?}", root.label)));
+            }
+            workspaces += usize::from(root.kind == RootKind::Workspace);
+        }
+        if workspaces > 1 {
+            return Err(GuardError::Config("more than one workspace root".into()));
+        }
+        let mut roots = Vec::new();
+        for root in &config.roots {
+            let fd = safe_path::open_root_dir(&root.path)?;
+            roots.push(OpenRoot { label: root.label.clone(), kind: root.kind, path: root.path.clone(), fd });
+        }
+        let quarantine = Quarantine::open(&config.quarantine_dir)?;
+        let restored = quarantine.restored_marks();
+        Ok(Engine { config, roots, quarantine, restored })
+    }
+
+    /// Re-reads the restore log (after a restore while the guard runs).
+    pub(crate) fn reload_restored(&mut self) {
+        self.restored = self.quarantine.restored_marks();
+    }
+
+    /// Whether files of `st` count as changed during the run (sweep rule).
+    pub(crate) fn changed_in_run(&self, st: &FileStat) -> bool {
+        let Some(since) = self.config.changed_since else { return true };
+        let since = since.duration_since(UNIX_EPOCH).unwrap_or_default();
+        let ctime = (st.st_ctime, st.st_ctime_nsec);
+        ctime >= (since.as_secs() as i64, i64::from(since.subsec_nanos()))
+    }
+
+    fn record(&self, root: usize, rel: &Path, action: Action, reason: impl Into<String>, quarantine_id: Option<String>, cause: Cause, out: &mut Out) {
+        out.neutralised.push(Neutralisation {
+            root: self.roots[root].label.clone(),
+            path: rel.to_owned(),
+            action,
+            reason: reason.into(),
+            quarantine_id,
+            pid: cause.pid,
+        });
+    }
+
+    fn error(&self, root: usize, rel: &Path, error: impl std::fmt::Display, out: &mut Out) {
+        out.errors.push(format!("{}:{}: {error}", self.roots[root].label, lazaret_protocol::display::escaped(rel)));
+    }
+
+    /// Whether the workspace-relative `rel` is Git Sentry's.
+    pub(crate) fn protected(&self, root: usize, rel: &Path) -> bool {
+        self.roots[root].kind == RootKind::Workspace && classify::is_protected(rel, &self.config.protected)
+    }
+
+    /// Ownership and privilege bits of the entry `name` of the verified
+    /// directory `parent` (`rel` is its root-relative path, `st` its lstat).
+    pub(crate) fn fix_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+        if let Err(e) = self.try_fix_entry(root, rel, parent, name, st, cause, out) {
+            self.error(root, rel, e, out);
+        }
+    }
+
+    fn try_fix_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) -> Result<(), MountError> {
+        let kind = safe_path::kind_of(st);
+        let developer = self.config.developer;
+        let foreign_uid = st.st_uid != developer.uid;
+        // A group inherited from a setgid parent is normal: only a gid that
+        // is neither the developer's nor the parent's is foreign.
+        let foreign_gid = st.st_gid != developer.gid && {
+            let parent_gid = nix::sys::stat::fstat(parent).map(|p| p.st_gid).ok();
+            parent_gid != Some(st.st_gid)
+        };
+        if kind != FileKind::Regular && !(foreign_uid || foreign_gid) {
+            return Ok(());
+        }
+        // Open the entry itself, never through a symlink.
+        let fd = match nix::fcntl::openat(parent, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::ENOENT) => return Ok(()),
+            Err(errno) => return Err(MountError::sys("open", rel, errno)),
+        };
+        let now = nix::sys::stat::fstat(&fd).map_err(|e| MountError::sys("fstat", rel, e))?;
+        if now.st_ino != st.st_ino || now.st_dev != st.st_dev {
+            // Replaced between the stat and the open: the replacement made
+            // its own event (create or rename), and a sweep sees it too.
+            return Ok(());
+        }
+        // The bits as they are now, not when the event was queued: a chmod
+        // that landed since then is cleared by the chown below (the kernel
+        // drops setuid/setgid on chown) and must still be reported.
+        let privileged_bits = kind == FileKind::Regular && now.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
+        // A real fd on the same inode (through the O_PATH fd, not the name),
+        // for the capability check, taken before a chown (which drops
+        // capabilities itself and would hide that there were any).
+        let file = if kind == FileKind::Regular {
+            Some(
+                nix::fcntl::open(
+                    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)).as_str(),
+                    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(|e| MountError::sys("reopen", rel, e))?,
+            )
+        } else {
+            None
+        };
+        let capabilities = match &file {
+            Some(file) => crate::sys::has_xattr(file.as_fd(), CAPABILITY_XATTR).map_err(|e| MountError::sys("getxattr", rel, e))?,
+            None => false,
+        };
+        // Ownership: not for a hard-linked file (the other names may be
+        // anyone's; the bits are still stripped below).
+        if (foreign_uid || foreign_gid) && (now.st_nlink <= 1 || kind == FileKind::Directory) {
+            let uid = foreign_uid.then(|| Uid::from_raw(developer.uid));
+            let gid = foreign_gid.then(|| Gid::from_raw(developer.gid));
+            nix::unistd::fchownat(&fd, "", uid, gid, AtFlags::AT_EMPTY_PATH | AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| MountError::sys("chown", rel, e))?;
+            self.record(
+                root,
+                rel,
+                Action::ChangedOwner { old_uid: st.st_uid, old_gid: st.st_gid },
+                "made by the sandbox with an owner other than the developer",
+                None,
+                cause,
+                out,
+            );
+        }
+        let Some(file) = file else { return Ok(()) };
+        // After the chown (which may have cleared bits itself): strip what
+        // is left, and report what the file carried.
+        if privileged_bits {
+            let current = nix::sys::stat::fstat(&file).map_err(|e| MountError::sys("fstat", rel, e))?;
+            let new_mode = current.st_mode & 0o7777 & !(libc::S_ISUID | libc::S_ISGID);
+            if current.st_mode & 0o7777 != new_mode {
+                nix::sys::stat::fchmod(&file, Mode::from_bits_truncate(new_mode)).map_err(|e| MountError::sys("chmod", rel, e))?;
+            }
+            self.record(
+                root,
+                rel,
+                Action::ClearedPrivilegeBits { old_mode: now.st_mode & 0o7777, new_mode },
+                "setuid/setgid on a file the sandbox made or changed",
+                None,
+                cause,
+                out,
+            );
+        }
+        if capabilities {
+            crate::sys::remove_xattr(file.as_fd(), CAPABILITY_XATTR).map_err(|e| MountError::sys("removexattr", rel, e))?;
+            self.record(root, rel, Action::RemovedFileCapabilities, "file capabilities on a file the sandbox made or changed", None, cause, out);
+        }
+        Ok(())
+    }
+
+    /// Opens the directory `rel` beneath root `root` (no symlinks).
+    fn open_dir(&self, root: usize, rel: &Path) -> Result<OwnedFd, MountError> {
+        safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
+    }
+
+    /// Whether `rel` (in the workspace) is a git directory by git's own
+    /// test: named `.git`, or holding `HEAD` and either `commondir` or
+    /// `objects/` and `refs/`.
+    pub(crate) fn is_git_dir(&self, root: usize, rel: &Path) -> bool {
+        let Ok(dir) = self.open_dir(root, rel) else { return false };
+        if classify::is_dot_git(rel) {
+            return true;
+        }
+        let exists = |name: &str| nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
+        let is_dir = |st: Option<FileStat>| st.is_some_and(|st| safe_path::kind_of(&st) == FileKind::Directory);
+        exists("HEAD").is_some() && (exists("commondir").is_some() || (is_dir(exists("objects")) && is_dir(exists("refs"))))
+    }
+
+    /// Checks every control file of the git directory `git_dir`.
+    pub(crate) fn check_git_dir(&self, root: usize, git_dir: &Path, cause: Cause, out: &mut Out) {
+        for (name, kind) in [
+            ("config", ControlFile::Config),
+            ("config.worktree", ControlFile::ConfigWorktree),
+            ("commondir", ControlFile::Commondir),
+            ("gitdir", ControlFile::Gitdir),
+            ("hooks", ControlFile::HooksDir),
+            ("info", ControlFile::InfoDir),
+        ] {
+            self.check_control(root, git_dir, &git_dir.join(name), kind, cause, out);
+        }
+    }
+
+    /// For an event on `rel` in the workspace: the repository it makes (a
+    /// `.git`, or an entry that completes a git directory) and the control
+    /// file it may be.
+    pub(crate) fn check_git_event(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
+        if classify::is_dot_git(rel) {
+            self.check_dot_git(root, rel, cause, out);
+        }
+        let name = rel.file_name().map(OsStr::as_bytes).unwrap_or_default();
+        if matches!(name, b"HEAD" | b"objects" | b"refs" | b"commondir") {
+            let parent = rel.parent().unwrap_or(Path::new(""));
+            if !classify::is_dot_git(parent) && self.is_git_dir(root, parent) {
+                self.check_git_dir(root, parent, cause, out);
+            }
+        }
+        for candidate in classify::control_candidates(rel) {
+            if self.is_git_dir(root, &candidate.git_dir) {
+                self.check_control(root, &candidate.git_dir, rel, candidate.kind, cause, out);
+            }
+        }
+    }
+
+    /// A `.git` entry: a directory is checked as a git directory, a
+    /// symlink quarantined (git would follow it), a `gitdir:` file accepted
+    /// only if it leads inside the workspace (or into one of Git Sentry's
+    /// outside git directories), its target then checked.
+    pub(crate) fn check_dot_git(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
+        if self.protected(root, rel) {
+            return;
+        }
+        let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
+        match safe_path::kind_of(&st) {
+            FileKind::Directory => self.check_git_dir(root, rel, cause, out),
+            FileKind::Regular => {
+                let contents = match read_regular(parent.as_fd(), name, MAX_CONTROL_FILE) {
+                    Ok(Some(c)) => c,
+                    Ok(None) => return,
+                    Err(e) => return self.error(root, rel, e, out),
+                };
+                let text = String::from_utf8_lossy(&contents);
+                let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")).map(str::trim) else {
+                    return; // git refuses such a file: nothing is loaded through it
+                };
+                let base = rel.parent().unwrap_or(Path::new(""));
+                let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir: base };
+                match config_filter::workspace_relative(target, location) {
+                    Some(target_rel) if self.path_ok(root, &target_rel) => {
+                        if self.is_git_dir(root, &target_rel) {
+                            self.check_git_dir(root, &target_rel, cause, out);
+                        }
+                    }
+                    _ if Path::new(target).is_absolute() && self.config.outside_git_dirs.iter().any(|d| Path::new(target).starts_with(d)) => {}
+                    _ => self.quarantine(root, rel, parent.as_fd(), name, &st, "a gitdir: file leading outside the workspace or through a symlink", cause, out),
+                }
+            }
+            _ => self.quarantine(root, rel, parent.as_fd(), name, &st, "a .git that is a symlink or special file (git would follow it)", cause, out),
+        }
+    }
+
+    /// Handles one control file `rel` of `git_dir`.
+    fn check_control(&self, root: usize, git_dir: &Path, rel: &Path, kind: ControlFile, cause: Cause, out: &mut Out) {
+        if self.protected(root, rel) {
+            return;
+        }
+        let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
+        if self.restored.iter().any(|m| m.matches(&self.roots[root].label, rel, &st)) {
+            return;
+        }
+        let file_kind = safe_path::kind_of(&st);
+        let parent = parent.as_fd();
+        match (kind, file_kind) {
+            (_, FileKind::Symlink) | (ControlFile::Config | ControlFile::ConfigWorktree | ControlFile::Commondir | ControlFile::Gitdir, FileKind::Other) => {
+                self.quarantine(root, rel, parent, name, &st, "a git control file that is a symlink or special file", cause, out)
+            }
+            (ControlFile::HooksDir | ControlFile::InfoDir, FileKind::Regular | FileKind::Other) => {
+                self.quarantine(root, rel, parent, name, &st, "a git hooks/info entry that is not a directory", cause, out)
+            }
+            (ControlFile::HooksDir, FileKind::Directory) => {
+                let Ok(dir) = safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else { return };
+                for hook in list_names(dir) {
+                    if !classify::hook_is_inert(hook.as_bytes()) {
+                        self.check_control(root, git_dir, &rel.join(&hook), ControlFile::Hook, cause, out);
+                    }
+                }
+            }
+            (ControlFile::InfoDir, FileKind::Directory) => {
+                self.check_control(root, git_dir, &rel.join("attributes"), ControlFile::InfoAttributes, cause, out)
+            }
+            (_, FileKind::Directory) => {}
+            (ControlFile::Hook, _) => self.quarantine(root, rel, parent, name, &st, "a git hook the sandbox planted", cause, out),
+            (ControlFile::InfoAttributes, _) => {
+                self.quarantine(root, rel, parent, name, &st, "info/attributes in a repository the sandbox made or changed", cause, out)
+            }
+            (ControlFile::Config | ControlFile::ConfigWorktree, _) => self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out),
+            // An empty commondir or gitdir is one git has created and not
+            // yet written (git's write_file: create, then one write): judged
+            // by the write's own event, or by the next sweep. Empty, neither
+            // redirects anything (git reads an empty commondir as the git
+            // dir itself).
+            (ControlFile::Commondir | ControlFile::Gitdir, _) if st.st_size == 0 => {}
+            (ControlFile::Commondir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
+                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
+                Ok(Some(contents)) if classify::commondir_ok(git_dir, &String::from_utf8_lossy(&contents)) => {}
+                Ok(None) => {}
+                Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out),
+                Err(e) => self.error(root, rel, e, out),
+            },
+            (ControlFile::Gitdir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
+                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
+                Ok(Some(contents)) => {
+                    let text = String::from_utf8_lossy(&contents);
+                    let value = text.trim_end_matches(['\n', '\r']);
+                    let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
+                    if config_filter::workspace_relative(value, location).is_none() {
+                        self.quarantine(root, rel, parent, name, &st, "a gitdir back-link leading outside the workspace", cause, out)
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => self.error(root, rel, e, out),
+            },
+        }
+    }
+
+    /// Rewrites a config to the allowlist (the original goes to the
+    /// quarantine), atomically and without losing a concurrent update: the
+    /// filtered file is exchanged with the current one (`RENAME_EXCHANGE`),
+    /// and if what came out is not the version that was read (git replaced
+    /// the file meanwhile: `git clone` and `git config` write config.lock and
+    /// rename it), the exchange is undone and the newer version filtered in
+    /// turn. Every version that lands at the name is filtered, so a race
+    /// the agent plays on purpose only loses the agent's own update.
+    fn filter_config_file(&self, root: usize, git_dir: &Path, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+        const ATTEMPTS: usize = 4;
+        for attempt in 1..=ATTEMPTS {
+            let (contents, version) = match read_regular_versioned(parent, name, MAX_CONTROL_FILE) {
+                Ok(Some(read)) => read,
+                Ok(None) => return,
+                Err(MountError::Refused { .. }) => {
+                    return self.quarantine(root, rel, parent, name, st, "a git config too large to filter", cause, out);
+                }
+                Err(e) => return self.error(root, rel, e, out),
+            };
+            let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
+            let filtered = config_filter::filter_config(&contents, location, &|p| self.path_ok(root, p));
+            if !filtered.changes(&contents) {
+                return;
+            }
+            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let temp = format!(".lazaret-guard-{}-{serial}", std::process::id());
+            // The last attempt replaces whatever is there: filtered wins over
+            // an update that keeps racing.
+            let exchange = attempt < ATTEMPTS;
+            match replace_with(self.config.developer, rel, parent, name, &temp, &filtered.text, exchange.then_some(&version)) {
+                Ok(true) => {}
+                Ok(false) => continue,
+                Err(e) => return self.error(root, rel, e, out),
+            }
+            let reason = "git config of a repository the sandbox made or changed: only allowlisted keys kept";
+            let id = match self.quarantine.keep_copy(&self.roots[root].label, rel, st, &contents, reason) {
+                Ok(id) => id,
+                Err(e) => return self.error(root, rel, format!("filtered, but the original could not be kept: {e}"), out),
+            };
+            let mut dropped = filtered.dropped;
+            if filtered.skipped_lines > 0 {
+                dropped.push(format!("{} unreadable line(s)", filtered.skipped_lines));
+            }
+            return self.record(root, rel, Action::FilteredGitConfig { dropped_keys: dropped }, reason, Some(id), cause, out);
+        }
+    }
+
+    /// Moves an entry into the quarantine and records it.
+    fn quarantine(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, reason: &str, cause: Cause, out: &mut Out) {
+        match self.quarantine.take(&self.roots[root].label, rel, parent, name, st, reason) {
+            Ok(id) => self.record(root, rel, Action::Quarantined, reason, Some(id), cause, out),
+            Err(e) => self.error(root, rel, e, out),
+        }
+    }
+
+    /// Whether a workspace-relative path reached from a git value can be
+    /// resolved without a symlink (missing paths are fine).
+    fn path_ok(&self, root: usize, rel: &Path) -> bool {
+        !matches!(safe_path::open_path_beneath(self.roots[root].fd.as_fd(), rel), Err(MountError::Refused { .. }))
+    }
+
+    /// The verified parent directory, name and lstat of `rel`; `None` if it
+    /// does not exist (errors are recorded).
+    fn lstat<'a>(&self, root: usize, rel: &'a Path, out: &mut Out) -> Option<(OwnedFd, &'a OsStr, FileStat)> {
+        let name = rel.file_name()?;
+        let parent = match self.open_dir(root, rel.parent().unwrap_or(Path::new(""))) {
+            Ok(fd) => fd,
+            Err(MountError::Syscall { errno: Errno::ENOENT | Errno::ENOTDIR, .. }) => return None,
+            Err(e) => {
+                self.error(root, rel, e, out);
+                return None;
+            }
+        };
+        match nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => Some((parent, name, st)),
+            Err(Errno::ENOENT) => None,
+            Err(errno) => {
+                self.error(root, rel, MountError::sys("stat", rel, errno), out);
+                None
+            }
+        }
+    }
+}
+
+/// Puts `text` at `name` through the new file `temp`. With `expected`,
+/// the two are exchanged and the exchange is undone (returning false)
+/// unless what came out is still that version; a filesystem without
+/// `RENAME_EXCHANGE` gets a plain rename.
+fn replace_with(developer: super::Owner, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, temp: &str, text: &[u8], expected: Option<&FileVersion>) -> Result<bool, MountError> {
+    let unlink_temp = || {
+        let _ = nix::unistd::unlinkat(parent, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
+    };
+    let write = || -> Result<(), MountError> {
+        let fd = nix::fcntl::openat(
+            parent,
+            temp,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o644),
+        )
+        .map_err(|e| MountError::sys("create", rel, e))?;
+        let _ = nix::unistd::fchown(&fd, Some(Uid::from_raw(developer.uid)), Some(Gid::from_raw(developer.gid)));
+        std::io::Write::write_all(&mut std::fs::File::from(fd), text).map_err(|e| MountError::io("write", rel, e))
+    };
+    if let Err(e) = write() {
+        unlink_temp();
+        return Err(e);
+    }
+    let exchange = |from: &str| nix::fcntl::renameat2(parent, from, parent, name, nix::fcntl::RenameFlags::RENAME_EXCHANGE);
+    let Some(expected) = expected else {
+        return nix::fcntl::renameat(parent, temp, parent, name).map(|()| true).map_err(|e| {
+            unlink_temp();
+            MountError::sys("rename", rel, e)
+        });
+    };
+    match exchange(temp) {
+        Ok(()) => {}
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
+            return nix::fcntl::renameat(parent, temp, parent, name).map(|()| true).map_err(|e| {
+                unlink_temp();
+                MountError::sys("rename", rel, e)
+            });
+        }
+        Err(Errno::ENOENT) => {
+            // The config went away meanwhile: nothing to filter.
+            unlink_temp();
+            return Ok(true);
+        }
+        Err(e) => {
+            unlink_temp();
+            return Err(MountError::sys("rename", rel, e));
+        }
+    }
+    let swapped_out = nix::sys::stat::fstatat(parent, temp, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
+    if swapped_out.is_some_and(|st| FileVersion::of(&st) == *expected) {
+        unlink_temp();
+        return Ok(true);
+    }
+    // A newer version came out: put it back and filter that instead.
+    let undone = exchange(temp);
+    unlink_temp();
+    undone.map(|()| false).map_err(|e| MountError::sys("rename", rel, e))
+}
+
+/// Reads the regular file `name` of `dir` (never through a symlink; at
+/// most `limit` bytes, more is a `Refused` error). `None` if it is gone or
+/// not a regular file.
+pub(crate) fn read_regular(dir: BorrowedFd<'_>, name: &OsStr, limit: u64) -> Result<Option<Vec<u8>>, MountError> {
+    Ok(read_regular_versioned(dir, name, limit)?.map(|(contents, _)| contents))
+}
+
+/// Which version of a file was read: its inode, size and modification
+/// time (not its ctime, which a rename changes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct FileVersion {
+    dev: u64,
+    ino: u64,
+    size: i64,
+    mtime: (i64, i64),
+}
+
+impl FileVersion {
+    fn of(st: &FileStat) -> FileVersion {
+        FileVersion {
+            dev: st.st_dev,
+            ino: st.st_ino,
+            size: st.st_size,
+            mtime: (st.st_mtime, st.st_mtime_nsec),
+        }
+    }
+}
+
+/// [`read_regular`], with the version of the file the bytes came from.
+fn read_regular_versioned(dir: BorrowedFd<'_>, name: &OsStr, limit: u64) -> Result<Option<(Vec<u8>, FileVersion)>, MountError> {
+    let fd = match nix::fcntl::openat(dir, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),
+        Err(errno) => return Err(MountError::sys("open", Path::new(name), errno)),
+    };
+    let st = nix::sys::stat::fstat(&fd).map_err(|e| MountError::sys("fstat", Path::new(name), e))?;
+    if st.st_mode & SFlag::S_IFMT.bits() != SFlag::S_IFREG.bits() {
+        return Ok(None);
+    }
+    let mut contents = Vec::new();
+    std::io::Read::read_to_end(&mut std::io::Read::take(std::fs::File::from(fd), limit + 1), &mut contents)
+        .map_err(|e| MountError::io("read", Path::new(name), e))?;
+    if contents.len() as u64 > limit {
+        return Err(MountError::refused(Path::new(name), "too large"));
+    }
+    Ok(Some((contents, FileVersion::of(&st))))
+}
+
+/// The names in a directory (without `.` and `..`); empty on error.
+pub(crate) fn list_names(dir: OwnedFd) -> Vec<std::ffi::OsString> {
+    let Ok(dir) = nix::dir::Dir::from_fd(dir) else { return Vec::new() };
+    dir.into_iter()
+        .flatten()
+        .filter_map(|entry| {
+            let name = entry.file_name().to_bytes();
+            (name != b"." && name != b"..").then(|| OsStr::from_bytes(name).to_owned())
+        })
+        .collect()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn owner() -> super::super::Owner {
+        super::super::Owner { uid: nix::unistd::geteuid().as_raw(), gid: nix::unistd::getegid().as_raw() }
+    }
+
+    #[test]
+    fn a_config_replaced_while_it_was_filtered_is_not_overwritten() {
+        // What `git clone` does: config written, read by the guard, then
+        // replaced by git's next config.lock rename before the guard writes.
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::write(dir.path().join("config"), b"[core]\n\tfsmonitor = x\n").expect("write");
+        let parent = nix::fcntl::open(dir.path(), OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).expect("open");
+        let name = OsStr::new("config");
+        let (_, first) = read_regular_versioned(parent.as_fd(), name, 1 << 20).expect("read").expect("regular");
+        std::fs::write(dir.path().join("config.lock"), b"[core]\n\tfsmonitor = x\n[remote \"origin\"]\n\turl = /src\n").expect("write");
+        std::fs::rename(dir.path().join("config.lock"), dir.path().join("config")).expect("rename");
+        let replaced = replace_with(owner(), Path::new("config"), parent.as_fd(), name, ".t1", b"[core]\n", Some(&first)).expect("replace");
+        assert!(!replaced, "the exchange is undone");
+        let now = std::fs::read_to_string(dir.path().join("config")).expect("read");
+        assert!(now.contains("url = /src"), "git's update is still there: {now}");
+        // The version now there is filtered in turn.
+        let (_, second) = read_regular_versioned(parent.as_fd(), name, 1 << 20).expect("read").expect("regular");
+        assert!(replace_with(owner(), Path::new("config"), parent.as_fd(), name, ".t2", b"[core]\n", Some(&second)).expect("replace"));
+        assert_eq!(std::fs::read(dir.path().join("config")).expect("read"), b"[core]\n");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("list").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(names, ["config"], "no temporary file left");
+    }
+}

@@ -1,0 +1,445 @@
+//! The event loop: one fanotify group (`FAN_CLASS_NOTIF |
+//! FAN_REPORT_DFID_NAME`) with a filesystem mark per watched filesystem,
+//! for `FAN_CREATE | FAN_MOVED_TO | FAN_ATTRIB | FAN_CLOSE_WRITE |
+//! FAN_MODIFY | FAN_ONDIR`. Each event names the writer's pid, the parent
+//! directory (a file handle) and the entry's name. Events of other pids are
+//! dropped before anything is resolved; for the others the directory handle
+//! is opened (`open_by_handle_at` on a root fd of that filesystem), its
+//! current path read from `/proc/self/fd` only as a hint, and the hint
+//! verified by opening that path beneath the root (no symlinks) and
+//! comparing device and inode: a directory outside every root, or moved
+//! meanwhile, is not touched. The entry is then handled relative to the
+//! verified directory fd. A directory renamed into a root is walked whole.
+//! `FAN_Q_OVERFLOW` runs a full sweep.
+
+use std::ffi::OsStr;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+
+use nix::errno::Errno;
+use nix::fcntl::{AtFlags, OFlag};
+use nix::poll::{PollFd, PollFlags, PollTimeout};
+
+use super::neutralise::{Cause, Engine, Out};
+use super::sweep::{sweep_engine, walk};
+use super::{EventSink, GuardConfig, GuardError, GuardEvent, PidFilter, RootKind, SweepReport};
+use crate::error::MountError;
+use crate::safe_path::{self, FileKind};
+
+/// How the guard observes a root's filesystem.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// fanotify with a filesystem mark and directory-handle + name events
+    /// (`FAN_REPORT_DFID_NAME`): pids known.
+    Fanotify,
+    /// Not watchable by events (the filesystem has no file-handle support
+    /// for fanotify): only sweeps protect it. The coordinator should sweep
+    /// it more often and say so.
+    SweepOnly,
+}
+
+/// The events watched.
+const EVENT_MASK: u64 = libc::FAN_CREATE | libc::FAN_MOVED_TO | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE | libc::FAN_MODIFY | libc::FAN_ONDIR;
+
+/// `fanotify_init` flags.
+const INIT_FLAGS: libc::c_uint = libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK | libc::FAN_REPORT_DFID_NAME;
+
+/// `FANOTIFY_METADATA_VERSION`.
+const METADATA_VERSION: u8 = 3;
+
+/// Names whose in-place modification (an fd kept open, no close) matters:
+/// `FAN_MODIFY` events of other names are dropped unread.
+const MODIFY_NAMES: [&[u8]; 5] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes"];
+
+fn new_group() -> Result<OwnedFd, GuardError> {
+    crate::sys::fanotify_init(INIT_FLAGS, (libc::O_RDONLY | libc::O_LARGEFILE) as libc::c_uint).map_err(|errno| GuardError::Unsupported {
+        path: PathBuf::from("/"),
+        reason: format!("fanotify_init(FAN_REPORT_DFID_NAME): {errno} (needs CAP_SYS_ADMIN and Linux >= 5.9)"),
+    })
+}
+
+/// Marks the filesystem of `dir`; `Ok(false)` if that filesystem cannot be
+/// watched this way.
+fn mark_filesystem(group: &OwnedFd, dir: &OwnedFd, path: &Path) -> Result<bool, GuardError> {
+    match crate::sys::fanotify_mark(group.as_fd(), libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM, EVENT_MASK, dir.as_fd(), Some(c".")) {
+        Ok(()) => Ok(true),
+        Err(Errno::EXDEV | Errno::ENODEV | Errno::EOPNOTSUPP | Errno::EINVAL) => Ok(false),
+        Err(errno) => Err(GuardError::Unsupported { path: path.to_owned(), reason: format!("fanotify_mark(FAN_MARK_FILESYSTEM): {errno}") }),
+    }
+}
+
+/// Which backend the filesystem of `path` supports (tries a fanotify
+/// filesystem mark; needs CAP_SYS_ADMIN).
+pub fn probe_backend(path: &Path) -> Result<Backend, GuardError> {
+    let group = new_group()?;
+    let dir = safe_path::open_root_dir(path)?;
+    Ok(if mark_filesystem(&group, &dir, path)? { Backend::Fanotify } else { Backend::SweepOnly })
+}
+
+/// Requests to the guard thread.
+enum Command {
+    Settle(mpsc::Sender<()>),
+    Stop,
+}
+
+/// A running guard: one thread reading fanotify events for every root.
+/// Dropping it stops the thread (as [`Guard::stop`] does, without the
+/// final sweep).
+pub struct Guard {
+    thread: Option<JoinHandle<()>>,
+    commands: mpsc::Sender<Command>,
+    wake: OwnedFd,
+    backends: Vec<Backend>,
+    config: GuardConfig,
+}
+
+impl Guard {
+    /// Opens the roots and the quarantine, marks the roots' filesystems and
+    /// starts the guard thread. Only events whose pid `is_sandbox` accepts
+    /// are acted on; everything done is sent to `sink` (from the guard
+    /// thread). Does not sweep: call [`super::sweep`] first when restarting
+    /// a guard over a Domain that ran without one.
+    pub fn start(config: GuardConfig, is_sandbox: PidFilter, sink: EventSink) -> Result<Guard, GuardError> {
+        let engine = Engine::open(config.clone())?;
+        let group = new_group()?;
+        let mut backends = Vec::new();
+        let mut fsids = Vec::new();
+        let mut mount_fds = Vec::new();
+        for root in &engine.roots {
+            // open_by_handle_at refuses O_PATH fds as its mount fd.
+            mount_fds.push(safe_path::open_beneath(root.fd.as_fd(), Path::new(""), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?);
+            let watched = mark_filesystem(&group, &root.fd, &root.path)?;
+            backends.push(if watched { Backend::Fanotify } else { Backend::SweepOnly });
+            fsids.push(crate::sys::fsid(root.fd.as_fd()).map_err(|e| MountError::sys("fstatfs", &root.path, e))?);
+        }
+        let (wake_read, wake_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
+        let (commands, receiver) = mpsc::channel();
+        let mut state = LoopState { engine, group, wake: wake_read, receiver, is_sandbox, sink, fsids, mount_fds };
+        let thread = std::thread::Builder::new()
+            .name("workspace-guard".into())
+            .spawn(move || state.run())
+            .map_err(|e| MountError::io("spawn", "workspace-guard", e))?;
+        Ok(Guard { thread: Some(thread), commands, wake: wake_write, backends, config })
+    }
+
+    /// The backend used for each root, in [`GuardConfig::roots`] order.
+    pub fn backends(&self) -> Vec<Backend> {
+        self.backends.clone()
+    }
+
+    /// Waits until every event queued so far by the kernel has been handled
+    /// (for tests and for the coordinator before a session-end sweep). The
+    /// kernel queues an event before the writer's system call returns, so
+    /// after settle every write the sandbox has finished has been seen.
+    pub fn settle(&self) -> Result<(), GuardError> {
+        let (reply, done) = mpsc::channel();
+        self.send(Command::Settle(reply))?;
+        done.recv().map_err(|_| GuardError::Config("the guard thread has stopped".into()))
+    }
+
+    /// Stops the thread, then runs a final [`super::sweep`] and returns it.
+    pub fn stop(mut self) -> Result<SweepReport, GuardError> {
+        self.halt();
+        super::sweep(&self.config)
+    }
+
+    fn send(&self, command: Command) -> Result<(), GuardError> {
+        self.commands.send(command).map_err(|_| GuardError::Config("the guard thread has stopped".into()))?;
+        let _ = nix::unistd::write(&self.wake, &[1]);
+        Ok(())
+    }
+
+    fn halt(&mut self) {
+        let _ = self.send(Command::Stop);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        self.halt();
+    }
+}
+
+/// What the guard thread owns.
+struct LoopState {
+    engine: Engine,
+    group: OwnedFd,
+    wake: OwnedFd,
+    receiver: mpsc::Receiver<Command>,
+    is_sandbox: PidFilter,
+    sink: EventSink,
+    /// `f_fsid` of each root, as events report it.
+    fsids: Vec<[u8; 8]>,
+    /// A readable (not `O_PATH`) fd of each root, for `open_by_handle_at`.
+    mount_fds: Vec<OwnedFd>,
+}
+
+/// One parsed event.
+struct RawEvent<'a> {
+    mask: u64,
+    pid: u32,
+    fsid: [u8; 8],
+    handle_type: i32,
+    handle: &'a [u8],
+    name: &'a [u8],
+}
+
+impl LoopState {
+    fn run(&mut self) {
+        let mut buffer = vec![0u8; 256 * 1024];
+        loop {
+            let (group_ready, wake_ready) = {
+                let mut fds = [PollFd::new(self.group.as_fd(), PollFlags::POLLIN), PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
+                match nix::poll::poll(&mut fds, PollTimeout::NONE) {
+                    Ok(_) => {}
+                    Err(Errno::EINTR) => continue,
+                    Err(errno) => {
+                        (self.sink)(GuardEvent::Error(format!("workspace guard stopped: poll: {errno}")));
+                        return;
+                    }
+                }
+                let ready = |fd: &PollFd| fd.revents().is_some_and(|r| !r.is_empty());
+                (ready(&fds[0]), ready(&fds[1]))
+            };
+            if group_ready {
+                self.drain(&mut buffer);
+            }
+            if wake_ready {
+                let mut sink = [0u8; 64];
+                while matches!(nix::unistd::read(&self.wake, &mut sink), Ok(n) if n > 0) {}
+                while let Ok(command) = self.receiver.try_recv() {
+                    match command {
+                        Command::Settle(reply) => {
+                            self.drain(&mut buffer);
+                            self.engine.reload_restored();
+                            let _ = reply.send(());
+                        }
+                        Command::Stop => return,
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads and handles events until the queue is empty.
+    fn drain(&mut self, buffer: &mut [u8]) {
+        loop {
+            let length = match nix::unistd::read(&self.group, buffer) {
+                Ok(0) | Err(Errno::EAGAIN) => return,
+                Ok(n) => n,
+                Err(Errno::EINTR) => continue,
+                Err(errno) => {
+                    (self.sink)(GuardEvent::Error(format!("workspace guard: reading events: {errno}")));
+                    return;
+                }
+            };
+            let mut out = Out::default();
+            let mut overflow = false;
+            for_each_event(&buffer[..length], |event| match event {
+                Parsed::Overflow => overflow = true,
+                Parsed::Event(event) => self.handle(&event, &mut out),
+            });
+            self.emit(out);
+            if overflow {
+                let report = sweep_engine(&self.engine);
+                let sweep_time = report.duration;
+                self.emit(Out { neutralised: report.neutralised, errors: report.errors });
+                (self.sink)(GuardEvent::Overflow { sweep_time });
+            }
+        }
+    }
+
+    fn emit(&mut self, out: Out) {
+        for n in out.neutralised {
+            (self.sink)(GuardEvent::Neutralised(n));
+        }
+        for e in out.errors {
+            (self.sink)(GuardEvent::Error(e));
+        }
+    }
+
+    /// Handles one event of the sandbox (see the module documentation).
+    fn handle(&self, event: &RawEvent<'_>, out: &mut Out) {
+        let modify_only = event.mask & !libc::FAN_ONDIR == libc::FAN_MODIFY;
+        if modify_only && !MODIFY_NAMES.contains(&event.name) {
+            return;
+        }
+        if !(self.is_sandbox)(event.pid) {
+            return;
+        }
+        let Some((root, dir_rel, dir)) = self.resolve_dir(event) else { return };
+        let cause = Cause { pid: Some(event.pid) };
+        if event.name.is_empty() || event.name == b"." {
+            // An event on the directory itself.
+            let Some(name) = dir_rel.file_name().map(OsStr::to_os_string) else { return };
+            let parent_rel = dir_rel.parent().unwrap_or(Path::new(""));
+            let Ok(parent) = safe_path::open_beneath(self.engine.roots[root].fd.as_fd(), parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+                return;
+            };
+            self.handle_entry(root, &dir_rel, parent, &name, event.mask, cause, out);
+        } else {
+            let name = OsStr::from_bytes(event.name);
+            self.handle_entry(root, &dir_rel.join(name), dir, name, event.mask, cause, out);
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
+    fn handle_entry(&self, root: usize, rel: &Path, parent: OwnedFd, name: &OsStr, mask: u64, cause: Cause, out: &mut Out) {
+        if self.engine.protected(root, rel) {
+            return;
+        }
+        let st = match nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) => st,
+            Err(_) => return, // gone already
+        };
+        self.engine.fix_entry(root, rel, parent.as_fd(), name, &st, cause, out);
+        if self.engine.roots[root].kind == RootKind::Workspace {
+            self.engine.check_git_event(root, rel, cause, out);
+        }
+        if safe_path::kind_of(&st) == FileKind::Directory && mask & libc::FAN_MOVED_TO != 0 {
+            walk(&self.engine, root, rel, true, out);
+        }
+    }
+
+    /// The root, root-relative path and fd of the event's directory, if it
+    /// is (verifiably) inside a root.
+    fn resolve_dir(&self, event: &RawEvent<'_>) -> Option<(usize, PathBuf, OwnedFd)> {
+        let roots = &self.engine.roots;
+        let mount = (0..roots.len()).find(|&i| self.fsids[i] == event.fsid)?;
+        let dir = crate::sys::open_by_handle_at(self.mount_fds[mount].as_fd(), event.handle_type, event.handle, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).ok()?;
+        let hint = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
+        let st = nix::sys::stat::fstat(&dir).ok()?;
+        // The deepest root whose path the hint is under (roots may nest).
+        let mut best: Option<(usize, PathBuf)> = None;
+        for (index, root) in roots.iter().enumerate() {
+            if self.fsids[index] != event.fsid {
+                continue;
+            }
+            if let Ok(rel) = hint.strip_prefix(&root.path) {
+                if best.as_ref().is_none_or(|(b, _)| roots[*b].path.as_os_str().len() < root.path.as_os_str().len()) {
+                    best = Some((index, rel.to_owned()));
+                }
+            }
+        }
+        let (root, rel) = best?;
+        let verified = safe_path::open_beneath(roots[root].fd.as_fd(), &rel, OFlag::O_PATH | OFlag::O_DIRECTORY).ok()?;
+        let check = nix::sys::stat::fstat(&verified).ok()?;
+        (check.st_dev == st.st_dev && check.st_ino == st.st_ino).then_some((root, rel, verified))
+    }
+}
+
+/// What the buffer holds.
+enum Parsed<'a> {
+    Event(RawEvent<'a>),
+    Overflow,
+}
+
+fn u16_at(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+fn u32_at(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+fn u64_at(b: &[u8], at: usize) -> Option<u64> {
+    Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// Parses a buffer of fanotify events (`struct fanotify_event_metadata`
+/// followed by info records; see fanotify(7)) without unsafe code.
+fn for_each_event<'a>(buffer: &'a [u8], mut each: impl FnMut(Parsed<'a>)) {
+    let mut offset = 0;
+    while offset + 24 <= buffer.len() {
+        let Some(event_len) = u32_at(buffer, offset).map(|l| l as usize) else { return };
+        if event_len < 24 || offset + event_len > buffer.len() {
+            return;
+        }
+        let event = &buffer[offset..offset + event_len];
+        offset += event_len;
+        let version = event[4];
+        let (Some(metadata_len), Some(mask), Some(fd), Some(pid)) = (u16_at(event, 6), u64_at(event, 8), u32_at(event, 16), u32_at(event, 20)) else { continue };
+        crate::sys::close_raw_fd(fd as i32);
+        if version != METADATA_VERSION {
+            continue;
+        }
+        if mask & libc::FAN_Q_OVERFLOW != 0 {
+            each(Parsed::Overflow);
+            continue;
+        }
+        let mut info = metadata_len as usize;
+        while info + 4 <= event.len() {
+            let info_type = event[info];
+            let Some(len) = u16_at(event, info + 2).map(usize::from) else { break };
+            if len < 4 || info + len > event.len() {
+                break;
+            }
+            let record = &event[info..info + len];
+            info += len;
+            if info_type != libc::FAN_EVENT_INFO_TYPE_DFID_NAME && info_type != libc::FAN_EVENT_INFO_TYPE_DFID {
+                continue;
+            }
+            let (Some(fsid), Some(handle_bytes), Some(handle_type)) = (record.get(4..12), u32_at(record, 12), u32_at(record, 16)) else { continue };
+            let handle_end = 20 + handle_bytes as usize;
+            let Some(handle) = record.get(20..handle_end) else { continue };
+            let name = if info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
+                let rest = record.get(handle_end..).unwrap_or_default();
+                &rest[..rest.iter().position(|b| *b == 0).unwrap_or(rest.len())]
+            } else {
+                &b""[..]
+            };
+            let mut fsid_bytes = [0u8; 8];
+            fsid_bytes.copy_from_slice(fsid);
+            each(Parsed::Event(RawEvent { mask, pid, fsid: fsid_bytes, handle_type: handle_type as i32, handle, name }));
+            break;
+        }
+    }
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn metadata(event_len: usize, mask: u64, pid: u32) -> Vec<u8> {
+        let mut b = Vec::new();
+        b.extend_from_slice(&(event_len as u32).to_ne_bytes());
+        b.push(METADATA_VERSION);
+        b.push(0);
+        b.extend_from_slice(&24u16.to_ne_bytes());
+        b.extend_from_slice(&mask.to_ne_bytes());
+        b.extend_from_slice(&(-1i32).to_ne_bytes());
+        b.extend_from_slice(&pid.to_ne_bytes());
+        b
+    }
+
+    #[test]
+    fn parses_dfid_name_events_and_overflow_and_stops_at_garbage() {
+        let mut record = vec![libc::FAN_EVENT_INFO_TYPE_DFID_NAME, 0, 0, 0];
+        record.extend_from_slice(&[1, 2, 3, 4, 5, 6, 7, 8]); // fsid
+        record.extend_from_slice(&8u32.to_ne_bytes());
+        record.extend_from_slice(&1i32.to_ne_bytes());
+        record.extend_from_slice(&[9; 8]); // handle
+        record.extend_from_slice(b"config\0\0");
+        let len = record.len() as u16;
+        record[2..4].copy_from_slice(&len.to_ne_bytes());
+        let mut buffer = metadata(24, libc::FAN_Q_OVERFLOW, 0);
+        buffer.extend(metadata(24 + record.len(), libc::FAN_CREATE, 77));
+        buffer.extend(&record);
+        buffer.extend(metadata(4000, libc::FAN_CREATE, 78)); // claims more than the buffer holds
+        let mut seen = Vec::new();
+        for_each_event(&buffer, |parsed| match parsed {
+            Parsed::Overflow => seen.push("overflow".to_owned()),
+            Parsed::Event(e) => {
+                assert_eq!(e.fsid, [1, 2, 3, 4, 5, 6, 7, 8]);
+                assert_eq!((e.handle_type, e.handle), (1, &[9u8; 8][..]));
+                seen.push(format!("{:x} {} {}", e.mask, e.pid, String::from_utf8_lossy(e.name)));
+            }
+        });
+        assert_eq!(seen, vec!["overflow".to_owned(), format!("{:x} 77 config", libc::FAN_CREATE)]);
+    }
+}

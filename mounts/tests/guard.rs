@@ -1,0 +1,676 @@
+//! The Workspace Guard engine against a real fanotify mark (as root).
+//!
+//! "The sandbox" is a long-lived child process (this test binary re-run as
+//! [`sandbox_helper_process`]) that performs file operations on request:
+//! the guard's pid predicate accepts exactly its pid, so the test process's
+//! own writes play the developer's. Temporary directories live on the
+//! host's filesystem (ext4 here) and, in one test, on a tmpfs mounted in a
+//! private mount namespace.
+
+mod common;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+
+use lazaret_mounts::guard::{self, Action, GuardConfig, GuardEvent, GuardRoot, Neutralisation, Owner, RootKind};
+
+/// The developer the guard chowns to (not the test's uid, so a change is visible).
+const DEVELOPER: Owner = Owner { uid: 4242, gid: 4243 };
+
+/// A v2 `security.capability` value granting CAP_NET_RAW (permitted, effective).
+const CAP_NET_RAW_V2: [u8; 20] = [1, 0, 0, 2, 0, 0x20, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+
+/// Entry point of the helper process (not a test on its own: without the
+/// environment variable it does nothing). Reads one tab-separated command
+/// per line on stdin and answers `@@ok` or `@@err <message>` on stdout.
+#[test]
+fn sandbox_helper_process() {
+    if std::env::var_os("LAZARET_GUARD_SANDBOX").is_none() {
+        return;
+    }
+    let stdin = std::io::stdin();
+    let mut stdout = std::io::stdout();
+    for line in stdin.lock().lines() {
+        let Ok(line) = line else { break };
+        let args: Vec<&str> = line.split('\t').collect();
+        let result = run_command(&args);
+        let answer = match result {
+            Ok(()) => "@@ok\n".to_owned(),
+            Err(e) => format!("@@err {e}\n"),
+        };
+        let _ = stdout.write_all(answer.as_bytes());
+        let _ = stdout.flush();
+        if args.first() == Some(&"exit") {
+            break;
+        }
+    }
+}
+
+fn run_command(args: &[&str]) -> Result<(), String> {
+    let e = |x: std::io::Error| x.to_string();
+    match args {
+        ["write", path, content] => std::fs::write(path, content.replace("\\n", "\n").replace("\\t", "\t")).map_err(e),
+        ["mkdir", path] => std::fs::create_dir_all(path).map_err(e),
+        ["chmod", path, mode] => {
+            let mode = u32::from_str_radix(mode, 8).map_err(|x| x.to_string())?;
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(e)
+        }
+        ["chown", path, uid, gid] => {
+            std::os::unix::fs::lchown(path, uid.parse().ok(), gid.parse().ok()).map_err(e)
+        }
+        ["rename", from, to] => std::fs::rename(from, to).map_err(e),
+        ["symlink", target, path] => std::os::unix::fs::symlink(target, path).map_err(e),
+        ["setcap", path] => lazaret_mounts::sys::set_xattr_nofollow(Path::new(path), c"security.capability", &CAP_NET_RAW_V2).map_err(|x| x.to_string()),
+        ["swap", a, b, count] => {
+            // Exchanges two names again and again (a directory and a symlink).
+            let count: usize = count.parse().map_err(|_| "count")?;
+            for _ in 0..count {
+                nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, *a, nix::fcntl::AT_FDCWD, *b, nix::fcntl::RenameFlags::RENAME_EXCHANGE).map_err(|x| x.to_string())?;
+            }
+            Ok(())
+        }
+        ["plant", dir, count] => {
+            // Creates setuid files and chmods a sentinel through `dir`, ignoring
+            // failures (the directory may be a symlink at that moment).
+            let count: usize = count.parse().map_err(|_| "count")?;
+            for i in 0..count {
+                let file = Path::new(dir).join(format!("f{i}"));
+                let _ = std::fs::write(&file, b"#!/bin/sh\n");
+                let _ = std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o4755));
+                // chmod only: a chown would clear the bits by itself.
+                let _ = std::fs::set_permissions(Path::new(dir).join("sentinel"), std::fs::Permissions::from_mode(0o4755));
+            }
+            Ok(())
+        }
+        ["many", dir, count] => {
+            // `count` small files in 100 subdirectories (an unpacked tree).
+            let count: usize = count.parse().map_err(|_| "count")?;
+            for i in 0..count {
+                let sub = Path::new(dir).join(format!("d{}", i % 100));
+                if i < 100 {
+                    std::fs::create_dir_all(&sub).map_err(e)?;
+                }
+                std::fs::write(sub.join(format!("f{i}")), b"content\n").map_err(e)?;
+            }
+            Ok(())
+        }
+        ["append-and-keep-open", path, content] => {
+            // Writes without closing (no FAN_CLOSE_WRITE): the fd is leaked on purpose.
+            let mut file = std::fs::OpenOptions::new().append(true).open(path).map_err(e)?;
+            file.write_all(content.replace("\\n", "\n").replace("\\t", "\t").as_bytes()).map_err(e)?;
+            std::mem::forget(file);
+            Ok(())
+        }
+        ["exit"] => Ok(()),
+        other => Err(format!("unknown command {other:?}")),
+    }
+}
+
+/// The sandbox stand-in.
+struct Sandbox {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Sandbox {
+    fn spawn() -> Sandbox {
+        let mut child = Command::new(std::env::current_exe().expect("current exe"))
+            .args(["sandbox_helper_process", "--exact", "--nocapture", "--test-threads=1"])
+            .env("LAZARET_GUARD_SANDBOX", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the sandbox helper");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Sandbox { child, stdin, stdout }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Runs one command; returns the helper's error message, if any.
+    fn try_run(&mut self, args: &[&str]) -> Result<(), String> {
+        writeln!(self.stdin, "{}", args.join("\t")).expect("send to helper");
+        self.stdin.flush().expect("flush");
+        loop {
+            let mut line = String::new();
+            if self.stdout.read_line(&mut line).expect("read helper") == 0 {
+                panic!("the sandbox helper exited");
+            }
+            // libtest may print "test NAME ... " on the same line first.
+            if let Some(rest) = line.find("@@").map(|at| &line[at + 2..]) {
+                return match rest.trim_end() {
+                    "ok" => Ok(()),
+                    err => Err(err.to_owned()),
+                };
+            }
+        }
+    }
+
+    fn run(&mut self, args: &[&str]) {
+        if let Err(e) = self.try_run(args) {
+            panic!("sandbox {args:?}: {e}");
+        }
+    }
+}
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        let _ = writeln!(self.stdin, "exit");
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A workspace, a quarantine and a running guard that trusts `pids`.
+struct Fixture {
+    dir: tempfile::TempDir,
+    guard: Option<guard::Guard>,
+    events: Arc<Mutex<Vec<GuardEvent>>>,
+    pids: Arc<Mutex<HashSet<u32>>>,
+    config: GuardConfig,
+    /// Trust every pid except this process's (instead of the sandbox helpers').
+    trust_all_but_self: bool,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        Fixture::in_dir(tempfile::tempdir().expect("tempdir"))
+    }
+
+    fn in_dir(dir: tempfile::TempDir) -> Fixture {
+        common::require_root();
+        let base = dir.path().canonicalize().expect("canonical");
+        std::fs::create_dir(base.join("ws")).expect("mkdir ws");
+        std::fs::create_dir(base.join("domain")).expect("mkdir domain");
+        let config = GuardConfig {
+            roots: vec![GuardRoot { label: "workspace".into(), path: base.join("ws"), kind: RootKind::Workspace }],
+            developer: DEVELOPER,
+            quarantine_dir: base.join("domain/quarantine"),
+            ..Default::default()
+        };
+        Fixture { dir, guard: None, events: Arc::default(), pids: Arc::default(), config, trust_all_but_self: false }
+    }
+
+    fn base(&self) -> PathBuf {
+        self.dir.path().canonicalize().expect("canonical")
+    }
+
+    fn ws(&self) -> PathBuf {
+        self.base().join("ws")
+    }
+
+    fn start(&mut self) {
+        let pids = Arc::clone(&self.pids);
+        let events = Arc::clone(&self.events);
+        let me = std::process::id();
+        let all_but_self = self.trust_all_but_self;
+        let guard = guard::Guard::start(
+            self.config.clone(),
+            Arc::new(move |pid| if all_but_self { pid != me } else { pids.lock().expect("pids").contains(&pid) }),
+            Box::new(move |event| events.lock().expect("events").push(event)),
+        )
+        .expect("start the guard");
+        assert_eq!(guard.backends(), vec![guard::Backend::Fanotify; self.config.roots.len()]);
+        self.guard = Some(guard);
+    }
+
+    fn sandbox(&self) -> Sandbox {
+        let sandbox = Sandbox::spawn();
+        self.pids.lock().expect("pids").insert(sandbox.pid());
+        sandbox
+    }
+
+    fn settle(&self) {
+        self.guard.as_ref().expect("guard").settle().expect("settle");
+    }
+
+    fn neutralised(&self) -> Vec<Neutralisation> {
+        self.events
+            .lock()
+            .expect("events")
+            .iter()
+            .filter_map(|e| match e {
+                GuardEvent::Neutralised(n) => Some(n.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn errors(&self) -> Vec<String> {
+        self.events
+            .lock()
+            .expect("events")
+            .iter()
+            .filter_map(|e| match e {
+                GuardEvent::Error(m) => Some(m.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn actions_for(&self, rel: &str) -> Vec<Action> {
+        self.neutralised().into_iter().filter(|n| n.path == Path::new(rel)).map(|n| n.action).collect()
+    }
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::symlink_metadata(path).expect("stat").mode() & 0o7777
+}
+
+fn has_cap(path: &Path) -> bool {
+    let file = std::fs::File::open(path).expect("open");
+    lazaret_mounts::sys::has_xattr(std::os::fd::AsFd::as_fd(&file), c"security.capability").expect("getxattr")
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().expect("utf-8 path")
+}
+
+#[test]
+fn privilege_bits_and_capabilities_are_stripped_from_the_sandbox_files_only() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    sb.run(&["write", s(&ws.join("suid")), "x"]);
+    sb.run(&["chmod", s(&ws.join("suid")), "4755"]);
+    sb.run(&["mkdir", s(&ws.join("sub/dir"))]);
+    sb.run(&["write", s(&ws.join("sub/dir/sgid")), "x"]);
+    sb.run(&["chmod", s(&ws.join("sub/dir/sgid")), "2711"]);
+    sb.run(&["write", s(&ws.join("capped")), "x"]);
+    sb.run(&["setcap", s(&ws.join("capped"))]);
+    sb.run(&["mkdir", s(&ws.join("shared"))]);
+    sb.run(&["chmod", s(&ws.join("shared")), "2775"]);
+    // The developer's own setuid file (this process) is left alone.
+    std::fs::write(ws.join("mine"), b"x").expect("write");
+    std::fs::set_permissions(ws.join("mine"), std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    lazaret_mounts::sys::set_xattr_nofollow(&ws.join("mine"), c"security.capability", &CAP_NET_RAW_V2).expect("setcap mine");
+    fx.settle();
+    assert_eq!(mode(&ws.join("suid")), 0o755);
+    assert_eq!(mode(&ws.join("sub/dir/sgid")), 0o711);
+    assert!(!has_cap(&ws.join("capped")));
+    assert_eq!(mode(&ws.join("shared")), 0o2775, "a setgid directory is kept (documented)");
+    assert_eq!(mode(&ws.join("mine")), 0o4755, "the developer's own file is not touched");
+    assert!(has_cap(&ws.join("mine")));
+    assert!(fx.actions_for("suid").contains(&Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 }), "{:?}", fx.neutralised());
+    assert!(fx.actions_for("capped").contains(&Action::RemovedFileCapabilities));
+    assert!(fx.actions_for("mine").is_empty());
+    assert!(fx.neutralised().iter().all(|n| n.pid == Some(sb.pid()) && n.root == "workspace"));
+    // Chmod again after the strip: caught again.
+    sb.run(&["chmod", s(&ws.join("suid")), "6755"]);
+    fx.settle();
+    assert_eq!(mode(&ws.join("suid")), 0o755);
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
+fn files_a_root_sandbox_makes_are_given_to_the_developer() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    std::os::unix::fs::chown(&ws, Some(DEVELOPER.uid), Some(DEVELOPER.gid)).expect("chown ws");
+    let mut sb = fx.sandbox();
+    sb.run(&["write", s(&ws.join("rootfile")), "x"]); // the helper runs as root
+    sb.run(&["mkdir", s(&ws.join("rootdir"))]);
+    sb.run(&["symlink", "/etc/shadow", s(&ws.join("link"))]);
+    sb.run(&["write", s(&ws.join("suid-root")), "x"]);
+    sb.run(&["chmod", s(&ws.join("suid-root")), "4755"]);
+    std::fs::write(ws.join("developer-root-file"), b"x").expect("write");
+    fx.settle();
+    for name in ["rootfile", "rootdir", "link", "suid-root"] {
+        let meta = std::fs::symlink_metadata(ws.join(name)).expect("stat");
+        assert_eq!((meta.uid(), meta.gid()), (DEVELOPER.uid, DEVELOPER.gid), "{name}");
+    }
+    assert_eq!(mode(&ws.join("suid-root")), 0o755, "the bit strip follows the chown");
+    let shadow = std::fs::metadata("/etc/shadow").expect("stat shadow");
+    assert_ne!(shadow.uid(), DEVELOPER.uid, "the symlink itself was changed, not its target");
+    assert_eq!(std::fs::metadata(ws.join("developer-root-file")).expect("stat").uid(), 0, "not the sandbox's");
+    assert!(fx.actions_for("rootfile").contains(&Action::ChangedOwner { old_uid: 0, old_gid: 0 }));
+}
+
+#[test]
+fn a_new_repository_is_defused_and_quarantine_restores_on_request() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    let git = ws.join("planted/.git");
+    sb.run(&["mkdir", s(&git.join("objects"))]);
+    sb.run(&["mkdir", s(&git.join("refs/heads"))]);
+    sb.run(&["mkdir", s(&git.join("hooks"))]);
+    sb.run(&["write", s(&git.join("HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&git.join("config")), "[core]\\n\\tbare = false\\n\\tfsmonitor = /tmp/evil\\n\\tpager = evil\\n[alias]\\n\\tst = !evil\\n"]);
+    sb.run(&["write", s(&git.join("hooks/pre-commit")), "#!/bin/sh\\nevil\\n"]);
+    // The guard may have quarantined the hook already (that race is the point).
+    let _ = sb.try_run(&["chmod", s(&git.join("hooks/pre-commit")), "755"]);
+    sb.run(&["write", s(&git.join("hooks/pre-push.sample")), "sample"]);
+    sb.run(&["mkdir", s(&git.join("info"))]);
+    sb.run(&["write", s(&git.join("info/attributes")), "* filter=evil\\n"]);
+    sb.run(&["write", s(&git.join("commondir")), "../../elsewhere/.git\\n"]);
+    // A bare repository anywhere, completed last (HEAD after config and hooks).
+    let bare = ws.join("deep/bare.git");
+    sb.run(&["mkdir", s(&bare.join("objects"))]);
+    sb.run(&["mkdir", s(&bare.join("refs"))]);
+    sb.run(&["mkdir", s(&bare.join("hooks"))]);
+    sb.run(&["write", s(&bare.join("config")), "[core]\\n\\tbare = true\\n\\tsshCommand = evil\\n"]);
+    sb.run(&["write", s(&bare.join("hooks/post-checkout")), "evil"]);
+    sb.run(&["write", s(&bare.join("HEAD")), "ref: refs/heads/main\\n"]);
+    // The developer's own repository (this process) is left alone by the events.
+    std::fs::create_dir_all(ws.join("mine/.git/hooks")).expect("mkdir");
+    std::fs::write(ws.join("mine/.git/hooks/pre-commit"), b"developer's hook").expect("write");
+    std::fs::write(ws.join("mine/.git/config"), b"[core]\n\tpager = less\n").expect("write");
+    // A gitdir: file leading outside.
+    sb.run(&["mkdir", s(&ws.join("outside-pointer"))]);
+    sb.run(&["write", s(&ws.join("outside-pointer/.git")), "gitdir: /etc\\n"]);
+    fx.settle();
+    assert_eq!(std::fs::read_to_string(git.join("config")).expect("config"), "[core]\n\tbare = false\n");
+    assert!(!git.join("hooks/pre-commit").exists());
+    assert!(git.join("hooks/pre-push.sample").exists(), "samples are never run by git");
+    assert!(!git.join("info/attributes").exists());
+    assert!(!git.join("commondir").exists());
+    assert_eq!(std::fs::read_to_string(bare.join("config")).expect("config"), "[core]\n\tbare = true\n");
+    assert!(!bare.join("hooks/post-checkout").exists());
+    assert!(!ws.join("outside-pointer/.git").exists());
+    assert!(ws.join("mine/.git/hooks/pre-commit").exists(), "the developer's own hook is not the sandbox's");
+    assert_eq!(std::fs::read_to_string(ws.join("mine/.git/config")).expect("config"), "[core]\n\tpager = less\n");
+    let filtered = fx.actions_for("planted/.git/config");
+    assert!(
+        filtered.iter().any(|a| matches!(a, Action::FilteredGitConfig { dropped_keys } if dropped_keys.iter().any(|k| k == "core.fsmonitor"))),
+        "{filtered:?}"
+    );
+    // The quarantine holds the originals, not executable.
+    let records = guard::quarantine::list(&fx.config.quarantine_dir).expect("list");
+    let hook = records.iter().rev().find(|r| r.path == Path::new("planted/.git/hooks/pre-commit")).expect("hook record");
+    let content = fx.config.quarantine_dir.join(&hook.id).join("content");
+    assert_eq!(std::fs::read_to_string(&content).expect("content"), "#!/bin/sh\nevil\n");
+    assert_eq!(mode(&content) & 0o111, 0, "never executable in the quarantine");
+    let config_record = records.iter().find(|r| r.path == Path::new("planted/.git/config")).expect("config record");
+    assert!(std::fs::read_to_string(fx.config.quarantine_dir.join(&config_record.id).join("content")).expect("orig").contains("fsmonitor"));
+    // Restore: refused while occupied, done when free, and then left alone by a sweep.
+    let err = guard::quarantine::restore(&fx.config, &config_record.id).expect_err("occupied");
+    assert!(err.to_string().contains("occupied"), "{err}");
+    let restored = guard::quarantine::restore(&fx.config, &hook.id).expect("restore the hook");
+    assert_eq!(restored.path, Path::new("planted/.git/hooks/pre-commit"));
+    assert_eq!(std::fs::read_to_string(git.join("hooks/pre-commit")).expect("restored"), "#!/bin/sh\nevil\n");
+    assert_eq!(std::fs::metadata(git.join("hooks/pre-commit")).expect("stat").uid(), DEVELOPER.uid);
+    let report = guard::sweep(&fx.config).expect("sweep");
+    assert!(git.join("hooks/pre-commit").exists(), "a restored hook survives the sweep: {:?}", report.neutralised);
+    assert!(!ws.join("mine/.git/hooks/pre-commit").exists(), "a sweep cannot tell writers apart (documented)");
+    assert!(guard::quarantine::restore(&fx.config, "no-such-id").is_err());
+}
+
+#[test]
+fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    let staging = fx.base().join("staging"); // outside every root
+    let mut sb = fx.sandbox();
+    sb.run(&["mkdir", s(&staging.join("tree/nested/.git/hooks"))]);
+    sb.run(&["mkdir", s(&staging.join("tree/nested/.git/objects"))]);
+    sb.run(&["write", s(&staging.join("tree/nested/.git/HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&staging.join("tree/nested/.git/config")), "[core]\\n\\thooksPath = /tmp\\n"]);
+    sb.run(&["write", s(&staging.join("tree/nested/.git/hooks/post-merge")), "evil"]);
+    sb.run(&["mkdir", s(&staging.join("tree/bin"))]);
+    sb.run(&["write", s(&staging.join("tree/bin/tool")), "x"]);
+    sb.run(&["chmod", s(&staging.join("tree/bin/tool")), "4755"]);
+    sb.run(&["write", s(&staging.join("hook")), "evil"]);
+    sb.run(&["mkdir", s(&ws.join("repo/.git/hooks"))]);
+    fx.settle();
+    let touched: Vec<_> = fx.neutralised().into_iter().filter(|n| !n.path.starts_with("repo")).collect();
+    assert!(touched.is_empty(), "nothing outside the roots is touched: {touched:?}");
+    assert_eq!(mode(&staging.join("tree/bin/tool")), 0o4755);
+    sb.run(&["rename", s(&staging.join("tree")), s(&ws.join("tree"))]);
+    sb.run(&["rename", s(&staging.join("hook")), s(&ws.join("repo/.git/hooks/pre-commit"))]);
+    fx.settle();
+    assert_eq!(mode(&ws.join("tree/bin/tool")), 0o755);
+    assert_eq!(std::fs::read_to_string(ws.join("tree/nested/.git/config")).expect("config"), "");
+    assert!(!ws.join("tree/nested/.git/hooks/post-merge").exists());
+    assert!(!ws.join("repo/.git/hooks/pre-commit").exists());
+}
+
+#[test]
+fn symlink_swaps_never_make_the_guard_touch_anything_outside() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    let outside = fx.base().join("outside");
+    std::fs::create_dir(&outside).expect("mkdir outside");
+    std::fs::write(outside.join("sentinel"), b"x").expect("write");
+    std::os::unix::fs::chown(outside.join("sentinel"), Some(4321), Some(4321)).expect("chown");
+    std::fs::set_permissions(outside.join("sentinel"), std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    std::fs::write(ws.join("placeholder"), b"x").expect("write");
+    std::fs::create_dir(ws.join("a")).expect("mkdir a");
+    std::fs::write(ws.join("a/sentinel"), b"x").expect("write");
+    std::os::unix::fs::symlink(&outside, ws.join("decoy")).expect("symlink");
+    let mut swapper = fx.sandbox();
+    let mut planter = fx.sandbox();
+    let swap = std::thread::spawn({
+        let (a, decoy) = (ws.join("a"), ws.join("decoy"));
+        move || {
+            swapper.run(&["swap", s(&a), s(&decoy), "20000"]);
+            swapper
+        }
+    });
+    planter.run(&["plant", s(&ws.join("a")), "2000"]);
+    let _swapper = swap.join().expect("swapper");
+    fx.settle();
+    let sentinel = std::fs::metadata(outside.join("sentinel")).expect("stat");
+    assert_eq!(sentinel.mode() & 0o7777, 0o4755, "outside file's bits untouched");
+    assert_eq!((sentinel.uid(), sentinel.gid()), (4321, 4321), "the guard did not chown the outside file");
+    for n in fx.neutralised() {
+        let full = ws.join(&n.path);
+        assert!(!full.starts_with(&outside), "{n:?}");
+    }
+    // Nothing setuid is left inside the workspace (walking without following links).
+    let report = guard::sweep(&GuardConfig { changed_since: None, ..fx.config.clone() }).expect("sweep");
+    let leftover: Vec<_> = report.neutralised.iter().filter(|n| matches!(n.action, Action::ClearedPrivilegeBits { .. })).collect();
+    assert!(leftover.is_empty(), "the event stream missed {leftover:?}");
+    // Files planted outside through the symlink keep their bits.
+    let outside_setuid = std::fs::read_dir(&outside).expect("ls").flatten().filter(|e| e.metadata().is_ok_and(|m| m.mode() & 0o4000 != 0)).count();
+    assert!(outside_setuid >= 1);
+}
+
+#[test]
+fn sweep_covers_what_the_events_did_not_see() {
+    let fx = Fixture::new();
+    let ws = fx.ws();
+    std::fs::create_dir_all(ws.join("a/.git/hooks")).expect("mkdir");
+    std::fs::create_dir_all(ws.join(".git/hooks")).expect("mkdir");
+    std::fs::write(ws.join(".git/hooks/pre-commit"), b"developer's own").expect("write");
+    std::fs::write(ws.join(".git/config"), b"[core]\n\thooksPath = mine\n").expect("write");
+    std::fs::write(ws.join("a/.git/config"), b"[core]\n\tfsmonitor = evil\n").expect("write");
+    std::fs::write(ws.join("a/.git/hooks/pre-commit"), b"evil").expect("write");
+    std::fs::write(ws.join("a/.git/hooks/update.sample"), b"sample").expect("write");
+    std::fs::write(ws.join("old-suid"), b"x").expect("write");
+    std::fs::set_permissions(ws.join("old-suid"), std::fs::Permissions::from_mode(0o4755)).expect("chmod");
+    std::os::unix::fs::symlink("/etc", ws.join("etc-link")).expect("symlink");
+    let mut config = GuardConfig {
+        protected: vec![PathBuf::from(".git/config"), PathBuf::from(".git/hooks")],
+        changed_since: Some(std::time::SystemTime::now() + std::time::Duration::from_secs(3600)),
+        ..fx.config.clone()
+    };
+    let report = guard::sweep(&config).expect("sweep");
+    assert_eq!(mode(&ws.join("old-suid")), 0o4755, "older than the Domain: left");
+    assert_eq!(std::fs::read_to_string(ws.join("a/.git/config")).expect("config"), "", "git control is always checked");
+    assert!(!ws.join("a/.git/hooks/pre-commit").exists());
+    assert!(ws.join("a/.git/hooks/update.sample").exists());
+    assert!(ws.join(".git/hooks/pre-commit").exists(), "Git Sentry's protected files are not touched");
+    assert_eq!(std::fs::read_to_string(ws.join(".git/config")).expect("config"), "[core]\n\thooksPath = mine\n");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    config.changed_since = None;
+    let report = guard::sweep(&config).expect("sweep");
+    assert_eq!(mode(&ws.join("old-suid")), 0o755);
+    assert!(report.neutralised.iter().any(|n| n.path == Path::new("old-suid")));
+    assert!(report.entries_seen >= 8);
+    assert!(std::fs::metadata("/etc").expect("etc").uid() == 0, "the symlinked /etc was not chowned");
+}
+
+#[test]
+fn ordinary_git_work_inside_survives_the_guard() {
+    let mut fx = Fixture::new();
+    // Every process but this one counts as the sandbox: git runs as this
+    // process's children, so its writes are the sandbox's.
+    fx.trust_all_but_self = true;
+    fx.start();
+    let ws = fx.ws();
+    let scratch = fx.base().join("scratch");
+    std::fs::create_dir(&scratch).expect("mkdir");
+    let git = |cwd: &Path, args: &[&str]| {
+        let out = Command::new("git")
+            .current_dir(cwd)
+            .env("HOME", &scratch)
+            .env("GIT_CONFIG_NOSYSTEM", "1")
+            .args(["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "init.defaultBranch=main"])
+            .args(["-c", "protocol.file.allow=always", "-c", "safe.directory=*"])
+            .args(args)
+            .output()
+            .expect("git is needed by this test");
+        assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    git(&scratch, &["init", "-q", "lib"]);
+    std::fs::write(scratch.join("lib/f"), b"lib").expect("write");
+    git(&scratch.join("lib"), &["add", "f"]);
+    git(&scratch.join("lib"), &["commit", "-qm", "lib"]);
+    let proj = ws.join("proj");
+    git(&ws, &["init", "-q", "proj"]);
+    std::fs::write(proj.join("f"), b"one\n").expect("write");
+    git(&proj, &["add", "f"]);
+    git(&proj, &["commit", "-qm", "one"]);
+    git(&proj, &["branch", "side"]);
+    std::fs::write(proj.join("f"), b"two\n").expect("write");
+    git(&proj, &["stash", "-q"]);
+    git(&proj, &["stash", "pop", "-q"]);
+    git(&proj, &["commit", "-qam", "two"]);
+    git(&proj, &["checkout", "-q", "side"]);
+    std::fs::write(proj.join("g"), b"side\n").expect("write");
+    git(&proj, &["add", "g"]);
+    git(&proj, &["commit", "-qm", "side"]);
+    git(&proj, &["rebase", "-q", "main"]);
+    git(&proj, &["submodule", "add", "-q", s(&scratch.join("lib")), "lib"]);
+    git(&proj, &["commit", "-qm", "sub"]);
+    git(&proj, &["submodule", "update", "--init", "-q"]);
+    git(&proj, &["worktree", "add", "-q", s(&ws.join("wt")), "main"]);
+    git(&ws, &["clone", "-q", s(&scratch.join("lib")), "nested-clone"]);
+    fx.settle();
+    git(&proj, &["status", "--short"]);
+    git(&ws.join("wt"), &["status", "--short"]);
+    git(&proj.join("lib"), &["log", "--oneline"]);
+    assert!(git(&proj, &["submodule", "status"]).contains("lib"));
+    assert!(git(&ws.join("nested-clone"), &["remote", "-v"]).contains("origin"));
+    assert!(git(&proj, &["worktree", "list"]).contains("wt"));
+    assert!(
+        fx.neutralised().iter().any(|n| n.path == Path::new("proj/.git/modules/lib/config")),
+        "the guard saw the submodule's config (its owner was fixed)"
+    );
+    let unexpected: Vec<_> = fx.neutralised().into_iter().filter(|n| !matches!(n.action, Action::ChangedOwner { .. })).collect();
+    assert!(unexpected.is_empty(), "ordinary repositories need no neutralisation: {unexpected:?}");
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
+fn a_config_written_through_a_descriptor_kept_open_is_caught() {
+    let mut fx = Fixture::new();
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    let git = ws.join("r/.git");
+    sb.run(&["mkdir", s(&git.join("objects"))]);
+    sb.run(&["mkdir", s(&git.join("refs"))]);
+    sb.run(&["write", s(&git.join("HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&git.join("config")), "[core]\\n\\tbare = false\\n"]);
+    fx.settle();
+    assert!(
+        !fx.actions_for("r/.git/config").iter().any(|a| matches!(a, Action::FilteredGitConfig { .. })),
+        "an allowlisted config is left as it is: {:?}",
+        fx.neutralised()
+    );
+    sb.run(&["append-and-keep-open", s(&git.join("config")), "\\tfsmonitor = evil\\n"]);
+    fx.settle();
+    assert_eq!(std::fs::read_to_string(git.join("config")).expect("config"), "[core]\n\tbare = false\n");
+    assert!(fx.actions_for("r/.git/config").iter().any(|a| matches!(a, Action::FilteredGitConfig { .. })));
+}
+
+#[test]
+fn a_tmpfs_root_is_watched_too() {
+    common::in_private_mount_ns(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = dir.path().join("mnt");
+        std::fs::create_dir(&mount).expect("mkdir");
+        nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=16m")).expect("mount tmpfs");
+        let mut fx = Fixture::new();
+        fx.config.roots.push(GuardRoot { label: "volume:tmp".into(), path: mount.clone(), kind: RootKind::Volume });
+        fx.start();
+        let mut sb = fx.sandbox();
+        sb.run(&["write", s(&mount.join("suid")), "x"]);
+        sb.run(&["chmod", s(&mount.join("suid")), "4755"]);
+        sb.run(&["mkdir", s(&mount.join("d"))]);
+        sb.run(&["write", s(&mount.join("d/capped")), "x"]);
+        let cap = sb.try_run(&["setcap", s(&mount.join("d/capped"))]);
+        sb.run(&["mkdir", s(&mount.join("staging/inner"))]);
+        sb.run(&["write", s(&mount.join("staging/inner/tool")), "x"]);
+        sb.run(&["chmod", s(&mount.join("staging/inner/tool")), "4755"]);
+        fx.settle();
+        // Renamed within the tmpfs root (FAN_MOVED_TO of a directory).
+        sb.run(&["rename", s(&mount.join("staging/inner")), s(&mount.join("moved"))]);
+        std::fs::set_permissions(mount.join("moved/tool"), std::fs::Permissions::from_mode(0o4755)).expect("developer chmod");
+        sb.run(&["rename", s(&mount.join("moved")), s(&mount.join("moved-again"))]);
+        fx.settle();
+        assert_eq!(mode(&mount.join("moved-again/tool")), 0o755, "the renamed-in directory was walked");
+        assert_eq!(mode(&mount.join("suid")), 0o755);
+        assert!(fx.neutralised().iter().any(|n| n.root == "volume:tmp" && n.path == Path::new("suid")));
+        assert_eq!(std::fs::metadata(mount.join("d")).expect("stat").uid(), DEVELOPER.uid);
+        if cap.is_ok() {
+            assert!(!has_cap(&mount.join("d/capped")));
+        }
+        drop(fx);
+        nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).expect("umount");
+    });
+}
+
+/// Figures for the report, not a speed assertion: run with
+/// `cargo test -p lazaret-mounts --test guard cost_figures -- --ignored --nocapture`.
+#[test]
+#[ignore = "prints timings; run on demand"]
+fn cost_figures() {
+    // Developer = the helper's uid (root) models a non-root agent (nothing
+    // to chown); DEVELOPER models a root agent (every file chowned).
+    for (case, developer) in [("agent = developer", Owner { uid: 0, gid: 0 }), ("root agent", DEVELOPER)] {
+        cost_case(case, developer);
+    }
+}
+
+fn cost_case(case: &str, developer: Owner) {
+    const FILES: usize = 20_000;
+    let mut fx = Fixture::new();
+    fx.config.developer = developer;
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    let started = std::time::Instant::now();
+    sb.run(&["many", s(&ws.join("baseline")), &FILES.to_string()]);
+    let baseline = started.elapsed();
+    fx.start();
+    let started = std::time::Instant::now();
+    sb.run(&["many", s(&ws.join("guarded")), &FILES.to_string()]);
+    let written = started.elapsed();
+    fx.settle();
+    let guarded = started.elapsed();
+    println!("[{case}] {FILES} files by the sandbox: {baseline:?} without guard, {written:?} with (writer), {guarded:?} until settled");
+    println!("[{case}] events handled: {:.0} files/s ({} neutralisations)", FILES as f64 / guarded.as_secs_f64(), fx.neutralised().len());
+    drop(fx.guard.take());
+    for (label, since) in [("everything", None), ("git only (nothing changed since)", Some(std::time::SystemTime::now() + std::time::Duration::from_secs(3600)))] {
+        let config = GuardConfig { changed_since: since, ..fx.config.clone() };
+        let report = guard::sweep(&config).expect("sweep");
+        println!("[{case}] sweep of {} entries ({label}): {:?}, {} neutralisations", report.entries_seen, report.duration, report.neutralised.len());
+    }
+}

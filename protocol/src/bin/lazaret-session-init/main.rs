@@ -1,0 +1,225 @@
+//! `lazaret-session-init -- COMMAND [ARGS...]`: the first process of every
+//! Lazaret session inside the sandbox (see `lazaret_protocol::session`).
+//!
+//! It makes itself the child subreaper of everything the session starts,
+//! forks and execs the agent's command (in a process group of its own that
+//! is the terminal's foreground group, when there is a terminal), forwards
+//! the signals it gets to the agent, and reaps. When the agent exits, or
+//! the coordinator sends [`END_SIGNAL`], it SIGKILLs every process left in
+//! its tree (double-forked daemons too: they were re-parented to it) until
+//! none is left, then exits with the agent's status. A command that cannot
+//! be run exits 127 (not found) or 126 (not executable) with one line on
+//! stderr, like a shell.
+//!
+//! It is built statically (scripts/build-escalate.sh) so that it runs in any
+//! image, and holds none of the agent's streams while the agent runs.
+
+#![deny(unsafe_code)]
+
+mod sys;
+
+use std::ffi::{CString, OsString};
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::time::Duration;
+
+use lazaret_protocol::session::{
+    COMMAND_SEPARATOR, END_SIGNAL, EXIT_FAILED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, LAST_SIGNAL,
+    descendants_of, parent_from_stat, shell_status,
+};
+
+/// Signals that stop or are synchronous: never blocked, never forwarded.
+const UNBLOCKABLE: [libc::c_int; 8] = [
+    libc::SIGKILL,
+    libc::SIGSTOP,
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
+/// Job-control signals meant for the terminal's foreground group (the
+/// agent's): blocked here, never forwarded.
+const JOB_CONTROL: [libc::c_int; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU];
+
+/// The PATH searched when the environment has none (as glibc's execvp).
+const DEFAULT_PATH: &str = "/bin:/usr/bin";
+
+fn say(line: &str) {
+    eprintln!("lazaret-session-init: {line}");
+}
+
+fn main() {
+    std::process::exit(run());
+}
+
+fn run() -> i32 {
+    let mut args = std::env::args_os().skip(1);
+    if args.next().as_deref() != Some(COMMAND_SEPARATOR.as_ref()) {
+        say("usage: lazaret-session-init -- COMMAND [ARGS...]");
+        return EXIT_FAILED;
+    }
+    let argv: Vec<OsString> = args.collect();
+    let Some(program) = argv.first().cloned() else {
+        say("no command given");
+        return EXIT_FAILED;
+    };
+    let Ok(argv) = argv.into_iter().map(|a| CString::new(a.into_vec())).collect::<Result<Vec<_>, _>>() else {
+        say("an argument contains a NUL byte");
+        return EXIT_FAILED;
+    };
+    let candidates = candidates(&program, std::env::var_os("PATH"));
+    if let Err(e) = sys::become_subreaper() {
+        say(&format!("cannot become the session's subreaper: {e}"));
+        return EXIT_FAILED;
+    }
+    let mut blocked = sys::SigSet::empty();
+    for signal in 1..=LAST_SIGNAL {
+        if !UNBLOCKABLE.contains(&signal) {
+            blocked.add(signal);
+        }
+    }
+    let (signals, original_mask) = match sys::block_into_signalfd(&blocked) {
+        Ok(v) => v,
+        Err(e) => {
+            say(&format!("cannot watch for signals: {e}"));
+            return EXIT_FAILED;
+        }
+    };
+    let terminal = sys::stdin_is_terminal();
+    let searched = !program.as_bytes().contains(&b'/');
+    let plan = sys::Spawn {
+        candidates: &candidates,
+        argv: &argv,
+        searched,
+        terminal,
+        mask: &original_mask,
+        not_found: EXIT_NOT_FOUND,
+        not_executable: EXIT_NOT_EXECUTABLE,
+    };
+    let agent = match sys::spawn(&plan) {
+        Ok((pid, None)) => pid,
+        Ok((pid, Some(errno))) => {
+            // The child has exited with its status; say why, as runsc would.
+            let name = printable(&program);
+            let why = errno_text(errno);
+            if searched && errno == libc::ENOENT {
+                eprintln!("lazaret: {name}: command not found in PATH: {why}");
+            } else {
+                eprintln!("lazaret: {name}: {why}");
+            }
+            pid
+        }
+        Err(e) => {
+            say(&format!("cannot start the agent: {e}"));
+            return EXIT_FAILED;
+        }
+    };
+    sys::drop_stdio_except(signals.as_raw_fd());
+    let status = supervise(agent, &signals);
+    end_everything_left();
+    status
+}
+
+/// The paths to try for `program`: itself when it names a path, else each
+/// directory of `path` (an empty entry is the current directory).
+fn candidates(program: &OsString, path: Option<OsString>) -> Vec<CString> {
+    let bytes = program.as_bytes();
+    if bytes.contains(&b'/') {
+        return CString::new(bytes.to_vec()).into_iter().collect();
+    }
+    let path = path.unwrap_or_else(|| DEFAULT_PATH.into());
+    path.as_bytes()
+        .split(|&b| b == b':')
+        .filter_map(|dir| {
+            let mut full = if dir.is_empty() { b".".to_vec() } else { dir.to_vec() };
+            full.push(b'/');
+            full.extend_from_slice(bytes);
+            CString::new(full).ok()
+        })
+        .collect()
+}
+
+/// Forwards signals and reaps until the agent has ended (or the
+/// coordinator ended the session); returns the agent's status.
+fn supervise(agent: libc::pid_t, signals: &std::os::fd::OwnedFd) -> i32 {
+    loop {
+        let signal = match sys::read_signal(signals) {
+            Ok(s) => s,
+            Err(e) => {
+                // Without signals nothing can be supervised: end it all.
+                say(&format!("reading signals: {e}; ending the session"));
+                let _ = sys::kill(agent, libc::SIGKILL);
+                return EXIT_FAILED;
+            }
+        };
+        match signal {
+            libc::SIGCHLD => loop {
+                match sys::reap_one() {
+                    Ok(sys::Reaped::Ended { pid, code, signal }) if pid == agent => return shell_status(code, signal),
+                    Ok(sys::Reaped::Ended { .. }) => {}
+                    Ok(sys::Reaped::Running) => break,
+                    Ok(sys::Reaped::None) | Err(_) => return EXIT_FAILED,
+                }
+            },
+            END_SIGNAL => {
+                let _ = sys::kill(agent, libc::SIGKILL);
+            }
+            s if JOB_CONTROL.contains(&s) => {}
+            s => {
+                let _ = sys::kill(agent, s);
+            }
+        }
+    }
+}
+
+/// SIGKILLs every descendant, round after round (a process may fork while
+/// its tree is killed; its orphans come to this subreaper), until no child
+/// is left.
+fn end_everything_left() {
+    let me = sys::own_pid();
+    loop {
+        loop {
+            match sys::reap_one() {
+                Ok(sys::Reaped::Ended { .. }) => {}
+                Ok(sys::Reaped::Running) => break,
+                Ok(sys::Reaped::None) | Err(_) => return,
+            }
+        }
+        for pid in descendants_of(&processes(), me) {
+            let _ = sys::kill(pid, libc::SIGKILL);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// (PID, parent PID) of every process in /proc.
+fn processes() -> Vec<(i32, i32)> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    entries
+        .filter_map(|e| {
+            let pid: i32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            Some((pid, parent_from_stat(&stat)?))
+        })
+        .collect()
+}
+
+/// The errno's text as runsc and Go print it (lower case).
+fn errno_text(errno: i32) -> String {
+    match errno {
+        libc::ENOENT => "no such file or directory".into(),
+        libc::EACCES => "permission denied".into(),
+        libc::ENOEXEC => "exec format error".into(),
+        libc::ENOTDIR => "not a directory".into(),
+        libc::EISDIR => "is a directory".into(),
+        other => std::io::Error::from_raw_os_error(other).to_string().to_lowercase(),
+    }
+}
+
+/// The command's name with control characters made visible.
+fn printable(program: &OsString) -> String {
+    program.to_string_lossy().chars().map(|c| if c.is_control() { '?' } else { c }).collect()
+}

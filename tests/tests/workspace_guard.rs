@@ -1,0 +1,554 @@
+//! The run-time Workspace Guard end to end (issue 13): from inside a running
+//! Domain the agent (the non-root test developer, or root where it says so)
+//! plants what would make the developer's git on the host run a program of
+//! its choice, un-isolates what the host keeps isolated, or leaves
+//! privileged files; afterwards the developer's own git on the host
+//! (status, log, diff, commit, submodule status, in the workspace and in
+//! every planted directory) runs nothing, the journal and `lazaret audit`
+//! say what was neutralised, and ordinary git work inside and on the host
+//! keeps working.
+//!
+//! Every planted configuration or hook runs `touch MARKERS/<route>`; the
+//! marker directory is on the host only (the sandbox never sees it), so a
+//! file there means the host ran what the agent chose. A self-test first
+//! shows that the detector can see an attack.
+
+use std::fs;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use lazaret_tests::escalation::chown_tree;
+use lazaret_tests::*;
+
+const GIT_ENV: &str = "env = { GIT_AUTHOR_NAME = \"Agent Smith\", GIT_AUTHOR_EMAIL = \"agent@example.invalid\", GIT_COMMITTER_NAME = \"Agent Smith\", GIT_COMMITTER_EMAIL = \"agent@example.invalid\" }\n";
+
+/// A Domain whose developer is the test user; `extra` keys for the profile
+/// (without `user`, the agent is the developer).
+fn developer_env(extra: &str) -> TestEnv {
+    let (uid, gid) = test_user();
+    let mut env = TestEnv::with_profile(&format!("{extra}{GIT_ENV}"));
+    env.env.push(("SUDO_UID".into(), uid.to_string()));
+    env.env.push(("SUDO_GID".into(), gid.to_string()));
+    env
+}
+
+/// Root's git for the set-up (before the tree is handed to the developer).
+fn setup_git(dir: &Path, args: &[&str]) -> String {
+    let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "protocol.file.allow=always"];
+    all.extend_from_slice(args);
+    git(dir, &all)
+}
+
+fn commit_file(dir: &Path, name: &str) {
+    fs::write(dir.join(name), name).expect("write");
+    setup_git(dir, &["add", name]);
+    setup_git(dir, &["commit", "-qm", name]);
+}
+
+fn dev_git_ok(dir: &Path, args: &[&str]) -> String {
+    let out = developer_git(dir, args);
+    assert!(out.status.success(), "developer's git {args:?} in {} failed: {}", dir.display(), text(&out.stderr));
+    text(&out.stdout)
+}
+
+/// The host-only marker directory, writable by the developer.
+fn marker_dir(env: &TestEnv) -> PathBuf {
+    let dir = env.scratch.join("markers");
+    fs::create_dir(&dir).expect("markers");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod markers");
+    dir
+}
+
+fn markers(dir: &Path) -> Vec<String> {
+    let mut m: Vec<String> = fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    m.sort();
+    m
+}
+
+/// The detector works: a `core.fsmonitor` does run with the developer's git.
+fn assert_detector_sees_an_attack(ws: &Path, marker_dir: &Path) {
+    let probe = format!("core.fsmonitor=touch {}/self-test; true", marker_dir.display());
+    dev_git_ok(ws, &["-c", &probe, "status", "--short"]);
+    assert_eq!(markers(marker_dir), ["self-test"], "core.fsmonitor does not run: the test could not see an attack");
+    fs::remove_file(marker_dir.join("self-test")).expect("rm self-test");
+}
+
+/// The Domain's journalled neutralisations.
+fn neutralisations(env: &TestEnv) -> Vec<serde_json::Value> {
+    env.journal_entries().into_iter().filter(|e| e["action"] == "NeutraliseSandboxWrite").collect()
+}
+
+/// `lazaret audit test --json`.
+fn audit_json(env: &TestEnv) -> Vec<serde_json::Value> {
+    let out = env.run(["audit", "test", "--json"]);
+    assert!(out.status.success(), "lazaret audit --json: {}", text(&out.stderr));
+    match serde_json::from_slice(&out.stdout) {
+        Ok(serde_json::Value::Array(a)) => a,
+        other => panic!("lazaret audit --json is not an array: {other:?}: {}", text(&out.stdout)),
+    }
+}
+
+/// Whether some neutralisation's path starts with `prefix`.
+fn neutralised_below(entries: &[serde_json::Value], prefix: &str) -> bool {
+    entries.iter().any(|e| e["path"].as_str().is_some_and(|p| p.starts_with(prefix)))
+}
+
+/// Runs the developer's git on the host in each of `dirs` (relative to the
+/// workspace): status, log, diff, diff --cached, rev-parse and a commit;
+/// then `submodule status` at the top. Their exit status does not matter
+/// (a planted repository may have no commit): only what they run does.
+fn host_git_everywhere(ws: &Path, dirs: &[&str]) {
+    for dir in dirs {
+        let dir = ws.join(dir);
+        for args in [&["status"][..], &["status", "--porcelain", "--ignored"], &["log", "-1"], &["diff"], &["diff", "--cached"], &["rev-parse", "--show-toplevel"], &["commit", "-q", "--allow-empty", "-m", "host commit"]] {
+            let _ = developer_git(&dir, args);
+        }
+    }
+    let _ = developer_git(ws, &["submodule", "status", "--recursive"]);
+}
+
+/// Per-route result lines of a script made with [`route_script`].
+fn route_results(stdout: &str, routes: &[(&str, &str)]) -> Vec<String> {
+    let mut not_written = Vec::new();
+    for (name, _) in routes {
+        let prefix = format!("route {name}=");
+        match stdout.lines().find_map(|l| l.strip_prefix(prefix.as_str())) {
+            Some("written") => {}
+            other => not_written.push(format!("{name}: {other:?}")),
+        }
+    }
+    not_written
+}
+
+/// A shell script that runs each route in a subshell and reports whether
+/// it could be mounted (`set -e` inside each).
+fn route_script(prelude: &str, routes: &[(&str, &str)]) -> String {
+    let mut script = format!("{prelude}; ");
+    for (name, command) in routes {
+        script.push_str(&format!("if ( set -e; {command} ) >/dev/null 2>$W/.route-err; then echo 'route {name}=written'; else echo \"route {name}=failed: $(tr '\\n' ' ' < $W/.route-err)\"; fi; "));
+    }
+    script.push_str("rm -f $W/.route-err; ");
+    script
+}
+
+/// A workspace with a submodule `sub` (so `.git/modules/sub` exists and is
+/// Git Sentry's), `extensions.worktreeConfig`, handed to the developer.
+fn build_workspace(env: &TestEnv) {
+    let ws = &env.workspace;
+    let lib = env.scratch.join("up/lib");
+    fs::create_dir_all(&lib).expect("mkdir");
+    setup_git(&lib, &["init", "-q", "-b", "main"]);
+    commit_file(&lib, "first");
+    setup_git(ws, &["submodule", "add", "-q", &lib.to_string_lossy(), "sub"]);
+    setup_git(ws, &["commit", "-qm", "submodule"]);
+    setup_git(ws, &["config", "core.repositoryFormatVersion", "1"]);
+    setup_git(ws, &["config", "extensions.worktreeConfig", "true"]);
+    commit_file(ws, "tracked.txt");
+    let (uid, gid) = test_user();
+    chown_tree(ws, uid, gid);
+    chown_tree(&env.scratch.join("up"), uid, gid);
+}
+
+/// A `chmod` right after a hook is written may find it quarantined
+/// already: routes tolerate that (the hook was planted all the same).
+///
+/// Classes "git control files not protected at start" (A) and
+/// "repositories created during a run" (B). `$M` is the host's marker
+/// directory, `$W` the workspace.
+const CONTROL_ROUTES: &[(&str, &str)] = &[
+    // A1: a linked worktree added in the run gets its own config.worktree.
+    ("a1-new-worktree-config", "git -C $W worktree add -q $W/wt2 -b wt2-branch; printf '[core]\\n\\tfsmonitor = touch %s/a1\\n' $M > $W/.git/worktrees/wt2/config.worktree"),
+    // A2: a commondir created in Git Sentry's own submodule gitdir points
+    // git at a configuration the agent wrote.
+    ("a2-module-commondir", "mkdir -p $W/evil-common; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/a2\\n' $M > $W/evil-common/config; echo ../../../evil-common > $W/.git/modules/sub/commondir"),
+    // A3: a new submodule gitdir under .git/modules, with a hook, reached
+    // through a gitdir file.
+    ("a3-new-module-gitdir", "git init -q --separate-git-dir $W/.git/modules/planted $W/planted; printf '[core]\\n\\tfsmonitor = touch %s/a3-config\\n' $M >> $W/.git/modules/planted/config; printf '#!/bin/sh\\ntouch %s/a3-hook\\n' $M > $W/.git/modules/planted/hooks/post-commit; chmod +x $W/.git/modules/planted/hooks/post-commit 2>/dev/null || true"),
+    // A4: a worktree gitdir assembled elsewhere (its config.worktree
+    // first), renamed into .git/worktrees, and only then given the
+    // commondir a real linked worktree has, its work tree pointing at it.
+    ("a4-renamed-worktree-gitdir", "mkdir -p $W/.stage/wt3 $W/wt3; printf '[core]\\n\\tfsmonitor = touch %s/a4\\n' $M > $W/.stage/wt3/config.worktree; echo 'ref: refs/heads/main' > $W/.stage/wt3/HEAD; echo $W/wt3/.git > $W/.stage/wt3/gitdir; echo \"gitdir: $W/.git/worktrees/wt3\" > $W/wt3/.git; mv $W/.stage/wt3 $W/.git/worktrees/wt3; echo ../.. > $W/.git/worktrees/wt3/commondir"),
+    // B1: git init, then a config key and a hook.
+    ("b1-init", "git init -q $W/b1; git -C $W/b1 config core.fsmonitor \"touch $M/b1-config\"; printf '#!/bin/sh\\ntouch %s/b1-hook\\n' $M > $W/b1/.git/hooks/pre-commit; chmod +x $W/b1/.git/hooks/pre-commit 2>/dev/null || true"),
+    // B2: a repository assembled piece by piece under another name (HEAD
+    // last, hooks first), then renamed to .git.
+    ("b2-assembled-and-renamed", "mkdir -p $W/b2/dotgit/hooks $W/b2/dotgit/objects $W/b2/dotgit/refs/heads; printf '#!/bin/sh\\ntouch %s/b2-hook\\n' $M > $W/b2/dotgit/hooks/post-commit; { chmod +x $W/b2/dotgit/hooks/post-commit 2>/dev/null || true; }; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = touch %s/b2-config\\n' $M > $W/b2/dotgit/config; echo 'ref: refs/heads/main' > $W/b2/dotgit/HEAD; mv $W/b2/dotgit $W/b2/.git"),
+    // B3: a nested repository registered as a gitlink in the workspace's
+    // index: the host's `git status` at the top looks inside it.
+    ("b3-gitlink", "git init -q $W/b3; echo x > $W/b3/f; git -C $W/b3 add f; git -C $W/b3 commit -qm x; git -C $W/b3 config core.fsmonitor \"touch $M/b3\"; git -C $W add b3"),
+    // B4: a separate gitdir (a `gitdir:` file) whose config points the
+    // hooks at a directory in the work tree.
+    ("b4-gitdir-file-hookspath", "git init -q --separate-git-dir $W/.b4-gitdir $W/b4; mkdir $W/b4/.hk; printf '#!/bin/sh\\ntouch %s/b4\\n' $M > $W/b4/.hk/post-commit; chmod +x $W/b4/.hk/post-commit; git -C $W/b4 config core.hooksPath $W/b4/.hk"),
+    // B5: a clone of a nested project, configured at clone time.
+    ("b5-clone-config", "git clone -q -c core.fsmonitor=\"touch $M/b5\" $W/b3 $W/b5"),
+];
+
+#[test]
+fn control_files_and_repositories_created_in_a_run_run_nothing_on_the_host() {
+    let env = developer_env("");
+    build_workspace(&env);
+    let ws = env.workspace.clone();
+    let marker_dir = marker_dir(&env);
+    assert_detector_sees_an_attack(&ws, &marker_dir);
+
+    let mut script = route_script(&format!("M={}; W={}", marker_dir.display(), ws.display()), CONTROL_ROUTES);
+    // The event path, before any sweep: inside, within a second, the
+    // planted hook is gone and the config key with it.
+    script.push_str(
+        "for i in $(seq 100); do [ -e $W/b1/.git/hooks/pre-commit ] || break; sleep 0.02; done; \
+         if [ -e $W/b1/.git/hooks/pre-commit ]; then echo b1-hook=present; else echo b1-hook=gone; fi; \
+         echo b1-fsmonitor=$(git -C $W/b1 config core.fsmonitor || true); echo done=yes",
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    println!("inside:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("done=yes"), "{stdout}");
+    let not_written = route_results(&stdout, CONTROL_ROUTES);
+    assert!(not_written.is_empty(), "routes that could not even be planted (the test would not test the guard): {not_written:?}");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+
+    host_git_everywhere(&ws, &[".", "wt2", "sub", "planted", "wt3", "b1", "b2", "b3", "b4", "b5"]);
+    let ran = markers(&marker_dir);
+    assert!(ran.is_empty(), "the host's git ran what the agent planted: {ran:?}");
+    // The neutralisations that followed the events, seen from inside.
+    assert!(stdout.contains("b1-hook=gone"), "the hook planted in a new repository was still there a second later: {stdout}");
+    assert!(stdout.contains("b1-fsmonitor=\n"), "the new repository's core.fsmonitor was still set a second later: {stdout}");
+    // Shown on the session's terminal (its stderr), one line each.
+    assert!(stderr.lines().any(|l| l.starts_with("lazaret: workspace guard: ") && l.contains("b1/.git/hooks/pre-commit")), "no terminal line for the quarantined hook: {stderr}");
+
+    let journalled = neutralisations(&env);
+    for prefix in [".git/worktrees/wt2/", ".git/modules/sub/commondir", ".git/modules/planted/", ".git/worktrees/wt3/", "b1/.git/", "b2/", "b3/.git/", ".b4-gitdir/", "b5/.git/"] {
+        assert!(neutralised_below(&journalled, prefix), "nothing journalled below {prefix}: {journalled:#?}");
+    }
+    let audited = audit_json(&env);
+    assert_eq!(audited.len(), journalled.len(), "lazaret audit lists every journalled neutralisation: {audited:#?}");
+    assert!(audited.iter().any(|e| e["kind"] == "quarantined" && e["in_quarantine"] == true && e["quarantined"]["id"] == e["quarantine_id"]), "{audited:#?}");
+    let human = env.run(["audit", "test"]);
+    assert!(human.status.success() && text(&human.stdout).contains("b1/.git/hooks/pre-commit"), "{}{}", text(&human.stdout), text(&human.stderr));
+
+    // What the agent did by ordinary means is still there.
+    assert!(dev_git_ok(&ws, &["worktree", "list"]).contains(&ws.join("wt2").display().to_string()));
+    assert!(dev_git_ok(&ws, &["ls-files", "-s", "b3"]).starts_with("160000"), "b3 is a gitlink in the index");
+    // The clone's own history is there, below the developer's empty
+    // "host commit" of host_git_everywhere.
+    let b5_log = dev_git_ok(&ws.join("b5"), &["log", "--format=%s"]);
+    assert_eq!(b5_log.lines().collect::<Vec<_>>(), ["host commit", "x"], "b5's history");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Class "the ignored set decided by files the agent controls": the host's
+/// `.env` and `app/secret.key` are isolated in run 1, where the agent
+/// changes what decides the ignored set (routes below; the sticky tests in
+/// filesystem.rs cover a removed pattern, a negation in the same file and
+/// a nested repository); run 2 still sees the Domain's copies.
+fn ignored_set_route(untie: &str) {
+    let env = developer_env("");
+    let ws = env.workspace.clone();
+    fs::write(ws.join(".gitignore"), ".env\n*.key\n").expect(".gitignore");
+    fs::create_dir(ws.join("app")).expect("app");
+    fs::write(ws.join("app/keep.txt"), "k\n").expect("keep");
+    fs::write(ws.join(".env"), "host-env\n").expect(".env");
+    fs::write(ws.join("app/secret.key"), "host-key\n").expect("key");
+    setup_git(&ws, &["add", ".gitignore", "app/keep.txt"]);
+    setup_git(&ws, &["commit", "-qm", "ignores"]);
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+
+    let out = env.run(["run", "test", "--", "sh", "-c", &format!("cat .env app/secret.key; echo agent-env > .env; echo agent-key > app/secret.key; {untie}")]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "run 1: {stdout}{}", text(&out.stderr));
+    assert!(!stdout.contains("host-"), "run 1 saw host content: {stdout}");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+
+    let out = env.run(["run", "test", "--", "sh", "-c", "cat .env app/secret.key"]);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "run 2: {stdout}{}", text(&out.stderr));
+    assert!(!stdout.contains("host-"), "run 2 exposed the host's isolated content: {stdout}");
+    assert_eq!(stdout, "agent-env\nagent-key\n", "run 2 sees the Domain's own copies");
+    assert_eq!(fs::read_to_string(ws.join(".env")).expect(".env"), "host-env\n", "the sandbox wrote the host's .env");
+    assert_eq!(fs::read_to_string(ws.join("app/secret.key")).expect("key"), "host-key\n", "the sandbox wrote the host's key");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    host_git_everywhere(&ws, &[".", "app"]);
+    assert!(markers(&marker_dir).is_empty());
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn ignored_set_a_nested_negation_does_not_expose_host_content() {
+    ignored_set_route("printf '!*.key\\n!secret.key\\n' > app/.gitignore");
+}
+
+#[test]
+fn ignored_set_force_adding_to_the_index_does_not_expose_host_content() {
+    ignored_set_route("git add -f .env app/secret.key && git commit -qm 'track them'");
+}
+
+#[test]
+fn ignored_set_a_symlinked_gitignore_does_not_expose_host_content() {
+    ignored_set_route("rm .gitignore && ln -s /dev/null .gitignore");
+}
+
+fn assert_unprivileged(path: &Path) {
+    let meta = fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(meta.mode() & 0o6000, 0, "{} is setuid/setgid on the host (mode {:o})", path.display(), meta.mode() & 0o7777);
+}
+
+/// The Ignored Workspace State storage file of workspace path `rel`.
+fn ignored_storage(env: &TestEnv, name: &str) -> PathBuf {
+    let ids = env.domain_ids();
+    let root = Path::new(TEST_STORAGE).join("domains").join(&ids[0]).join("ignored");
+    fn find(dir: &Path, name: &str) -> Option<PathBuf> {
+        for e in fs::read_dir(dir).ok()?.flatten() {
+            let p = e.path();
+            if e.file_name() == name {
+                return Some(p);
+            }
+            if fs::symlink_metadata(&p).map(|m| m.is_dir()).unwrap_or(false) {
+                if let Some(f) = find(&p, name) {
+                    return Some(f);
+                }
+            }
+        }
+        None
+    }
+    find(&root, name).unwrap_or_else(|| panic!("no {name} in {}", root.display()))
+}
+
+#[test]
+fn privilege_bits_a_developer_agent_sets_never_reach_the_host() {
+    let vol = tempfile::Builder::new().prefix("lazaret-guard-vol-").tempdir_in("/tmp").expect("volume dir");
+    let (uid, gid) = test_user();
+    chown_tree(vol.path(), uid, gid);
+    let env = developer_env(&format!("volumes = [\"{}:/vol\"]\n", vol.path().display()));
+    let ws = env.workspace.clone();
+    fs::write(ws.join(".gitignore"), ".venv/\n").expect(".gitignore");
+    fs::create_dir(ws.join(".venv")).expect(".venv");
+    setup_git(&ws, &["add", ".gitignore"]);
+    setup_git(&ws, &["commit", "-qm", "ignore .venv"]);
+    chown_tree(&ws, uid, gid);
+    let script = "set -e; \
+        echo x > p-suid; chmod u+s p-suid; \
+        install -m 2755 /dev/null p-sgid; \
+        cp README p-both; chmod 6755 p-both; \
+        chmod u+s README; \
+        mkdir -p sub/dir; echo y > sub/dir/deep; chmod 4711 sub/dir/deep; \
+        echo z > staged; chmod 4755 staged; mv staged renamed; \
+        mkdir -p .venv/bin; echo t > .venv/bin/tool; chmod 4755 .venv/bin/tool; \
+        echo v > /vol/v-suid; chmod 6755 /vol/v-suid; \
+        sleep 1; stat -c '%n %a' p-suid p-sgid p-both README renamed";
+    let out = env.run(["run", "test", "--", "sh", "-c", script]);
+    let stdout = text(&out.stdout);
+    println!("inside:\n{stdout}\n{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    // Within a second of the chmod, inside too.
+    for line in stdout.lines() {
+        let mode = line.rsplit(' ').next().and_then(|m| u32::from_str_radix(m, 8).ok()).unwrap_or(0);
+        assert_eq!(mode & 0o6000, 0, "still privileged inside a second later: {line}");
+    }
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    for rel in ["p-suid", "p-sgid", "p-both", "README", "sub/dir/deep", "renamed"] {
+        assert_unprivileged(&ws.join(rel));
+    }
+    assert_unprivileged(&vol.path().join("v-suid"));
+    assert_unprivileged(&ignored_storage(&env, "tool"));
+    let journalled = neutralisations(&env);
+    for prefix in ["p-suid", "p-sgid", "p-both", "README", "sub/dir/deep", "v-suid"] {
+        assert!(neutralised_below(&journalled, prefix), "nothing journalled for {prefix}: {journalled:#?}");
+    }
+    // Cleared before or after the rename, whichever the guard saw first.
+    assert!(neutralised_below(&journalled, "staged") || neutralised_below(&journalled, "renamed"), "{journalled:#?}");
+    assert!(journalled.iter().all(|e| e["kind"] == "cleared_privilege_bits"), "{journalled:#?}");
+    assert!(journalled.iter().any(|e| e["root"] == "volume:/vol") && journalled.iter().any(|e| e["root"] == "ignored"), "{journalled:#?}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn a_root_agents_files_belong_to_the_developer_and_carry_no_privileges() {
+    let (uid, gid) = test_user();
+    let env = developer_env("user = \"root\"\n");
+    let ws = env.workspace.clone();
+    chown_tree(&ws, uid, gid);
+    let probe = env.install_probe();
+    let marker_dir = marker_dir(&env);
+    // security.capability v2: effective, permitted = CAP_NET_RAW (bit 13).
+    let cap = "0100000200200000000000000000000000000000";
+    let script = format!(
+        "set -e; git config --global safe.directory '*'; cp -a /usr/bin/su r-su; echo x > r-file; chmod u+s,g+s r-file; mkdir -p r-dir/deep; echo y > r-dir/deep/f; \
+         ln -s r-file r-link; echo c > r-cap; \
+         if {probe} setxattr r-cap security.capability {cap}; then echo setcap=ok; else echo setcap=refused; fi; \
+         git init -q r-repo; echo n > r-repo/n; git -C r-repo add n; git -C r-repo commit -qm n; \
+         {{ printf '#!/bin/sh\\ntouch {m}/r-hook\\n' > r-repo/.git/hooks/post-commit; }} 2>/dev/null || true; chmod 4755 r-repo/.git/hooks/post-commit 2>/dev/null || true; \
+         sleep 1; stat -c '%n %u %a' r-su r-file r-dir/deep/f",
+        probe = probe.display(),
+        m = marker_dir.display()
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let stdout = text(&out.stdout);
+    println!("inside:\n{stdout}\n{}", text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    // Ownership: everything the agent made is the developer's.
+    let mut made = vec![ws.join("r-su"), ws.join("r-file"), ws.join("r-dir"), ws.join("r-dir/deep"), ws.join("r-dir/deep/f"), ws.join("r-link"), ws.join("r-cap"), ws.join("r-repo/n")];
+    made.extend(walk(&ws.join("r-repo/.git")));
+    for p in &made {
+        let meta = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
+        assert_eq!((meta.uid(), meta.gid()), (uid, gid), "{} is not the developer's on the host", p.display());
+        if !meta.file_type().is_symlink() {
+            assert_unprivileged(p);
+        }
+    }
+    // No file capabilities.
+    let getcap = std::process::Command::new("getcap").arg(ws.join("r-cap")).output().expect("getcap (libcap2-bin)");
+    assert!(text(&getcap.stdout).trim().is_empty(), "file capabilities on the host: {}", text(&getcap.stdout));
+    // The developer's git works in the root agent's repository and runs nothing.
+    assert_eq!(dev_git_ok(&ws.join("r-repo"), &["log", "-1", "--format=%s"]).trim(), "n");
+    host_git_everywhere(&ws, &[".", "r-repo"]);
+    assert!(markers(&marker_dir).is_empty(), "{:?}", markers(&marker_dir));
+    let journalled = neutralisations(&env);
+    assert!(neutralised_below(&journalled, "r-su") && neutralised_below(&journalled, "r-file"), "{journalled:#?}");
+    if stdout.contains("setcap=ok") {
+        assert!(journalled.iter().any(|e| e["kind"] == "removed_file_capabilities" && e["path"] == "r-cap"), "{journalled:#?}");
+    }
+    // Ownership is routine: counted in the log, never journalled per file.
+    assert!(!journalled.iter().any(|e| e["kind"] == "changed_owner"), "{journalled:#?}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Every path below `dir` (not following symlinks).
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).map(|r| r.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+        let p = e.path();
+        out.push(p.clone());
+        if fs::symlink_metadata(&p).map(|m| m.is_dir()).unwrap_or(false) {
+            out.extend(walk(&p));
+        }
+    }
+    out
+}
+
+#[test]
+fn ordinary_git_work_inside_keeps_working_and_is_seen_on_both_sides() {
+    let env = developer_env("");
+    build_workspace(&env);
+    let ws = env.workspace.clone();
+    let marker_dir = marker_dir(&env);
+    // The nested project a submodule will come from, inside the workspace
+    // (the sandbox sees nothing else of the host).
+    let script = format!(
+        "set -e; W={w}; cd $W; \
+         echo a > a.txt; git add a.txt; git commit -qm agent-a; \
+         git branch feature; git checkout -q feature; echo f > f.txt; git add f.txt; git commit -qm agent-f; git checkout -q main; \
+         echo b >> a.txt; git commit -qam agent-b; \
+         echo wip >> tracked.txt; git stash -q; test \"$(git stash list | wc -l)\" = 1; git stash pop -q; git checkout -q -- tracked.txt; \
+         git checkout -q feature; git rebase -q main; git checkout -q main; \
+         git worktree add -q $W/wt-new -b wt-branch; echo w > $W/wt-new/w.txt; git -C $W/wt-new add w.txt; git -C $W/wt-new commit -qm agent-wt; \
+         git init -q nested; echo n > nested/n.txt; git -C nested add n.txt; git -C nested commit -qm agent-nested; \
+         git clone -q $W/nested cloned; echo c > cloned/c.txt; git -C cloned add c.txt; git -C cloned commit -qm agent-cloned; \
+         if git -c protocol.file.allow=always submodule add -q $W/nested sub2 2>$W/.sub-add.err; then echo submodule-add=ok; else echo submodule-add=failed; fi; sed 's/^/add: /' $W/.sub-add.err; \
+         if git -c protocol.file.allow=always submodule update -q --init 2>$W/.sub-upd.err; then echo submodule-update=ok; else echo submodule-update=failed; fi; sed 's/^/update: /' $W/.sub-upd.err; \
+         rm -f $W/.sub-add.err $W/.sub-upd.err; echo done=yes",
+        w = ws.display()
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    println!("inside:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("done=yes"), "{stdout}");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+
+    // Seen on the host.
+    assert_eq!(dev_git_ok(&ws, &["log", "-1", "--format=%s"]).trim(), "agent-b");
+    assert_eq!(dev_git_ok(&ws, &["log", "-1", "--format=%s", "feature"]).trim(), "agent-f");
+    assert_eq!(dev_git_ok(&ws, &["merge-base", "main", "feature"]).trim(), dev_git_ok(&ws, &["rev-parse", "main"]).trim(), "feature was rebased onto main");
+    assert!(dev_git_ok(&ws, &["stash", "list"]).trim().is_empty());
+    assert_eq!(dev_git_ok(&ws.join("wt-new"), &["log", "-1", "--format=%s"]).trim(), "agent-wt");
+    assert_eq!(dev_git_ok(&ws.join("nested"), &["log", "-1", "--format=%s"]).trim(), "agent-nested");
+    assert_eq!(dev_git_ok(&ws.join("cloned"), &["log", "-1", "--format=%s"]).trim(), "agent-cloned");
+    // `git submodule add` inside clones the submodule and records it
+    // (.gitmodules, the gitlink, .git/modules/sub2), but cannot register
+    // its URL in .git/config, and `git submodule update --init` fails on
+    // that: Git Sentry binds .git/config read-only and git rewrites it by
+    // renaming a new file over it (EBUSY). Known limitation (see
+    // docs/workspace-guard.md): flip these when .git/config becomes
+    // writable under the guard. The developer finishes it on the host.
+    assert!(stdout.contains("submodule-add=ok"), "git submodule add inside: {stdout}");
+    assert!(stdout.contains("submodule-update=failed") && stdout.contains("could not write config file .git/config"), "git submodule update inside: {stdout}");
+    assert!(fs::read_to_string(ws.join(".gitmodules")).expect(".gitmodules").contains("path = sub2"));
+    assert!(dev_git_ok(&ws, &["ls-files", "-s", "sub2"]).starts_with("160000"), "sub2 is a gitlink");
+    dev_git_ok(&ws, &["-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init", "sub2"]);
+    assert_eq!(dev_git_ok(&ws.join("sub2"), &["log", "-1", "--format=%s"]).trim(), "agent-nested");
+    dev_git_ok(&ws, &["submodule", "status", "--recursive"]);
+    // Ordinary work needs no neutralisation: nothing the agent did by
+    // ordinary means was quarantined or filtered.
+    let journalled = neutralisations(&env);
+    assert!(journalled.is_empty(), "ordinary git work was neutralised: {journalled:#?}");
+
+    // The host's work, seen inside in the next run.
+    dev_git_ok(&ws, &["commit", "-q", "--allow-empty", "-m", "host-commit"]);
+    dev_git_ok(&ws.join("nested"), &["commit", "-q", "--allow-empty", "-m", "host-nested"]);
+    let out = env.run(["run", "test", "--", "sh", "-c", "git log -1 --format=%s; git -C nested log -1 --format=%s; git -C wt-new status --short | wc -l"]);
+    assert_eq!(text(&out.stdout), "host-commit\nhost-nested\n0\n", "{}", text(&out.stderr));
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    assert!(markers(&marker_dir).is_empty());
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+#[test]
+fn audit_lists_a_quarantined_hook_and_restore_puts_it_back() {
+    let env = developer_env("");
+    let ws = env.workspace.clone();
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+    let hook_body = format!("#!/bin/sh\ntouch {}/restored-hook\n", marker_dir.display());
+    // Written elsewhere and renamed in, so the quarantine holds the whole
+    // hook (a hook created in place is taken away at its creation, and the
+    // shell's write then fails: the guard wins that race by design).
+    let script = format!("set -e; git init -q r; printf '{}' > hook.tmp; chmod 755 hook.tmp; mv hook.tmp r/.git/hooks/post-commit; sleep 0.5", hook_body.replace('\n', "\\n"));
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    let hook = ws.join("r/.git/hooks/post-commit");
+    assert!(!hook.exists(), "the hook is still in place");
+
+    let audited = audit_json(&env);
+    let entry = audited.iter().find(|e| e["path"] == "r/.git/hooks/post-commit").unwrap_or_else(|| panic!("the hook is not audited: {audited:#?}"));
+    assert_eq!((entry["kind"].as_str(), entry["in_quarantine"].as_bool()), (Some("quarantined"), Some(true)), "{entry:#}");
+    let id = entry["quarantine_id"].as_str().expect("a quarantine id").to_string();
+    let human = env.run(["audit", "test"]);
+    let listing = text(&human.stdout);
+    assert!(human.status.success() && listing.contains(&id) && listing.contains("kept"), "{listing}{}", text(&human.stderr));
+
+    let restored = env.run(["audit", "test", "--restore", &id]);
+    assert!(restored.status.success(), "restore: {}{}", text(&restored.stdout), text(&restored.stderr));
+    assert!(text(&restored.stdout).contains("r/.git/hooks/post-commit"), "{}", text(&restored.stdout));
+    assert_eq!(fs::read_to_string(&hook).expect("the hook is back"), hook_body);
+    let meta = fs::metadata(&hook).expect("stat");
+    assert_eq!((meta.uid(), meta.gid(), meta.mode() & 0o6000), (uid, gid, 0), "restored as the developer's, unprivileged");
+    let after = audit_json(&env);
+    let entry = after.iter().find(|e| e["quarantine_id"] == id.as_str()).expect("still audited");
+    assert_eq!(entry["in_quarantine"], false, "{entry:#}");
+    assert!(text(&env.run(["audit", "test"]).stdout).contains("restored"));
+
+    // Once back, it is the developer's own hook again: made executable by
+    // them, the host runs it.
+    fs::set_permissions(&hook, fs::Permissions::from_mode(0o755)).expect("chmod the restored hook");
+    dev_git_ok(&ws.join("r"), &["commit", "-q", "--allow-empty", "-m", "host"]);
+    assert_eq!(markers(&marker_dir), ["restored-hook"], "the restored hook did not run on the developer's explicit request");
+
+    for bad in [id.as_str(), "no-such-entry"] {
+        let again = env.run(["audit", "test", "--restore", bad]);
+        assert_eq!(again.status.code(), Some(125), "restoring {bad}: {}{}", text(&again.stdout), text(&again.stderr));
+        assert!(text(&again.stderr).contains("lazaret audit test"), "{}", text(&again.stderr));
+    }
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
