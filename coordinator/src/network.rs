@@ -32,6 +32,14 @@ pub enum NetworkError {
         /// Why.
         source: lazaret_netpolicy::DnsError,
     },
+    /// The profile asks for IPv6 on a host that has it switched off.
+    #[error("profile {profile:?} sets `ipv6 = true`, but {why}\n  hint: set `ipv6 = false` in the profile (or leave it out: the default follows the host), or enable IPv6 on the host")]
+    Ipv6Unavailable {
+        /// The profile.
+        profile: String,
+        /// What is off.
+        why: String,
+    },
     /// Building, verifying or removing the topology failed.
     #[error("sidecar network: {0}")]
     Topology(#[from] TopologyError),
@@ -61,12 +69,32 @@ fn ipv6_default() -> Result<bool, NetworkError> {
     Ok(topology::host_has_global_ipv6_route(&host)? && topology::host_can_forward_ipv6(&host)?)
 }
 
+/// Why the host (the network namespace the coordinator runs in) cannot give
+/// a Domain IPv6, if it cannot: `conf` is its `/proc/sys/net/ipv6/conf`.
+/// Without this the sidecar's first IPv6 address on its host-side veth is
+/// refused with a bare EACCES. `/proc/sys/net` shows the namespace of the
+/// process that opens it, which is the coordinator's.
+fn host_ipv6_off(conf: &Path) -> Option<String> {
+    let knob = conf.join("default/disable_ipv6");
+    match std::fs::read_to_string(&knob) {
+        Ok(v) if v.trim() == "1" => Some("IPv6 is disabled on this host for new interfaces (net.ipv6.conf.default.disable_ipv6 = 1)".to_string()),
+        Ok(_) => None,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("this host's kernel has IPv6 off (no /proc/sys/net/ipv6; booted with ipv6.disable=1?)".to_string()),
+        // Unreadable: let the topology say what fails.
+        Err(_) => None,
+    }
+}
+
 /// The policy input of a profile: its allow/deny prefixes, its resolvers
 /// (configured, else the host's resolv.conf) and its IPv6 choice (`ipv6`,
 /// else [`ipv6_default`]).
 pub fn policy_input(config: &Config, profile: &Profile) -> Result<PolicyInput, NetworkError> {
     let ipv6 = match profile.ipv6 {
-        Some(ipv6) => ipv6,
+        Some(true) => match host_ipv6_off(Path::new("/proc/sys/net/ipv6/conf")) {
+            Some(why) => return Err(NetworkError::Ipv6Unavailable { profile: profile.name.clone(), why }),
+            None => true,
+        },
+        Some(false) => false,
         None => ipv6_default()?,
     };
     let configured = profile.effective_dns(config);
@@ -182,5 +210,22 @@ pub fn tear_down(network: DomainNetwork, record: &Path) -> Result<(), NetworkErr
         Ok(()) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(source) => Err(NetworkError::Record { path: record.to_path_buf(), source }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_ipv6_off;
+
+    #[test]
+    fn ipv6_is_off_when_new_interfaces_get_it_disabled_or_the_kernel_has_none() {
+        let conf = tempfile::tempdir().expect("tempdir");
+        assert!(host_ipv6_off(&conf.path().join("absent")).is_some_and(|why| why.contains("ipv6.disable=1")));
+        std::fs::create_dir(conf.path().join("default")).expect("mkdir");
+        let knob = conf.path().join("default/disable_ipv6");
+        std::fs::write(&knob, "1\n").expect("write");
+        assert!(host_ipv6_off(conf.path()).is_some_and(|why| why.contains("disable_ipv6 = 1")));
+        std::fs::write(&knob, "0\n").expect("write");
+        assert_eq!(host_ipv6_off(conf.path()), None);
     }
 }

@@ -751,9 +751,26 @@ impl PipedSession {
     /// [`wait_with_limit`]'s limit): the exit code, the remaining lines and
     /// stderr.
     pub fn finish(mut self) -> (Option<i32>, Vec<String>, String) {
+        self.finish_in_place()
+    }
+
+    /// Reads the next line of stdout; when it is not `want`, finishes the
+    /// session and panics with `what`, its exit code and its stderr (a
+    /// session that ended early says why).
+    pub fn expect_line(&mut self, want: &str, what: &str) {
+        let line = self.next_line();
+        if line != want {
+            let (status, rest, err) = self.finish_in_place();
+            panic!("{what}: read {line:?}, not {want:?}; exit code {status:?}; the rest of stdout {rest:?}; stderr:\n{err}");
+        }
+    }
+
+    fn finish_in_place(&mut self) -> (Option<i32>, Vec<String>, String) {
         drop(self.child.stdin.take());
         let mut err = String::new();
-        let mut stderr = self.child.stderr.take().expect("stderr");
+        let Some(mut stderr) = self.child.stderr.take() else {
+            return (wait_with_limit(&mut self.child).code(), Vec::new(), "(already read)".to_string());
+        };
         let reader = std::thread::spawn(move || {
             let _ = stderr.read_to_string(&mut err);
             err

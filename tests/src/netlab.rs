@@ -115,8 +115,15 @@ fn fakenet_bin() -> PathBuf {
 }
 
 impl NetLab {
-    /// Builds the lab and starts its servers.
+    /// Builds the lab and starts its servers; dual-stack unless
+    /// [`lab_has_ipv6`] says the run is IPv4-only.
     pub fn new() -> NetLab {
+        NetLab::with_ipv6(lab_has_ipv6())
+    }
+
+    /// Builds the lab, dual-stack or (`ipv6` false) an IPv4-only host with
+    /// IPv6 disabled on every interface, and starts its servers.
+    pub fn with_ipv6(ipv6: bool) -> NetLab {
         crate::require_root();
         let tag = crate::random_suffix();
         let log = PathBuf::from(format!("/tmp/lazaret-netlab-{tag}.log"));
@@ -126,7 +133,6 @@ impl NetLab {
         let mut lab = NetLab { holders: vec![host_holder, world_holder], host: host.clone(), world: world.clone(), servers: Vec::new(), log };
         // Created directly inside the lab: the veth never exists in the
         // machine's real namespace.
-        let ipv6 = lab_has_ipv6();
         if !ipv6 {
             // Before the link exists, so that it never gets even a link-local address.
             disable_ipv6(&host);

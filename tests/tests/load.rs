@@ -39,8 +39,7 @@ fn ten_domains_with_four_sessions_each_at_once_finish_and_leave_nothing() {
         }
     }
     for (d, s, session) in sessions.iter_mut() {
-        let line = session.next_line();
-        assert_eq!(line, "up", "session {s} of Domain {d} did not come up");
+        session.expect_line("up", &format!("session {s} of Domain {d} did not come up"));
     }
     let all_up = t.elapsed();
     for (d, env) in envs.iter().enumerate() {

@@ -171,6 +171,18 @@ fn ipv6_disabled_lets_nothing_leave_over_it() {
 }
 
 #[test]
+fn ipv6_asked_for_on_a_host_with_ipv6_disabled_is_refused_naming_the_fix() {
+    let lab = NetLab::with_ipv6(false);
+    let env = lab_env(&lab, "ipv6 = true\n");
+    let out = env.run(["run", "test", "--", "true"]);
+    let err = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "stderr: {err}");
+    assert!(err.contains("sets `ipv6 = true`") && err.contains("disable_ipv6 = 1") && err.contains("set `ipv6 = false`"), "stderr: {err}");
+    assert_lab_clean(&lab, &[&env]);
+    env.assert_nothing_left();
+}
+
+#[test]
 fn two_domains_cannot_reach_each_other() {
     let lab = NetLab::new();
     let a = lab_env(&lab, "");
