@@ -628,6 +628,15 @@ pub fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
+/// Host PIDs of this env's `runsc exec` processes.
+pub fn runsc_execs(env: &TestEnv) -> Vec<i32> {
+    processes_mentioning(&env.runtime_dir.to_string_lossy())
+        .into_iter()
+        .filter(|p| p.contains(" exec ") && p.contains("--process"))
+        .filter_map(|p| p.split(':').next().and_then(|n| n.parse().ok()))
+        .collect()
+}
+
 /// The developer's git on the host: as [`TEST_USER`], with their home and
 /// an identity for commits, in `dir`. Returns the output, whatever the
 /// status.
@@ -648,6 +657,29 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
     let out = Command::new("git").arg("-C").arg(dir).args(args).output().expect("running git");
     assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Root's git for a test's set-up (before the tree is handed to the
+/// developer), with an identity and local file transport allowed.
+pub fn setup_git(dir: &Path, args: &[&str]) -> String {
+    let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "protocol.file.allow=always"];
+    all.extend_from_slice(args);
+    git(dir, &all)
+}
+
+/// Writes `name` (its own name as content) in `dir` and commits it with
+/// [`setup_git`].
+pub fn commit_file(dir: &Path, name: &str) {
+    std::fs::write(dir.join(name), name).expect("write");
+    setup_git(dir, &["add", name]);
+    setup_git(dir, &["commit", "-qm", name]);
+}
+
+/// [`developer_git`] that must succeed; its stdout.
+pub fn dev_git_ok(dir: &Path, args: &[&str]) -> String {
+    let out = developer_git(dir, args);
+    assert!(out.status.success(), "developer's git {args:?} in {} failed: {}", dir.display(), text(&out.stderr));
+    text(&out.stdout)
 }
 
 /// Waits for a child with [`COMMAND_LIMIT`], killing it (by its PID) if it

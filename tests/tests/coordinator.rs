@@ -207,15 +207,6 @@ fn a_killed_terminal_clients_double_forked_pty_holder_goes_too() {
     env.assert_journal_conforms();
 }
 
-/// Host PIDs of this env's `runsc exec` processes.
-fn runsc_execs(env: &TestEnv) -> Vec<i32> {
-    processes_mentioning(&env.runtime_dir.to_string_lossy())
-        .into_iter()
-        .filter(|p| p.contains(" exec ") && p.contains("--process"))
-        .filter_map(|p| p.split(':').next().and_then(|n| n.parse().ok()))
-        .collect()
-}
-
 /// A session whose `runsc exec` is killed on the host (its process inside
 /// would live on): the coordinator ends the session inside, its
 /// double-forked child too, and the client gets 137; another session goes

@@ -16,37 +16,10 @@ use std::fs;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 
+use lazaret_tests::escalation::chown_tree;
 use lazaret_tests::*;
 
 const GIT_ENV: &str = "env = { GIT_AUTHOR_NAME = \"Agent Smith\", GIT_AUTHOR_EMAIL = \"agent@example.invalid\", GIT_COMMITTER_NAME = \"Agent Smith\", GIT_COMMITTER_EMAIL = \"agent@example.invalid\" }\n";
-
-/// Root's git for the setup (before the tree is handed to the developer).
-fn setup_git(dir: &Path, args: &[&str]) -> String {
-    let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "protocol.file.allow=always"];
-    all.extend_from_slice(args);
-    git(dir, &all)
-}
-
-fn commit_file(dir: &Path, name: &str) {
-    fs::write(dir.join(name), name).expect("write");
-    setup_git(dir, &["add", name]);
-    setup_git(dir, &["commit", "-qm", name]);
-}
-
-fn dev_git_ok(dir: &Path, args: &[&str]) -> String {
-    let out = developer_git(dir, args);
-    assert!(out.status.success(), "developer's git {args:?} in {} failed: {}", dir.display(), text(&out.stderr));
-    text(&out.stdout)
-}
-
-fn chown_tree(path: &Path, uid: u32, gid: u32) {
-    nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).expect("chown");
-    if fs::symlink_metadata(path).expect("stat").is_dir() {
-        for e in fs::read_dir(path).expect("read_dir").flatten() {
-            chown_tree(&e.path(), uid, gid);
-        }
-    }
-}
 
 fn markers(dir: &Path) -> Vec<String> {
     fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()

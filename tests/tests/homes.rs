@@ -11,6 +11,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use lazaret_tests::escalation::chown_tree;
 use lazaret_tests::*;
 
 fn ok(out: &Output) -> String {
@@ -39,15 +40,6 @@ fn field<'a>(out: &'a str, key: &str) -> &'a str {
 
 const IDENTITY: &str = "echo whoami=$(whoami); echo id-un=$(id -un); echo id-gn=$(id -gn); echo tilde=$(echo ~); \
                         echo logname=$LOGNAME; echo user=$USER; echo id-Gn=$(id -Gn); echo getent=$(getent passwd $(id -u)); echo pwd=$(pwd)";
-
-fn chown_tree(path: &Path, uid: u32, gid: u32) {
-    nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).expect("chown");
-    if fs::symlink_metadata(path).expect("stat").is_dir() {
-        for e in fs::read_dir(path).expect("read_dir").flatten() {
-            chown_tree(&e.path(), uid, gid);
-        }
-    }
-}
 
 /// A host group that exists for one test, with [`TEST_USER`] as a member;
 /// deleted (with the membership) on drop.

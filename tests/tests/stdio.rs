@@ -73,15 +73,6 @@ fn stdout_and_stderr_on_one_file_keep_their_order_and_pipes_see_exact_bytes() {
     env.assert_journal_conforms();
 }
 
-/// Host PIDs of this env's `runsc exec` processes.
-fn runsc_execs(env: &TestEnv) -> Vec<i32> {
-    processes_mentioning(&env.runtime_dir.to_string_lossy())
-        .into_iter()
-        .filter(|p| p.contains(" exec ") && p.contains("--process"))
-        .filter_map(|p| p.split(':').next().and_then(|n| n.parse().ok()))
-        .collect()
-}
-
 /// Waits until the env has `n` `runsc exec` processes; returns them.
 fn wait_execs(env: &TestEnv, n: usize) -> Vec<i32> {
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -32,25 +32,6 @@ fn developer_env(extra: &str) -> TestEnv {
     env
 }
 
-/// Root's git for the set-up (before the tree is handed to the developer).
-fn setup_git(dir: &Path, args: &[&str]) -> String {
-    let mut all = vec!["-c", "user.name=t", "-c", "user.email=t@example.invalid", "-c", "protocol.file.allow=always"];
-    all.extend_from_slice(args);
-    git(dir, &all)
-}
-
-fn commit_file(dir: &Path, name: &str) {
-    fs::write(dir.join(name), name).expect("write");
-    setup_git(dir, &["add", name]);
-    setup_git(dir, &["commit", "-qm", name]);
-}
-
-fn dev_git_ok(dir: &Path, args: &[&str]) -> String {
-    let out = developer_git(dir, args);
-    assert!(out.status.success(), "developer's git {args:?} in {} failed: {}", dir.display(), text(&out.stderr));
-    text(&out.stdout)
-}
-
 /// The host-only marker directory, writable by the developer.
 fn marker_dir(env: &TestEnv) -> PathBuf {
     let dir = env.scratch.join("markers");

@@ -962,6 +962,25 @@ mod tests {
             }
         }
 
+        /// Accepts the client's connection (showing what it printed if it
+        /// never comes: it may fail before it connects) and hands it the
+        /// agent's PTY master, as the coordinator does.
+        fn accept_client(&mut self, listener: &UnixListener, agent_master: OwnedFd) -> UnixStream {
+            listener.set_nonblocking(true).expect("nonblocking");
+            let deadline = Instant::now() + LIMIT;
+            let coordinator = loop {
+                match listener.accept() {
+                    Ok((stream, _)) => break stream,
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => self.read_for(Duration::from_millis(20)),
+                    Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", self.seen),
+                }
+            };
+            coordinator.set_nonblocking(false).expect("blocking");
+            coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
+            transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent_master.as_fd()]).expect("send the master");
+            coordinator
+        }
+
         fn type_keys(&self, keys: &[u8]) {
             write_all(self.master.as_fd(), keys).expect("typing");
         }
@@ -1054,19 +1073,7 @@ mod tests {
         let mut child = Reaped(child);
         drop(developer.slave);
         let mut screen = Screen { master: developer.master, seen: String::new() };
-        listener.set_nonblocking(true).expect("nonblocking");
-        let deadline = Instant::now() + LIMIT;
-        let coordinator = loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => screen.read_for(Duration::from_millis(20)),
-                Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", screen.seen),
-            }
-        };
-        coordinator.set_nonblocking(false).expect("blocking");
-        coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
-        transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent.master.as_fd()]).expect("send the master");
-        drop(agent.master);
+        let coordinator = screen.accept_client(&listener, agent.master);
         let mut agent_out = std::fs::File::from(agent.slave.try_clone().expect("dup"));
         agent_out.write_all(b"agent says hi\r\n").expect("agent output");
         screen.wait_for("agent says hi", 0);
@@ -1128,20 +1135,7 @@ mod tests {
         let mut child = Reaped(child);
         let cooked = termios::tcgetattr(developer.slave.as_fd()).expect("tcgetattr");
         let mut screen = Screen { master: developer.master, seen: String::new() };
-        // The client may fail before it connects: never wait forever.
-        listener.set_nonblocking(true).expect("nonblocking");
-        let deadline = Instant::now() + LIMIT;
-        let coordinator = loop {
-            match listener.accept() {
-                Ok((stream, _)) => break stream,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => screen.read_for(Duration::from_millis(20)),
-                Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", screen.seen),
-            }
-        };
-        coordinator.set_nonblocking(false).expect("blocking");
-        coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
-        transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent.master.as_fd()]).expect("send the master");
-        drop(agent.master);
+        let coordinator = screen.accept_client(&listener, agent.master);
         let mut agent_out = std::fs::File::from(agent.slave.try_clone().expect("dup"));
 
         // Before any prompt: the agent's output shows, keys reach it.

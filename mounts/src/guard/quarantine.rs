@@ -58,6 +58,25 @@ pub struct QuarantineRecord {
     pub content_kept: bool,
 }
 
+impl QuarantineRecord {
+    /// The record of `rel` (in `root`, with stat `st`) taken now for
+    /// `reason`: no content kept yet, its size the file's.
+    fn of(id: &str, root: &str, rel: &Path, reason: &str, st: &FileStat) -> QuarantineRecord {
+        QuarantineRecord {
+            id: id.to_owned(),
+            root: root.to_owned(),
+            path: rel.to_owned(),
+            reason: reason.to_owned(),
+            time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            mode: st.st_mode & 0o7777,
+            owner: Owner { uid: st.st_uid, gid: st.st_gid },
+            symlink_target: None,
+            size: u64::try_from(st.st_size).unwrap_or(0),
+            content_kept: false,
+        }
+    }
+}
+
 /// What [`restore`] put back.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RestoredFile {
@@ -136,18 +155,7 @@ impl Quarantine {
             return Err(MountError::refused(rel, "a directory is not quarantined").into());
         }
         let (id, entry) = self.new_entry()?;
-        let mut record = QuarantineRecord {
-            id: id.clone(),
-            root: root.to_owned(),
-            path: rel.to_owned(),
-            reason: reason.to_owned(),
-            time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            mode: st.st_mode & 0o7777,
-            owner: Owner { uid: st.st_uid, gid: st.st_gid },
-            symlink_target: None,
-            size: u64::try_from(st.st_size).unwrap_or(0),
-            content_kept: false,
-        };
+        let mut record = QuarantineRecord::of(&id, root, rel, reason, st);
         if kind == FileKind::Symlink {
             record.symlink_target = nix::fcntl::readlinkat(parent, name).ok().map(PathBuf::from);
         }
@@ -185,18 +193,7 @@ impl Quarantine {
     pub(crate) fn keep_copy(&self, root: &str, rel: &Path, st: &FileStat, contents: &[u8], reason: &str) -> Result<String, GuardError> {
         let (id, entry) = self.new_entry()?;
         write_new(entry.as_fd(), "content", contents).map_err(|e| MountError::io("write quarantine", rel, e))?;
-        let record = QuarantineRecord {
-            id: id.clone(),
-            root: root.to_owned(),
-            path: rel.to_owned(),
-            reason: reason.to_owned(),
-            time: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-            mode: st.st_mode & 0o7777,
-            owner: Owner { uid: st.st_uid, gid: st.st_gid },
-            symlink_target: None,
-            size: contents.len() as u64,
-            content_kept: true,
-        };
+        let record = QuarantineRecord { size: contents.len() as u64, content_kept: true, ..QuarantineRecord::of(&id, root, rel, reason, st) };
         write_new(entry.as_fd(), "record.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
             .map_err(|e| MountError::io("write quarantine record", &self.path, e))?;
         Ok(id)
