@@ -459,6 +459,9 @@ run_cell() {
   fi
   printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$cell" "$fs" "$platform" "$net" "$total" "$pass" "$fail" "$na" "$secs" "$status" "$note" >> "$summary"
   echo "matrix: cell $cell: $status ($pass passed, $fail failed, $na n/a, ${secs}s)${note:+: $note}" >&2
+  if [ -f "$work/$cell.img" ]; then
+    echo "matrix: cell $cell: its $fs image took $(du -m "$work/$cell.img" | cut -f1) MiB of $work's disk (of $FS_SIZE)" >&2
+  fi
   rm -rf "$rtp" "$mnt" "$work/$cell.img"
 }
 

@@ -734,19 +734,6 @@ pub fn send(w: &mut impl Write, data: &[u8]) {
     w.write_all(data).and_then(|_| w.flush()).expect("writing to lazaret");
 }
 
-#[cfg(test)]
-mod tests {
-    use super::with_runsc_keys;
-
-    #[test]
-    fn runsc_keys_join_an_existing_runsc_table_or_start_one() {
-        assert_eq!(with_runsc_keys("a = 1\n", "path = \"x\"\n"), "a = 1\n\n[runsc]\npath = \"x\"\n");
-        let config = "a = 1\n[runsc]\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n";
-        assert_eq!(with_runsc_keys(config, "path = \"x\"\n"), "a = 1\n[runsc]\npath = \"x\"\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n");
-        assert_eq!(with_runsc_keys("[runsc]", "path = \"x\"\n"), "[runsc]\npath = \"x\"\n");
-    }
-}
-
 /// A `lazaret` invocation with piped stdio, its stdout read line by line
 /// (a session a test talks to while it runs).
 pub struct PipedSession {
@@ -810,5 +797,18 @@ impl PipedSession {
         let rest: Vec<String> = self.lines.by_ref().map_while(Result::ok).collect();
         let status = wait_with_limit(&mut self.child);
         (status.code(), rest, reader.join().unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::with_runsc_keys;
+
+    #[test]
+    fn runsc_keys_join_an_existing_runsc_table_or_start_one() {
+        assert_eq!(with_runsc_keys("a = 1\n", "path = \"x\"\n"), "a = 1\n\n[runsc]\npath = \"x\"\n");
+        let config = "a = 1\n[runsc]\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n";
+        assert_eq!(with_runsc_keys(config, "path = \"x\"\n"), "a = 1\n[runsc]\npath = \"x\"\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n");
+        assert_eq!(with_runsc_keys("[runsc]", "path = \"x\"\n"), "[runsc]\npath = \"x\"\n");
     }
 }

@@ -86,6 +86,9 @@ struct RefusedLog {
     dirty: bool,
 }
 
+/// A batch of set elements for the nf_tables thread, and where its result goes.
+type SetJob = (Vec<SetElement>, mpsc::Sender<Result<(), TopologyError>>);
+
 struct Shared {
     names: NamePolicy,
     settings: ResolverSettings,
@@ -95,7 +98,7 @@ struct Shared {
     /// (set, address) -> expiry: the latest wins when several answers share an address.
     opened: Mutex<HashMap<(String, IpAddr), Instant>>,
     refused: Mutex<RefusedLog>,
-    nft: Mutex<mpsc::Sender<(Vec<SetElement>, mpsc::Sender<Result<(), TopologyError>>)>>,
+    nft: Mutex<mpsc::Sender<SetJob>>,
 }
 
 /// The running resolver; dropping it stops it.
@@ -152,7 +155,7 @@ impl DomainNetwork {
         udp.set_read_timeout(Some(POLL)).map_err(|source| TopologyError::Io { action: "resolver socket timeout".into(), source })?;
         tcp.set_nonblocking(true).map_err(|source| TopologyError::Io { action: "resolver listener non-blocking".into(), source })?;
 
-        let (requests, jobs) = mpsc::channel::<(Vec<SetElement>, mpsc::Sender<Result<(), TopologyError>>)>();
+        let (requests, jobs) = mpsc::channel::<SetJob>();
         let shared = Arc::new(Shared {
             names: policy.names().clone(),
             settings,

@@ -1161,6 +1161,29 @@ pub struct DomainNetwork {
     state_file: PathBuf,
 }
 
+/// How many times [`DomainNetwork::create`] tries for a /30 that another
+/// Domain starting at the same moment also picked.
+const SLOT_ATTEMPTS: u32 = 12;
+
+/// The first /30 of `pool` that holds none of `used`, searching from slot
+/// `search_from` (modulo the pool's number of slots) and wrapping around.
+fn free_slot(pool: Prefix, used: &[IpAddr], search_from: u64) -> Option<Prefix> {
+    let slots = 1u128 << (30 - pool.prefix_len());
+    let start = u128::from(search_from) % slots;
+    (0..slots)
+        .map(|i| (start + i) % slots)
+        .filter_map(|i| pool.subnet(30, i))
+        .find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
+}
+
+fn random_u64() -> Result<u64, TopologyError> {
+    let mut bytes = [0u8; 8];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| file.read_exact(&mut bytes))
+        .map_err(|source| TopologyError::Io { action: "read /dev/urandom".into(), source })?;
+    Ok(u64::from_le_bytes(bytes))
+}
+
 impl DomainNetwork {
     /// Builds the topology of one Domain with `host` as the host namespace,
     /// installs `input`'s policy (completed with the host's addresses, the
@@ -1182,10 +1205,20 @@ impl DomainNetwork {
         } else {
             None
         };
+        // The first try takes the pool's first free /30 (a lone Domain's
+        // addresses are predictable). Domains started at the same moment all
+        // pick that same slot and every one of them that sees the clash backs
+        // off (see `build_host`), so a retry starts its search at a random
+        // slot, after a random pause: concurrent starts spread out instead of
+        // colliding again.
         let mut last_error = None;
-        for _attempt in 0..4 {
-            match DomainNetwork::try_create(host, config, input, ipv6_forwarding) {
-                Err(TopologyError::SlotTaken { slot }) => last_error = Some(TopologyError::SlotTaken { slot }),
+        for attempt in 0..SLOT_ATTEMPTS {
+            let search_from = if attempt == 0 { 0 } else { random_u64()? };
+            match DomainNetwork::try_create(host, config, input, ipv6_forwarding, search_from) {
+                Err(TopologyError::SlotTaken { slot }) => {
+                    last_error = Some(TopologyError::SlotTaken { slot });
+                    std::thread::sleep(std::time::Duration::from_millis(random_u64()? % 20));
+                }
                 other => return other,
             }
         }
@@ -1197,6 +1230,7 @@ impl DomainNetwork {
         config: &TopologyConfig,
         input: &PolicyInput,
         ipv6_forwarding: Option<Ipv6Forwarding>,
+        search_from: u64,
     ) -> Result<DomainNetwork, TopologyError> {
         let (pool, pool6) = (config.pool, config.pool6);
         let view = host.netlink(async |handle| net_view(&handle).await)?;
@@ -1212,11 +1246,7 @@ impl DomainNetwork {
         }
         let used: Vec<IpAddr> =
             view.addresses.iter().filter(|(index, _)| view.is_lazaret_link(*index)).map(|(_, ip)| *ip).collect();
-        let slots = 1u128 << (30 - pool.prefix_len());
-        let slot = (0..slots)
-            .filter_map(|i| pool.subnet(30, i))
-            .find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
-            .ok_or(TopologyError::PoolExhausted { pool })?;
+        let slot = free_slot(pool, &used, search_from).ok_or(TopologyError::PoolExhausted { pool })?;
         let addresses =
             DomainAddresses::for_slot(slot, pool6).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
 
@@ -1706,6 +1736,22 @@ mod tests {
         assert_eq!(SidecarId::from_host_link_name("eth0"), None);
         assert_eq!(SidecarId::from_host_link_name("lzh123"), None);
         assert!("abcdef012".parse::<SidecarId>().is_err());
+    }
+
+    #[test]
+    fn free_slot_searches_from_the_given_slot_and_wraps() {
+        let pool: Prefix = "100.96.0.0/28".parse().expect("valid test input");
+        let ip = |s: &str| -> IpAddr { s.parse().expect("valid test input") };
+        let slot = |s: &str| -> Option<Prefix> { Some(s.parse().expect("valid test input")) };
+        let used = [ip("100.96.0.1"), ip("100.96.0.10")];
+        assert_eq!(free_slot(pool, &used, 0), slot("100.96.0.4/30"));
+        assert_eq!(free_slot(pool, &used, 2), slot("100.96.0.12/30"));
+        // 7 % 4 = 3: the last slot is free.
+        assert_eq!(free_slot(pool, &used, 7), slot("100.96.0.12/30"));
+        let full = [ip("100.96.0.12"), ip("100.96.0.6")];
+        assert_eq!(free_slot(pool, &[&used[..], &full[..]].concat(), 3), None);
+        // u64::MAX % 4 = 3, taken: it wraps to the first slot.
+        assert_eq!(free_slot(pool, &[ip("100.96.0.13")], u64::MAX), slot("100.96.0.0/30"));
     }
 
     #[test]
