@@ -17,7 +17,7 @@ if ! command -v cargo >/dev/null 2>&1 && [ -x /root/.cargo/bin/cargo ]; then exp
 # ENOSPC in places that name neither the cause nor the fix: refuse at once.
 need_mb=8192
 have_mb=$(df --output=avail -BM "$repo" | tail -n1 | tr -dc 0-9)
-built_mb=$(du -sm "$repo/target" "$repo/fuzz/target" 2>/dev/null | awk '{s += $1} END {print s + 0}')
+built_mb=$({ du -sm "$repo/target" "$repo/fuzz/target" 2>/dev/null || true; } | awk '{s += $1} END {print s + 0}')
 if [ $((have_mb + built_mb)) -lt "$need_mb" ]; then
   echo "test: not enough free disk: the suite needs about $((need_mb / 1024)) GiB for $repo (build outputs included; $((built_mb)) MiB already built), $have_mb MiB free on $(df --output=target "$repo" | tail -n1). Free some space (e.g. cargo clean in other checkouts) and run again." >&2
   exit 1
