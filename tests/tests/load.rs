@@ -56,6 +56,12 @@ fn ten_domains_with_four_sessions_each_at_once_finish_and_leave_nothing() {
         assert_eq!(rest, vec![format!("out-{d}-{s}-go")], "session {s} of Domain {d}: stderr: {err}");
     }
     let all_done = t.elapsed();
+    // Every Domain down before any count: the veths are counted in the
+    // lab's host namespace, which all ten share, so a Domain still tearing
+    // down would show in another's count.
+    for (d, env) in envs.iter().enumerate() {
+        assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "Domain {d} still locked (not down)");
+    }
     for (env, baseline) in envs.iter().zip(&baselines) {
         env.assert_nothing_left();
         assert_eq!(&HostCounts::take(env, Some(&lab.host)), baseline, "host counts differ after the load");
