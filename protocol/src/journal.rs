@@ -1467,3 +1467,452 @@ mod tests {
         assert!(parsed.event.is_observation());
     }
 }
+
+#[cfg(test)]
+mod retirement_tests {
+    //! A retiring machine against one keeping history: same decisions,
+    //! same live states, bounded size, retired IDs refused.
+
+    use super::*;
+
+    const DOMAIN: &str = "d1";
+
+    fn entry(domain: &str, event: Event) -> JournalEntry {
+        JournalEntry {
+            timestamp_ms: 0,
+            domain: domain.to_owned(),
+            event,
+        }
+    }
+
+    /// A small deterministic generator (splitmix64), so a failure
+    /// reproduces from its seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn chance(&mut self, percent: usize) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    /// Random journal entries over a growing set of names: mostly one the
+    /// machine holds live (so that whole lifecycles happen), sometimes a
+    /// fresh one, sometimes any earlier one (retired by now, or never seen
+    /// in this role), and now and then a second Domain.
+    struct Generator {
+        rng: Rng,
+        sessions: usize,
+        requests: usize,
+        /// Names picked while live, newest last (bounded: the oldest go).
+        once_live: Vec<String>,
+    }
+
+    impl Generator {
+        /// A name: live, fresh, once live (most of them retired by now), or
+        /// any number issued before.
+        fn pick(&mut self, prefix: &str, count: &mut usize, live: &HashMap<String, impl Copy>) -> String {
+            let roll = self.rng.below(100);
+            if roll < 70 && !live.is_empty() {
+                // Sorted: HashMap order differs between runs.
+                let mut names: Vec<&String> = live.keys().collect();
+                names.sort_unstable();
+                let name = names[self.rng.below(names.len())].clone();
+                if self.once_live.len() == 512 {
+                    self.once_live.remove(0);
+                }
+                self.once_live.push(name.clone());
+                return name;
+            }
+            if roll < 82 {
+                *count += 1;
+                return format!("{prefix}{count}");
+            }
+            let earlier: Vec<&String> = self.once_live.iter().filter(|n| n.starts_with(prefix)).collect();
+            if roll < 95 && !earlier.is_empty() {
+                return earlier[self.rng.below(earlier.len())].clone();
+            }
+            format!("{prefix}{}", self.rng.below(*count + 1))
+        }
+
+        fn session(&mut self, m: &Machine) -> String {
+            let mut count = self.sessions;
+            let name = self.pick("s", &mut count, &m.live.sessions);
+            self.sessions = count;
+            name
+        }
+
+        fn request(&mut self, m: &Machine) -> String {
+            let mut count = self.requests;
+            let name = self.pick("r", &mut count, &m.live.requests);
+            self.requests = count;
+            name
+        }
+
+        fn argv(&mut self) -> Vec<String> {
+            let words = ["true", "make", "git fetch", "ls"];
+            vec![words[self.rng.below(words.len())].to_owned()]
+        }
+
+        fn fingerprint(&mut self) -> String {
+            if self.rng.chance(90) { "fp".into() } else { "other".into() }
+        }
+
+        fn entry(&mut self, m: &Machine) -> JournalEntry {
+            let domain = if self.rng.chance(3) { "d2" } else { DOMAIN };
+            // Weights: the request steps and session attachment most often,
+            // the Domain's own steps less, the abandoning kinds least.
+            let event = match self.rng.below(40) {
+                // Failing is always possible while starting or ready: rare,
+                // or the Domain would seldom get to serve a session.
+                0 if self.rng.chance(10) => {
+                    if self.rng.chance(70) { Event::FailDomain { reason: String::new() } } else { Event::AbortUnsafeStart }
+                }
+                0 => Event::AcquireDomainLock {
+                    session: self.session(m),
+                    fingerprint: "fp".into(),
+                },
+                1 | 2 => [
+                    Event::MountStateAnchor,
+                    Event::CreateTrustAnchor,
+                    Event::StartSidecar,
+                    Event::StartSandbox,
+                    Event::PublishDomain,
+                ][self.rng.below(5)]
+                .clone(),
+                3 | 4 => [
+                    Event::BeginTeardown,
+                    Event::StopSandbox,
+                    Event::StopSidecar,
+                    Event::DestroyTrustAnchor,
+                    Event::UnmountStateAnchor,
+                    Event::ReleaseDomainLock,
+                ][self.rng.below(6)]
+                .clone(),
+                5..=7 => Event::ConnectSession {
+                    session: self.session(m),
+                },
+                8..=10 => Event::RegisterSession {
+                    session: self.session(m),
+                    fingerprint: self.fingerprint(),
+                },
+                11 => Event::RejectSession {
+                    session: self.session(m),
+                    fingerprint: self.fingerprint(),
+                },
+                12 => Event::DisconnectSession {
+                    session: self.session(m),
+                },
+                13 => Event::EvictSession {
+                    session: self.session(m),
+                },
+                // Always possible for a fresh name: rare, or it would be
+                // most of what is accepted.
+                14 if self.rng.chance(15) => Event::AbandonLaunch {
+                    session: self.session(m),
+                },
+                14 | 15 => Event::CompleteHostExecution {
+                    request: self.request(m),
+                    exit_status: Some(1),
+                },
+                16..=19 => {
+                    let (session, request, argv) = (self.session(m), self.request(m), self.argv());
+                    let cwd = if self.rng.chance(50) { "/ws" } else { "/ws/sub" };
+                    Event::verify_request(&session, &request, &argv, cwd, "", self.rng.chance(50))
+                }
+                20 | 21 => Event::AutoApprove {
+                    request: self.request(m),
+                    rule: if self.rng.chance(30) { DOMAIN_APPROVAL_RULE.into() } else { "rule".into() },
+                },
+                22 | 23 => Event::PromptDeveloper {
+                    request: self.request(m),
+                },
+                24 | 25 => Event::DeveloperApprove {
+                    request: self.request(m),
+                    for_domain: self.rng.chance(40),
+                },
+                26 => {
+                    let (request, argv) = (self.request(m), self.argv());
+                    Event::developer_edit_approve(&request, &argv)
+                }
+                27 => Event::DeveloperDeny {
+                    request: self.request(m),
+                    reason: String::new(),
+                },
+                28..=30 => Event::StartHostExecution {
+                    request: self.request(m),
+                },
+                31 | 32 => Event::CompleteHostExecution {
+                    request: self.request(m),
+                    exit_status: Some(0),
+                },
+                33 => Event::TimeoutRequest {
+                    request: self.request(m),
+                },
+                34 => Event::CancelRequest {
+                    request: self.request(m),
+                },
+                35 => Event::FailHostExecution {
+                    request: self.request(m),
+                    reason: String::new(),
+                },
+                _ => Event::DeliverResult {
+                    request: self.request(m),
+                },
+            };
+            entry(domain, event)
+        }
+    }
+
+    /// A session's variables with its active request by name.
+    fn session_view(m: &Machine, id: &str) -> Option<(SessionState, Option<String>)> {
+        let state = m.session_state(id)?.clone();
+        let active = state.active_request.map(|r| m.config().requests[r.0].name.clone());
+        Some((SessionState { active_request: None, ..state }, active))
+    }
+
+    /// A request's variables with its approved command by name, and its
+    /// constants (session and command by name).
+    fn request_view(m: &Machine, id: &str) -> Option<(RequestState, Option<(String, bool)>, String, (String, bool))> {
+        let r = m.request_index(id)?;
+        let state = m.state().requests[r.0].clone();
+        let command = |c: CommandId| {
+            let spec = &m.config().commands[c.0];
+            (spec.name.clone(), spec.auto_approved)
+        };
+        let approved = state.approved_command.map(command);
+        let spec = &m.config().requests[r.0];
+        let session = m.config().sessions[spec.session.0].name.clone();
+        Some((RequestState { approved_command: None, ..state }, approved, session, command(spec.command)))
+    }
+
+    /// Every live entity of `retiring` is live in `full` with the same
+    /// variables and constants; with `everything`, also every entity `full`
+    /// holds is either live in `retiring` or retired there, and then ended.
+    fn assert_equivalent(retiring: &Machine, full: &Machine, everything: bool) {
+        for domain in retiring.live.domains.keys() {
+            assert_eq!(retiring.domain_state(domain), full.domain_state(domain), "Domain {domain}");
+        }
+        for id in retiring.live.sessions.keys() {
+            assert_eq!(session_view(retiring, id), session_view(full, id), "session {id}");
+        }
+        for id in retiring.live.requests.keys() {
+            assert_eq!(request_view(retiring, id), request_view(full, id), "request {id}");
+        }
+        if !everything {
+            return;
+        }
+        for (id, &s) in &full.live.sessions {
+            if retiring.session_index(id).is_none() {
+                assert!(retiring.is_retired_session(id), "session {id} neither live nor retired");
+                assert_eq!(full.state().sessions[s.0].phase, SessionPhase::Closed, "retired session {id}");
+            }
+        }
+        for (id, &r) in &full.live.requests {
+            if retiring.request_index(id).is_none() {
+                assert!(retiring.is_retired_request(id), "request {id} neither live nor retired");
+                assert!(full.state().requests[r.0].phase.is_terminal(), "retired request {id}");
+            }
+        }
+        assert_eq!(
+            retiring.live.sessions.len() + retiring.live.requests.len() + retiring.retired_ids(),
+            full.live.sessions.len() + full.live.requests.len(),
+            "every entity is live or retired, once"
+        );
+    }
+
+    #[test]
+    fn a_retiring_machine_decides_as_one_keeping_history_on_random_journals() {
+        // Two seeds of 20,000 entries each.
+        for seed in [1_u64, 0xDEAD_BEEF] {
+            let mut generator = Generator { rng: Rng(seed), sessions: 0, requests: 0, once_live: Vec::new() };
+            let (mut retiring, mut full) = (Machine::new(), Machine::keeping_history());
+            let (mut accepted, mut retired_refusals) = (0, 0);
+            let mut accepted_by_kind: HashMap<&'static str, usize> = HashMap::new();
+            for i in 0..20_000 {
+                // Mostly one of the acceptable entries among 12 candidates,
+                // so that lifecycles run to their end; otherwise any entry.
+                let e = if generator.rng.chance(75) {
+                    // (Asking the retiring machine is cheaper and, as this
+                    // test checks, gives the same answers.)
+                    let mut accepted: Vec<JournalEntry> =
+                        (0..12).map(|_| generator.entry(&retiring)).filter(|e| retiring.check(e).is_ok()).collect();
+                    if accepted.is_empty() {
+                        generator.entry(&retiring)
+                    } else {
+                        let pick = generator.rng.below(accepted.len());
+                        accepted.swap_remove(pick)
+                    }
+                } else {
+                    generator.entry(&retiring)
+                };
+                // check() predicts apply() on both.
+                let predicted = (retiring.check(&e).is_ok(), full.check(&e).is_ok());
+                let got = (retiring.apply(&e), full.apply(&e));
+                assert_eq!(predicted, (got.0.is_ok(), got.1.is_ok()), "seed {seed} entry {i}: check and apply disagree");
+                match got {
+                    (Ok(a), Ok(b)) => {
+                        let show = |m: &Machine, a: Option<Action>| a.map(|a| a.display(m.config()).to_string());
+                        assert_eq!(show(&retiring, a), show(&full, b), "seed {seed} entry {i}: {e:?}");
+                        accepted += 1;
+                        *accepted_by_kind.entry(e.event.name()).or_default() += 1;
+                    }
+                    (Err(TransitionError::Retired { .. }), Err(_)) => retired_refusals += 1,
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("seed {seed} entry {i}: {e:?}: retiring {a:?}, keeping history {b:?}"),
+                }
+                assert_equivalent(&retiring, &full, i % 500 == 0);
+            }
+            assert_equivalent(&retiring, &full, true);
+            println!(
+                "seed {seed}: {accepted} accepted, {retired_refusals} refused as retired, {} IDs retired, {} session slots against {}; {accepted_by_kind:?}",
+                retiring.retired_ids(),
+                retiring.state().sessions.len(),
+                full.state().sessions.len()
+            );
+            // The walk must have exercised what it claims to test.
+            assert!(accepted > 3_000, "seed {seed}: only {accepted} accepted");
+            assert!(retired_refusals > 100, "seed {seed}: only {retired_refusals} refusals of retired IDs");
+            for kind in ["DisconnectSession", "RejectSession", "DeliverResult", "DeveloperEditApprove", "ReleaseDomainLock", "AutoApprove"] {
+                assert!(accepted_by_kind.get(kind).copied().unwrap_or(0) > 0, "seed {seed}: no {kind} accepted: {accepted_by_kind:?}");
+            }
+            assert!(retiring.retired_ids() > 500, "seed {seed}: {} retired", retiring.retired_ids());
+            assert!(
+                retiring.state().sessions.len() * 4 < full.state().sessions.len(),
+                "seed {seed}: {} session slots against {}",
+                retiring.state().sessions.len(),
+                full.state().sessions.len()
+            );
+        }
+    }
+
+    /// A started, published Domain with `session` attached.
+    fn running_with(session: &str) -> Machine {
+        let mut m = Machine::new();
+        let mut events = vec![Event::AcquireDomainLock { session: session.into(), fingerprint: "fp".into() }];
+        events.extend([Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain]);
+        events.extend([
+            Event::ConnectSession { session: session.into() },
+            Event::RegisterSession { session: session.into(), fingerprint: "fp".into() },
+        ]);
+        for e in events {
+            m.apply(&entry(DOMAIN, e)).expect("start-up");
+        }
+        m
+    }
+
+    fn run_request(m: &mut Machine, session: &str, request: &str) {
+        let argv = vec!["true".to_owned()];
+        for e in [
+            Event::verify_request(session, request, &argv, "/ws", "", true),
+            Event::AutoApprove { request: request.into(), rule: "true".into() },
+            Event::StartHostExecution { request: request.into() },
+            Event::CompleteHostExecution { request: request.into(), exit_status: Some(0) },
+            Event::DeliverResult { request: request.into() },
+        ] {
+            m.apply(&entry(DOMAIN, e)).expect("a rule-approved request");
+        }
+    }
+
+    fn is_retired<T>(result: Result<T, TransitionError>, kind: &str, id: &str) -> bool {
+        matches!(result, Err(TransitionError::Retired { kind: k, id: i, .. }) if k == kind && i == id)
+    }
+
+    #[test]
+    fn a_retired_request_id_is_refused_whatever_the_entry() {
+        let mut m = running_with("s1");
+        run_request(&mut m, "s1", "r1");
+        assert!(m.request_index("r1").is_none() && m.is_retired_request("r1"));
+        let argv = vec!["true".to_owned()];
+        let again = Event::verify_request("s1", "r1", &argv, "/ws", "", true);
+        assert!(is_retired(m.check(&entry(DOMAIN, again.clone())), "request", "r1"));
+        assert!(is_retired(m.apply(&entry(DOMAIN, again)), "request", "r1"));
+        for late in [Event::DeliverResult { request: "r1".into() }, Event::CancelRequest { request: "r1".into() }] {
+            assert!(is_retired(m.apply(&entry(DOMAIN, late)), "request", "r1"));
+        }
+        // A request that never was is unknown, not retired; a fresh one goes.
+        assert!(matches!(m.apply(&entry(DOMAIN, Event::DeliverResult { request: "r9".into() })), Err(TransitionError::Unknown { .. })));
+        run_request(&mut m, "s1", "r2");
+    }
+
+    #[test]
+    fn a_retired_session_id_is_refused_whatever_the_entry() {
+        let mut m = running_with("s1");
+        let argv = vec!["make".to_owned()];
+        // Its open request is cancelled by the disconnect and retired too.
+        m.apply(&entry(DOMAIN, Event::verify_request("s1", "r1", &argv, "/ws", "", false))).expect("verified");
+        m.apply(&entry(DOMAIN, Event::DisconnectSession { session: "s1".into() })).expect("disconnected");
+        assert!(m.is_retired_session("s1") && m.is_retired_request("r1"));
+        assert_eq!((m.session_index("s1"), m.request_index("r1")), (None, None));
+        for e in [
+            Event::ConnectSession { session: "s1".into() },
+            Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() },
+            Event::DisconnectSession { session: "s1".into() },
+            Event::AbandonLaunch { session: "s1".into() },
+            Event::verify_request("s1", "r2", &argv, "/ws", "", true),
+        ] {
+            assert!(is_retired(m.apply(&entry(DOMAIN, e)), "session", "s1"));
+        }
+        // Also in a later run of the Domain.
+        for e in [Event::BeginTeardown, Event::StopSandbox, Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
+            m.apply(&entry(DOMAIN, e)).expect("teardown");
+        }
+        let relaunch = Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() };
+        assert!(is_retired(m.apply(&entry(DOMAIN, relaunch)), "session", "s1"));
+        m.apply(&entry(DOMAIN, Event::AcquireDomainLock { session: "s2".into(), fingerprint: "fp".into() })).expect("a fresh session launches");
+    }
+
+    #[test]
+    fn slots_stay_bounded_over_ten_thousand_sessions() {
+        let mut m = running_with("holder");
+        for i in 0..10_000 {
+            let s = format!("s{i}");
+            m.apply(&entry(DOMAIN, Event::ConnectSession { session: s.clone() })).expect("connect");
+            m.apply(&entry(DOMAIN, Event::RegisterSession { session: s.clone(), fingerprint: "fp".into() })).expect("register");
+            run_request(&mut m, &s, &format!("r{i}"));
+            // A different command each time: its constant is freed with its request.
+            let argv = vec!["echo".to_owned(), i.to_string()];
+            m.apply(&entry(DOMAIN, Event::verify_request(&s, &format!("q{i}"), &argv, "/ws", "", false))).expect("verify");
+            m.apply(&entry(DOMAIN, Event::DisconnectSession { session: s })).expect("disconnect");
+        }
+        // The holder and one session's worth of slots, reused 10,000 times.
+        assert_eq!(m.state().sessions.len(), 2);
+        assert_eq!(m.config().sessions.len(), 2);
+        assert!(m.state().requests.len() <= 2, "{} request slots", m.state().requests.len());
+        assert!(m.config().commands.len() <= 2, "{} command slots", m.config().commands.len());
+        assert_eq!((m.live.sessions.len(), m.live.requests.len(), m.live.commands.len(), m.live.request_details.len()), (1, 0, 0, 0));
+        assert_eq!(m.retired_ids(), 30_000);
+        assert_eq!(m.live_sessions(), 1);
+        // Every one of them is still refused.
+        assert!(is_retired(m.apply(&entry(DOMAIN, Event::ConnectSession { session: "s0".into() })), "session", "s0"));
+        assert!(is_retired(m.apply(&entry(DOMAIN, Event::verify_request("holder", "r9999", &["true".to_owned()], "/ws", "", true))), "request", "r9999"));
+    }
+
+    #[test]
+    fn a_history_keeping_machine_retires_nothing() {
+        let mut m = Machine::keeping_history();
+        assert!(m.keeps_history() && !Machine::new().keeps_history());
+        for e in [Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() }, Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain, Event::ConnectSession { session: "s1".into() }, Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() }] {
+            m.apply(&entry(DOMAIN, e)).expect("start-up");
+        }
+        run_request(&mut m, "s1", "r1");
+        m.apply(&entry(DOMAIN, Event::DisconnectSession { session: "s1".into() })).expect("disconnect");
+        assert_eq!(m.retired_ids(), 0);
+        assert_eq!(m.request_state("r1").map(|r| r.phase), Some(crate::model::RequestPhase::Completed));
+        assert_eq!(m.session_state("s1").map(|s| s.phase), Some(SessionPhase::Closed));
+        // Refused for the model's own reason.
+        let again = Event::ConnectSession { session: "s1".into() };
+        assert!(matches!(m.apply(&entry(DOMAIN, again)), Err(TransitionError::Refused { .. })));
+    }
+}
