@@ -20,7 +20,11 @@
 //!
 //! Real identifiers (Domain IDs, Session IDs, Escalation Request IDs, command
 //! lines) are strings; the machine maps each to a model index the first time
-//! it appears and records the model constants the entry implies.
+//! it appears and records the model constants the entry implies. Once a
+//! session has ended or a request reached a terminal phase, the machine
+//! retires it (its index is reused, its ID kept only as a digest and refused
+//! if it comes again), so that its size and the cost of an entry stay flat
+//! over a long Domain life; see [`Machine`].
 //!
 //! # Escalation requests: what to journal, in which order
 //!
