@@ -1686,9 +1686,12 @@ mod retirement_tests {
         Some((SessionState { active_request: None, ..state }, active))
     }
 
-    /// A request's variables with its approved command by name, and its
-    /// constants (session and command by name).
-    fn request_view(m: &Machine, id: &str) -> Option<(RequestState, Option<(String, bool)>, String, (String, bool))> {
+    /// A command constant by value: its text and whether it is auto-approved.
+    type CommandView = (String, bool);
+
+    /// A request's variables with its approved command by value, and its
+    /// constants (session by name, command by value).
+    fn request_view(m: &Machine, id: &str) -> Option<(RequestState, Option<CommandView>, String, CommandView)> {
         let r = m.request_index(id)?;
         let state = m.state().requests[r.0].clone();
         let command = |c: CommandId| {
