@@ -20,7 +20,11 @@
 //!
 //! Real identifiers (Domain IDs, Session IDs, Escalation Request IDs, command
 //! lines) are strings; the machine maps each to a model index the first time
-//! it appears and records the model constants the entry implies.
+//! it appears and records the model constants the entry implies. Once a
+//! session has ended or a request reached a terminal phase, the machine
+//! retires it (its index is reused, its ID kept only as a digest and refused
+//! if it comes again), so that its size and the cost of an entry stay flat
+//! over a long Domain life; see [`Machine`].
 //!
 //! # Escalation requests: what to journal, in which order
 //!
@@ -103,9 +107,11 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use crate::digest_set::IdDigestSet;
 use crate::model::{
-    Action, CommandId, Config, DomainId, DomainPhase, DomainState, Invariant, Refused, RequestId,
-    RequestState, SessionId, SessionPhase, SessionState, State, check_invariants, step,
+    Action, CommandId, CommandSpec, Config, DomainId, DomainPhase, DomainState, Invariant,
+    Refused, RequestId, RequestSpec, RequestState, SessionId, SessionPhase, SessionSpec,
+    SessionState, State, check_invariants, step,
 };
 use crate::shell::quote_argv;
 
@@ -469,6 +475,18 @@ pub enum TransitionError {
         /// The real identifier.
         id: String,
     },
+    /// The entry names a session that has ended or a request that reached
+    /// a terminal phase, which a retiring [`Machine`] no longer holds: each
+    /// ID is used once (SR-9), and nothing can happen to it any more.
+    #[error("{event} names {kind} {id:?}, which has ended (an ID is used once)")]
+    Retired {
+        /// The event's action name.
+        event: &'static str,
+        /// "session" or "request".
+        kind: &'static str,
+        /// The real identifier.
+        id: String,
+    },
     /// The entry contradicts a constant an earlier entry established (a
     /// session's fingerprint, a request's session, a session's Domain), names
     /// a command that is not its argv quoted, or claims a Domain approval
@@ -530,21 +548,86 @@ pub enum ConformanceError {
 }
 
 /// The protocol state of one or more Domains, driven by journal entries.
+///
+/// # What it remembers
+///
+/// A session that has ended (Closed) and a request in a terminal phase
+/// (Completed, Denied, TimedOut, Cancelled, Failed) can take no further
+/// step in the model: every action of a session needs it New or Connected,
+/// and a Closed session is neither; every action of a request needs it
+/// Unused, open or pending a result. A machine made with [`Machine::new`]
+/// therefore *retires* them after the step that ends them: their model
+/// slots go on a free list for the next new session or request, their
+/// name maps and details are dropped, and a command constant no live
+/// request names is freed too. So a long-lived Domain's machine holds only
+/// what is live, and an apply costs the same after a million requests as
+/// after ten.
+///
+/// Replay protection stays (SR-9): the real ID of each retired session
+/// and request is kept as a 128-bit digest ([`IdDigestSet`]: 16 MiB per
+/// million IDs), and an entry that names one again is refused with
+/// [`TransitionError::Retired`], where a machine keeping everything would
+/// refuse it with [`TransitionError::Refused`] or
+/// [`TransitionError::Inconsistent`]: the same entries are accepted (a
+/// differential test checks it), only the reason differs.
+///
+/// [`Machine::keeping_history`] makes a machine that retires nothing, for
+/// a consumer that wants to look at ended sessions and requests after a
+/// replay (tests, forensics); it grows with the journal.
+///
+/// The [`State`] and [`Config`] a retiring machine exposes keep the slots
+/// of retired entities (a Closed session, a terminal request, which satisfy
+/// every invariant) until they are reused under another name: look
+/// entities up by their real IDs ([`Machine::session_state`] and friends),
+/// not by slot.
 #[derive(Clone, Debug, Default)]
 pub struct Machine {
+    /// What an entry may change; each apply works on a copy of it.
+    live: Live,
+    /// Digests of retired Session IDs and request IDs: only ever added to,
+    /// after an entry was accepted, so an apply never copies it.
+    retired: IdDigestSet,
+    retention: Retention,
+}
+
+/// Whether a [`Machine`] retires ended sessions and terminal requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Retention {
+    #[default]
+    Retire,
+    KeepHistory,
+}
+
+/// [`IdDigestSet`] kinds of retired IDs.
+const SESSION: &str = "session";
+const REQUEST: &str = "request";
+
+/// The live part of a [`Machine`].
+#[derive(Clone, Debug, Default)]
+struct Live {
     config: Config,
     state: State,
     domains: HashMap<String, DomainId>,
     sessions: HashMap<String, SessionId>,
     requests: HashMap<String, RequestId>,
     /// Model command constants by (command, auto-approved): see
-    /// [`Machine::command`] for why one real command may be two constants.
+    /// [`Live::command`] for why one real command may be two constants.
     commands: HashMap<(String, bool), CommandId>,
     /// Each verified request's command and working directory.
     request_details: HashMap<RequestId, RequestDetails>,
     /// (Domain, command, working directory) the developer approved for the
     /// rest of the Domain's life.
     domain_approvals: HashSet<(DomainId, String, String)>,
+    /// Slots of retired entities, reused before the tables grow.
+    free: FreeSlots,
+}
+
+/// Model slots whose entity was retired.
+#[derive(Clone, Debug, Default)]
+struct FreeSlots {
+    sessions: Vec<SessionId>,
+    requests: Vec<RequestId>,
+    commands: Vec<CommandId>,
 }
 
 /// What the machine remembers of a verified request besides its model
@@ -556,51 +639,91 @@ struct RequestDetails {
 }
 
 impl Machine {
-    /// A machine with no Domain, session or request yet.
+    /// A machine with no Domain, session or request yet, which retires
+    /// ended sessions and terminal requests (see [`Machine`]).
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// The current model state.
-    pub fn state(&self) -> &State {
-        &self.state
+    /// A machine that keeps every session and request it has seen, ended
+    /// or not, so that their final states can be inspected; it grows with
+    /// the journal (an apply costs time in proportion too).
+    pub fn keeping_history() -> Self {
+        Self {
+            retention: Retention::KeepHistory,
+            ..Self::default()
+        }
     }
 
-    /// The model constants established so far.
+    /// Whether this machine keeps ended sessions and terminal requests.
+    pub fn keeps_history(&self) -> bool {
+        self.retention == Retention::KeepHistory
+    }
+
+    /// How many Session IDs and request IDs have been retired.
+    pub fn retired_ids(&self) -> usize {
+        self.retired.len()
+    }
+
+    /// The current model state (with retired entities' slots: see
+    /// [`Machine`]).
+    pub fn state(&self) -> &State {
+        &self.live.state
+    }
+
+    /// The model constants established so far (with retired entities'
+    /// slots: see [`Machine`]).
     pub fn config(&self) -> &Config {
-        &self.config
+        &self.live.config
     }
 
     /// The model index of a real Domain ID, if it has appeared.
     pub fn domain_index(&self, domain: &str) -> Option<DomainId> {
-        self.domains.get(domain).copied()
+        self.live.domains.get(domain).copied()
     }
 
-    /// The model index of a real Session ID, if it has appeared.
+    /// The model index of a real Session ID, if it has appeared and has
+    /// not been retired.
     pub fn session_index(&self, session: &str) -> Option<SessionId> {
-        self.sessions.get(session).copied()
+        self.live.sessions.get(session).copied()
     }
 
-    /// The model index of a real Escalation Request ID, if it has appeared.
+    /// The model index of a real Escalation Request ID, if it has appeared
+    /// and has not been retired.
     pub fn request_index(&self, request: &str) -> Option<RequestId> {
-        self.requests.get(request).copied()
+        self.live.requests.get(request).copied()
+    }
+
+    /// Whether a Session ID was retired: it ended, and any entry naming it
+    /// is refused.
+    pub fn is_retired_session(&self, session: &str) -> bool {
+        self.retired.contains(SESSION, session)
+    }
+
+    /// Whether a request ID was retired: it reached a terminal phase, and
+    /// any entry naming it is refused.
+    pub fn is_retired_request(&self, request: &str) -> bool {
+        self.retired.contains(REQUEST, request)
     }
 
     /// The model variables of a real Domain, if it has appeared.
     pub fn domain_state(&self, domain: &str) -> Option<&DomainState> {
-        self.domain_index(domain).map(|d| &self.state.domains[d.0])
+        self.domain_index(domain)
+            .map(|d| &self.live.state.domains[d.0])
     }
 
-    /// The model variables of a real session, if it has appeared.
+    /// The model variables of a real session, if it has appeared and has
+    /// not been retired.
     pub fn session_state(&self, session: &str) -> Option<&SessionState> {
         self.session_index(session)
-            .map(|s| &self.state.sessions[s.0])
+            .map(|s| &self.live.state.sessions[s.0])
     }
 
-    /// The model variables of a real request, if it has appeared.
+    /// The model variables of a real request, if it has appeared and has
+    /// not been retired.
     pub fn request_state(&self, request: &str) -> Option<&RequestState> {
         self.request_index(request)
-            .map(|r| &self.state.requests[r.0])
+            .map(|r| &self.live.state.requests[r.0])
     }
 
     /// Whether the developer approved `argv` in `cwd` for the rest of the
@@ -608,32 +731,48 @@ impl Machine {
     /// [`DOMAIN_APPROVAL_RULE`]).
     pub fn is_domain_approved(&self, domain: &str, argv: &[String], cwd: &str) -> bool {
         self.domain_index(domain).is_some_and(|d| {
-            self.domain_approvals
+            self.live
+                .domain_approvals
                 .contains(&(d, quote_argv(argv), cwd.to_owned()))
         })
     }
 
     /// Whether the model would accept `entry` now, without applying it.
     pub fn check(&self, entry: &JournalEntry) -> Result<(), TransitionError> {
-        self.clone().apply(entry).map(|_| ())
+        if entry.event.is_observation() {
+            return self.observe(entry);
+        }
+        self.successor(entry).map(|_| ())
     }
 
     /// Applies `entry` if the model allows it and returns the model action
     /// (`None` for an observation, which changes no model state); on
-    /// refusal nothing changes.
+    /// refusal nothing changes. A retiring machine then retires what the
+    /// step ended.
     pub fn apply(&mut self, entry: &JournalEntry) -> Result<Option<Action>, TransitionError> {
         if entry.event.is_observation() {
             return self.observe(entry).map(|()| None);
         }
-        let mut next = self.clone();
-        let action = next.action_for(entry)?;
+        let (next, action) = self.successor(entry)?;
+        self.live = next;
+        if self.retention == Retention::Retire {
+            self.live.retire_ended_by(action, &mut self.retired);
+        }
+        Ok(Some(action))
+    }
+
+    /// The live part after `entry`, and its action; `self` unchanged. The
+    /// copy is what makes a refusal change nothing; it is as large as
+    /// what is live (everything, when keeping history).
+    fn successor(&self, entry: &JournalEntry) -> Result<(Live, Action), TransitionError> {
+        let mut next = self.live.clone();
+        let action = next.action_for(entry, &self.retired)?;
         let event = entry.event.name();
         next.state = step(&next.config, &next.state, &action)
             .map_err(|refused| TransitionError::Refused { event, refused })?;
         check_invariants(&next.config, &next.state)
             .map_err(|invariant| TransitionError::Invariant { event, invariant })?;
-        *self = next;
-        Ok(Some(action))
+        Ok((next, action))
     }
 
     /// Accepts an observation of a Domain whose coordinator runs (any
@@ -648,9 +787,26 @@ impl Machine {
         }
     }
 
+    /// Sessions that are neither New nor Closed.
+    pub fn live_sessions(&self) -> usize {
+        self.live
+            .state
+            .sessions
+            .iter()
+            .filter(|s| !matches!(s.phase, SessionPhase::New | SessionPhase::Closed))
+            .count()
+    }
+}
+
+impl Live {
     /// Maps an entry to its model action, adding the Domain, session, request
-    /// or command it introduces and the constants it implies.
-    fn action_for(&mut self, entry: &JournalEntry) -> Result<Action, TransitionError> {
+    /// or command it introduces and the constants it implies. An ID in
+    /// `retired` is refused.
+    fn action_for(
+        &mut self,
+        entry: &JournalEntry,
+        retired: &IdDigestSet,
+    ) -> Result<Action, TransitionError> {
         let event = entry.event.name();
         let d = self.domain(&entry.domain);
         let action = match &entry.event {
@@ -658,7 +814,7 @@ impl Machine {
                 session,
                 fingerprint,
             } => {
-                let s = self.session(event, d, session)?;
+                let s = self.session(event, d, session, retired)?;
                 // A new run of an absent Domain may use an edited configuration:
                 // the fingerprint is a constant of the run. The launcher validated
                 // the configuration, so it is confined (ConfigSafe).
@@ -691,13 +847,13 @@ impl Machine {
             Event::UnmountStateAnchor => Action::UnmountStateAnchor(d),
             Event::ReleaseDomainLock => Action::ReleaseDomainLock(d),
             Event::ConnectSession { session } => {
-                Action::ConnectSession(self.session(event, d, session)?)
+                Action::ConnectSession(self.session(event, d, session, retired)?)
             }
             Event::RegisterSession {
                 session,
                 fingerprint,
             } => {
-                let s = self.session(event, d, session)?;
+                let s = self.session(event, d, session, retired)?;
                 self.set_fingerprint(event, s, fingerprint)?;
                 Action::RegisterSession(s)
             }
@@ -705,18 +861,18 @@ impl Machine {
                 session,
                 fingerprint,
             } => {
-                let s = self.session(event, d, session)?;
+                let s = self.session(event, d, session, retired)?;
                 self.set_fingerprint(event, s, fingerprint)?;
                 Action::RejectSession(s)
             }
             Event::DisconnectSession { session } => {
-                Action::DisconnectSession(self.known_session(event, session)?)
+                Action::DisconnectSession(self.known_session(event, session, retired)?)
             }
             Event::EvictSession { session } => {
-                Action::EvictSession(self.known_session(event, session)?)
+                Action::EvictSession(self.known_session(event, session, retired)?)
             }
             Event::AbandonLaunch { session } => {
-                Action::AbandonLaunch(self.session(event, d, session)?)
+                Action::AbandonLaunch(self.session(event, d, session, retired)?)
             }
             Event::VerifyRequest {
                 session,
@@ -727,7 +883,7 @@ impl Machine {
                 cwd,
                 ..
             } => {
-                let s = self.known_session(event, session)?;
+                let s = self.known_session(event, session, retired)?;
                 check_rendering(event, command, argv)?;
                 let c = self.command(command, *auto_approved);
                 let r = match self.requests.get(request) {
@@ -740,11 +896,21 @@ impl Machine {
                         }
                         r
                     }
+                    None if retired.contains(REQUEST, request) => {
+                        return Err(TransitionError::Retired {
+                            event,
+                            kind: REQUEST,
+                            id: request.clone(),
+                        });
+                    }
                     None => {
                         // Only requests with a valid client certificate are journalled.
-                        let r = self.config.add_request(request, s, c, true);
-                        self.state.requests.push(RequestState::initial());
-                        self.requests.insert(request.clone(), r);
+                        let r = self.new_request(RequestSpec {
+                            name: request.clone(),
+                            session: s,
+                            command: c,
+                            certificate_valid: true,
+                        });
                         let details = RequestDetails {
                             command: command.clone(),
                             cwd: cwd.clone(),
@@ -756,7 +922,7 @@ impl Machine {
                 Action::VerifyRequest(r)
             }
             Event::AutoApprove { request, rule } => {
-                let r = self.request(event, request)?;
+                let r = self.request(event, request, retired)?;
                 if rule == DOMAIN_APPROVAL_RULE && !self.domain_approved(d, r) {
                     return Err(TransitionError::Inconsistent {
                         event,
@@ -768,13 +934,13 @@ impl Machine {
                 Action::AutoApprove(r)
             }
             Event::PromptDeveloper { request } => {
-                Action::PromptDeveloper(self.request(event, request)?)
+                Action::PromptDeveloper(self.request(event, request, retired)?)
             }
             Event::DeveloperApprove {
                 request,
                 for_domain,
             } => {
-                let r = self.request(event, request)?;
+                let r = self.request(event, request, retired)?;
                 if *for_domain {
                     // Applied to a copy: forgotten again if the model refuses.
                     let details = self.request_details.get(&r).cloned().unwrap_or_default();
@@ -788,7 +954,7 @@ impl Machine {
                 command,
                 argv,
             } => {
-                let r = self.request(event, request)?;
+                let r = self.request(event, request, retired)?;
                 check_rendering(event, command, argv)?;
                 // The rules were never asked about the edited command: it is
                 // the developer's own decision, not auto-approved.
@@ -796,25 +962,25 @@ impl Machine {
                 Action::DeveloperEditApprove(r, c)
             }
             Event::DeveloperDeny { request, .. } => {
-                Action::DeveloperDeny(self.request(event, request)?)
+                Action::DeveloperDeny(self.request(event, request, retired)?)
             }
             Event::StartHostExecution { request } => {
-                Action::StartHostExecution(self.request(event, request)?)
+                Action::StartHostExecution(self.request(event, request, retired)?)
             }
             Event::CompleteHostExecution { request, .. } => {
-                Action::CompleteHostExecution(self.request(event, request)?)
+                Action::CompleteHostExecution(self.request(event, request, retired)?)
             }
             Event::TimeoutRequest { request } => {
-                Action::TimeoutRequest(self.request(event, request)?)
+                Action::TimeoutRequest(self.request(event, request, retired)?)
             }
             Event::CancelRequest { request } => {
-                Action::CancelRequest(self.request(event, request)?)
+                Action::CancelRequest(self.request(event, request, retired)?)
             }
             Event::FailHostExecution { request, .. } => {
-                Action::FailHostExecution(self.request(event, request)?)
+                Action::FailHostExecution(self.request(event, request, retired)?)
             }
             Event::DeliverResult { request } => {
-                Action::DeliverResult(self.request(event, request)?)
+                Action::DeliverResult(self.request(event, request, retired)?)
             }
             // Observations never reach here (apply handles them first); a
             // refusal keeps this total without a panic.
@@ -841,10 +1007,9 @@ impl Machine {
             return d;
         }
         // Fingerprint and safety are set by the entries that establish them.
+        // Domains are never retired: a journal has one, or a few.
         let d = self.config.add_domain(domain, "");
-        self.state
-            .domains
-            .push(crate::model::DomainState::initial());
+        self.state.domains.push(DomainState::initial());
         self.domains.insert(domain.to_owned(), d);
         d
     }
@@ -855,6 +1020,7 @@ impl Machine {
         event: &'static str,
         d: DomainId,
         id: &str,
+        retired: &IdDigestSet,
     ) -> Result<SessionId, TransitionError> {
         if let Some(&s) = self.sessions.get(id) {
             if self.config.sessions[s.0].domain != d {
@@ -865,32 +1031,75 @@ impl Machine {
             }
             return Ok(s);
         }
-        let s = self.config.add_session(id, d, "");
-        self.state.sessions.push(SessionState::initial());
+        if retired.contains(SESSION, id) {
+            return Err(TransitionError::Retired {
+                event,
+                kind: SESSION,
+                id: id.to_owned(),
+            });
+        }
+        let spec = SessionSpec {
+            name: id.to_owned(),
+            domain: d,
+            fingerprint: String::new(),
+        };
+        let s = match self.free.sessions.pop() {
+            Some(s) => {
+                self.config.sessions[s.0] = spec;
+                self.state.sessions[s.0] = SessionState::initial();
+                s
+            }
+            None => {
+                self.config.sessions.push(spec);
+                self.state.sessions.push(SessionState::initial());
+                SessionId(self.config.sessions.len() - 1)
+            }
+        };
         self.sessions.insert(id.to_owned(), s);
         Ok(s)
     }
 
-    fn known_session(&self, event: &'static str, id: &str) -> Result<SessionId, TransitionError> {
-        self.sessions
-            .get(id)
-            .copied()
-            .ok_or_else(|| TransitionError::Unknown {
-                event,
-                kind: "session",
-                id: id.to_owned(),
-            })
+    fn known_session(
+        &self,
+        event: &'static str,
+        id: &str,
+        retired: &IdDigestSet,
+    ) -> Result<SessionId, TransitionError> {
+        match self.sessions.get(id) {
+            Some(&s) => Ok(s),
+            None => Err(unknown_or_retired(event, SESSION, id, retired)),
+        }
     }
 
-    fn request(&self, event: &'static str, id: &str) -> Result<RequestId, TransitionError> {
-        self.requests
-            .get(id)
-            .copied()
-            .ok_or_else(|| TransitionError::Unknown {
-                event,
-                kind: "request",
-                id: id.to_owned(),
-            })
+    fn request(
+        &self,
+        event: &'static str,
+        id: &str,
+        retired: &IdDigestSet,
+    ) -> Result<RequestId, TransitionError> {
+        match self.requests.get(id) {
+            Some(&r) => Ok(r),
+            None => Err(unknown_or_retired(event, REQUEST, id, retired)),
+        }
+    }
+
+    /// A new request (Unused) in a free slot or a new one.
+    fn new_request(&mut self, spec: RequestSpec) -> RequestId {
+        let name = spec.name.clone();
+        let r = match self.free.requests.pop() {
+            Some(r) => {
+                self.config.requests[r.0] = spec;
+                self.state.requests[r.0] = RequestState::initial();
+                r
+            }
+            None => {
+                self.config.requests.push(spec);
+                self.state.requests.push(RequestState::initial());
+                RequestId(self.config.requests.len() - 1)
+            }
+        };
+        self.requests.insert(name, r);
+        r
     }
 
     /// The model constant of `command` verified with `auto_approved`.
@@ -911,12 +1120,30 @@ impl Machine {
     /// concerns a prompted (not auto-approved) request and an edited command
     /// that is never auto-approved, so both are "not auto-approved"
     /// constants, equal exactly when the real commands are equal.
+    ///
+    /// A retiring machine frees a constant once no live request names it
+    /// (as its command or its approved command); the same pair gets a
+    /// constant again when it comes back. Sound for the same reason: only
+    /// live requests' commands are ever compared.
     fn command(&mut self, command: &str, auto_approved: bool) -> CommandId {
         let key = (command.to_owned(), auto_approved);
         if let Some(&c) = self.commands.get(&key) {
             return c;
         }
-        let c = self.config.add_command(command, auto_approved);
+        let spec = CommandSpec {
+            name: command.to_owned(),
+            auto_approved,
+        };
+        let c = match self.free.commands.pop() {
+            Some(c) => {
+                self.config.commands[c.0] = spec;
+                c
+            }
+            None => {
+                self.config.commands.push(spec);
+                CommandId(self.config.commands.len() - 1)
+            }
+        };
         self.commands.insert(key, c);
         c
     }
@@ -962,13 +1189,139 @@ impl Machine {
         }
     }
 
-    /// Sessions that are neither New nor Closed.
-    pub fn live_sessions(&self) -> usize {
-        self.state
-            .sessions
+    /// Retires what the accepted `action` ended: a request it moved to a
+    /// terminal phase, a session it closed (with its requests, which closing
+    /// made terminal).
+    fn retire_ended_by(&mut self, action: Action, retired: &mut IdDigestSet) {
+        match action {
+            Action::RejectSession(s)
+            | Action::DisconnectSession(s)
+            | Action::EvictSession(s)
+            | Action::AbandonLaunch(s) => self.retire_session(s, retired),
+            Action::VerifyRequest(r)
+            | Action::AutoApprove(r)
+            | Action::PromptDeveloper(r)
+            | Action::DeveloperApprove(r)
+            | Action::DeveloperEditApprove(r, _)
+            | Action::DeveloperDeny(r)
+            | Action::StartHostExecution(r)
+            | Action::CompleteHostExecution(r)
+            | Action::TimeoutRequest(r)
+            | Action::CancelRequest(r)
+            | Action::FailHostExecution(r)
+            | Action::DeliverResult(r) => {
+                // In practice only DeliverResult ends a request; asking the
+                // phase keeps this right if the model changes.
+                if self.state.requests[r.0].phase.is_terminal() {
+                    self.retire_request(r, retired);
+                }
+            }
+            Action::AcquireDomainLock(_)
+            | Action::ConnectSession(_)
+            | Action::RegisterSession(_)
+            | Action::MountStateAnchor(_)
+            | Action::CreateTrustAnchor(_)
+            | Action::StartSidecar(_)
+            | Action::StartSandbox(_)
+            | Action::AbortUnsafeStart(_)
+            | Action::PublishDomain(_)
+            | Action::FailDomain(_)
+            | Action::BeginTeardown(_)
+            | Action::StopSandbox(_)
+            | Action::StopSidecar(_)
+            | Action::DestroyTrustAnchor(_)
+            | Action::UnmountStateAnchor(_)
+            | Action::ReleaseDomainLock(_) => {}
+        }
+    }
+
+    /// Retires a Closed session and its requests. Closing cancels the
+    /// active request and a session's other requests are terminal already
+    /// (`ActiveRequestConsistent`); should one not be, the session is kept,
+    /// since its slot must not be reused under a live request.
+    fn retire_session(&mut self, s: SessionId, retired: &mut IdDigestSet) {
+        if self.state.sessions[s.0].phase != SessionPhase::Closed {
+            return;
+        }
+        let own: Vec<RequestId> = self
+            .requests
+            .values()
+            .copied()
+            .filter(|r| self.config.requests[r.0].session == s)
+            .collect();
+        if own
             .iter()
-            .filter(|s| !matches!(s.phase, SessionPhase::New | SessionPhase::Closed))
-            .count()
+            .any(|r| !self.state.requests[r.0].phase.is_terminal())
+        {
+            return;
+        }
+        for r in own {
+            self.retire_request(r, retired);
+        }
+        // The name stays in the slot until it is reused, so that the action
+        // that ended it still displays with it.
+        let name = self.config.sessions[s.0].name.clone();
+        retired.insert(SESSION, &name);
+        self.sessions.remove(&name);
+        self.free.sessions.push(s);
+    }
+
+    /// Retires a terminal request, and the command constants no other live
+    /// request names.
+    fn retire_request(&mut self, r: RequestId, retired: &mut IdDigestSet) {
+        let name = self.config.requests[r.0].name.clone();
+        retired.insert(REQUEST, &name);
+        self.requests.remove(&name);
+        self.request_details.remove(&r);
+        self.free.requests.push(r);
+        let named = [
+            Some(self.config.requests[r.0].command),
+            self.state.requests[r.0].approved_command,
+        ];
+        for c in named.into_iter().flatten() {
+            self.free_command_if_unnamed(c);
+        }
+    }
+
+    fn free_command_if_unnamed(&mut self, c: CommandId) {
+        let named = self.requests.values().any(|r| {
+            self.config.requests[r.0].command == c
+                || self.state.requests[r.0].approved_command == Some(c)
+        });
+        if named {
+            return;
+        }
+        let spec = &self.config.commands[c.0];
+        let key = (spec.name.clone(), spec.auto_approved);
+        // Absent or another constant: freed already (a request's command
+        // and approved command are often the same).
+        if self.commands.get(&key) == Some(&c) {
+            self.commands.remove(&key);
+            self.free.commands.push(c);
+        }
+    }
+}
+
+/// [`TransitionError::Retired`] for an ID retired before, otherwise
+/// [`TransitionError::Unknown`].
+fn unknown_or_retired(
+    event: &'static str,
+    kind: &'static str,
+    id: &str,
+    retired: &IdDigestSet,
+) -> TransitionError {
+    if retired.contains(kind, id) {
+        TransitionError::Retired {
+            event,
+            kind,
+            id: id.to_owned(),
+        }
+    } else {
+        TransitionError::Unknown {
+            event,
+            kind,
+            id: id.to_owned(),
+        }
     }
 }
 
@@ -993,12 +1346,21 @@ fn check_rendering(
     })
 }
 
-/// Replays journal entries from `Init`; fails at the first entry the model
-/// does not allow, naming its (1-based) position.
+/// Replays journal entries from `Init` through a retiring [`Machine`];
+/// fails at the first entry the model does not allow, naming its (1-based)
+/// position.
 pub fn replay<'a>(
     entries: impl IntoIterator<Item = &'a JournalEntry>,
 ) -> Result<Machine, ConformanceError> {
-    let mut machine = Machine::new();
+    replay_into(Machine::new(), entries)
+}
+
+/// [`replay`] through `machine` (for example [`Machine::keeping_history`]);
+/// the machine is expected fresh, but need not be.
+pub fn replay_into<'a>(
+    mut machine: Machine,
+    entries: impl IntoIterator<Item = &'a JournalEntry>,
+) -> Result<Machine, ConformanceError> {
     for (i, entry) in entries.into_iter().enumerate() {
         machine
             .apply(entry)
@@ -1010,9 +1372,17 @@ pub fn replay<'a>(
     Ok(machine)
 }
 
-/// Replays a JSON-lines journal (blank lines are skipped).
+/// Replays a JSON-lines journal (blank lines are skipped) through a
+/// retiring [`Machine`].
 pub fn replay_reader(reader: impl BufRead) -> Result<Machine, ConformanceError> {
-    let mut machine = Machine::new();
+    replay_reader_into(Machine::new(), reader)
+}
+
+/// [`replay_reader`] through `machine`.
+pub fn replay_reader_into(
+    mut machine: Machine,
+    reader: impl BufRead,
+) -> Result<Machine, ConformanceError> {
     for (i, line) in reader.lines().enumerate() {
         let line_number = i + 1;
         let line = line.map_err(|source| ConformanceError::Read {
@@ -1099,5 +1469,457 @@ mod tests {
         let minimal = r#"{"timestamp_ms":1,"domain":"d1","action":"NeutraliseSandboxWrite","root":"workspace","path":"x","kind":"quarantined","summary":"s"}"#;
         let parsed: JournalEntry = serde_json::from_str(minimal).expect("parses");
         assert!(parsed.event.is_observation());
+    }
+}
+
+#[cfg(test)]
+mod retirement_tests {
+    //! A retiring machine against one keeping history: same decisions,
+    //! same live states, bounded size, retired IDs refused.
+
+    use super::*;
+
+    const DOMAIN: &str = "d1";
+
+    fn entry(domain: &str, event: Event) -> JournalEntry {
+        JournalEntry {
+            timestamp_ms: 0,
+            domain: domain.to_owned(),
+            event,
+        }
+    }
+
+    /// A small deterministic generator (splitmix64), so a failure
+    /// reproduces from its seed.
+    struct Rng(u64);
+
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = self.0;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        }
+
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n as u64) as usize
+        }
+
+        fn chance(&mut self, percent: usize) -> bool {
+            self.below(100) < percent
+        }
+    }
+
+    /// Random journal entries over a growing set of names: mostly one the
+    /// machine holds live (so that whole lifecycles happen), sometimes a
+    /// fresh one, sometimes any earlier one (retired by now, or never seen
+    /// in this role), and now and then a second Domain.
+    struct Generator {
+        rng: Rng,
+        sessions: usize,
+        requests: usize,
+        /// Names picked while live, newest last (bounded: the oldest go).
+        once_live: Vec<String>,
+    }
+
+    impl Generator {
+        /// A name: live, fresh, once live (most of them retired by now), or
+        /// any number issued before.
+        fn pick(&mut self, prefix: &str, count: &mut usize, live: &HashMap<String, impl Copy>) -> String {
+            let roll = self.rng.below(100);
+            if roll < 70 && !live.is_empty() {
+                // Sorted: HashMap order differs between runs.
+                let mut names: Vec<&String> = live.keys().collect();
+                names.sort_unstable();
+                let name = names[self.rng.below(names.len())].clone();
+                if self.once_live.len() == 512 {
+                    self.once_live.remove(0);
+                }
+                self.once_live.push(name.clone());
+                return name;
+            }
+            if roll < 82 {
+                *count += 1;
+                return format!("{prefix}{count}");
+            }
+            let earlier: Vec<&String> = self.once_live.iter().filter(|n| n.starts_with(prefix)).collect();
+            if roll < 95 && !earlier.is_empty() {
+                return earlier[self.rng.below(earlier.len())].clone();
+            }
+            format!("{prefix}{}", self.rng.below(*count + 1))
+        }
+
+        fn session(&mut self, m: &Machine) -> String {
+            let mut count = self.sessions;
+            let name = self.pick("s", &mut count, &m.live.sessions);
+            self.sessions = count;
+            name
+        }
+
+        fn request(&mut self, m: &Machine) -> String {
+            let mut count = self.requests;
+            let name = self.pick("r", &mut count, &m.live.requests);
+            self.requests = count;
+            name
+        }
+
+        fn argv(&mut self) -> Vec<String> {
+            let words = ["true", "make", "git fetch", "ls"];
+            vec![words[self.rng.below(words.len())].to_owned()]
+        }
+
+        fn fingerprint(&mut self) -> String {
+            if self.rng.chance(90) { "fp".into() } else { "other".into() }
+        }
+
+        fn entry(&mut self, m: &Machine) -> JournalEntry {
+            let domain = if self.rng.chance(3) { "d2" } else { DOMAIN };
+            // Weights: the request steps and session attachment most often,
+            // the Domain's own steps less, the abandoning kinds least.
+            let event = match self.rng.below(40) {
+                // Failing is always possible while starting or ready: rare,
+                // or the Domain would seldom get to serve a session.
+                0 if self.rng.chance(10) => {
+                    if self.rng.chance(70) { Event::FailDomain { reason: String::new() } } else { Event::AbortUnsafeStart }
+                }
+                0 => Event::AcquireDomainLock {
+                    session: self.session(m),
+                    fingerprint: "fp".into(),
+                },
+                1 | 2 => [
+                    Event::MountStateAnchor,
+                    Event::CreateTrustAnchor,
+                    Event::StartSidecar,
+                    Event::StartSandbox,
+                    Event::PublishDomain,
+                ][self.rng.below(5)]
+                .clone(),
+                3 | 4 => [
+                    Event::BeginTeardown,
+                    Event::StopSandbox,
+                    Event::StopSidecar,
+                    Event::DestroyTrustAnchor,
+                    Event::UnmountStateAnchor,
+                    Event::ReleaseDomainLock,
+                ][self.rng.below(6)]
+                .clone(),
+                5..=7 => Event::ConnectSession {
+                    session: self.session(m),
+                },
+                8..=10 => Event::RegisterSession {
+                    session: self.session(m),
+                    fingerprint: self.fingerprint(),
+                },
+                11 => Event::RejectSession {
+                    session: self.session(m),
+                    fingerprint: self.fingerprint(),
+                },
+                12 => Event::DisconnectSession {
+                    session: self.session(m),
+                },
+                13 => Event::EvictSession {
+                    session: self.session(m),
+                },
+                // Always possible for a fresh name: rare, or it would be
+                // most of what is accepted.
+                14 if self.rng.chance(15) => Event::AbandonLaunch {
+                    session: self.session(m),
+                },
+                14 | 15 => Event::CompleteHostExecution {
+                    request: self.request(m),
+                    exit_status: Some(1),
+                },
+                16..=19 => {
+                    let (session, request, argv) = (self.session(m), self.request(m), self.argv());
+                    let cwd = if self.rng.chance(50) { "/ws" } else { "/ws/sub" };
+                    Event::verify_request(&session, &request, &argv, cwd, "", self.rng.chance(50))
+                }
+                20 | 21 => Event::AutoApprove {
+                    request: self.request(m),
+                    rule: if self.rng.chance(30) { DOMAIN_APPROVAL_RULE.into() } else { "rule".into() },
+                },
+                22 | 23 => Event::PromptDeveloper {
+                    request: self.request(m),
+                },
+                24 | 25 => Event::DeveloperApprove {
+                    request: self.request(m),
+                    for_domain: self.rng.chance(40),
+                },
+                26 => {
+                    let (request, argv) = (self.request(m), self.argv());
+                    Event::developer_edit_approve(&request, &argv)
+                }
+                27 => Event::DeveloperDeny {
+                    request: self.request(m),
+                    reason: String::new(),
+                },
+                28..=30 => Event::StartHostExecution {
+                    request: self.request(m),
+                },
+                31 | 32 => Event::CompleteHostExecution {
+                    request: self.request(m),
+                    exit_status: Some(0),
+                },
+                33 => Event::TimeoutRequest {
+                    request: self.request(m),
+                },
+                34 => Event::CancelRequest {
+                    request: self.request(m),
+                },
+                35 => Event::FailHostExecution {
+                    request: self.request(m),
+                    reason: String::new(),
+                },
+                _ => Event::DeliverResult {
+                    request: self.request(m),
+                },
+            };
+            entry(domain, event)
+        }
+    }
+
+    /// A session's variables with its active request by name.
+    fn session_view(m: &Machine, id: &str) -> Option<(SessionState, Option<String>)> {
+        let state = m.session_state(id)?.clone();
+        let active = state.active_request.map(|r| m.config().requests[r.0].name.clone());
+        Some((SessionState { active_request: None, ..state }, active))
+    }
+
+    /// A command constant by value: its text and whether it is auto-approved.
+    type CommandView = (String, bool);
+
+    /// A request's variables with its approved command by value, and its
+    /// constants (session by name, command by value).
+    fn request_view(m: &Machine, id: &str) -> Option<(RequestState, Option<CommandView>, String, CommandView)> {
+        let r = m.request_index(id)?;
+        let state = m.state().requests[r.0].clone();
+        let command = |c: CommandId| {
+            let spec = &m.config().commands[c.0];
+            (spec.name.clone(), spec.auto_approved)
+        };
+        let approved = state.approved_command.map(command);
+        let spec = &m.config().requests[r.0];
+        let session = m.config().sessions[spec.session.0].name.clone();
+        Some((RequestState { approved_command: None, ..state }, approved, session, command(spec.command)))
+    }
+
+    /// Every live entity of `retiring` is live in `full` with the same
+    /// variables and constants; with `everything`, also every entity `full`
+    /// holds is either live in `retiring` or retired there, and then ended.
+    fn assert_equivalent(retiring: &Machine, full: &Machine, everything: bool) {
+        for domain in retiring.live.domains.keys() {
+            assert_eq!(retiring.domain_state(domain), full.domain_state(domain), "Domain {domain}");
+        }
+        for id in retiring.live.sessions.keys() {
+            assert_eq!(session_view(retiring, id), session_view(full, id), "session {id}");
+        }
+        for id in retiring.live.requests.keys() {
+            assert_eq!(request_view(retiring, id), request_view(full, id), "request {id}");
+        }
+        if !everything {
+            return;
+        }
+        for (id, &s) in &full.live.sessions {
+            if retiring.session_index(id).is_none() {
+                assert!(retiring.is_retired_session(id), "session {id} neither live nor retired");
+                assert_eq!(full.state().sessions[s.0].phase, SessionPhase::Closed, "retired session {id}");
+            }
+        }
+        for (id, &r) in &full.live.requests {
+            if retiring.request_index(id).is_none() {
+                assert!(retiring.is_retired_request(id), "request {id} neither live nor retired");
+                assert!(full.state().requests[r.0].phase.is_terminal(), "retired request {id}");
+            }
+        }
+        assert_eq!(
+            retiring.live.sessions.len() + retiring.live.requests.len() + retiring.retired_ids(),
+            full.live.sessions.len() + full.live.requests.len(),
+            "every entity is live or retired, once"
+        );
+    }
+
+    #[test]
+    fn a_retiring_machine_decides_as_one_keeping_history_on_random_journals() {
+        // Two seeds of 20,000 entries each.
+        for seed in [1_u64, 0xDEAD_BEEF] {
+            let mut generator = Generator { rng: Rng(seed), sessions: 0, requests: 0, once_live: Vec::new() };
+            let (mut retiring, mut full) = (Machine::new(), Machine::keeping_history());
+            let (mut accepted, mut retired_refusals) = (0, 0);
+            let mut accepted_by_kind: HashMap<&'static str, usize> = HashMap::new();
+            for i in 0..20_000 {
+                // Mostly one of the acceptable entries among 12 candidates,
+                // so that lifecycles run to their end; otherwise any entry.
+                let e = if generator.rng.chance(75) {
+                    // (Asking the retiring machine is cheaper and, as this
+                    // test checks, gives the same answers.)
+                    let mut accepted: Vec<JournalEntry> =
+                        (0..12).map(|_| generator.entry(&retiring)).filter(|e| retiring.check(e).is_ok()).collect();
+                    if accepted.is_empty() {
+                        generator.entry(&retiring)
+                    } else {
+                        let pick = generator.rng.below(accepted.len());
+                        accepted.swap_remove(pick)
+                    }
+                } else {
+                    generator.entry(&retiring)
+                };
+                // check() predicts apply() on both.
+                let predicted = (retiring.check(&e).is_ok(), full.check(&e).is_ok());
+                let got = (retiring.apply(&e), full.apply(&e));
+                assert_eq!(predicted, (got.0.is_ok(), got.1.is_ok()), "seed {seed} entry {i}: check and apply disagree");
+                match got {
+                    (Ok(a), Ok(b)) => {
+                        let show = |m: &Machine, a: Option<Action>| a.map(|a| a.display(m.config()).to_string());
+                        assert_eq!(show(&retiring, a), show(&full, b), "seed {seed} entry {i}: {e:?}");
+                        accepted += 1;
+                        *accepted_by_kind.entry(e.event.name()).or_default() += 1;
+                    }
+                    (Err(TransitionError::Retired { .. }), Err(_)) => retired_refusals += 1,
+                    (Err(_), Err(_)) => {}
+                    (a, b) => panic!("seed {seed} entry {i}: {e:?}: retiring {a:?}, keeping history {b:?}"),
+                }
+                assert_equivalent(&retiring, &full, i % 500 == 0);
+            }
+            assert_equivalent(&retiring, &full, true);
+            println!(
+                "seed {seed}: {accepted} accepted, {retired_refusals} refused as retired, {} IDs retired, {} session slots against {}; {accepted_by_kind:?}",
+                retiring.retired_ids(),
+                retiring.state().sessions.len(),
+                full.state().sessions.len()
+            );
+            // The walk must have exercised what it claims to test.
+            assert!(accepted > 3_000, "seed {seed}: only {accepted} accepted");
+            assert!(retired_refusals > 100, "seed {seed}: only {retired_refusals} refusals of retired IDs");
+            for kind in ["DisconnectSession", "RejectSession", "DeliverResult", "DeveloperEditApprove", "ReleaseDomainLock", "AutoApprove"] {
+                assert!(accepted_by_kind.get(kind).copied().unwrap_or(0) > 0, "seed {seed}: no {kind} accepted: {accepted_by_kind:?}");
+            }
+            assert!(retiring.retired_ids() > 500, "seed {seed}: {} retired", retiring.retired_ids());
+            assert!(
+                retiring.state().sessions.len() * 4 < full.state().sessions.len(),
+                "seed {seed}: {} session slots against {}",
+                retiring.state().sessions.len(),
+                full.state().sessions.len()
+            );
+        }
+    }
+
+    /// A started, published Domain with `session` attached.
+    fn running_with(session: &str) -> Machine {
+        let mut m = Machine::new();
+        let mut events = vec![Event::AcquireDomainLock { session: session.into(), fingerprint: "fp".into() }];
+        events.extend([Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain]);
+        events.extend([
+            Event::ConnectSession { session: session.into() },
+            Event::RegisterSession { session: session.into(), fingerprint: "fp".into() },
+        ]);
+        for e in events {
+            m.apply(&entry(DOMAIN, e)).expect("start-up");
+        }
+        m
+    }
+
+    fn run_request(m: &mut Machine, session: &str, request: &str) {
+        let argv = vec!["true".to_owned()];
+        for e in [
+            Event::verify_request(session, request, &argv, "/ws", "", true),
+            Event::AutoApprove { request: request.into(), rule: "true".into() },
+            Event::StartHostExecution { request: request.into() },
+            Event::CompleteHostExecution { request: request.into(), exit_status: Some(0) },
+            Event::DeliverResult { request: request.into() },
+        ] {
+            m.apply(&entry(DOMAIN, e)).expect("a rule-approved request");
+        }
+    }
+
+    fn is_retired<T>(result: Result<T, TransitionError>, kind: &str, id: &str) -> bool {
+        matches!(result, Err(TransitionError::Retired { kind: k, id: i, .. }) if k == kind && i == id)
+    }
+
+    #[test]
+    fn a_retired_request_id_is_refused_whatever_the_entry() {
+        let mut m = running_with("s1");
+        run_request(&mut m, "s1", "r1");
+        assert!(m.request_index("r1").is_none() && m.is_retired_request("r1"));
+        let argv = vec!["true".to_owned()];
+        let again = Event::verify_request("s1", "r1", &argv, "/ws", "", true);
+        assert!(is_retired(m.check(&entry(DOMAIN, again.clone())), "request", "r1"));
+        assert!(is_retired(m.apply(&entry(DOMAIN, again)), "request", "r1"));
+        for late in [Event::DeliverResult { request: "r1".into() }, Event::CancelRequest { request: "r1".into() }] {
+            assert!(is_retired(m.apply(&entry(DOMAIN, late)), "request", "r1"));
+        }
+        // A request that never was is unknown, not retired; a fresh one goes.
+        assert!(matches!(m.apply(&entry(DOMAIN, Event::DeliverResult { request: "r9".into() })), Err(TransitionError::Unknown { .. })));
+        run_request(&mut m, "s1", "r2");
+    }
+
+    #[test]
+    fn a_retired_session_id_is_refused_whatever_the_entry() {
+        let mut m = running_with("s1");
+        let argv = vec!["make".to_owned()];
+        // Its open request is cancelled by the disconnect and retired too.
+        m.apply(&entry(DOMAIN, Event::verify_request("s1", "r1", &argv, "/ws", "", false))).expect("verified");
+        m.apply(&entry(DOMAIN, Event::DisconnectSession { session: "s1".into() })).expect("disconnected");
+        assert!(m.is_retired_session("s1") && m.is_retired_request("r1"));
+        assert_eq!((m.session_index("s1"), m.request_index("r1")), (None, None));
+        for e in [
+            Event::ConnectSession { session: "s1".into() },
+            Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() },
+            Event::DisconnectSession { session: "s1".into() },
+            Event::AbandonLaunch { session: "s1".into() },
+            Event::verify_request("s1", "r2", &argv, "/ws", "", true),
+        ] {
+            assert!(is_retired(m.apply(&entry(DOMAIN, e)), "session", "s1"));
+        }
+        // Also in a later run of the Domain.
+        for e in [Event::BeginTeardown, Event::StopSandbox, Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
+            m.apply(&entry(DOMAIN, e)).expect("teardown");
+        }
+        let relaunch = Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() };
+        assert!(is_retired(m.apply(&entry(DOMAIN, relaunch)), "session", "s1"));
+        m.apply(&entry(DOMAIN, Event::AcquireDomainLock { session: "s2".into(), fingerprint: "fp".into() })).expect("a fresh session launches");
+    }
+
+    #[test]
+    fn slots_stay_bounded_over_ten_thousand_sessions() {
+        let mut m = running_with("holder");
+        for i in 0..10_000 {
+            let s = format!("s{i}");
+            m.apply(&entry(DOMAIN, Event::ConnectSession { session: s.clone() })).expect("connect");
+            m.apply(&entry(DOMAIN, Event::RegisterSession { session: s.clone(), fingerprint: "fp".into() })).expect("register");
+            run_request(&mut m, &s, &format!("r{i}"));
+            // A different command each time: its constant is freed with its request.
+            let argv = vec!["echo".to_owned(), i.to_string()];
+            m.apply(&entry(DOMAIN, Event::verify_request(&s, &format!("q{i}"), &argv, "/ws", "", false))).expect("verify");
+            m.apply(&entry(DOMAIN, Event::DisconnectSession { session: s })).expect("disconnect");
+        }
+        // The holder and one session's worth of slots, reused 10,000 times.
+        assert_eq!(m.state().sessions.len(), 2);
+        assert_eq!(m.config().sessions.len(), 2);
+        assert!(m.state().requests.len() <= 2, "{} request slots", m.state().requests.len());
+        assert!(m.config().commands.len() <= 2, "{} command slots", m.config().commands.len());
+        assert_eq!((m.live.sessions.len(), m.live.requests.len(), m.live.commands.len(), m.live.request_details.len()), (1, 0, 0, 0));
+        assert_eq!(m.retired_ids(), 30_000);
+        assert_eq!(m.live_sessions(), 1);
+        // Every one of them is still refused.
+        assert!(is_retired(m.apply(&entry(DOMAIN, Event::ConnectSession { session: "s0".into() })), "session", "s0"));
+        assert!(is_retired(m.apply(&entry(DOMAIN, Event::verify_request("holder", "r9999", &["true".to_owned()], "/ws", "", true))), "request", "r9999"));
+    }
+
+    #[test]
+    fn a_history_keeping_machine_retires_nothing() {
+        let mut m = Machine::keeping_history();
+        assert!(m.keeps_history() && !Machine::new().keeps_history());
+        for e in [Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() }, Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain, Event::ConnectSession { session: "s1".into() }, Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() }] {
+            m.apply(&entry(DOMAIN, e)).expect("start-up");
+        }
+        run_request(&mut m, "s1", "r1");
+        m.apply(&entry(DOMAIN, Event::DisconnectSession { session: "s1".into() })).expect("disconnect");
+        assert_eq!(m.retired_ids(), 0);
+        assert_eq!(m.request_state("r1").map(|r| r.phase), Some(crate::model::RequestPhase::Completed));
+        assert_eq!(m.session_state("s1").map(|s| s.phase), Some(SessionPhase::Closed));
+        // Refused for the model's own reason.
+        let again = Event::ConnectSession { session: "s1".into() };
+        assert!(matches!(m.apply(&entry(DOMAIN, again)), Err(TransitionError::Refused { .. })));
     }
 }

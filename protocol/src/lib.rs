@@ -16,6 +16,8 @@
 //!   which checks a journal against the model (its documentation lists the
 //!   exact events a coordinator journals for each outcome of an escalation
 //!   request);
+//! - [`digest_set`]: identifiers used once, kept as 128-bit digests so
+//!   that a long-lived Domain can refuse them again in little memory;
 //! - [`display`]: untrusted text (file names, agent-controlled prompt
 //!   fields) in messages and prompts, escaped ([`display::inert`]);
 //! - [`shell`]: an argv quoted for display and parsed back after the
@@ -34,6 +36,7 @@
 pub mod checker;
 #[cfg(feature = "client")]
 pub mod client;
+pub mod digest_set;
 pub mod display;
 pub mod escalation;
 pub mod journal;
@@ -46,7 +49,8 @@ pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};
 pub use journal::{
-    ConformanceError, Event, JournalEntry, Machine, TransitionError, replay, replay_reader,
+    ConformanceError, Event, JournalEntry, Machine, TransitionError, replay, replay_into,
+    replay_reader, replay_reader_into,
 };
 pub use model::{
     Action, Config, Invariant, LivenessProperty, Mutation, Refused, State, check_invariants,

@@ -6,7 +6,7 @@ use lazaret_protocol::journal::{
 use lazaret_protocol::model::{
     Action, ApprovalSource, Config, RequestPhase, SessionPhase, State, TerminalRoute, enabled, step,
 };
-use lazaret_protocol::{replay, replay_reader};
+use lazaret_protocol::{replay, replay_into, replay_reader, replay_reader_into};
 
 const DOMAIN: &str = "dom-7f3a";
 
@@ -140,7 +140,19 @@ fn to_lines(journal: &[JournalEntry]) -> String {
 #[test]
 fn a_full_domain_lifetime_replays() {
     let journal = good_journal();
-    let machine = replay(&journal).expect("the journal conforms");
+    // The default machine retires what ended: nothing is left but the
+    // Domain, and every ID is remembered as used.
+    let retiring = replay(&journal).expect("the journal conforms");
+    assert_eq!(retiring.live_sessions(), 0);
+    for id in ["sess-a", "sess-b"] {
+        assert!(retiring.session_index(id).is_none() && retiring.is_retired_session(id), "{id}");
+    }
+    for id in ["req-1", "req-2", "req-3"] {
+        assert!(retiring.request_index(id).is_none() && retiring.is_retired_request(id), "{id}");
+    }
+    assert_eq!(retiring.retired_ids(), 5);
+    let machine =
+        replay_into(Machine::keeping_history(), &journal).expect("the journal conforms");
     let state = machine.state();
     assert_eq!(state.domains.len(), 1);
     assert_eq!(state.sessions.len(), 2);
@@ -173,8 +185,12 @@ fn json_lines_round_trip_and_replay() {
     replay_reader(text.as_bytes()).expect("conforms");
 }
 
+/// The line is refused, by the history-keeping machine for the model's
+/// reason `guard`, by the retiring one for that reason too or because the
+/// line names a retired ID.
 fn expect_refusal(journal: &[JournalEntry], line: usize, event: &str, guard: &str) {
-    match replay(journal) {
+    expect_refused_or_retired(journal, line);
+    match replay_into(Machine::keeping_history(), journal) {
         Err(ConformanceError::Transition {
             line: got_line,
             source:
@@ -426,7 +442,9 @@ impl Rng {
 }
 
 /// Compares the model state of the fixture with the replayed machine's,
-/// entity by entity through the real names.
+/// entity by entity through the real names. A retiring machine no longer
+/// holds what ended: a retired session must be Closed in the model, a
+/// retired request terminal.
 fn assert_same(config: &Config, model: &State, machine: &Machine) {
     let replayed = machine.state();
     if let Some(d) = machine.domain_index(&config.domains[0].name) {
@@ -435,7 +453,11 @@ fn assert_same(config: &Config, model: &State, machine: &Machine) {
     for (i, spec) in config.sessions.iter().enumerate() {
         let expected = &model.sessions[i];
         let Some(s) = machine.session_index(&spec.name) else {
-            assert_eq!(expected, &lazaret_protocol::model::SessionState::initial());
+            if machine.is_retired_session(&spec.name) {
+                assert_eq!(expected.phase, SessionPhase::Closed, "{} retired", spec.name);
+            } else {
+                assert_eq!(expected, &lazaret_protocol::model::SessionState::initial());
+            }
             continue;
         };
         let got = &replayed.sessions[s.0];
@@ -466,7 +488,12 @@ fn assert_same(config: &Config, model: &State, machine: &Machine) {
     for (i, spec) in config.requests.iter().enumerate() {
         let expected = &model.requests[i];
         let Some(r) = machine.request_index(&spec.name) else {
-            assert_eq!(expected.phase, RequestPhase::Unused);
+            if machine.is_retired_request(&spec.name) {
+                assert!(expected.phase.is_terminal(), "{} retired", spec.name);
+                assert!(!expected.host_running, "{} retired", spec.name);
+            } else {
+                assert_eq!(expected.phase, RequestPhase::Unused);
+            }
             continue;
         };
         let got = &replayed.requests[r.0];
@@ -495,9 +522,14 @@ fn random_behaviours_of_the_model_replay_and_disabled_steps_are_refused() {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let mut replayed_steps = 0;
     let mut refused_checks = 0;
-    for _walk in 0..200 {
+    // Each walk once with a retiring machine and once keeping history.
+    for walk in 0..400 {
         let mut state = State::initial(&config);
-        let mut machine = Machine::new();
+        let mut machine = if walk % 2 == 0 {
+            Machine::new()
+        } else {
+            Machine::keeping_history()
+        };
         for _ in 0..60 {
             let enabled_now: Vec<&Action> = actions
                 .iter()
@@ -536,7 +568,7 @@ fn random_behaviours_of_the_model_replay_and_disabled_steps_are_refused() {
         }
     }
     println!("replayed {replayed_steps} steps, {refused_checks} disabled steps refused");
-    assert!(replayed_steps > 1000);
+    assert!(replayed_steps > 2000);
 }
 
 // ---- Escalation requests, one test per outcome (the event orders of the
@@ -598,10 +630,16 @@ fn domain_with(sessions: &[&str]) -> Vec<JournalEntry> {
     journal
 }
 
+/// The journal replayed: the default (retiring) machine must accept it;
+/// returned is a history-keeping machine, whose ended sessions and
+/// requests can still be looked at.
 fn replayed(journal: &[JournalEntry]) -> Machine {
-    match replay(journal) {
+    if let Err(e) = replay(journal) {
+        panic!("journal does not conform: {e}");
+    }
+    match replay_into(Machine::keeping_history(), journal) {
         Ok(machine) => machine,
-        Err(e) => panic!("journal does not conform: {e}"),
+        Err(e) => panic!("journal does not conform when keeping history: {e}"),
     }
 }
 
@@ -940,7 +978,7 @@ fn a_session_disconnecting_mid_execution_ends_its_request_without_a_result() {
             matches!(
                 replay(&after),
                 Err(ConformanceError::Transition {
-                    source: TransitionError::Refused { .. },
+                    source: TransitionError::Refused { .. } | TransitionError::Retired { .. },
                     ..
                 })
             ),
@@ -1040,8 +1078,27 @@ fn approve_for_domain_makes_the_same_request_auto_approved() {
     assert_inconsistent(&next_life, next_life.len());
 }
 
+/// The default (retiring) machine refuses `line` as the model would, or
+/// because it names a retired ID.
+fn expect_refused_or_retired(journal: &[JournalEntry], line: usize) {
+    match replay(journal) {
+        Err(ConformanceError::Transition {
+            line: got,
+            source: TransitionError::Refused { .. } | TransitionError::Retired { .. },
+        }) if got == line => {}
+        other => panic!("expected line {line} to be refused (or retired), got {other:?}"),
+    }
+}
+
 fn assert_inconsistent(journal: &[JournalEntry], line: usize) {
     match replay(journal) {
+        Err(ConformanceError::Transition {
+            line: got,
+            source: TransitionError::Inconsistent { .. } | TransitionError::Retired { .. },
+        }) if got == line => {}
+        other => panic!("expected line {line} to be inconsistent or retired, got {other:?}"),
+    }
+    match replay_into(Machine::keeping_history(), journal) {
         Err(ConformanceError::Transition {
             line: got,
             source: TransitionError::Inconsistent { .. },
@@ -1179,7 +1236,9 @@ fn journals_written_before_decision_details_still_replay() {
         text.push('\n');
         text.push_str(line);
     }
-    let machine = replay_reader(text.as_bytes()).expect("an old journal conforms");
+    replay_reader(text.as_bytes()).expect("an old journal conforms");
+    let machine = replay_reader_into(Machine::keeping_history(), text.as_bytes())
+        .expect("an old journal conforms");
     assert_eq!(phase(&machine, "r1"), RequestPhase::Completed);
     assert_eq!(phase(&machine, "r2"), RequestPhase::Cancelled);
     assert_eq!(phase(&machine, "r3"), RequestPhase::Approved);

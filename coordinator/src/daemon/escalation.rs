@@ -52,7 +52,6 @@
 //! and leaves a journal that is a conformant prefix, as any crash does. A
 //! rule-approved request thus waits for one fsync, not five.
 
-use std::collections::HashSet;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
@@ -60,6 +59,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
+use lazaret_protocol::digest_set::IdDigestSet;
 use lazaret_protocol::escalation::{ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, MAX_ARGS, MAX_ARGV_BYTES};
 use lazaret_protocol::journal::{Event, DOMAIN_APPROVAL_RULE};
 use lazaret_protocol::wire::{self, CoordinatorMessage, PendingRequest, PromptDecision, PromptRequest};
@@ -87,6 +87,8 @@ const MAX_CONNECTIONS: usize = 1024;
 const DISCONNECT_WAIT: Duration = Duration::from_secs(10);
 /// How long a frame for a session waits for its Welcome to be out.
 const ATTACH_WAIT: Duration = Duration::from_secs(5);
+/// The [`IdDigestSet`] kind of the request IDs [`Escalations`] has seen.
+const SEEN_REQUEST: &str = "escalation-request";
 /// Longest field a prompt carries (the client cuts it further for display).
 const PROMPT_FIELD: usize = 16 * 1024;
 
@@ -96,7 +98,10 @@ pub(super) struct Escalations {
     /// Where sandbox clients connect (the sidecar's sandbox-facing address).
     pub address: SocketAddr,
     server: Arc<rustls::ServerConfig>,
-    seen: Mutex<HashSet<String>>,
+    /// Every request ID that reached the ID check, refused or not: as
+    /// digests (16 bytes each, see [`IdDigestSet`]), since the set lives as
+    /// long as the Domain.
+    seen: Mutex<IdDigestSet>,
     approvals: Mutex<DomainApprovals>,
     /// The cgroup under which each host command gets its own.
     cgroup_parent: PathBuf,
@@ -108,7 +113,7 @@ impl Escalations {
         Escalations {
             address,
             server,
-            seen: Mutex::new(HashSet::new()),
+            seen: Mutex::new(IdDigestSet::new()),
             approvals: Mutex::new(DomainApprovals::new()),
             cgroup_parent,
         }
@@ -473,7 +478,7 @@ fn admit_and_run(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, ses
     let Some(rel) = workspace_relative(root, &req.cwd) else {
         return Some(refused(format!("the working directory {} is outside the workspace {}", lazaret_protocol::display::inert(&req.cwd, 512), root.display())));
     };
-    let fresh = esc.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(req.id.clone());
+    let fresh = esc.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(SEEN_REQUEST, &req.id);
     if !fresh {
         return Some(refused(format!("request ID {} was used before", req.id)));
     }

@@ -475,7 +475,36 @@ pub(super) struct SandboxProcesses {
     /// path may start with `/..`).
     cgroup: String,
     own: u32,
-    known: RwLock<HashSet<u32>>,
+    known: RwLock<KnownPids>,
+}
+
+/// Pids found to be the sandbox's. The sandbox's processes come and go
+/// (gVisor starts platform stubs and helpers) over a long Domain life, so
+/// once the set reaches [`KnownPids::PRUNE_AT`] entries an insertion first
+/// drops the pids that have exited; should most be alive, the next prune
+/// waits until the set has doubled, so pruning stays amortised O(1).
+struct KnownPids {
+    pids: HashSet<u32>,
+    prune_at: usize,
+}
+
+impl KnownPids {
+    const PRUNE_AT: usize = 1024;
+
+    fn new(pids: HashSet<u32>) -> KnownPids {
+        KnownPids { pids, prune_at: Self::PRUNE_AT }
+    }
+
+    /// Adds `pid`, first pruning the pids `alive` says have exited if the
+    /// set is at its limit. Only exited pids go: a live one may still be
+    /// the sandbox's even when its cgroup cannot be read now.
+    fn insert(&mut self, pid: u32, alive: impl Fn(u32) -> bool) {
+        if self.pids.len() >= self.prune_at {
+            self.pids.retain(|&p| alive(p));
+            self.prune_at = (self.pids.len() * 2).max(Self::PRUNE_AT);
+        }
+        self.pids.insert(pid);
+    }
 }
 
 impl SandboxProcesses {
@@ -484,11 +513,11 @@ impl SandboxProcesses {
         if let Some(pid) = std::fs::read_to_string(sandbox_pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
             known.insert(pid);
         }
-        SandboxProcesses { cgroup: cgroups_path.trim_end_matches('/').to_string(), own: std::process::id(), known: RwLock::new(known) }
+        SandboxProcesses { cgroup: cgroups_path.trim_end_matches('/').to_string(), own: std::process::id(), known: RwLock::new(KnownPids::new(known)) }
     }
 
     fn known(&self) -> Vec<u32> {
-        let mut v: Vec<u32> = self.known.read().unwrap_or_else(|p| p.into_inner()).iter().copied().collect();
+        let mut v: Vec<u32> = self.known.read().unwrap_or_else(|p| p.into_inner()).pids.iter().copied().collect();
         v.sort_unstable();
         v
     }
@@ -499,12 +528,12 @@ impl SandboxProcesses {
         if pid == 0 || pid == 1 || pid == self.own {
             return false;
         }
-        if self.known.read().unwrap_or_else(|p| p.into_inner()).contains(&pid) {
+        if self.known.read().unwrap_or_else(|p| p.into_inner()).pids.contains(&pid) {
             return true;
         }
         let member = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| in_cgroup(&t, &self.cgroup));
         if member {
-            self.known.write().unwrap_or_else(|p| p.into_inner()).insert(pid);
+            self.known.write().unwrap_or_else(|p| p.into_inner()).insert(pid, alive);
         }
         member
     }
@@ -554,13 +583,45 @@ mod tests {
 
     #[test]
     fn the_developer_the_coordinator_and_init_are_never_the_sandbox() {
-        let p = SandboxProcesses { cgroup: "/lazaret/none/none".into(), own: std::process::id(), known: RwLock::new([4242].into()) };
+        let p = SandboxProcesses { cgroup: "/lazaret/none/none".into(), own: std::process::id(), known: RwLock::new(KnownPids::new([4242].into())) };
         assert!(p.accepts(4242));
         assert!(!p.accepts(0), "pid 0: a process outside the Domain's PID namespace");
         assert!(!p.accepts(1));
         assert!(!p.accepts(std::process::id()));
         // This test process is in no such cgroup.
         assert!(!p.accepts(std::process::id() + 1_000_000));
+    }
+
+    #[test]
+    fn known_pids_drop_the_exited_once_past_the_limit_and_keep_the_live() {
+        // Even pids "alive", odd ones exited.
+        let even_alive = |p: u32| p % 2 == 0;
+        let mut known = KnownPids::new(HashSet::new());
+        for pid in 0..KnownPids::PRUNE_AT as u32 {
+            known.insert(pid, even_alive);
+        }
+        assert_eq!(known.pids.len(), KnownPids::PRUNE_AT, "nothing pruned below the limit");
+        known.insert(5_000_001, even_alive);
+        assert_eq!(known.pids.len(), KnownPids::PRUNE_AT / 2 + 1, "the exited went, the new one stayed");
+        assert!(known.pids.iter().all(|&p| p % 2 == 0 || p == 5_000_001));
+        // Over a long life with every pid exiting, the set stays bounded.
+        for pid in 10_000_000..10_100_000 {
+            known.insert(pid * 2 + 1, even_alive);
+        }
+        assert!(known.pids.len() <= KnownPids::PRUNE_AT, "{} pids kept", known.pids.len());
+        // All alive: no prune on every insertion, the limit doubles instead.
+        let mut live = KnownPids::new(HashSet::new());
+        for pid in 0..3 * KnownPids::PRUNE_AT as u32 {
+            live.insert(pid, |_| true);
+        }
+        assert_eq!(live.pids.len(), 3 * KnownPids::PRUNE_AT);
+        assert_eq!(live.prune_at, 4 * KnownPids::PRUNE_AT);
+        // The real liveness check: this process is alive, a pid past
+        // pid_max is not.
+        let mut real = KnownPids::new([std::process::id(), 4_194_305].into());
+        real.prune_at = 2;
+        real.insert(7, alive);
+        assert!(real.pids.contains(&std::process::id()) && !real.pids.contains(&4_194_305));
     }
 
     #[test]
