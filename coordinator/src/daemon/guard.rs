@@ -293,7 +293,10 @@ impl DomainGuard {
 /// `runsc delete --force` removes the dead sandbox's state. The pids are
 /// children of this PID namespace's init, which reaps them.
 fn quiesce_sandbox(processes: &SandboxProcesses) {
-    let pids = processes.known();
+    // Only pids that are in the container's cgroup now: a known pid that
+    // exited may since belong to another process of this PID namespace
+    // (a host command, say), which must not get the SIGKILL.
+    let pids: Vec<u32> = processes.known().into_iter().filter(|&pid| processes.in_container_cgroup(pid)).collect();
     for &pid in &pids {
         if let Ok(p) = i32::try_from(pid) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(p), nix::sys::signal::Signal::SIGKILL);
@@ -516,6 +519,11 @@ impl SandboxProcesses {
         SandboxProcesses { cgroup: cgroups_path.trim_end_matches('/').to_string(), own: std::process::id(), known: RwLock::new(KnownPids::new(known)) }
     }
 
+    /// Whether `pid` is in the container's cgroup now (false once it exited).
+    fn in_container_cgroup(&self, pid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| in_cgroup(&t, &self.cgroup))
+    }
+
     fn known(&self) -> Vec<u32> {
         let mut v: Vec<u32> = self.known.read().unwrap_or_else(|p| p.into_inner()).pids.iter().copied().collect();
         v.sort_unstable();
@@ -531,7 +539,7 @@ impl SandboxProcesses {
         if self.known.read().unwrap_or_else(|p| p.into_inner()).pids.contains(&pid) {
             return true;
         }
-        let member = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).is_ok_and(|t| in_cgroup(&t, &self.cgroup));
+        let member = self.in_container_cgroup(pid);
         if member {
             self.known.write().unwrap_or_else(|p| p.into_inner()).insert(pid, alive);
         }
