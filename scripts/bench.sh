@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|git|escalate|guard|mounts|model|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|git|escalate|guard|mounts|model|journal|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
 #                 cold, teardown tail, back to back, joining; then one cold
 #                 run stage by stage from its journal and coordinator log
@@ -18,6 +18,9 @@
 #                 start time (targets: <= 5 %, <= 10 ms)
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
+#   journal [SIZES]  the journal machine's cost per entry as a Domain's
+#                 history grows to SIZES requests (default 1000 10000 50000;
+#                 issue 17)
 # Network benchmarks run entirely inside namespaces they create.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -42,6 +45,7 @@ case "$what" in
   escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
   model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
+  journal) cargo run --locked --release -q -p lazaret-protocol --example journal_apply -- "$@" ;;
   all)
     install_escalate
     target/release/lazaret-bench run; echo
@@ -50,6 +54,7 @@ case "$what" in
     target/release/lazaret-bench escalate; echo
     target/release/lazaret-bench guard; echo
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
-    cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
-  *) echo "usage: $0 [run|net|git|escalate|guard|mounts|model|all] [ARG]" >&2; exit 2 ;;
+    cargo run --locked --release -q -p lazaret-protocol --example check_model -- user; echo
+    cargo run --locked --release -q -p lazaret-protocol --example journal_apply ;;
+  *) echo "usage: $0 [run|net|git|escalate|guard|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
 esac
