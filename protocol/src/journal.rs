@@ -111,7 +111,7 @@ use crate::digest_set::IdDigestSet;
 use crate::model::{
     Action, CommandId, CommandSpec, Config, DomainId, DomainPhase, DomainState, Invariant,
     Refused, RequestId, RequestSpec, RequestState, SessionId, SessionPhase, SessionSpec,
-    SessionState, State, check_invariants, step,
+    SessionState, State, Subject, check_invariants, step,
 };
 use crate::shell::quote_argv;
 
@@ -1193,45 +1193,27 @@ impl Live {
     /// terminal phase, a session it closed (with its requests, which closing
     /// made terminal).
     fn retire_ended_by(&mut self, action: Action, retired: &mut IdDigestSet) {
-        match action {
-            Action::RejectSession(s)
-            | Action::DisconnectSession(s)
-            | Action::EvictSession(s)
-            | Action::AbandonLaunch(s) => self.retire_session(s, retired),
-            Action::VerifyRequest(r)
-            | Action::AutoApprove(r)
-            | Action::PromptDeveloper(r)
-            | Action::DeveloperApprove(r)
-            | Action::DeveloperEditApprove(r, _)
-            | Action::DeveloperDeny(r)
-            | Action::StartHostExecution(r)
-            | Action::CompleteHostExecution(r)
-            | Action::TimeoutRequest(r)
-            | Action::CancelRequest(r)
-            | Action::FailHostExecution(r)
-            | Action::DeliverResult(r) => {
+        match action.subject() {
+            Subject::Session(s) => {
+                // Only these end a session; retire_session also checks the phase.
+                if matches!(
+                    action,
+                    Action::RejectSession(_)
+                        | Action::DisconnectSession(_)
+                        | Action::EvictSession(_)
+                        | Action::AbandonLaunch(_)
+                ) {
+                    self.retire_session(s, retired);
+                }
+            }
+            Subject::Request(r) => {
                 // In practice only DeliverResult ends a request; asking the
                 // phase keeps this right if the model changes.
                 if self.state.requests[r.0].phase.is_terminal() {
                     self.retire_request(r, retired);
                 }
             }
-            Action::AcquireDomainLock(_)
-            | Action::ConnectSession(_)
-            | Action::RegisterSession(_)
-            | Action::MountStateAnchor(_)
-            | Action::CreateTrustAnchor(_)
-            | Action::StartSidecar(_)
-            | Action::StartSandbox(_)
-            | Action::AbortUnsafeStart(_)
-            | Action::PublishDomain(_)
-            | Action::FailDomain(_)
-            | Action::BeginTeardown(_)
-            | Action::StopSandbox(_)
-            | Action::StopSidecar(_)
-            | Action::DestroyTrustAnchor(_)
-            | Action::UnmountStateAnchor(_)
-            | Action::ReleaseDomainLock(_) => {}
+            Subject::Domain(_) => {}
         }
     }
 

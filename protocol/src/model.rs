@@ -230,39 +230,10 @@ impl Config {
     /// The Domain an action concerns: its own, its session's, or its
     /// request's session's. Exhaustive, so a new action must say which.
     pub fn action_domain(&self, action: &Action) -> DomainId {
-        match *action {
-            Action::MountStateAnchor(d)
-            | Action::CreateTrustAnchor(d)
-            | Action::StartSidecar(d)
-            | Action::StartSandbox(d)
-            | Action::AbortUnsafeStart(d)
-            | Action::PublishDomain(d)
-            | Action::FailDomain(d)
-            | Action::BeginTeardown(d)
-            | Action::StopSandbox(d)
-            | Action::StopSidecar(d)
-            | Action::DestroyTrustAnchor(d)
-            | Action::UnmountStateAnchor(d)
-            | Action::ReleaseDomainLock(d) => d,
-            Action::AcquireDomainLock(s)
-            | Action::ConnectSession(s)
-            | Action::RegisterSession(s)
-            | Action::RejectSession(s)
-            | Action::DisconnectSession(s)
-            | Action::EvictSession(s)
-            | Action::AbandonLaunch(s) => self.session_domain(s),
-            Action::VerifyRequest(r)
-            | Action::AutoApprove(r)
-            | Action::PromptDeveloper(r)
-            | Action::DeveloperApprove(r)
-            | Action::DeveloperEditApprove(r, _)
-            | Action::DeveloperDeny(r)
-            | Action::StartHostExecution(r)
-            | Action::CompleteHostExecution(r)
-            | Action::TimeoutRequest(r)
-            | Action::CancelRequest(r)
-            | Action::FailHostExecution(r)
-            | Action::DeliverResult(r) => self.session_domain(self.request_session(r)),
+        match action.subject() {
+            Subject::Domain(d) => d,
+            Subject::Session(s) => self.session_domain(s),
+            Subject::Request(r) => self.session_domain(self.request_session(r)),
         }
     }
 
@@ -575,6 +546,17 @@ pub enum Action {
     DeliverResult(RequestId),
 }
 
+/// What an [`Action`] acts on ([`Action::subject`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Subject {
+    /// A Domain's start-up or teardown step.
+    Domain(DomainId),
+    /// A session's step (the lock acquisition included: a session asks).
+    Session(SessionId),
+    /// A request's step.
+    Request(RequestId),
+}
+
 /// The fairness groups of the TLA+ `Fairness` conjunct: each is under weak
 /// fairness (`WF_vars(DomainProgress(d))` and so on).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -623,6 +605,47 @@ impl Action {
             Self::CancelRequest(_) => "CancelRequest",
             Self::FailHostExecution(_) => "FailHostExecution",
             Self::DeliverResult(_) => "DeliverResult",
+        }
+    }
+
+    /// What this action acts on: a Domain, a session or a request. The one
+    /// exhaustive classification that range checks, the Domain of an action,
+    /// its display and the journal's retirement all use, so a new action
+    /// says here once which kind it is.
+    pub fn subject(&self) -> Subject {
+        match *self {
+            Self::MountStateAnchor(d)
+            | Self::CreateTrustAnchor(d)
+            | Self::StartSidecar(d)
+            | Self::StartSandbox(d)
+            | Self::AbortUnsafeStart(d)
+            | Self::PublishDomain(d)
+            | Self::FailDomain(d)
+            | Self::BeginTeardown(d)
+            | Self::StopSandbox(d)
+            | Self::StopSidecar(d)
+            | Self::DestroyTrustAnchor(d)
+            | Self::UnmountStateAnchor(d)
+            | Self::ReleaseDomainLock(d) => Subject::Domain(d),
+            Self::AcquireDomainLock(s)
+            | Self::ConnectSession(s)
+            | Self::RegisterSession(s)
+            | Self::RejectSession(s)
+            | Self::DisconnectSession(s)
+            | Self::EvictSession(s)
+            | Self::AbandonLaunch(s) => Subject::Session(s),
+            Self::VerifyRequest(r)
+            | Self::AutoApprove(r)
+            | Self::PromptDeveloper(r)
+            | Self::DeveloperApprove(r)
+            | Self::DeveloperEditApprove(r, _)
+            | Self::DeveloperDeny(r)
+            | Self::StartHostExecution(r)
+            | Self::CompleteHostExecution(r)
+            | Self::TimeoutRequest(r)
+            | Self::CancelRequest(r)
+            | Self::FailHostExecution(r)
+            | Self::DeliverResult(r) => Subject::Request(r),
         }
     }
 
@@ -749,41 +772,13 @@ impl fmt::Display for ActionDisplay<'_> {
         let request = |r: RequestId| name_or_index(&config.requests, r.0, |x| &x.name);
         let command = |c: CommandId| name_or_index(&config.commands, c.0, |x| &x.name);
         let name = self.action.name();
-        match *self.action {
-            Action::AcquireDomainLock(s)
-            | Action::ConnectSession(s)
-            | Action::RegisterSession(s)
-            | Action::RejectSession(s)
-            | Action::DisconnectSession(s)
-            | Action::EvictSession(s)
-            | Action::AbandonLaunch(s) => write!(f, "{name}({})", session(s)),
-            Action::MountStateAnchor(d)
-            | Action::CreateTrustAnchor(d)
-            | Action::StartSidecar(d)
-            | Action::StartSandbox(d)
-            | Action::AbortUnsafeStart(d)
-            | Action::PublishDomain(d)
-            | Action::FailDomain(d)
-            | Action::BeginTeardown(d)
-            | Action::StopSandbox(d)
-            | Action::StopSidecar(d)
-            | Action::DestroyTrustAnchor(d)
-            | Action::UnmountStateAnchor(d)
-            | Action::ReleaseDomainLock(d) => write!(f, "{name}({})", domain(d)),
-            Action::DeveloperEditApprove(r, c) => {
+        match (*self.action, self.action.subject()) {
+            (Action::DeveloperEditApprove(r, c), _) => {
                 write!(f, "{name}({}, {})", request(r), command(c))
             }
-            Action::VerifyRequest(r)
-            | Action::AutoApprove(r)
-            | Action::PromptDeveloper(r)
-            | Action::DeveloperApprove(r)
-            | Action::DeveloperDeny(r)
-            | Action::StartHostExecution(r)
-            | Action::CompleteHostExecution(r)
-            | Action::TimeoutRequest(r)
-            | Action::CancelRequest(r)
-            | Action::FailHostExecution(r)
-            | Action::DeliverResult(r) => write!(f, "{name}({})", request(r)),
+            (_, Subject::Domain(d)) => write!(f, "{name}({})", domain(d)),
+            (_, Subject::Session(s)) => write!(f, "{name}({})", session(s)),
+            (_, Subject::Request(r)) => write!(f, "{name}({})", request(r)),
         }
     }
 }
@@ -878,40 +873,16 @@ fn in_range(config: &Config, state: &State, action: &Action) -> bool {
     let d_ok = |d: DomainId| d.0 < config.domains.len() && d.0 < state.domains.len();
     let s_ok = |s: SessionId| s.0 < config.sessions.len() && s.0 < state.sessions.len();
     let r_ok = |r: RequestId| r.0 < config.requests.len() && r.0 < state.requests.len();
-    match *action {
-        Action::AcquireDomainLock(s)
-        | Action::ConnectSession(s)
-        | Action::RegisterSession(s)
-        | Action::RejectSession(s)
-        | Action::DisconnectSession(s)
-        | Action::EvictSession(s)
-        | Action::AbandonLaunch(s) => s_ok(s),
-        Action::MountStateAnchor(d)
-        | Action::CreateTrustAnchor(d)
-        | Action::StartSidecar(d)
-        | Action::StartSandbox(d)
-        | Action::AbortUnsafeStart(d)
-        | Action::PublishDomain(d)
-        | Action::FailDomain(d)
-        | Action::BeginTeardown(d)
-        | Action::StopSandbox(d)
-        | Action::StopSidecar(d)
-        | Action::DestroyTrustAnchor(d)
-        | Action::UnmountStateAnchor(d)
-        | Action::ReleaseDomainLock(d) => d_ok(d),
-        Action::DeveloperEditApprove(r, c) => r_ok(r) && c.0 < config.commands.len(),
-        Action::VerifyRequest(r)
-        | Action::AutoApprove(r)
-        | Action::PromptDeveloper(r)
-        | Action::DeveloperApprove(r)
-        | Action::DeveloperDeny(r)
-        | Action::StartHostExecution(r)
-        | Action::CompleteHostExecution(r)
-        | Action::TimeoutRequest(r)
-        | Action::CancelRequest(r)
-        | Action::FailHostExecution(r)
-        | Action::DeliverResult(r) => r_ok(r),
-    }
+    let command_ok = match *action {
+        Action::DeveloperEditApprove(_, c) => c.0 < config.commands.len(),
+        _ => true,
+    };
+    command_ok
+        && match action.subject() {
+            Subject::Domain(d) => d_ok(d),
+            Subject::Session(s) => s_ok(s),
+            Subject::Request(r) => r_ok(r),
+        }
 }
 
 /// The enabling condition of every action, conjunct by conjunct as in
