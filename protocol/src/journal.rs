@@ -1043,18 +1043,11 @@ impl Live {
             domain: d,
             fingerprint: String::new(),
         };
-        let s = match self.free.sessions.pop() {
-            Some(s) => {
-                self.config.sessions[s.0] = spec;
-                self.state.sessions[s.0] = SessionState::initial();
-                s
-            }
-            None => {
-                self.config.sessions.push(spec);
-                self.state.sessions.push(SessionState::initial());
-                SessionId(self.config.sessions.len() - 1)
-            }
-        };
+        let s = SessionId(reuse_or_push(
+            self.free.sessions.pop().map(|s| s.0),
+            (&mut self.config.sessions, spec),
+            (&mut self.state.sessions, SessionState::initial()),
+        ));
         self.sessions.insert(id.to_owned(), s);
         Ok(s)
     }
@@ -1086,18 +1079,11 @@ impl Live {
     /// A new request (Unused) in a free slot or a new one.
     fn new_request(&mut self, spec: RequestSpec) -> RequestId {
         let name = spec.name.clone();
-        let r = match self.free.requests.pop() {
-            Some(r) => {
-                self.config.requests[r.0] = spec;
-                self.state.requests[r.0] = RequestState::initial();
-                r
-            }
-            None => {
-                self.config.requests.push(spec);
-                self.state.requests.push(RequestState::initial());
-                RequestId(self.config.requests.len() - 1)
-            }
-        };
+        let r = RequestId(reuse_or_push(
+            self.free.requests.pop().map(|r| r.0),
+            (&mut self.config.requests, spec),
+            (&mut self.state.requests, RequestState::initial()),
+        ));
         self.requests.insert(name, r);
         r
     }
@@ -1387,6 +1373,28 @@ pub fn replay_reader_into(
             })?;
     }
     Ok(machine)
+}
+
+/// A model slot for a new session or request: a retired slot from the free
+/// list is overwritten, else the spec and state vectors grow by one.
+/// Returns the slot's index.
+fn reuse_or_push<Spec, St>(
+    free: Option<usize>,
+    (specs, spec): (&mut Vec<Spec>, Spec),
+    (states, state): (&mut Vec<St>, St),
+) -> usize {
+    match free {
+        Some(i) => {
+            specs[i] = spec;
+            states[i] = state;
+            i
+        }
+        None => {
+            specs.push(spec);
+            states.push(state);
+            specs.len() - 1
+        }
+    }
 }
 
 #[cfg(test)]
