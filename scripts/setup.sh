@@ -108,10 +108,18 @@ dev_home=$(getent passwd "$dev_user" | cut -d: -f6)
 cfg=${LAZARET_CONFIG:-$dev_home/.config/lazaret/config.toml}
 if [ ! -e "$cfg" ]; then
   echo "setup: writing a default configuration to $cfg" >&2
-  install -d -m 0755 "$(dirname "$cfg")"
-  cp "$repo/docs/config.default.toml" "$cfg"
-  chmod 0644 "$cfg"
-  chown "$dev_user:" "$cfg" "$(dirname "$cfg")" 2>/dev/null || true
+  case "$cfg" in
+    "$dev_home"/*)
+      # In the developer's home, as the developer: a missing ~/.config made
+      # by root would stay root's and break their other programs (seen:
+      # `lazaret init` could not create ~/.config/opencode).
+      runuser -u "$dev_user" -- mkdir -p -m 0755 "$(dirname "$cfg")"
+      runuser -u "$dev_user" -- install -m 0644 /dev/stdin "$cfg" <"$repo/docs/config.default.toml" ;;
+    *)
+      # Elsewhere (LAZARET_CONFIG=/etc/...): root's, like any system file.
+      install -d -m 0755 "$(dirname "$cfg")"
+      install -m 0644 "$repo/docs/config.default.toml" "$cfg" ;;
+  esac
 fi
 
 if ! LAZARET_CONFIG="$cfg" lazaret image ls | awk 'NR>1 {print $1}' | grep -qx debian-bookworm; then
