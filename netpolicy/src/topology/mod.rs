@@ -70,6 +70,7 @@ pub mod nat;
 pub mod netns;
 mod nft;
 mod nftset;
+mod refused;
 
 use std::fmt;
 use std::io::Read;
@@ -96,6 +97,24 @@ pub use live::{HostWatch, HostWatcher, PolicyUpdate};
 pub use netns::Netns;
 pub use nft::{LOCKED_TABLE, SIDECAR_FILTER_TABLE, locked_set_name};
 pub use nftset::{SetElement, put_elements, set_addresses};
+pub use refused::{REFUSED_SET_SIZE, REFUSED_TIMEOUT, RefusedDestination};
+
+/// The destinations the sidecar in namespace `sidecar` refused to the
+/// sandbox recently (see `refused`: routes, the resolver filter and locked
+/// mode alike), most refused first. Runs on a thread of its own inside
+/// that namespace.
+pub fn refused_destinations(sidecar: &Netns) -> Result<Vec<RefusedDestination>, TopologyError> {
+    sidecar.run(|| {
+        let tables = nat::list_tables()?;
+        let mut found = Vec::new();
+        for name in [SIDECAR_FILTER_TABLE, LOCKED_TABLE] {
+            if tables.iter().any(|t| t.family == nft::NFPROTO_INET && t.name == name) {
+                found.extend(refused::read_table(name)?);
+            }
+        }
+        Ok(refused::merge(found))
+    })
+}
 
 use forwarding::Switch;
 
