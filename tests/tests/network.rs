@@ -434,3 +434,50 @@ fn locked_egress_reaches_only_allowed_names_and_refuses_the_rest_without_asking_
     assert_lab_clean(&lab, &[&env]);
     let _ = std::fs::remove_file(&dns_log);
 }
+
+/// Locked egress and IPv6 (issue 15): an allowed name's AAAA answer opens
+/// its IPv6 address for the answer's lifetime (reachable over TCP from the
+/// sandbox in the dual-stack lab); an IPv6 address nobody resolved stays
+/// closed, and so does the named one once the lifetime is over.
+#[test]
+fn locked_egress_opens_an_allowed_names_ipv6_address_for_its_ttl_and_no_other() {
+    const UPSTREAM: &str = "10.53.0.54";
+    /// A public IPv6 server no name resolves to.
+    const UNNAMED_V6: &str = "2a0b:100::77";
+    let mut lab = NetLab::new();
+    lab.world_ip(&["addr", "add", &format!("{UPSTREAM}/32"), "dev", "lo"]);
+    lab.world_ip(&["addr", "add", &format!("{UNNAMED_V6}/128"), "dev", "lo"]);
+    let port = PORT.to_string();
+    lab.start_world_server(&["serve", &port, UNNAMED_V6]);
+    let dns_log = std::path::PathBuf::from(format!("{}.dns6", lab.log.display()));
+    lab.start_world_server(&["dns", UPSTREAM, PUBLIC, "2", &dns_log.display().to_string(), PUBLIC_V6]);
+    let mut env = TestEnv::with_profile(&format!("user = \"root\"\ndns = [\"{UPSTREAM}\"]\nipv6 = true\negress = \"locked\"\nallow_egress = [\"allowed.test\"]\n"));
+    env.netns = Some(lab.host.clone());
+    env.env.push(("LAZARET_TEST_DNS_MIN_TTL".into(), "1".into()));
+    let mut checks = Checks::default();
+    // Nothing resolved yet: both IPv6 servers are closed.
+    checks.add(&["tcp", PUBLIC_V6, &port, "unreachable"]);
+    checks.add(&["tcp", UNNAMED_V6, &port, "unreachable"]);
+    // The allowed name's AAAA answer opens its IPv6 address, TCP and UDP.
+    checks.add(&["resolve", "allowed.test", PUBLIC_V6]);
+    checks.add(&["tcp", PUBLIC_V6, &port, "ok"]);
+    checks.add(&["udp", PUBLIC_V6, &port, "ok"]);
+    // An IPv6 address nobody resolved stays closed.
+    checks.add(&["tcp", UNNAMED_V6, &port, "unreachable"]);
+    checks.add(&["udp", UNNAMED_V6, &port, "blocked"]);
+    // The answer's lifetime (2 s) runs out: closed again.
+    checks.add(&["sleep", "4000"]);
+    checks.add(&["tcp", PUBLIC_V6, &port, "unreachable"]);
+    let (log, _) = probe_then_policy_log(&env, &checks);
+    let asked = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    assert!(asked.contains("dns allowed.test"), "the allowed name was not forwarded: {asked}");
+    assert!(refused_packets(&log, UNNAMED_V6, "tcp", PORT).is_some_and(|n| n >= 2), "{log}");
+    assert!(refused_packets(&log, UNNAMED_V6, "udp", PORT).is_some(), "{log}");
+    assert!(refused_packets(&log, PUBLIC_V6, "udp", PORT).is_none(), "UDP went only while the name was open: {log}");
+    // The server saw the sandbox over IPv6 (NAT66: the lab host's address).
+    lab.wait_log(&format!("udp {PUBLIC_V6} <- {HOST_ADDR_V6}"));
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab, &[&env]);
+    let _ = std::fs::remove_file(&dns_log);
+}
