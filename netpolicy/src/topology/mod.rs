@@ -53,6 +53,10 @@
 //!   routes cannot match ports, so a DNS resolver that only its DNS route
 //!   opens (the LAN router, say) gets UDP and TCP port 53 from the sandbox
 //!   and every other packet to it is rejected.
+//! * Refused destinations (`refused`): every table of the sidecar that
+//!   rejects counts what it rejects, and `lazaret-filter` counts what the
+//!   routes refuse, per destination, protocol and port, in bounded sets
+//!   ([`refused_destinations`], for `lazaret policy log`).
 //! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
 //!   sysctls, and both nftables tables, chain by chain and rule by rule.
 //! * Live host addresses (`live`): [`HostWatcher`] follows the host's address

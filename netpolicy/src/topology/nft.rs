@@ -16,6 +16,11 @@
 //! * on the host, the Domain's `inet lazaret-<ID>` ([`host_table`]): the
 //!   source NAT and a forward guard, so that the host forwards into the
 //!   Domain only replies, and out of it only the sandbox's own addresses.
+//!
+//! (and `lazaret-locked` in locked mode, [`locked_table`]). A sidecar
+//! table counts what it refuses: its rejecting rules `goto refuse`, a chain
+//! that, with the counting sets and `lazaret-filter`'s `refused-routes`, is
+//! built from raw messages by `refused` and read back here with the rest.
 
 use std::ffi::CString;
 use std::fmt;
