@@ -364,7 +364,7 @@ fn policy_log_lists_refused_destinations_with_protocol_port_and_counts() {
     assert!(refused_packets(&log, DNS, "tcp", 80).is_some(), "the resolver's port 80: {log}");
     assert!(refused_packets(&log, DNS, "udp", 53).is_none(), "DNS was allowed: {log}");
     assert!(!listed(&log, PUBLIC), "an allowed destination is listed: {log}");
-    for needle in ["PACKETS  DESTINATION", &format!("{private}"), "tcp", "udp", "has open egress"] {
+    for needle in ["PACKETS  DESTINATION", private, "tcp", "udp", "has open egress"] {
         assert!(table.contains(needle), "policy log lacks {needle:?}:\n{table}");
     }
     env.assert_nothing_left();
