@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|git|escalate|guard|mounts|model|journal|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|mounts|model|journal|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
 #                 cold, teardown tail, back to back, joining; then one cold
 #                 run stage by stage from its journal and coordinator log
 #   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3),
-#                 a name to first byte with open vs locked egress (issue 15)
+#                 a name to first byte with open vs locked egress (issue 15),
+#                 then net-filter
+#   net-filter [ROUNDS]  the sidecar's nftables filter on bulk TCP: no filter
+#                 (bench-only) vs as installed vs locked egress, interleaved (issue 15)
 #   git [FILES]   git status in a FILES-file repository, host vs sandbox (issue 4)
 #   escalate [N]  round trip of a rule-approved `true` through lazaret-escalate,
 #                 N times (default 1000), median and p99 against /bin/true on
@@ -41,6 +44,7 @@ case "$what" in
   # this tree's build of it (target/lib/lazaret is shared with debug builds).
   run|git) install_escalate; target/release/lazaret-bench "$what" "$@" ;;
   net) target/release/lazaret-bench net "$@" ;;
+  net-filter) target/release/lazaret-bench net-filter "$@" ;;
   guard) install_escalate; target/release/lazaret-bench guard "$@" ;;
   escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
@@ -56,5 +60,5 @@ case "$what" in
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
     cargo run --locked --release -q -p lazaret-protocol --example check_model -- user; echo
     cargo run --locked --release -q -p lazaret-protocol --example journal_apply ;;
-  *) echo "usage: $0 [run|net|git|escalate|guard|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|net|net-filter|git|escalate|guard|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
 esac

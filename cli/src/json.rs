@@ -106,6 +106,32 @@ pub struct NameVerdict {
     pub rules: Vec<NameRule>,
 }
 
+/// `lazaret policy log PROFILE --json`.
+#[derive(Debug, Serialize, PartialEq)]
+pub struct PolicyLog {
+    /// `open` or `locked`.
+    pub egress: String,
+    /// Refused destinations of the last hour, most refused first.
+    pub destinations: Vec<RefusedDestination>,
+    /// Refused names, most frequent first; `null` with open egress (no resolver of Lazaret's).
+    pub names: Option<Vec<lazaret_netpolicy::topology::RefusedName>>,
+}
+
+/// One refused destination of [`PolicyLog`].
+#[derive(Debug, Serialize, PartialEq)]
+pub struct RefusedDestination {
+    /// The address the sandbox tried to reach.
+    pub address: String,
+    /// `tcp`, `udp`, `icmp`, ... or the IP protocol number.
+    pub protocol: String,
+    /// The destination port (TCP, UDP, SCTP), else `null`.
+    pub port: Option<u16>,
+    /// Packets refused.
+    pub packets: u64,
+    /// When the last one was refused, seconds since the Unix epoch.
+    pub last_unix: u64,
+}
+
 /// One rule of a [`Policy`].
 #[derive(Debug, Serialize, PartialEq)]
 pub struct Rule {

@@ -253,13 +253,18 @@ enum PolicyAction {
         #[arg(long)]
         json: bool,
     },
-    /// Show the names a running locked Domain refused, with counts.
+    /// Show the destinations (address, protocol, port) a running Domain's
+    /// sidecar refused in the last hour, and the names a locked Domain
+    /// refused, with counts.
     Log {
         /// The profile.
         profile: String,
         /// Use the git checkout containing DIR instead of the current directory.
         #[arg(short = 'C', value_name = "DIR")]
         dir: Option<PathBuf>,
+        /// As JSON: {egress, destinations: [{address, protocol, port, packets, last_unix}], names: [{name, count, last_unix}] or null}.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -481,9 +486,40 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             let (name, target, as_json) = match &action {
                 PolicyAction::Show { profile, json } => (profile, None, *json),
                 PolicyAction::Explain { profile, target, json } => (profile, Some(target.as_str()), *json),
-                PolicyAction::Log { profile, dir } => {
+                PolicyAction::Log { profile, dir, json } => {
                     let dir = current_dir(dir.clone())?;
-                    match client::refused_names(config.as_deref(), Some(profile), &dir)? {
+                    let names = client::refused_names(config.as_deref(), Some(profile), &dir)?;
+                    let destinations = client::refused_destinations(config.as_deref(), Some(profile), &dir)?;
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                    if *json {
+                        json::print(&json::PolicyLog {
+                            egress: if names.is_some() { "locked" } else { "open" }.to_string(),
+                            destinations: destinations
+                                .iter()
+                                .map(|d| json::RefusedDestination {
+                                    address: d.address.clone(),
+                                    protocol: d.protocol.clone(),
+                                    port: d.port,
+                                    packets: d.packets,
+                                    last_unix: now.saturating_sub(d.last_secs),
+                                })
+                                .collect(),
+                            names,
+                        })?;
+                        return Ok(ExitCode::SUCCESS);
+                    }
+                    if destinations.is_empty() {
+                        println!("no destinations refused in the last hour");
+                    } else {
+                        let width = destinations.iter().map(|d| d.address.len()).max().unwrap_or(11).max(11);
+                        println!("{:>7}  {:<width$}  {:<6}  {:>5}  LAST (UTC)", "PACKETS", "DESTINATION", "PROTO", "PORT");
+                        for d in &destinations {
+                            let port = d.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
+                            println!("{:>7}  {:<width$}  {:<6}  {:>5}  {}", d.packets, d.address, d.protocol, port, humantime_utc(now.saturating_sub(d.last_secs)));
+                        }
+                    }
+                    println!();
+                    match names {
                         None => println!("profile {profile:?} has open egress: its Domain has no resolver of its own, so no names are refused (set egress = \"locked\")"),
                         Some(names) if names.is_empty() => println!("no names refused"),
                         Some(names) => {

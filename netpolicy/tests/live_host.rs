@@ -162,3 +162,40 @@ fn the_host_watcher_denies_a_new_address_within_a_second_and_lets_go_of_the_netw
     let domain = Arc::try_unwrap(domain).expect("the watcher let go of the network");
     domain.teardown().expect("teardown");
 }
+
+/// A resolver that becomes reachable only through its DNS route (the host
+/// gains an address on its network) gets the port-53 filter in place: the
+/// sidecar's filter chain is replaced in one transaction, its counting sets
+/// (and what they counted) and chains stay, and the read-back holds.
+#[test]
+fn a_resolver_the_host_comes_to_share_a_network_with_gets_the_port_53_filter_and_counts_survive() {
+    const RESOLVER_PUBLIC: Ipv4Addr = Ipv4Addr::new(11, 5, 5, 53);
+    let net = FakeInternet::new();
+    let mut policy = input(false);
+    policy.dns = vec![IpAddr::V4(RESOLVER_PUBLIC)];
+    let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), &policy)
+        .unwrap_or_else(|error| panic!("building the Domain network failed: {error}"));
+    let sandbox = domain.sandbox_netns().expect("sandbox netns");
+    let sidecar = domain.sidecar_netns().expect("sidecar netns");
+    assert!(domain.policy().port53_only_resolvers().is_empty());
+    assert_eq!(connect_from(sandbox, PRIVATE_10), Reach::Unreachable);
+    let counted = |address: Ipv4Addr| {
+        lazaret_netpolicy::topology::refused_destinations(sidecar).expect("refused").iter().find(|r| r.address == IpAddr::V4(address)).map(|r| r.packets)
+    };
+    let before = counted(PRIVATE_10).expect("counted before the refresh");
+
+    ip_in(&net.host, &["addr", "add", &format!("{NEW4}/24"), "dev", "wan0"]);
+    let update = domain.refresh_host().expect("refresh replaces the filter and reads it back");
+    assert_eq!(update.port53_only, Some(vec![IpAddr::V4(RESOLVER_PUBLIC)]), "{update}");
+    domain.verify_installed().expect("read-back after the replacement");
+    assert_eq!(counted(PRIVATE_10), Some(before), "the counts survived the replacement");
+    // The new filter counts too: the resolver's port 8080 is refused.
+    assert_eq!(connect_from(sandbox, RESOLVER_PUBLIC), Reach::Unreachable);
+    assert!(counted(RESOLVER_PUBLIC).is_some_and(|n| n >= 1));
+
+    ip_in(&net.host, &["addr", "del", &format!("{NEW4}/24"), "dev", "wan0"]);
+    let update = domain.refresh_host().expect("refresh");
+    assert_eq!(update.port53_only, Some(vec![]), "{update}");
+    domain.verify_installed().expect("read-back after the second replacement");
+    domain.teardown().expect("teardown");
+}

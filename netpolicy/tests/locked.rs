@@ -15,7 +15,7 @@ use lazaret_netpolicy::dnswire::{self, AnswerRecord, Header, Rcode, RecordData, 
 use lazaret_netpolicy::names::{NameRule, parse_name_rule};
 use lazaret_netpolicy::policy::{PolicyInput, parse_prefixes};
 use lazaret_netpolicy::resolver::TtlClamp;
-use lazaret_netpolicy::topology::{DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, set_addresses};
+use lazaret_netpolicy::topology::{DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, refused_destinations, set_addresses};
 use support::*;
 
 /// What the allowed name resolves to (through a CNAME).
@@ -281,6 +281,18 @@ fn locked_domain_reaches_only_what_allowed_names_resolve_to() {
     // An allow_egress prefix is open without a name.
     assert_eq!(connect_from(sandbox, ALLOWED_PRIVATE), Reach::Connected);
 
+    // What the locked filter refused is counted; what it let through is not.
+    let refused = refused_destinations(sidecar).expect("refused destinations");
+    let counted = |address: Ipv4Addr, protocol: u8, port: u16| {
+        refused.iter().any(|r| r.address == IpAddr::V4(address) && r.protocol == protocol && r.port == Some(port) && r.packets >= 1)
+    };
+    assert!(counted(UNNAMED, 6, PORT) && counted(UNNAMED, 17, PORT), "the unnamed address, TCP and UDP: {refused:?}");
+    assert!(counted(RESOLVER, 17, 53), "the upstream resolver asked directly: {refused:?}");
+    assert!(counted(PORTED, 6, CLOSED_PORT), "the port a ported name does not open: {refused:?}");
+    assert!(counted(SHORT, 6, PORT), "the expired name's address: {refused:?}");
+    assert!(!refused.iter().any(|r| r.address == IpAddr::V4(ALLOWED_PRIVATE)), "an allowed prefix: {refused:?}");
+    assert!(!refused.iter().any(|r| r.address == IpAddr::V4(NAMED) && r.protocol == 17), "UDP to the named address went through: {refused:?}");
+    assert!(!refused.iter().any(|r| r.address == IpAddr::V4(PORTED) && r.port == Some(PORT)), "the ported name's port: {refused:?}");
     domain.verify_installed().expect("read back");
     resolver.stop();
     domain.teardown().expect("teardown");

@@ -9,7 +9,7 @@ use std::net::{IpAddr, Ipv4Addr};
 use lazaret_netpolicy::policy::{Action, PolicyInput, RuleOrigin, parse_prefixes};
 use lazaret_netpolicy::topology::{
     DomainNetwork, ESCALATION_PORT, Netns, SidecarId, TopologyConfig, TopologyError, debug_view, host_can_forward_ipv6,
-    host_has_global_ipv6_route, host_policy, nat_tables, remove_stale,
+    host_has_global_ipv6_route, host_policy, nat_tables, refused_destinations, remove_stale,
 };
 use rtnetlink::{LinkVeth, RouteMessageBuilder};
 use support::*;
@@ -60,6 +60,21 @@ fn policy_is_enforced_from_the_sandbox() {
     assert_eq!(domain.policy().decide(IpAddr::V4(HOST_WAN)).rule.origin, RuleOrigin::HostAddress);
     assert_eq!(domain.policy().decide(IpAddr::V4(transit)).rule.origin, RuleOrigin::DomainTransit);
     domain.verify_installed().expect("read-back matches");
+    // What the routes and the resolver filter refused is counted, with
+    // protocol and port; what was allowed is not.
+    let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
+    for (address, what) in [(PRIVATE_10, "RFC 1918"), (METADATA, "metadata"), (HOST_WAN, "host address"), (transit, "transit"), (RESOLVER, "resolver filter")] {
+        let found = refused.iter().find(|r| r.address == IpAddr::V4(address));
+        assert!(
+            found.is_some_and(|r| r.protocol == 6 && r.port == Some(PORT) && r.packets >= 1 && r.last_ago < std::time::Duration::from_secs(60)),
+            "{what} ({address}) not counted as refused TCP port {PORT}: {refused:?}"
+        );
+    }
+    for address in [PUBLIC, ALLOWED_PRIVATE] {
+        assert!(!refused.iter().any(|r| r.address == IpAddr::V4(address)), "allowed {address} listed as refused: {refused:?}");
+    }
+    // Nor the sidecar's own addresses (the escalation listener, the locked resolver live there).
+    assert!(!refused.iter().any(|r| r.address == IpAddr::V4(domain.addresses().sidecar_inner)), "{refused:?}");
     // The world saw the two allowed connections, both from the host's address (SNAT).
     assert_eq!(net.world_peers(), vec![IpAddr::V4(HOST_WAN); 2]);
     assert_eq!(nat_tables(&net.host).expect("nat tables"), vec![domain.sidecar_id()]);
@@ -317,6 +332,11 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
     ] {
         assert_eq!(connect_from(sandbox, address), expected, "{what} ({address})");
     }
+    let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
+    for address in [IpAddr::V6(ULA6), IpAddr::V6(HOST_WAN6), IpAddr::V6(WORLD_WAN6), IpAddr::V6(v6.host_uplink)] {
+        assert!(refused.iter().any(|r| r.address == address && r.protocol == 6 && r.port == Some(PORT)), "{address} not counted: {refused:?}");
+    }
+    assert!(!refused.iter().any(|r| r.address == IpAddr::V6(PUBLIC6)), "{refused:?}");
     assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.origin, RuleOrigin::HostNetwork, "the host's on-link prefix");
     assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.prefix.to_string(), "2a0b:1::/64");
     // Link-local: the only link-local peer the sandbox has is the sidecar's
@@ -549,6 +569,12 @@ fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
     // Other addresses of the denied range stay unreachable on every port.
     assert_eq!(connect_to(sandbox, std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 7, 2)), 53)), Reach::Unreachable);
     domain.verify_installed().expect("read-back matches");
+    let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
+    let count = |protocol: u8, port: u16| refused.iter().find(|r| r.address == resolver && r.protocol == protocol && r.port == Some(port)).map(|r| r.packets);
+    assert!(count(6, 80).is_some_and(|n| n >= 1) && count(6, 22).is_some_and(|n| n >= 1), "TCP to the router's other ports: {refused:?}");
+    assert!(count(17, 54).is_some_and(|n| n >= 1), "UDP to port 54: {refused:?}");
+    assert_eq!((count(17, 53), count(6, 53)), (None, None), "DNS is allowed: {refused:?}");
+    assert!(refused.iter().any(|r| r.address == IpAddr::V4(Ipv4Addr::new(192, 168, 7, 2)) && r.port == Some(53)), "{refused:?}");
     let listing = nft_in(domain.sidecar_netns().expect("ns"), &["list", "ruleset"]);
     assert!(listing.contains("table inet lazaret-filter") && listing.contains("192.168.7.1"), "{listing}");
 
@@ -560,7 +586,7 @@ fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
     nft_in(&net.host, &["add", "rule", "inet", &table, "forward", "accept"]);
     match domain.verify_installed() {
         Err(TopologyError::Mismatch { differences }) => {
-            let rule = "sidecar nftables table inet lazaret-filter: rule missing: chain forward: iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.7.1 reject with icmpx host-unreachable";
+            let rule = "sidecar nftables table inet lazaret-filter: rule missing: chain forward: iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.7.1 goto refuse";
             assert!(differences.iter().any(|d| d == rule), "{differences:?}");
             assert!(differences.iter().any(|d| d.contains("unexpected nftables table extra")), "{differences:?}");
             assert!(differences.iter().any(|d| d.starts_with(&format!("host nftables table inet {table}: unexpected rule in chain forward"))), "{differences:?}");

@@ -11,7 +11,7 @@
 //!
 //! The first client frame is always [`ClientMessage::Hello`] (or one of the
 //! one-shot requests [`ClientMessage::Stop`], [`ClientMessage::Status`],
-//! [`ClientMessage::Debug`]) and must name [`WIRE_VERSION`]; a coordinator
+//! [`ClientMessage::Debug`], [`ClientMessage::RefusedDestinations`]) and must name [`WIRE_VERSION`]; a coordinator
 //! refuses any other version with a message saying so.
 
 use std::io::{Read, Write};
@@ -168,6 +168,12 @@ pub enum ClientMessage {
         /// Must be [`WIRE_VERSION`].
         version: u32,
     },
+    /// Ask for the destinations the Domain's sidecar refused recently
+    /// (`lazaret policy log`).
+    RefusedDestinations {
+        /// Must be [`WIRE_VERSION`].
+        version: u32,
+    },
 }
 
 /// What a coordinator tells a client.
@@ -208,6 +214,11 @@ pub enum CoordinatorMessage {
         /// Human-readable report.
         text: String,
     },
+    /// The answer to [`ClientMessage::RefusedDestinations`], most refused first.
+    RefusedDestinations {
+        /// The destinations.
+        destinations: Vec<RefusedDestination>,
+    },
     /// The answer to [`ClientMessage::Stop`]: the stop is under way.
     Stopping,
     /// An escalation request of this session that no rule approves: the
@@ -224,6 +235,21 @@ pub enum CoordinatorMessage {
         /// Why, for the developer (e.g. "timed out after 60 s").
         reason: String,
     },
+}
+
+/// A destination the sidecar refused the sandbox, as `lazaret policy log` shows it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RefusedDestination {
+    /// The address the sandbox tried to reach.
+    pub address: String,
+    /// `tcp`, `udp`, `icmp`, ... or the IP protocol number.
+    pub protocol: String,
+    /// The destination port (TCP, UDP and SCTP only).
+    pub port: Option<u16>,
+    /// Packets refused.
+    pub packets: u64,
+    /// Seconds since the last one.
+    pub last_secs: u64,
 }
 
 /// What a prompt shows the developer.

@@ -304,6 +304,74 @@ fn coordinator_logs(dir: &std::path::Path) -> String {
     text
 }
 
+/// Runs CHECKS with the probe in a session that stays open until told, and
+/// `lazaret policy log test --json` (and the human table) while it runs;
+/// returns the parsed JSON and the table.
+fn probe_then_policy_log(env: &TestEnv, checks: &Checks) -> (serde_json::Value, String) {
+    let probe_bin = env.install_probe();
+    let quote = |arg: &str| format!("'{}'", arg.replace('\'', "'\\''"));
+    let quoted: Vec<String> = checks.args().iter().map(|a| quote(a)).collect();
+    let script = format!("{} {}; echo \"probe $?\"; read line; exit 0", quote(&probe_bin.display().to_string()), quoted.join(" "));
+    let mut session = PipedSession::script(env, &script);
+    let first = session.next_line();
+    let json = env.run(["policy", "log", "test", "--json"]);
+    let table = env.run(["policy", "log", "test"]);
+    let (status, _, _) = session.finish();
+    assert_eq!(first, format!("probe {PROBE_PASS}"), "the probe failed (exit status in {first:?})");
+    assert_eq!(status, Some(0));
+    assert!(json.status.success(), "policy log --json: {}", text(&json.stderr));
+    let parsed: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap_or_else(|e| panic!("policy log --json is not JSON ({e}): {}", text(&json.stdout)));
+    (parsed, text(&table.stdout))
+}
+
+/// The packets `policy log --json` lists for ADDRESS, PROTOCOL and PORT (None: not listed).
+fn refused_packets(log: &serde_json::Value, address: &str, protocol: &str, port: u16) -> Option<u64> {
+    log["destinations"].as_array()?.iter().find_map(|d| {
+        (d["address"] == address && d["protocol"] == protocol && d["port"] == u64::from(port)).then(|| d["packets"].as_u64()).flatten()
+    })
+}
+
+fn listed(log: &serde_json::Value, address: &str) -> bool {
+    log["destinations"].as_array().is_some_and(|list| list.iter().any(|d| d["address"] == address))
+}
+
+/// Issue 15, item 5: `lazaret policy log` lists what the sidecar refused in
+/// open egress (the routes and the resolver filter), with protocol, port and
+/// counts; what was allowed is not listed.
+#[test]
+fn policy_log_lists_refused_destinations_with_protocol_port_and_counts() {
+    let lab = NetLab::new();
+    let env = lab_env(&lab, "");
+    let port = PORT.to_string();
+    let private = PRIVATE[0];
+    let mut checks = Checks::default();
+    checks.add(&["tcp", private, &port, "unreachable"]);
+    checks.add(&["tcp", private, &port, "unreachable"]);
+    checks.add(&["udp", private, &port, "blocked"]);
+    checks.add(&["tcp", HOST_ADDR, &port, "unreachable"]);
+    // The resolver in 10/8 is open on port 53 only.
+    checks.add(&["tcp", DNS, "80", "unreachable"]);
+    checks.add(&["resolve", "example.test", PUBLIC]);
+    checks.add(&["tcp", PUBLIC, &port, "ok"]);
+    checks.add(&["udp", PUBLIC, &port, "ok"]);
+    let (log, table) = probe_then_policy_log(&env, &checks);
+    assert_eq!(log["egress"], "open", "{log}");
+    assert!(log["names"].is_null(), "{log}");
+    let tcp = refused_packets(&log, private, "tcp", PORT);
+    assert!(tcp.is_some_and(|n| n >= 2), "two TCP connects to {private}: {tcp:?} in {log}");
+    assert!(refused_packets(&log, private, "udp", PORT).is_some_and(|n| n >= 1), "UDP to {private}: {log}");
+    assert!(refused_packets(&log, HOST_ADDR, "tcp", PORT).is_some(), "the host's address: {log}");
+    assert!(refused_packets(&log, DNS, "tcp", 80).is_some(), "the resolver's port 80: {log}");
+    assert!(refused_packets(&log, DNS, "udp", 53).is_none(), "DNS was allowed: {log}");
+    assert!(!listed(&log, PUBLIC), "an allowed destination is listed: {log}");
+    for needle in ["PACKETS  DESTINATION", private, "tcp", "udp", "has open egress"] {
+        assert!(table.contains(needle), "policy log lacks {needle:?}:\n{table}");
+    }
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab, &[&env]);
+}
+
 /// Locked egress (issue 15): the sandbox's only resolver is Lazaret's, in
 /// the sidecar. A second fake DNS server (answers every A query with PUBLIC,
 /// TTL 2 s, and logs each name it is asked) is the Domain's upstream; the
@@ -347,21 +415,67 @@ fn locked_egress_reaches_only_allowed_names_and_refuses_the_rest_without_asking_
     checks.add(&["tcp", PUBLIC, "9", "unreachable"]);
     // The probe runs in a session that stays open until told, so that
     // `policy log` finds the Domain running.
-    let probe_bin = env.install_probe();
-    let quote = |arg: &str| format!("'{}'", arg.replace('\'', "'\\''"));
-    let quoted: Vec<String> = checks.args().iter().map(|a| quote(a)).collect();
-    let script = format!("{} {}; echo \"probe $?\"; read line; exit 0", quote(&probe_bin.display().to_string()), quoted.join(" "));
-    let mut session = PipedSession::script(&env, &script);
-    let first = session.next_line();
-    let log = env.run(["policy", "log", "test"]);
-    let (status, _, _) = session.finish();
-    assert_eq!(first, format!("probe {PROBE_PASS}"), "the probe failed (exit status in {first:?})");
-    assert_eq!(status, Some(0));
-    let log = text(&log.stdout);
+    let (json, log) = probe_then_policy_log(&env, &checks);
     assert!(log.contains(exfil) && log.contains("other.test"), "policy log lacks the refused names:\n{log}");
+    assert_eq!(json["egress"], "locked", "{json}");
+    assert!(json["names"].as_array().is_some_and(|names| names.iter().any(|n| n["name"] == "other.test")), "{json}");
+    // Refused destinations: the address nobody resolved, the upstream
+    // resolver asked directly, the port the wildcard rule does not open.
+    for (address, protocol, port) in [(PUBLIC_DENIED, "tcp", PORT), (UPSTREAM, "tcp", 53), (PUBLIC, "tcp", 9)] {
+        assert!(refused_packets(&json, address, protocol, port).is_some_and(|n| n >= 1), "{address} {protocol} {port} not listed: {json}");
+    }
+    // UDP went to PUBLIC only while its name was open.
+    assert!(refused_packets(&json, PUBLIC, "udp", PORT).is_none(), "{json}");
     let asked = std::fs::read_to_string(&dns_log).unwrap_or_default();
     assert!(asked.contains("dns allowed.test"), "the allowed name was not forwarded: {asked}");
     assert!(!asked.contains("evil") && !asked.contains("other.test"), "a refused name reached the upstream resolver: {asked}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab, &[&env]);
+    let _ = std::fs::remove_file(&dns_log);
+}
+
+/// Locked egress and IPv6 (issue 15): an allowed name's AAAA answer opens
+/// its IPv6 address for the answer's lifetime (reachable over TCP from the
+/// sandbox in the dual-stack lab); an IPv6 address nobody resolved stays
+/// closed, and so does the named one once the lifetime is over.
+#[test]
+fn locked_egress_opens_an_allowed_names_ipv6_address_for_its_ttl_and_no_other() {
+    const UPSTREAM: &str = "10.53.0.54";
+    /// A public IPv6 server no name resolves to.
+    const UNNAMED_V6: &str = "2a0b:100::77";
+    let mut lab = NetLab::new();
+    lab.world_ip(&["addr", "add", &format!("{UPSTREAM}/32"), "dev", "lo"]);
+    lab.world_ip(&["addr", "add", &format!("{UNNAMED_V6}/128"), "dev", "lo"]);
+    let port = PORT.to_string();
+    lab.start_world_server(&["serve", &port, UNNAMED_V6]);
+    let dns_log = std::path::PathBuf::from(format!("{}.dns6", lab.log.display()));
+    lab.start_world_server(&["dns", UPSTREAM, PUBLIC, "2", &dns_log.display().to_string(), PUBLIC_V6]);
+    let mut env = TestEnv::with_profile(&format!("user = \"root\"\ndns = [\"{UPSTREAM}\"]\nipv6 = true\negress = \"locked\"\nallow_egress = [\"allowed.test\"]\n"));
+    env.netns = Some(lab.host.clone());
+    env.env.push(("LAZARET_TEST_DNS_MIN_TTL".into(), "1".into()));
+    let mut checks = Checks::default();
+    // Nothing resolved yet: both IPv6 servers are closed.
+    checks.add(&["tcp", PUBLIC_V6, &port, "unreachable"]);
+    checks.add(&["tcp", UNNAMED_V6, &port, "unreachable"]);
+    // The allowed name's AAAA answer opens its IPv6 address, TCP and UDP.
+    checks.add(&["resolve", "allowed.test", PUBLIC_V6]);
+    checks.add(&["tcp", PUBLIC_V6, &port, "ok"]);
+    checks.add(&["udp", PUBLIC_V6, &port, "ok"]);
+    // An IPv6 address nobody resolved stays closed.
+    checks.add(&["tcp", UNNAMED_V6, &port, "unreachable"]);
+    checks.add(&["udp", UNNAMED_V6, &port, "blocked"]);
+    // The answer's lifetime (2 s) runs out: closed again.
+    checks.add(&["sleep", "4000"]);
+    checks.add(&["tcp", PUBLIC_V6, &port, "unreachable"]);
+    let (log, _) = probe_then_policy_log(&env, &checks);
+    let asked = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    assert!(asked.contains("dns allowed.test"), "the allowed name was not forwarded: {asked}");
+    assert!(refused_packets(&log, UNNAMED_V6, "tcp", PORT).is_some_and(|n| n >= 2), "{log}");
+    assert!(refused_packets(&log, UNNAMED_V6, "udp", PORT).is_some(), "{log}");
+    assert!(refused_packets(&log, PUBLIC_V6, "udp", PORT).is_none(), "UDP went only while the name was open: {log}");
+    // The server saw the sandbox over IPv6 (NAT66: the lab host's address).
+    lab.wait_log(&format!("udp {PUBLIC_V6} <- {HOST_ADDR_V6}"));
     env.assert_nothing_left();
     env.assert_journal_conforms();
     assert_lab_clean(&lab, &[&env]);

@@ -147,6 +147,18 @@ pub fn refused_names(config: Option<&Path>, profile: Option<&str>, dir: &Path) -
     }
 }
 
+/// `lazaret policy log`: the destinations the sidecar of the running Domain
+/// of `profile` on the workspace at `dir` refused recently (open and locked
+/// egress alike), most refused first.
+pub fn refused_destinations(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<Vec<lazaret_protocol::wire::RefusedDestination>, ClientError> {
+    let (_, domain) = running(config, profile, dir)?;
+    match request(&domain, &ClientMessage::RefusedDestinations { version: WIRE_VERSION })? {
+        CoordinatorMessage::RefusedDestinations { destinations } => Ok(destinations),
+        CoordinatorMessage::Refused { reason, .. } => Err(ClientError::Refused(reason)),
+        other => Err(ClientError::Unexpected { request: "refused destinations", answer: format!("{other:?}") }),
+    }
+}
+
 /// The Domain Root (holding the journal) of `profile`'s Domain on the
 /// workspace at `dir`.
 pub fn journal_location(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<PathBuf, ClientError> {

@@ -31,7 +31,7 @@ use crate::context::{require_root, Context, ContextError};
 use crate::layout::DomainDir;
 use crate::{transport, EXIT_BUSY};
 
-pub use control::{debug, journal_location, list, refused_names, stop, stop_all, wait_unlocked};
+pub use control::{debug, journal_location, list, refused_destinations, refused_names, stop, stop_all, wait_unlocked};
 pub use error::ClientError;
 pub use spawn::Verbosity;
 #[doc(hidden)]

@@ -39,6 +39,25 @@ pub(super) fn status_of(d: &Domain) -> DomainStatus {
 /// and the sidecar, the sidecar's addresses, routes and rules (read over
 /// netlink), and the mounts this coordinator made (its private mount
 /// namespace).
+/// The destinations the Domain's sidecar refused recently, read from its
+/// counting sets (`lazaret policy log`).
+pub(super) fn refused_destinations(d: &Domain) -> Result<Vec<lazaret_protocol::wire::RefusedDestination>, String> {
+    let Some(sidecar) = &d.network.sidecar_ns else {
+        return Err("the Domain has no sidecar network namespace".into());
+    };
+    let found = lazaret_netpolicy::topology::refused_destinations(sidecar).map_err(|e| format!("reading the sidecar's refused destinations: {e}"))?;
+    Ok(found
+        .into_iter()
+        .map(|r| lazaret_protocol::wire::RefusedDestination {
+            address: r.address.to_string(),
+            protocol: r.protocol_name(),
+            port: r.port,
+            packets: r.packets,
+            last_secs: r.last_ago.as_secs(),
+        })
+        .collect())
+}
+
 pub(super) fn debug_report(d: &Domain) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "domain {} (profile {}, workspace {})", d.ctx.domain_id, d.ctx.profile.name, d.ctx.workspace.root().display());

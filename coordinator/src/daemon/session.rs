@@ -58,7 +58,12 @@ pub(super) fn serve_connection(d: &Arc<Domain>, stream: UnixStream) {
     let mut out = &stream;
     match first {
         ClientMessage::Hello { .. } => run_session(d, &stream, first, fds),
-        ClientMessage::Status { version } | ClientMessage::Debug { version } | ClientMessage::Stop { version, .. } if version != WIRE_VERSION => {
+        ClientMessage::Status { version }
+        | ClientMessage::Debug { version }
+        | ClientMessage::RefusedDestinations { version }
+        | ClientMessage::Stop { version, .. }
+            if version != WIRE_VERSION =>
+        {
             let _ = wire::write_message(&mut out, &report::version_refusal(version));
         }
         ClientMessage::Status { .. } => {
@@ -66,6 +71,13 @@ pub(super) fn serve_connection(d: &Arc<Domain>, stream: UnixStream) {
         }
         ClientMessage::Debug { .. } => {
             let _ = wire::write_message(&mut out, &CoordinatorMessage::Debug { text: report::debug_report(d) });
+        }
+        ClientMessage::RefusedDestinations { .. } => {
+            let answer = match report::refused_destinations(d) {
+                Ok(destinations) => CoordinatorMessage::RefusedDestinations { destinations },
+                Err(reason) => CoordinatorMessage::Refused { reason, retry: false },
+            };
+            let _ = wire::write_message(&mut out, &answer);
         }
         ClientMessage::Stop { grace_ms, .. } => {
             let grace = Duration::from_millis(grace_ms).min(MAX_GRACE);

@@ -53,6 +53,10 @@
 //!   routes cannot match ports, so a DNS resolver that only its DNS route
 //!   opens (the LAN router, say) gets UDP and TCP port 53 from the sandbox
 //!   and every other packet to it is rejected.
+//! * Refused destinations (`refused`): every table of the sidecar that
+//!   rejects counts what it rejects, and `lazaret-filter` counts what the
+//!   routes refuse, per destination, protocol and port, in bounded sets
+//!   ([`refused_destinations`], for `lazaret policy log`).
 //! * [`DomainNetwork::verify_installed`] reads all of it back: routes, rules,
 //!   sysctls, and both nftables tables, chain by chain and rule by rule.
 //! * Live host addresses (`live`): [`HostWatcher`] follows the host's address
@@ -70,6 +74,7 @@ pub mod nat;
 pub mod netns;
 mod nft;
 mod nftset;
+mod refused;
 
 use std::fmt;
 use std::io::Read;
@@ -96,6 +101,24 @@ pub use live::{HostWatch, HostWatcher, PolicyUpdate};
 pub use netns::Netns;
 pub use nft::{LOCKED_TABLE, SIDECAR_FILTER_TABLE, locked_set_name};
 pub use nftset::{SetElement, put_elements, set_addresses};
+pub use refused::{REFUSED_SET_SIZE, REFUSED_TIMEOUT, RefusedDestination};
+
+/// The destinations the sidecar in namespace `sidecar` refused to the
+/// sandbox recently (see `refused`: routes, the resolver filter and locked
+/// mode alike), most refused first. Runs on a thread of its own inside
+/// that namespace.
+pub fn refused_destinations(sidecar: &Netns) -> Result<Vec<RefusedDestination>, TopologyError> {
+    sidecar.run(|| {
+        let tables = nat::list_tables()?;
+        let mut found = Vec::new();
+        for name in [SIDECAR_FILTER_TABLE, LOCKED_TABLE] {
+            if tables.iter().any(|t| t.family == nft::NFPROTO_INET && t.name == name) {
+                found.extend(refused::read_table(name)?);
+            }
+        }
+        Ok(refused::merge(found))
+    })
+}
 
 use forwarding::Switch;
 

@@ -16,17 +16,33 @@
 //! * on the host, the Domain's `inet lazaret-<ID>` ([`host_table`]): the
 //!   source NAT and a forward guard, so that the host forwards into the
 //!   Domain only replies, and out of it only the sandbox's own addresses.
+//!
+//! (and `lazaret-locked` in locked mode, [`locked_table`]). A sidecar
+//! table counts what it refuses: its rejecting rules `goto refuse`, a chain
+//! that, with the counting sets and `lazaret-filter`'s `refused-routes`, is
+//! built from raw messages by `refused` and read back here with the rest.
 
 use std::ffi::CString;
 use std::fmt;
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use nftnl::expr::{IcmpCode, Lookup, RejectionType, Verdict as NftVerdict};
+use nftnl::expr::{Lookup, Verdict as NftVerdict};
 use nftnl::set::Set;
 use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
 
+use super::refused::{self, Counting, REFUSED_SET_SIZE, REFUSED_TIMEOUT, refused_set_name};
 use super::{SIDECAR_INNER_LINK, SidecarId, TopologyError};
+
+/// How [`TableSpec::batch`] treats what is there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replacing {
+    Nothing,
+    /// Delete the whole table first.
+    Table,
+    /// Delete each of the spec's base chains first (and with them their rules).
+    Chains,
+}
 use crate::prefix::Prefix;
 
 /// The sidecar's filter table (family inet).
@@ -79,8 +95,9 @@ pub(crate) enum Match {
 pub(crate) enum Action {
     Accept,
     Drop,
-    /// `reject with icmpx host-unreachable`: fails at once, like an unreachable route.
-    Reject,
+    /// `goto refuse`: count the destination, then `reject with icmpx
+    /// host-unreachable` (fails at once, like an unreachable route; see `refused`).
+    Refuse,
     Masquerade,
 }
 
@@ -125,6 +142,9 @@ pub(crate) struct TableSpec {
     pub chains: Vec<ChainSpec>,
     /// The comment on every rule.
     pub comment: String,
+    /// What the table counts of what it refuses (its `refuse` chain and
+    /// counting sets, see `refused`).
+    pub counting: Counting,
 }
 
 fn family_word(address: &IpAddr) -> &'static str {
@@ -159,7 +179,7 @@ impl fmt::Display for RuleSpec {
         f.write_str(match self.action {
             Action::Accept => "accept",
             Action::Drop => "drop",
-            Action::Reject => "reject with icmpx host-unreachable",
+            Action::Refuse => "goto refuse",
             Action::Masquerade => "masquerade",
         })
     }
@@ -185,8 +205,23 @@ impl fmt::Display for TableSpec {
         for set in &self.sets {
             writeln!(f, "  set {} {{ type {}; flags timeout; }}", set.name, if set.v4 { "ipv4_addr" } else { "ipv6_addr" })?;
         }
+        for v4 in [true, false].into_iter().filter(|_| self.counting != Counting::Off) {
+            writeln!(f, "  set {} {{ type {} . inet_proto . inet_service; size {REFUSED_SET_SIZE}; flags dynamic,timeout; timeout {}s; counter; }}",
+                refused_set_name(v4), if v4 { "ipv4_addr" } else { "ipv6_addr" }, REFUSED_TIMEOUT.as_secs())?;
+        }
         for chain in &self.chains {
             writeln!(f, "{chain}")?;
+        }
+        for chain in refused::chains(self.counting) {
+            if chain.prerouting {
+                writeln!(f, "  chain {} {{ type filter hook prerouting priority filter; policy accept;", chain.name)?;
+            } else {
+                writeln!(f, "  chain {} {{", chain.name)?;
+            }
+            for rule in &chain.rules {
+                writeln!(f, "    {}", rule.text)?;
+            }
+            writeln!(f, "  }}")?;
         }
         f.write_str("}")
     }
@@ -304,7 +339,7 @@ impl RuleSpec {
         match self.action {
             Action::Accept => rule.add_expr(&nft_expr!(verdict accept)),
             Action::Drop => rule.add_expr(&nft_expr!(verdict drop)),
-            Action::Reject => rule.add_expr(&NftVerdict::Reject(RejectionType::Icmp(IcmpCode::HostUnreach))),
+            Action::Refuse => rule.add_expr(&NftVerdict::Goto { chain: c_name(refused::REFUSE_CHAIN)? }),
             Action::Masquerade => rule.add_expr(&nft_expr!(masquerade)),
         }
         rule.set_comment(comment).map_err(|reason| TopologyError::Nftables { action: format!("build rule {self}"), reason: reason.to_string() })?;
@@ -316,7 +351,7 @@ impl TableSpec {
     /// The whole table as one batch: the table, its chains and their rules;
     /// with `replacing`, an existing table of the name is deleted first in
     /// the same transaction (so no packet ever sees it half built or gone).
-    fn batch(&self, replacing: bool) -> Result<FinalizedBatch, TopologyError> {
+    fn batch(&self, replacing: Replacing) -> Result<FinalizedBatch, TopologyError> {
         let name = c_name(&self.name)?;
         let comment = c_name(&self.comment)?;
         let table = Table::new(&name, ProtoFamily::Inet);
@@ -343,13 +378,18 @@ impl TableSpec {
             }
         }
         let mut batch = Batch::new();
-        if replacing {
+        if replacing == Replacing::Table {
             // Adding an existing table is no error; deleting a missing one would be.
             batch.add(&table, MsgType::Add);
             batch.add(&table, MsgType::Del);
         }
         batch.add(&table, MsgType::Add);
         for chain in &chains {
+            if replacing == Replacing::Chains {
+                // The same for each base chain: its rules go with it.
+                batch.add(chain, MsgType::Add);
+                batch.add(chain, MsgType::Del);
+            }
             batch.add(chain, MsgType::Add);
         }
         for rule in &rules {
@@ -362,24 +402,45 @@ impl TableSpec {
     /// table and its sets (raw messages, one transaction), then the chains
     /// and rules (nftnl). Only used before the sandbox starts.
     pub fn install(&self) -> Result<(), TopologyError> {
-        if !self.sets.is_empty() {
-            super::nftset::create_table_and_sets(&self.name, &self.sets)?;
+        let counting = self.counting != Counting::Off;
+        if !self.sets.is_empty() || counting {
+            super::nftset::create_table_and_sets(&self.name, &self.sets, counting)?;
         }
-        let batch = self.batch(false)?;
+        if counting {
+            let mut bodies = Vec::new();
+            for chain in refused::chains(self.counting) {
+                bodies.push((NFT_MSG_NEWCHAIN, super::nftset::NLM_F_CREATE, refused::chain_payload(&self.name, &chain)));
+                for rule in &chain.rules {
+                    bodies.push((NFT_MSG_NEWRULE, super::nftset::NLM_F_CREATE | NLM_F_APPEND, refused::rule_payload(&self.name, rule)));
+                }
+            }
+            super::nftset::transact(bodies)
+                .map_err(|source| TopologyError::Io { action: format!("nftables: install the counting chains of inet {}", self.name), source })?;
+        }
+        let batch = self.batch(Replacing::Nothing)?;
         super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
     }
 
     /// Replaces the table of this name in the calling thread's namespace
-    /// with this one, atomically (one nftables transaction).
+    /// with this one, atomically (one nftables transaction). A counting
+    /// table keeps its sets (and their counts) and its counting chains: only
+    /// its own base chains are replaced, each deleted and added again with
+    /// its rules in the same transaction.
     pub fn replace(&self) -> Result<(), TopologyError> {
-        let batch = self.batch(true)?;
+        let batch = self.batch(if self.counting == Counting::Off { Replacing::Table } else { Replacing::Chains })?;
         super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: replace table inet {}", self.name), source })
     }
 
     /// What the kernel should hold for this table, in netlink form.
     fn expected(&self) -> Result<(Vec<DumpedChain>, Vec<DumpedRule>), TopologyError> {
-        let batch = self.batch(false)?;
-        let messages: Vec<Message> = batch.iter().flat_map(parse_messages).collect();
+        let batch = self.batch(Replacing::Nothing)?;
+        let mut messages: Vec<Message> = batch.iter().flat_map(parse_messages).collect();
+        for chain in refused::chains(self.counting) {
+            messages.push(Message { kind: NFT_MSG_NEWCHAIN, family: NFPROTO_INET, attributes: refused::chain_payload(&self.name, &chain) });
+            for rule in &chain.rules {
+                messages.push(Message { kind: NFT_MSG_NEWRULE, family: NFPROTO_INET, attributes: refused::rule_payload(&self.name, rule) });
+            }
+        }
         let chains = messages.iter().filter(|m| m.kind == NFT_MSG_NEWCHAIN).filter_map(DumpedChain::parse).collect();
         let rules = messages.iter().filter(|m| m.kind == NFT_MSG_NEWRULE).filter_map(DumpedRule::parse).collect();
         Ok((chains, rules))
@@ -400,8 +461,8 @@ impl TableSpec {
         let rules: Vec<DumpedRule> =
             dump(NFT_MSG_GETRULE, Some(&self.name))?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
         let mut differences = Vec::new();
-        if !self.sets.is_empty() {
-            differences.extend(super::nftset::set_differences(&self.name, &self.sets)?.into_iter().map(|d| format!("{table}: {d}")));
+        if !self.sets.is_empty() || self.counting != Counting::Off {
+            differences.extend(super::nftset::set_differences(&self.name, &self.sets, self.counting != Counting::Off)?.into_iter().map(|d| format!("{table}: {d}")));
         }
         for chain in &expected_chains {
             match chains.iter().find(|c| c.name == chain.name) {
@@ -415,7 +476,12 @@ impl TableSpec {
         }
         let described: Vec<(&DumpedRule, String)> = expected_rules
             .iter()
-            .zip(self.chains.iter().flat_map(|c| c.rules.iter().map(move |r| format!("chain {}: {r}", c.name))))
+            .zip(
+                self.chains
+                    .iter()
+                    .flat_map(|c| c.rules.iter().map(move |r| format!("chain {}: {r}", c.name)))
+                    .chain(refused::chains(self.counting).iter().flat_map(|c| c.rules.iter().map(|r| format!("chain {}: {}", c.name, r.text)))),
+            )
             .collect();
         for (rule, description) in &described {
             if !rules.iter().any(|found| found.same_as(rule)) {
@@ -429,7 +495,7 @@ impl TableSpec {
             }
         }
         if differences.is_empty() {
-            for chain in &self.chains {
+            for chain in &expected_chains {
                 let order = |list: &[DumpedRule]| -> Vec<Vec<(String, Value)>> {
                     list.iter().filter(|r| r.chain == chain.name).map(|r| r.expressions.clone()).collect()
                 };
@@ -456,13 +522,14 @@ pub(crate) fn sidecar_filter(port53_only: &[IpAddr]) -> TableSpec {
             matches.push(Match::Dport(protocol, DNS_PORT));
             rules.push(RuleSpec { matches, action: Action::Accept });
         }
-        rules.push(RuleSpec { matches: base, action: Action::Reject });
+        rules.push(RuleSpec { matches: base, action: Action::Refuse });
     }
     TableSpec {
         name: SIDECAR_FILTER_TABLE.to_string(),
         sets: Vec::new(),
         chains: vec![ChainSpec { name: "forward", kind: ChainKind::Forward, rules }],
         comment: "Lazaret: DNS resolvers get port 53 only".to_string(),
+        counting: Counting::RejectsAndRoutes,
     }
 }
 
@@ -509,12 +576,13 @@ pub(crate) fn locked_table(ports: &std::collections::BTreeSet<u16>, prefixes: &[
     for prefix in prefixes {
         rules.push(RuleSpec { matches: vec![from_sandbox(), Match::Family(prefix.is_v4()), Match::DaddrInPrefix(*prefix)], action: Action::Accept });
     }
-    rules.push(RuleSpec { matches: vec![from_sandbox()], action: Action::Reject });
+    rules.push(RuleSpec { matches: vec![from_sandbox()], action: Action::Refuse });
     TableSpec {
         name: LOCKED_TABLE.to_string(),
         sets,
         chains: vec![ChainSpec { name: "forward", kind: ChainKind::Forward, rules }],
         comment: "Lazaret: locked egress, only allowed names and prefixes".to_string(),
+        counting: Counting::Rejects,
     }
 }
 
@@ -552,6 +620,7 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
             ChainSpec { name: "forward", kind: ChainKind::Forward, rules: forward },
         ],
         comment: format!("Lazaret sidecar {id}"),
+        counting: Counting::Off,
     }
 }
 
@@ -559,6 +628,8 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
 
 pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
 const NFT_MSG_NEWCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 3;
+/// `NLM_F_APPEND`: a new rule goes after the chain's others.
+const NLM_F_APPEND: u16 = 0x800;
 const NFT_MSG_GETCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 4;
 const NFT_MSG_NEWRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 6;
 const NFT_MSG_GETRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 7;
@@ -655,6 +726,9 @@ fn comparable(name: &str, data: Value) -> Value {
     let keep: fn(u16) -> bool = match name {
         "lookup" => |kind| kind == 1 || kind == 2,
         "bitwise" => |kind| kind != 6,
+        // The kernel dumps a timeout (0) and the set's counter it copied
+        // into the expression; what matters is set, operation and key.
+        "dynset" => |kind| kind == 1 || kind == 3 || kind == 4,
         _ => return data,
     };
     match data {
@@ -779,13 +853,22 @@ mod tests {
         assert_eq!(rules, [
             "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto udp th dport 53 accept",
             "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto tcp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 reject with icmpx host-unreachable",
+            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 goto refuse",
             "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto udp th dport 53 accept",
             "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto tcp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 reject with icmpx host-unreachable",
+            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 goto refuse",
         ]);
         assert!(sidecar_filter(&[]).chains[0].rules.is_empty());
-        assert!(table.to_string().starts_with("table inet lazaret-filter {\n  chain forward { type filter hook forward priority filter; policy accept;"));
+        let text = table.to_string();
+        assert!(text.starts_with("table inet lazaret-filter {\n  set refused4 { type ipv4_addr . inet_proto . inet_service; size 1024; flags dynamic,timeout; timeout 3600s; counter; }"), "{text}");
+        for line in [
+            "  chain forward { type filter hook forward priority filter; policy accept;",
+            "  chain refuse {\n    meta nfproto ipv4 meta l4proto tcp update @refused4 { ip daddr . meta l4proto . th dport }",
+            "    reject with icmpx host-unreachable\n  }",
+            "  chain refused-routes { type filter hook prerouting priority filter; policy accept;",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
     }
 
     #[test]
@@ -814,13 +897,19 @@ mod tests {
     #[test]
     fn serialized_rules_parse_back_into_their_expressions() {
         let (chains, rules) = sidecar_filter(&[ip("192.168.1.1")]).expected().expect("serialize");
-        assert_eq!(chains.len(), 1);
+        // forward, then the counting chains: refuse (regular) and refused-routes (prerouting).
+        assert_eq!(chains.len(), 3);
         assert_eq!((chains[0].hook, chains[0].priority, chains[0].policy), (Some(2), Some(0), Some(1)));
         assert_eq!(chains[0].kind.as_deref(), Some("filter"));
-        assert_eq!(rules.len(), 3);
+        assert_eq!((chains[1].name.as_str(), chains[1].hook, chains[1].kind.as_deref()), ("refuse", None, None));
+        assert_eq!((chains[2].name.as_str(), chains[2].hook, chains[2].priority, chains[2].policy), ("refused-routes", Some(0), Some(0), Some(1)));
+        assert_eq!(rules.len(), 3 + 7 + 6);
+        assert_eq!(rules[9].expressions.last().map(|(name, _)| name.as_str()), Some("reject"));
+        assert_eq!(rules[10].expressions.iter().filter(|(name, _)| name == "fib").count(), 2);
         let names: Vec<&str> = rules[0].expressions.iter().map(|(name, _)| name.as_str()).collect();
         assert_eq!(names, ["meta", "cmp", "meta", "cmp", "payload", "cmp", "meta", "cmp", "payload", "cmp", "immediate"]);
-        assert_eq!(rules[2].expressions.last().map(|(name, _)| name.as_str()), Some("reject"));
+        // `goto refuse` is an immediate verdict.
+        assert_eq!(rules[2].expressions.last().map(|(name, _)| name.as_str()), Some("immediate"));
         assert!(!rules[0].same_as(&rules[1]), "UDP and TCP differ");
         // Interface names longer than IFNAMSIZ - 1 are refused, not truncated.
         assert!(interface_name("abcdefghijklmnop").is_err());
@@ -852,11 +941,11 @@ mod tests {
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }
-        assert_eq!(table.chains[0].rules.last().map(ToString::to_string).as_deref(), Some("iifname \"lzs0\" reject with icmpx host-unreachable"));
+        assert_eq!(table.chains[0].rules.last().map(ToString::to_string).as_deref(), Some("iifname \"lzs0\" goto refuse"));
         assert_eq!(table.sets.len(), 4);
         // It serializes, and the lookups name their sets.
         let (_, rules) = table.expected().expect("serialize");
-        assert_eq!(rules.len(), table.chains[0].rules.len());
+        assert_eq!(rules.len(), table.chains[0].rules.len() + 7, "its rules and the refuse chain's");
         assert!(rules[1].expressions.iter().any(|(name, _)| name == "lookup"));
         assert_eq!(netmask(&"10.0.0.0/8".parse().expect("prefix")), IpAddr::V4(Ipv4Addr::new(255, 0, 0, 0)));
         assert_eq!(netmask(&"::/0".parse().expect("prefix")), IpAddr::V6(Ipv6Addr::UNSPECIFIED));

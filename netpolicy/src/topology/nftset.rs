@@ -11,20 +11,20 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::TopologyError;
+use super::{TopologyError, refused};
 use super::nft::{Message, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, SetSpec, attributes, parse_messages};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
-const NFT_MSG_NEWTABLE: u16 = NFNL_SUBSYS_NFTABLES << 8;
-const NFT_MSG_NEWSET: u16 = NFNL_SUBSYS_NFTABLES << 8 | 9;
+pub(super) const NFT_MSG_NEWTABLE: u16 = NFNL_SUBSYS_NFTABLES << 8;
+pub(super) const NFT_MSG_NEWSET: u16 = NFNL_SUBSYS_NFTABLES << 8 | 9;
 const NFT_MSG_GETSET: u16 = NFNL_SUBSYS_NFTABLES << 8 | 10;
-const NFT_MSG_NEWSETELEM: u16 = NFNL_SUBSYS_NFTABLES << 8 | 12;
-const NFT_MSG_GETSETELEM: u16 = NFNL_SUBSYS_NFTABLES << 8 | 13;
+pub(super) const NFT_MSG_NEWSETELEM: u16 = NFNL_SUBSYS_NFTABLES << 8 | 12;
+pub(super) const NFT_MSG_GETSETELEM: u16 = NFNL_SUBSYS_NFTABLES << 8 | 13;
 const NFT_MSG_DELSETELEM: u16 = NFNL_SUBSYS_NFTABLES << 8 | 14;
 const NLM_F_REQUEST: u16 = 1;
 const NLM_F_ACK: u16 = 4;
-const NLM_F_CREATE: u16 = 0x400;
+pub(super) const NLM_F_CREATE: u16 = 0x400;
 const NLM_F_DUMP: u16 = 0x300;
 const NLA_F_NESTED: u16 = 0x8000;
 const NFT_SET_TIMEOUT: u32 = 0x10;
@@ -32,7 +32,7 @@ const NFT_SET_TIMEOUT: u32 = 0x10;
 const TYPE_IPADDR: u32 = 7;
 const TYPE_IP6ADDR: u32 = 8;
 
-fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
+pub(super) fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(4 + value.len() + 3);
     out.extend(((4 + value.len()) as u16).to_ne_bytes());
     out.extend(kind.to_ne_bytes());
@@ -41,11 +41,11 @@ fn attr(kind: u16, value: &[u8]) -> Vec<u8> {
     out
 }
 
-fn nested(kind: u16, inner: &[u8]) -> Vec<u8> {
+pub(super) fn nested(kind: u16, inner: &[u8]) -> Vec<u8> {
     attr(kind | NLA_F_NESTED, inner)
 }
 
-fn strz(text: &str) -> Vec<u8> {
+pub(super) fn strz(text: &str) -> Vec<u8> {
     [text.as_bytes(), &[0]].concat()
 }
 
@@ -69,7 +69,7 @@ fn message(kind: u16, flags: u16, sequence: u32, family: u8, payload: &[u8]) -> 
 
 /// Sends `messages` (each with `NLM_F_ACK`, numbered from 2) as one
 /// transaction and checks every acknowledgement.
-fn transact(bodies: Vec<(u16, u16, Vec<u8>)>) -> io::Result<()> {
+pub(super) fn transact(bodies: Vec<(u16, u16, Vec<u8>)>) -> io::Result<()> {
     let mut messages = vec![message(NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1, 0, &[])];
     let mut sequences = Vec::new();
     for (index, (kind, flags, payload)) in bodies.into_iter().enumerate() {
@@ -112,11 +112,17 @@ fn set_payload(table: &str, set: &SetSpec, id: u32) -> Vec<u8> {
     .concat()
 }
 
-/// Creates table `inet NAME` (if missing) and its `sets`, in one transaction.
-pub(crate) fn create_table_and_sets(table: &str, sets: &[SetSpec]) -> Result<(), TopologyError> {
+/// Creates table `inet NAME` (if missing) and its `sets`, with
+/// `counting` also its counting sets (`refused`), in one transaction.
+pub(crate) fn create_table_and_sets(table: &str, sets: &[SetSpec], counting: bool) -> Result<(), TopologyError> {
     let mut bodies = vec![(NFT_MSG_NEWTABLE, NLM_F_CREATE, attr(1, &strz(table)))];
     for (index, set) in sets.iter().enumerate() {
         bodies.push((NFT_MSG_NEWSET, NLM_F_CREATE, set_payload(table, set, index as u32 + 1)));
+    }
+    if counting {
+        for (index, v4) in [true, false].into_iter().enumerate() {
+            bodies.push((NFT_MSG_NEWSET, NLM_F_CREATE, refused::set_payload(table, v4, (sets.len() + index) as u32 + 1)));
+        }
     }
     transact(bodies).map_err(|source| TopologyError::Io { action: format!("nftables: create the sets of table inet {table}"), source })
 }
@@ -166,7 +172,7 @@ pub fn put_elements(table: &str, elements: &[SetElement]) -> Result<(), Topology
     transact(bodies).map_err(|source| TopologyError::Io { action: format!("nftables: add set elements in table inet {table}"), source })
 }
 
-fn dump(request: u16, payload: &[u8]) -> io::Result<Vec<Message>> {
+pub(super) fn dump(request: u16, payload: &[u8]) -> io::Result<Vec<Message>> {
     let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
     let portid = socket.portid();
     let sequence = 1;
@@ -174,7 +180,7 @@ fn dump(request: u16, payload: &[u8]) -> io::Result<Vec<Message>> {
     super::nat::receive_dump(&socket, sequence, portid, parse_messages)
 }
 
-fn find(bytes: &[u8], kind: u16) -> Option<&[u8]> {
+pub(super) fn find(bytes: &[u8], kind: u16) -> Option<&[u8]> {
     attributes(bytes)?.into_iter().find(|(k, _)| *k == kind).map(|(_, v)| v)
 }
 
@@ -188,7 +194,7 @@ fn be32(value: Option<&[u8]>) -> Option<u32> {
 
 /// What is wrong with table `inet TABLE`'s sets: a set missing, or not of
 /// the expected key type, length and `timeout` flag.
-pub(crate) fn set_differences(table: &str, sets: &[SetSpec]) -> Result<Vec<String>, TopologyError> {
+pub(crate) fn set_differences(table: &str, sets: &[SetSpec], counting: bool) -> Result<Vec<String>, TopologyError> {
     let found = dump(NFT_MSG_GETSET, &attr(1, &strz(table)))
         .map_err(|source| TopologyError::Io { action: format!("nftables: dump the sets of inet {table}"), source })?;
     let mut differences = Vec::new();
@@ -208,8 +214,29 @@ pub(crate) fn set_differences(table: &str, sets: &[SetSpec]) -> Result<Vec<Strin
             }
         }
     }
+    for v4 in [true, false].into_iter().filter(|_| counting) {
+        let name = refused::refused_set_name(v4);
+        let dumped = found.iter().filter(|m| m.family == NFPROTO_INET).find(|m| {
+            find(&m.attributes, 1).map(string).as_deref() == Some(table) && find(&m.attributes, 2).map(string).as_deref() == Some(name)
+        });
+        let key_type = if v4 { refused::KEY_TYPE_V4 } else { refused::KEY_TYPE_V6 };
+        let expected = (Some(refused::NFT_SET_TIMEOUT | refused::NFT_SET_EVAL), Some(key_type), Some(refused::key_len(v4)));
+        match dumped {
+            None => differences.push(format!("set {name} is missing")),
+            Some(m) => {
+                let flags = be32(find(&m.attributes, 3)).map(|f| f & (refused::NFT_SET_TIMEOUT | refused::NFT_SET_EVAL | NFT_SET_INTERVAL_MAP_CONSTANT));
+                let actual = (flags, be32(find(&m.attributes, 4)), be32(find(&m.attributes, 5)));
+                if actual != expected {
+                    differences.push(format!("set {name} is {actual:?} (flags, key type, length), expected {expected:?}"));
+                }
+            }
+        }
+    }
     Ok(differences)
 }
+
+/// `NFT_SET_CONSTANT | NFT_SET_INTERVAL | NFT_SET_MAP`: none may be set on a counting set.
+const NFT_SET_INTERVAL_MAP_CONSTANT: u32 = 0x2 | 0x4 | 0x8;
 
 /// The addresses in set `set` of table `inet TABLE` now, with the time each
 /// has left (for `lazaret policy show` and the tests).

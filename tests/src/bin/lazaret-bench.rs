@@ -13,6 +13,17 @@
 //! fake internet from (a) a plain network namespace, (b) a sandbox behind
 //! the sidecar (`lazaret run`), (c) a runsc sandbox attached directly (no
 //! sidecar hop). Everything happens inside namespaces the bench creates.
+//! It ends with `net-filter`.
+//!
+//! `lazaret-bench net-filter [ROUNDS]`: the per-packet cost of the sidecar's
+//! nftables filter on bulk TCP (download from the fake internet), on the
+//! kernel path alone (a plain sandbox namespace behind a sidecar built by
+//! `DomainNetwork`, no runsc, whose netstack would hide it): the sidecar
+//! with Lazaret's filter tables deleted after it was built (a bench-only
+//! switch, never a config key: today's hop), as installed in open egress,
+//! and in locked egress (the server's address in the name set), against
+//! the plain lab host; ROUNDS rounds (default 7), the configurations
+//! alternating within each, medians.
 //!
 //! `lazaret-bench git [FILES]`: `git status` in a repository of FILES files
 //! (default 20,000) on the host and inside the sandbox, and the ratio.
@@ -59,11 +70,12 @@ fn main() -> anyhow::Result<()> {
     match args.first().map(String::as_str) {
         Some("run") => bench_run(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
         Some("net") => bench_net(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20)),
+        Some("net-filter") => bench_net_filter(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(FILTER_ROUNDS)),
         Some("git") => bench_git(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000)),
         Some("escalate") => bench_escalate(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1000)),
         Some("guard") => bench_guard(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000), args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(5)),
         _ => {
-            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | git [FILES] | escalate [N] | guard [FILES] [ROUNDS]");
+            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | net-filter [ROUNDS] | git [FILES] | escalate [N] | guard [FILES] [ROUNDS]");
             std::process::exit(2);
         }
     }
@@ -376,6 +388,93 @@ fn bench_net(runs: usize) -> anyhow::Result<()> {
         let (median, p90) = line.split_once(' ').ok_or_else(|| anyhow::anyhow!("bad line {line}"))?;
         println!("{label:<46} {median:>9} {p90:>7}");
     }
+    drop(lab);
+    println!();
+    bench_net_filter(FILTER_ROUNDS)
+}
+
+const FILTER_ROUNDS: usize = 7;
+const FILTER_BULK_BYTES: u64 = 1_000_000_000;
+const FILTER_CONNECTS: usize = 50;
+
+fn bench_net_filter(rounds: usize) -> anyhow::Result<()> {
+    use lazaret_netpolicy::names::{NameRule, parse_name_rule};
+    use lazaret_netpolicy::topology::{DomainNetwork, LOCKED_TABLE, Netns, SetElement, TopologyConfig, locked_set_name, put_elements};
+    use lazaret_tests::netlab::{NetLab, PORT, PUBLIC};
+
+    let mut lab = NetLab::new();
+    lab.start_world_server(&["bulk", &BULK_PORT.to_string(), PUBLIC]);
+    let host = Netns::from_fd(std::fs::File::open(&lab.host)?.into());
+    let state = tempfile::tempdir()?;
+    let cfg = TopologyConfig::new(state.path().join("forwarding.json"));
+    let open = lazaret_netpolicy::PolicyInput { dns: vec!["10.53.0.53".parse()?], ..Default::default() };
+    let (pattern, port) = parse_name_rule("bench.test")?;
+    let locked = lazaret_netpolicy::PolicyInput {
+        locked: true,
+        names: vec![NameRule { pattern, port, origin: "bench".into() }],
+        ..open.clone()
+    };
+    let bare = DomainNetwork::create(&host, &cfg, &open)?;
+    // The bench-only switch: the same sidecar without Lazaret's filter table.
+    let sidecar = bare.sidecar_netns().ok_or_else(|| anyhow::anyhow!("no sidecar netns"))?;
+    let out = Command::new("nsenter").arg(format!("--net={}", sidecar.proc_path().display())).args(["--", "nft", "delete", "table", "inet", "lazaret-filter"]).output()?;
+    anyhow::ensure!(out.status.success(), "nft delete table: {}", String::from_utf8_lossy(&out.stderr));
+    let listed = Command::new("nsenter").arg(format!("--net={}", sidecar.proc_path().display())).args(["--", "nft", "list", "tables"]).output()?;
+    anyhow::ensure!(listed.stdout.is_empty(), "tables left: {}", String::from_utf8_lossy(&listed.stdout));
+    let filtered = DomainNetwork::create(&host, &cfg, &open)?;
+    let locked = DomainNetwork::create(&host, &cfg, &locked)?;
+    let named = SetElement { set: locked_set_name(true, None), address: PUBLIC.parse()?, timeout: Duration::from_secs(3600) };
+    locked.sidecar_netns().ok_or_else(|| anyhow::anyhow!("no sidecar netns"))?.run(|| put_elements(LOCKED_TABLE, &[named]))?;
+
+    let probe = lazaret_tests::probe_bin();
+    let measure = |netns: &Path| -> anyhow::Result<(u64, u64, f64)> {
+        let out = Command::new("nsenter")
+            .arg(format!("--net={}", netns.display()))
+            .arg("--")
+            .arg(&probe)
+            .args(["bench-tcp", PUBLIC, &PORT.to_string(), &BULK_PORT.to_string(), &FILTER_CONNECTS.to_string(), &FILTER_BULK_BYTES.to_string()])
+            .output()?;
+        parse_tcp(&out)
+    };
+    let sandbox_path = |net: &DomainNetwork| -> anyhow::Result<PathBuf> { Ok(net.sandbox_netns().ok_or_else(|| anyhow::anyhow!("no sandbox netns"))?.proc_path()) };
+    let configs: Vec<(&str, PathBuf)> = vec![
+        ("plain netns (no sidecar)", lab.host.clone()),
+        ("sidecar, no Lazaret filter (bench-only)", sandbox_path(&bare)?),
+        ("sidecar, filter as installed (open)", sandbox_path(&filtered)?),
+        ("sidecar, locked egress (name set)", sandbox_path(&locked)?),
+    ];
+    let mut results: Vec<Vec<(u64, u64, f64)>> = vec![Vec::new(); configs.len()];
+    for round in 0..rounds {
+        // Alternate the order too, so no configuration always runs first.
+        let mut order: Vec<usize> = (0..configs.len()).collect();
+        if round % 2 == 1 {
+            order.reverse();
+        }
+        for i in order {
+            results[i].push(measure(&configs[i].1)?);
+        }
+    }
+    let median = |mut v: Vec<f64>| -> f64 {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    println!(
+        "sidecar filter cost, bulk TCP download ({} MB x {rounds} rounds, kernel path, no runsc)   MB/s median  min     max     connect median us  vs no filter",
+        FILTER_BULK_BYTES / 1_000_000
+    );
+    let base = median(results[1].iter().map(|r| r.2).collect());
+    for ((name, _), samples) in configs.iter().zip(&results) {
+        let mbps: Vec<f64> = samples.iter().map(|r| r.2).collect();
+        let min = mbps.iter().copied().fold(f64::INFINITY, f64::min);
+        let max = mbps.iter().copied().fold(0.0, f64::max);
+        let m = median(mbps);
+        let mut connect: Vec<u64> = samples.iter().map(|r| r.0).collect();
+        connect.sort();
+        println!("{name:<84} {m:>11.1} {min:>7.1} {max:>7.1} {:>20} {:>+12.1} %", connect[connect.len() / 2], (m / base - 1.0) * 100.0);
+    }
+    locked.teardown()?;
+    filtered.teardown()?;
+    bare.teardown()?;
     Ok(())
 }
 

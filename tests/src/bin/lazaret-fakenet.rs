@@ -13,11 +13,13 @@
 //! - `dns ADDR ANSWER TTL LOG`: the same with TTL seconds, over UDP and
 //!   TCP, appending `dns NAME` (`dns-tcp NAME`) to the file LOG for every
 //!   query it receives (so a test can tell which names reached it).
+//! - `dns ADDR ANSWER TTL LOG ANSWER6`: the same, answering AAAA queries
+//!   with ANSWER6 too (the others answer AAAA with no records).
 
 #![forbid(unsafe_code)]
 
 use std::io::Write;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, UdpSocket};
 use std::sync::{Arc, Mutex};
 
 /// Binds, waiting up to 3 s while the address is not usable yet: the
@@ -95,9 +97,10 @@ fn main() {
                 }
             }));
         }
-        Some("dns") if args.len() == 5 => {
+        Some("dns") if args.len() == 5 || args.len() == 6 => {
             let ip: IpAddr = args[1].parse().expect("ADDR");
             let answer: Ipv4Addr = args[2].parse().expect("ANSWER");
+            let answer6: Option<Ipv6Addr> = args.get(5).map(|a| a.parse().expect("ANSWER6"));
             let ttl: u32 = args[3].parse().expect("TTL");
             let log = Arc::new(Mutex::new(std::fs::OpenOptions::new().create(true).append(true).open(&args[4]).expect("LOG")));
             let note = move |log: &Mutex<std::fs::File>, kind: &str, query: &[u8]| {
@@ -113,7 +116,7 @@ fn main() {
                 let mut buf = [0u8; 1500];
                 while let Ok((n, from)) = udp.recv_from(&mut buf) {
                     note(&udp_log, "dns", &buf[..n]);
-                    if let Some(reply) = dns_answer_ttl(&buf[..n], answer, ttl) {
+                    if let Some(reply) = dns_answer_ttl(&buf[..n], answer, answer6, ttl) {
                         let _ = udp.send_to(&reply, from);
                     }
                 }
@@ -130,7 +133,7 @@ fn main() {
                         continue;
                     }
                     note(&log, "dns-tcp", &query);
-                    if let Some(reply) = dns_answer_ttl(&query, answer, ttl) {
+                    if let Some(reply) = dns_answer_ttl(&query, answer, answer6, ttl) {
                         let _ = conn.write_all(&[&(reply.len() as u16).to_be_bytes()[..], &reply].concat());
                     }
                 }
@@ -164,11 +167,12 @@ fn main() {
 /// A response to a standard query: the question echoed, and for type A one
 /// answer with `answer` (TTL 60); other types get an empty answer section.
 fn dns_answer(query: &[u8], answer: Ipv4Addr) -> Option<Vec<u8>> {
-    dns_answer_ttl(query, answer, 60)
+    dns_answer_ttl(query, answer, None, 60)
 }
 
-/// [`dns_answer`] with the answer's TTL.
-fn dns_answer_ttl(query: &[u8], answer: Ipv4Addr, ttl: u32) -> Option<Vec<u8>> {
+/// [`dns_answer`] with the answer's TTL, and AAAA queries answered with
+/// `answer6` when given.
+fn dns_answer_ttl(query: &[u8], answer: Ipv4Addr, answer6: Option<Ipv6Addr>, ttl: u32) -> Option<Vec<u8>> {
     if query.len() < 12 {
         return None;
     }
@@ -183,16 +187,23 @@ fn dns_answer_ttl(query: &[u8], answer: Ipv4Addr, ttl: u32) -> Option<Vec<u8>> {
     }
     let qtype = u16::from_be_bytes([query[i + 1], query[i + 2]]);
     let is_a = qtype == 1;
-    let mut r = Vec::with_capacity(qend + 16);
+    let aaaa = answer6.filter(|_| qtype == 28);
+    let mut r = Vec::with_capacity(qend + 28);
     r.extend_from_slice(&query[0..2]); // ID
     r.extend_from_slice(&[0x81, 0x80]); // response, RD, RA, no error
-    r.extend_from_slice(&[0, 1, 0, u8::from(is_a), 0, 0, 0, 0]);
+    r.extend_from_slice(&[0, 1, 0, u8::from(is_a || aaaa.is_some()), 0, 0, 0, 0]);
     r.extend_from_slice(&query[12..qend]);
     if is_a {
         r.extend_from_slice(&[0xc0, 0x0c, 0, 1, 0, 1]);
         r.extend_from_slice(&ttl.to_be_bytes());
         r.extend_from_slice(&[0, 4]);
         r.extend_from_slice(&answer.octets());
+    }
+    if let Some(address) = aaaa {
+        r.extend_from_slice(&[0xc0, 0x0c, 0, 28, 0, 1]);
+        r.extend_from_slice(&ttl.to_be_bytes());
+        r.extend_from_slice(&[0, 16]);
+        r.extend_from_slice(&address.octets());
     }
     Some(r)
 }
