@@ -515,8 +515,8 @@ unsafe fn host_child(plan: &HostChildPlan<'_>, in_cgroup: bool) -> (ExecStage, i
     }
 }
 
-/// Whether `close_range(2)` with `CLOSE_RANGE_CLOEXEC` works here (Linux
-/// >= 5.11), tried once on `probe`, a descriptor that is close-on-exec
+/// Whether `close_range(2)` with `CLOSE_RANGE_CLOEXEC` works here (since
+/// Linux 5.11), tried once on `probe`, a descriptor that is close-on-exec
 /// already (so the call changes nothing).
 pub(crate) fn has_close_range_cloexec(probe: BorrowedFd<'_>) -> bool {
     static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
