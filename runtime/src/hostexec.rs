@@ -4,6 +4,10 @@
 //! [`spawn`] starts the command; [`HostProcess::run`] streams its output to
 //! a sink until it ends, is stopped, or times out, and returns only once
 //! every process of the command is gone and its cgroup removed.
+//! [`prepare`] and [`HeldProcess::start`] are [`spawn`] in two steps: the
+//! process is made and set up completely, then waits before `execve` until
+//! the caller lets it go (after what must come first, such as an fsync of
+//! the journal line recording the command's start), or is killed unrun.
 //!
 //! ```no_run
 //! use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stream};
@@ -129,6 +133,7 @@ use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::signal::Signal;
+use nix::sys::socket::{send, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
 use nix::sys::stat::Mode;
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -207,10 +212,13 @@ pub enum ExecStage {
     WorkingDirectory,
     /// `execve` of the program.
     Exec,
+    /// Waiting for [`HeldProcess::start`]: the caller dropped the
+    /// [`HeldProcess`] instead (only seen if the report is read anyway).
+    GoAhead,
 }
 
 impl ExecStage {
-    const ALL: [ExecStage; 13] = [
+    const ALL: [ExecStage; 14] = [
         ExecStage::Session,
         ExecStage::Cgroup,
         ExecStage::MountNamespace,
@@ -224,6 +232,7 @@ impl ExecStage {
         ExecStage::Descriptors,
         ExecStage::WorkingDirectory,
         ExecStage::Exec,
+        ExecStage::GoAhead,
     ];
 
     fn from_code(code: u32) -> Option<ExecStage> {
@@ -245,6 +254,7 @@ impl ExecStage {
             ExecStage::Descriptors => "closing inherited descriptors",
             ExecStage::WorkingDirectory => "entering the working directory",
             ExecStage::Exec => "executing the program",
+            ExecStage::GoAhead => "waiting for the go-ahead to run",
         }
     }
 }
@@ -450,7 +460,23 @@ pub struct HostProcess {
 
 /// Starts `cmd` (see the module docs for everything it does). Returns once
 /// the program runs, or with the error that kept it from running.
+/// [`prepare`] and [`HeldProcess::start`] in one.
 pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
+    prepare(cmd)?.start()
+}
+
+/// Creates the command's cgroup and its process, which sets itself up
+/// completely (session, cgroup, identity, signals, descriptors, working
+/// directory) and then waits, before `execve`, for [`HeldProcess::start`].
+/// Nothing of the command has run until then; dropping the [`HeldProcess`]
+/// instead kills the waiting process and removes the cgroup. This lets a
+/// caller do what must precede the command (an fsync of the journal line
+/// that records its start) while the process is being made.
+///
+/// The refusals of [`spawn`] ([`HostExecError::Root`],
+/// [`HostExecError::Invalid`], cgroup errors) come from here; a failure of
+/// the child's set-up ([`HostExecError::Exec`]) from [`HeldProcess::start`].
+pub fn prepare(cmd: HostCommand) -> Result<HeldProcess, HostExecError> {
     if cmd.uid == 0 {
         return Err(HostExecError::Root("uid 0"));
     }
@@ -477,7 +503,12 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
     let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(open_err("creating the stdout pipe"))?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(open_err("creating the stderr pipe"))?;
     let (report_r, report_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(open_err("creating the error pipe"))?;
+    // The go-ahead: a socket pair, so that a byte sent to a child that
+    // already failed is an EPIPE error (MSG_NOSIGNAL), never a SIGPIPE.
+    let (gate_w, gate_r) = socketpair(AddressFamily::Unix, SockType::Stream, None, SockFlag::SOCK_CLOEXEC)
+        .map_err(open_err("creating the go-ahead socket pair"))?;
     let (out_w, err_w, report_w) = (above_stdio(out_w)?, above_stdio(err_w)?, above_stdio(report_w)?);
+    let (gate_w, gate_r) = (above_stdio(gate_w)?, above_stdio(gate_r)?);
     let cwd = above_stdio(cmd.cwd)?;
     let mount_ns = cmd.mount_ns.map(above_stdio).transpose()?;
     let argv = prepared.argv_ptrs();
@@ -497,32 +528,19 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
         stderr: err_w.as_raw_fd(),
         cwd: cwd.as_raw_fd(),
         error_pipe: report_w.as_raw_fd(),
+        gate: gate_r.as_raw_fd(),
+        gate_parent_end: gate_w.as_raw_fd(),
         parent: nix::unistd::getpid().as_raw(),
-        fd_limit: highest_open_fd() + 1,
+        // Only read where close_range is missing (a directory read per
+        // spawn otherwise).
+        fd_limit: if sys::has_close_range_cloexec(stdin.as_fd()) { 0 } else { highest_open_fd() + 1 },
     };
     let child = sys::spawn_host_child(&plan).map_err(|e| match e {
         sys::SpawnError::Cgroup(source) => HostExecError::Exec { program: cmd.argv[0].clone(), stage: ExecStage::Cgroup, source },
         sys::SpawnError::Sys(source) => HostExecError::Sys { context: "creating the host command's process", source },
     })?;
     let pid = Pid::from_raw(child.pid);
-    drop((procs, stdin, out_w, err_w, report_w, cwd, mount_ns));
-
-    let report = read_report(report_r);
-    let failure = match report {
-        Ok(Some((stage, errno))) => Some(HostExecError::Exec {
-            program: cmd.argv[0].clone(),
-            stage: ExecStage::from_code(stage).unwrap_or(ExecStage::Exec),
-            source: std::io::Error::from_raw_os_error(errno),
-        }),
-        Ok(None) => None,
-        Err(source) => Some(HostExecError::Sys { context: "reading the host command's start-up report", source }),
-    };
-    if let Some(error) = failure {
-        // The child exits by itself (or is killed with the cgroup).
-        let _ = cgroup.kill();
-        let _ = waitpid(pid, None);
-        return Err(error);
-    }
+    drop((procs, stdin, out_w, err_w, report_w, gate_r, cwd, mount_ns));
     guard.0 = None;
     // Without a pidfd (Linux < 5.3) the run polls waitpid instead.
     let pidfd = child.pidfd.or_else(|| sys::pidfd_open(pid.as_raw()).ok());
@@ -531,7 +549,60 @@ pub fn spawn(cmd: HostCommand) -> Result<HostProcess, HostExecError> {
     for fd in [&process.stdout, &process.stderr] {
         nix::fcntl::fcntl(fd, FcntlArg::F_SETFL(OFlag::O_NONBLOCK)).map_err(sys_err("making the output pipes non-blocking"))?;
     }
-    Ok(process)
+    Ok(HeldProcess { process, report: report_r, gate: gate_w, program: cmd.argv[0].clone() })
+}
+
+/// A host command's process, set up and waiting before `execve` for
+/// [`HeldProcess::start`] (see [`prepare`]). Dropping it kills the process
+/// (it never runs the program) and removes the cgroup.
+#[derive(Debug)]
+pub struct HeldProcess {
+    process: HostProcess,
+    /// The read end of the child's close-on-exec error pipe.
+    report: OwnedFd,
+    /// The parent's end of the go-ahead socket pair.
+    gate: OwnedFd,
+    /// `argv[0]`, for errors.
+    program: String,
+}
+
+impl HeldProcess {
+    /// The PID of the waiting process, in the caller's PID namespace.
+    pub fn pid(&self) -> u32 {
+        self.process.pid()
+    }
+
+    /// Lets the process exec the program. Returns once the program runs,
+    /// or with the error that kept it from running (its set-up failed, or
+    /// the program could not be executed); then nothing of it is left.
+    pub fn start(self) -> Result<HostProcess, HostExecError> {
+        let HeldProcess { process, report, gate, program } = self;
+        loop {
+            match send(gate.as_raw_fd(), b"!", MsgFlags::MSG_NOSIGNAL) {
+                // EPIPE, ECONNRESET: the child already failed (its report says
+                // why) or was killed.
+                Ok(_) | Err(Errno::EPIPE | Errno::ECONNRESET) => break,
+                Err(Errno::EINTR) => {}
+                Err(e) => return Err(HostExecError::Sys { context: "letting the host command run", source: e.into() }),
+            }
+        }
+        drop(gate);
+        let failure = match read_report(report) {
+            Ok(Some((stage, errno))) => Some(HostExecError::Exec {
+                program,
+                stage: ExecStage::from_code(stage).unwrap_or(ExecStage::Exec),
+                source: std::io::Error::from_raw_os_error(errno),
+            }),
+            Ok(None) => None,
+            Err(source) => Some(HostExecError::Sys { context: "reading the host command's start-up report", source }),
+        };
+        match failure {
+            // Dropping the process kills what is left, reaps it and removes
+            // the cgroup.
+            Some(error) => Err(error),
+            None => Ok(process),
+        }
+    }
 }
 
 impl HostProcess {

@@ -239,10 +239,18 @@ pub(crate) struct HostChildPlan<'a> {
     /// The write end of the close-on-exec error pipe: the child writes
     /// (stage, errno) there if anything fails before exec.
     pub(crate) error_pipe: RawFd,
+    /// The child's end of the go-ahead socket pair: once set up, the child
+    /// waits for one byte on it before `execve`; end of file (the parent
+    /// let go of its end) or an error ends the child instead.
+    pub(crate) gate: RawFd,
+    /// The parent's end of the go-ahead socket pair, which the child closes
+    /// first (so that the parent's close is an end of file to it).
+    pub(crate) gate_parent_end: RawFd,
     /// The PID of the creating process, to notice that it died before the
     /// child armed its parent-death signal.
     pub(crate) parent: libc::pid_t,
-    /// Highest descriptor number + 1 to close if `close_range` is missing.
+    /// Highest descriptor number + 1 to close if `close_range` is missing (0
+    /// where it is known to work).
     pub(crate) fd_limit: libc::c_int,
 }
 
@@ -404,6 +412,8 @@ unsafe fn host_child(plan: &HostChildPlan<'_>, in_cgroup: bool) -> (ExecStage, i
     // system call on descriptors and memory prepared before the fork that
     // stay valid in the child (its own copy of the address space).
     unsafe {
+        // The parent's end of the go-ahead is the parent's alone.
+        libc::close(plan.gate_parent_end);
         // No controlling terminal, a session and process group of its own.
         check!(ExecStage::Session, libc::setsid());
         if !in_cgroup {
@@ -476,6 +486,19 @@ unsafe fn host_child(plan: &HostChildPlan<'_>, in_cgroup: bool) -> (ExecStage, i
         }
         // As the developer: a directory they may not enter is refused.
         check!(ExecStage::WorkingDirectory, libc::fchdir(plan.cwd));
+        // Everything is set up: nothing of the command runs before the
+        // parent says so (after what must precede it, e.g. an fsync).
+        let mut go = 0u8;
+        loop {
+            let n = libc::read(plan.gate, (&mut go as *mut u8).cast(), 1);
+            if n == 1 {
+                break;
+            }
+            if n < 0 && errno() == libc::EINTR {
+                continue;
+            }
+            return (ExecStage::GoAhead, if n < 0 { errno() } else { libc::ECANCELED });
+        }
         // Like execvp's search, without its fallback to a shell.
         let mut last = libc::ENOENT;
         let mut denied = false;
@@ -490,6 +513,19 @@ unsafe fn host_child(plan: &HostChildPlan<'_>, in_cgroup: bool) -> (ExecStage, i
         }
         (ExecStage::Exec, if denied { libc::EACCES } else { last })
     }
+}
+
+/// Whether `close_range(2)` with `CLOSE_RANGE_CLOEXEC` works here (since
+/// Linux 5.11), tried once on `probe`, a descriptor that is close-on-exec
+/// already (so the call changes nothing).
+pub(crate) fn has_close_range_cloexec(probe: BorrowedFd<'_>) -> bool {
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        let fd = probe.as_raw_fd() as libc::c_uint;
+        // SAFETY: close_range with CLOSE_RANGE_CLOEXEC closes nothing; it
+        // only sets FD_CLOEXEC on `fd`, which has it already.
+        unsafe { libc::syscall(libc::SYS_close_range, fd, fd, libc::CLOSE_RANGE_CLOEXEC) == 0 }
+    })
 }
 
 /// `pidfd_open(2)`: a descriptor that becomes readable when the process

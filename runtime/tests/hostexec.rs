@@ -444,6 +444,62 @@ fn the_command_runs_in_the_given_mount_namespace() {
     f.assert_no_cgroup();
 }
 
+#[test]
+fn a_held_process_runs_nothing_until_started_and_dropping_it_runs_nothing_at_all() {
+    let f = fixture();
+    let marker = f.path().join("ran");
+    let script = format!("echo ran > {}; echo out", marker.display());
+    // Held: set up as the user, in its cgroup, but the program has not run.
+    let held = hostexec::prepare(f.command(&["sh", "-c", &script])).expect("prepare");
+    let pid = held.pid() as i32;
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(alive(pid), "the held process waits");
+    assert!(!marker.exists(), "nothing of the command ran before start");
+    assert!(f.cgroup.exists(), "the held process is in its cgroup");
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    assert_eq!(status_field(&status, "Uid").split_whitespace().collect::<Vec<_>>(), ["65534"; 4], "already the user");
+    let process = held.start().expect("start");
+    let mut stdout = Vec::new();
+    let finished = process
+        .run(limits(Duration::from_secs(60), 1 << 20), &StopSignal::new().expect("stop"), |_, d| {
+            stdout.extend_from_slice(d);
+            Ok(())
+        })
+        .expect("run");
+    assert!(matches!(finished.end, End::Exited(0)), "{:?}", finished.end);
+    assert_eq!(stdout, b"out\n");
+    assert!(marker.exists(), "the command ran after start");
+    f.assert_no_cgroup();
+
+    // Dropped instead of started: killed, nothing ran, no cgroup left.
+    std::fs::remove_file(&marker).expect("rm");
+    let held = hostexec::prepare(f.command(&["sh", "-c", &script])).expect("prepare");
+    let pid = held.pid() as i32;
+    drop(held);
+    assert!(!alive(pid), "the dropped held process is gone");
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!marker.exists(), "a dropped held process never runs the command");
+    f.assert_no_cgroup();
+}
+
+#[test]
+fn a_held_process_whose_setup_failed_reports_it_on_start() {
+    let f = fixture();
+    let private = f.path().join("root-only");
+    std::fs::create_dir(&private).expect("mkdir");
+    std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).expect("chmod");
+    let mut cmd = f.command(&["true"]);
+    cmd.cwd = open_dir(&private);
+    let held = hostexec::prepare(cmd).expect("prepare");
+    // Let the child fail (and close its end) before the go-ahead is sent.
+    std::thread::sleep(Duration::from_millis(200));
+    match held.start() {
+        Ok(p) => panic!("start succeeded (pid {})", p.pid()),
+        Err(e) => assert_exec_error(e, ExecStage::WorkingDirectory, libc::EACCES),
+    }
+    f.assert_no_cgroup();
+}
+
 fn spawn_error(cmd: HostCommand) -> HostExecError {
     match hostexec::spawn(cmd) {
         Ok(p) => panic!("spawn succeeded (pid {})", p.pid()),

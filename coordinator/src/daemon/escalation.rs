@@ -38,6 +38,11 @@
 //!   before a prompt is shown, `DeveloperDeny` before a denial is sent.
 //! - `StartHostExecution`: fsynced before the host command is started, so
 //!   the journal on the disk shows every host command that may have run.
+//!   The fsync runs on a thread of its own while the command's process is
+//!   made (`hostexec::prepare`: its cgroup, `clone3`, the child's set-up as
+//!   the developer); that process waits before `execve` and is let go
+//!   (`HeldProcess::start`) only after the fsync returned. If the fsync
+//!   fails it is killed without having run anything.
 //!   Prompt steps (`PromptDeveloper`, the developer's answer, time-outs),
 //!   cancellations, failures: fsynced too (not on the fast path).
 //! - `CompleteHostExecution`: the command has exited; nothing waits for it
@@ -66,6 +71,7 @@ use lazaret_protocol::wire::{self, CoordinatorMessage, PendingRequest, PromptDec
 use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stream};
 
 use crate::escalation::channel::TlsChannel;
+use crate::journal::{JournalError, JournalSync};
 use crate::escalation::environment::{host_environment, HostUser};
 use crate::escalation::rules::{DomainApprovals, Rule};
 use crate::trust;
@@ -436,6 +442,21 @@ fn record(d: &Domain, event: Event) -> bool {
     }
 }
 
+/// Journals `event` without waiting for the disk and returns what makes it
+/// durable: the caller fsyncs it before the action it stands for. None if
+/// the model refused it.
+fn write(d: &Domain, event: Event) -> Option<JournalSync> {
+    let name = event.name();
+    let written = d.live().journal.record_unsynced(event);
+    match written {
+        Ok(sync) => Some(sync),
+        Err(e) => {
+            log(&format!("escalation: {name} not journalled: {e}"));
+            None
+        }
+    }
+}
+
 /// Journals `event`, a record of what has been decided or has happened
 /// that no real action waits for: written now, on the disk with the next
 /// fsynced line (see the module docs for which lines these are). False if
@@ -655,9 +676,11 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
     if let Some(asked) = req.timeout_secs {
         timeout = timeout.min(Duration::from_secs(asked));
     }
-    if !record(d, Event::StartHostExecution { request: id.clone() }) {
+    // Written now, fsynced below while the command's process is being made
+    // (it waits before exec until the line is on the disk).
+    let Some(start_line) = write(d, Event::StartHostExecution { request: id.clone() }) else {
         return lost(link);
-    }
+    };
     link.set_state("running");
     let fail = |reason: String| {
         if record(d, Event::FailHostExecution { request: id.clone(), reason: reason.clone() }) {
@@ -683,7 +706,26 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         cgroup: esc.cgroup_parent.join(format!("escalation-{}", &id[..16])),
         mount_ns: None,
     };
-    let process = match hostexec::spawn(command) {
+    // The fsync of StartHostExecution and the making of the process (its
+    // cgroup, clone3, the child's set-up) overlap; the program is exec'd
+    // only once the line is durable. An fsync that failed: the waiting
+    // process is killed (dropped) and nothing ran, as before.
+    let (held, synced) = std::thread::scope(|s| {
+        let fsync = std::thread::Builder::new().name("escalation-fsync".into()).spawn_scoped(s, || start_line.sync());
+        let held = hostexec::prepare(command);
+        let synced = match fsync {
+            Ok(handle) => handle.join().unwrap_or_else(|_| Err(JournalError::Io { path: PathBuf::from("journal"), source: std::io::Error::other("the fsync thread panicked") })),
+            // No thread: fsync here, after the process is made.
+            Err(_) => start_line.sync(),
+        };
+        (held, synced)
+    });
+    if let Err(e) = synced {
+        log(&format!("escalation: StartHostExecution not journalled: {e}"));
+        drop(held);
+        return lost(link);
+    }
+    let process = match held.and_then(hostexec::HeldProcess::start) {
         Ok(p) => p,
         Err(e) => return fail(e.to_string()),
     };
