@@ -109,10 +109,12 @@ pub struct AuditEntry {
     pub found_by: String,
     /// The quarantine entry, if the file was moved aside.
     pub quarantine_id: Option<String>,
-    /// Whether that entry is still in the quarantine (false: restored, or
-    /// no entry).
+    /// Whether that entry's content is still in the quarantine (false:
+    /// restored, dropped to keep the quarantine within its limits, or no
+    /// entry).
     pub in_quarantine: bool,
-    /// The quarantined file's record, while it is there.
+    /// The quarantined file's record, while it is there (also once its
+    /// content was dropped: then `dropped` says when).
     pub quarantined: Option<QuarantineRecord>,
 }
 
@@ -213,7 +215,7 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
     for record in records {
         match entries.iter_mut().find(|e| e.quarantine_id.as_deref() == Some(record.id.as_str())) {
             Some(e) => {
-                e.in_quarantine = true;
+                e.in_quarantine = record.dropped.is_none();
                 e.quarantined = Some(record);
             }
             None => {
@@ -227,7 +229,7 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
                     reason: record.reason.clone(),
                     found_by: String::new(),
                     quarantine_id: Some(record.id.clone()),
-                    in_quarantine: true,
+                    in_quarantine: record.dropped.is_none(),
                     quarantined: Some(record),
                 });
             }
@@ -261,7 +263,7 @@ mod tests {
     }
 
     fn record(id: &str, path: &str, time: u64) -> QuarantineRecord {
-        QuarantineRecord { id: id.into(), root: "workspace".into(), path: path.into(), reason: "hook".into(), time, mode: 0o755, owner: Owner { uid: 1, gid: 1 }, symlink_target: None, size: 3, content_kept: true }
+        QuarantineRecord { id: id.into(), root: "workspace".into(), path: path.into(), reason: "hook".into(), time, mode: 0o755, owner: Owner { uid: 1, gid: 1 }, symlink_target: None, size: 3, content_kept: true, dropped: None }
     }
 
     #[test]
