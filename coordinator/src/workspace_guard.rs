@@ -290,6 +290,11 @@ mod tests {
         assert_eq!(ids, [("q1".to_string(), true), ("q3".to_string(), true), ("q2".to_string(), false)]);
         assert!(joined[1].summary.contains("z/.git/commondir") && joined[1].found_by.is_empty());
         assert_eq!(joined[0].quarantined.as_ref().map(|r| r.size), Some(3));
+        // A dropped copy (the quarantine over its bounds): its record stays, the content is not kept.
+        let dropped = QuarantineRecord { dropped: Some(9), content_kept: false, ..record("q1", "x/.git/config", 2) };
+        let joined = join_quarantine(vec![audit_entry(&line("x/.git/config", Some("q1"), 2_000)).expect("entry")], vec![dropped, QuarantineRecord { dropped: Some(9), ..record("q4", "w/.git/config", 1) }]);
+        assert_eq!(joined.iter().map(|e| (e.quarantine_id.as_deref(), e.in_quarantine)).collect::<Vec<_>>(), [(Some("q4"), false), (Some("q1"), false)]);
+        assert!(joined.iter().all(|e| e.quarantined.as_ref().is_some_and(|r| r.dropped == Some(9))));
     }
 
     #[test]
