@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|mounts|model|journal|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|guard-engine|mounts|model|journal|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
 #                 cold, teardown tail, back to back, joining; then one cold
 #                 run stage by stage from its journal and coordinator log
@@ -19,6 +19,10 @@
 #                 git status inside, guard on vs off (test hook), for a developer
 #                 and a root agent; Domain start on vs off and the guard's own
 #                 start time (targets: <= 5 %, <= 10 ms)
+#   guard-engine [FILES] [ROUNDS] [developer|root]  the guard engine alone, no
+#                 sandbox: tar unpacks FILES files into a watched directory
+#                 (under target/), guard off and on; the guard thread's CPU,
+#                 tar's time, the final sweep
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
 #   journal [SIZES]  the journal machine's cost per entry as a Domain's
@@ -47,6 +51,7 @@ case "$what" in
   net-filter) target/release/lazaret-bench net-filter "$@" ;;
   guard) install_escalate; target/release/lazaret-bench guard "$@" ;;
   escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
+  guard-engine) (cd target && cargo run --locked --release -q -p lazaret-mounts --example guard_bench -- "$@") ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
   model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
   journal) cargo run --locked --release -q -p lazaret-protocol --example journal_apply -- "$@" ;;
@@ -60,5 +65,5 @@ case "$what" in
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
     cargo run --locked --release -q -p lazaret-protocol --example check_model -- user; echo
     cargo run --locked --release -q -p lazaret-protocol --example journal_apply ;;
-  *) echo "usage: $0 [run|net|net-filter|git|escalate|guard|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|net|net-filter|git|escalate|guard|guard-engine|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
 esac

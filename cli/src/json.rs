@@ -173,9 +173,9 @@ pub struct AuditEntry<'a> {
     pub found_by: &'a str,
     /// The quarantine entry (null when nothing was moved aside).
     pub quarantine_id: Option<&'a str>,
-    /// Whether that entry is still in the quarantine (false once restored).
+    /// Whether that entry's content is still in the quarantine (false once restored or dropped).
     pub in_quarantine: bool,
-    /// The quarantined file while it is there: {id, root, path, reason, time, mode, owner: {uid, gid}, symlink_target, size}.
+    /// The quarantined file's record while it is there: {id, root, path, reason, time, mode, owner: {uid, gid}, symlink_target, size, content_kept, dropped?} (`dropped`: when its content was dropped to keep the quarantine within its limits).
     pub quarantined: Option<&'a lazaret_coordinator::workspace_guard::QuarantineRecord>,
 }
 

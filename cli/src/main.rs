@@ -701,6 +701,7 @@ fn audit(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<
         let state = match (&e.quarantine_id, e.in_quarantine) {
             (None, _) => "-",
             (Some(_), true) => "kept",
+            (Some(_), false) if e.quarantined.as_ref().is_some_and(|q| q.dropped.is_some()) => "dropped",
             (Some(_), false) => "restored",
         };
         // Journal text names agent-chosen paths: shown inert.

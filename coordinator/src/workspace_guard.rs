@@ -109,10 +109,12 @@ pub struct AuditEntry {
     pub found_by: String,
     /// The quarantine entry, if the file was moved aside.
     pub quarantine_id: Option<String>,
-    /// Whether that entry is still in the quarantine (false: restored, or
-    /// no entry).
+    /// Whether that entry's content is still in the quarantine (false:
+    /// restored, dropped to keep the quarantine within its limits, or no
+    /// entry).
     pub in_quarantine: bool,
-    /// The quarantined file's record, while it is there.
+    /// The quarantined file's record, while it is there (also once its
+    /// content was dropped: then `dropped` says when).
     pub quarantined: Option<QuarantineRecord>,
 }
 
@@ -213,7 +215,7 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
     for record in records {
         match entries.iter_mut().find(|e| e.quarantine_id.as_deref() == Some(record.id.as_str())) {
             Some(e) => {
-                e.in_quarantine = true;
+                e.in_quarantine = record.dropped.is_none();
                 e.quarantined = Some(record);
             }
             None => {
@@ -227,7 +229,7 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
                     reason: record.reason.clone(),
                     found_by: String::new(),
                     quarantine_id: Some(record.id.clone()),
-                    in_quarantine: true,
+                    in_quarantine: record.dropped.is_none(),
                     quarantined: Some(record),
                 });
             }
@@ -261,7 +263,7 @@ mod tests {
     }
 
     fn record(id: &str, path: &str, time: u64) -> QuarantineRecord {
-        QuarantineRecord { id: id.into(), root: "workspace".into(), path: path.into(), reason: "hook".into(), time, mode: 0o755, owner: Owner { uid: 1, gid: 1 }, symlink_target: None, size: 3, content_kept: true }
+        QuarantineRecord { id: id.into(), root: "workspace".into(), path: path.into(), reason: "hook".into(), time, mode: 0o755, owner: Owner { uid: 1, gid: 1 }, symlink_target: None, size: 3, content_kept: true, dropped: None }
     }
 
     #[test]
@@ -288,6 +290,11 @@ mod tests {
         assert_eq!(ids, [("q1".to_string(), true), ("q3".to_string(), true), ("q2".to_string(), false)]);
         assert!(joined[1].summary.contains("z/.git/commondir") && joined[1].found_by.is_empty());
         assert_eq!(joined[0].quarantined.as_ref().map(|r| r.size), Some(3));
+        // A dropped copy (the quarantine over its bounds): its record stays, the content is not kept.
+        let dropped = QuarantineRecord { dropped: Some(9), content_kept: false, ..record("q1", "x/.git/config", 2) };
+        let joined = join_quarantine(vec![audit_entry(&line("x/.git/config", Some("q1"), 2_000)).expect("entry")], vec![dropped, QuarantineRecord { dropped: Some(9), ..record("q4", "w/.git/config", 1) }]);
+        assert_eq!(joined.iter().map(|e| (e.quarantine_id.as_deref(), e.in_quarantine)).collect::<Vec<_>>(), [(Some("q4"), false), (Some("q1"), false)]);
+        assert!(joined.iter().all(|e| e.quarantined.as_ref().is_some_and(|r| r.dropped == Some(9))));
     }
 
     #[test]

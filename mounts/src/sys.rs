@@ -398,6 +398,64 @@ pub fn has_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<bool, Errno> {
     }
 }
 
+/// `getxattrat(2)`'s number (Linux 6.13): the same on every architecture,
+/// as it was allocated after the syscall tables were unified.
+const SYS_GETXATTRAT: libc::c_long = 464;
+
+/// `struct xattr_args` (include/uapi/linux/xattr.h, `XATTR_ARGS_SIZE_VER0`).
+#[repr(C)]
+struct XattrArgs {
+    value: u64,
+    size: u32,
+    flags: u32,
+}
+
+/// Whether `getxattrat(2)` is known to be missing (set after its first
+/// `ENOSYS`, so that old kernels pay for the probe once).
+static NO_GETXATTRAT: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether the entry `name` of the directory `dir` has the extended
+/// attribute `attr`, never following a symlink: `getxattrat(dir, name,
+/// AT_SYMLINK_NOFOLLOW)` with a zero-size buffer, one system call and no
+/// file opened (`dir` may be an `O_PATH` fd). An empty `name` asks about
+/// `dir` itself (`AT_EMPTY_PATH`; the kernel then wants a real fd, not an
+/// `O_PATH` one: `EBADF`). `Err(ENOSYS)` on kernels before 6.13 (callers
+/// fall back to [`has_xattr`] on an opened file).
+pub fn has_xattr_at(dir: BorrowedFd<'_>, name: &OsStr, attr: &CStr) -> Result<bool, Errno> {
+    if NO_GETXATTRAT.load(std::sync::atomic::Ordering::Relaxed) {
+        return Err(Errno::ENOSYS);
+    }
+    let c_name = std::ffi::CString::new(name.as_bytes()).map_err(|_| Errno::EINVAL)?;
+    let flags = libc::AT_SYMLINK_NOFOLLOW | if name.is_empty() { libc::AT_EMPTY_PATH } else { 0 };
+    let mut args = XattrArgs { value: 0, size: 0, flags: 0 };
+    // SAFETY: `c_name` and `attr` are NUL-terminated and outlive the call;
+    // `args` is a live `struct xattr_args` of the size passed, with a NULL
+    // value buffer of size 0, so the kernel only returns the value's size
+    // and writes nothing to user memory.
+    let ret = unsafe {
+        libc::syscall(
+            SYS_GETXATTRAT,
+            dir.as_raw_fd(),
+            c_name.as_ptr(),
+            flags as libc::c_uint,
+            attr.as_ptr(),
+            std::ptr::addr_of_mut!(args),
+            std::mem::size_of::<XattrArgs>(),
+        )
+    };
+    if ret >= 0 {
+        return Ok(true);
+    }
+    match Errno::last() {
+        Errno::ENODATA | Errno::ENOTSUP => Ok(false),
+        Errno::ENOSYS => {
+            NO_GETXATTRAT.store(true, std::sync::atomic::Ordering::Relaxed);
+            Err(Errno::ENOSYS)
+        }
+        errno => Err(errno),
+    }
+}
+
 /// Removes the extended attribute `name` from the file `fd` refers to
 /// (`fremovexattr`); an attribute that is already gone is not an error.
 pub fn remove_xattr(fd: BorrowedFd<'_>, name: &CStr) -> Result<(), Errno> {

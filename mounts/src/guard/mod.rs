@@ -39,7 +39,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-pub use quarantine::{QuarantineRecord, RestoredFile};
+pub use quarantine::{QuarantineLimits, QuarantineRecord, RestoredFile};
 pub use sweep::sweep;
 pub use watch::{Backend, Guard, probe_backend};
 
@@ -92,6 +92,9 @@ pub struct GuardConfig {
     /// The quarantine directory (under the Domain Root; created if missing,
     /// mode 0700). Trusted path, opened once.
     pub quarantine_dir: PathBuf,
+    /// How much the quarantine keeps before it drops the oldest copies
+    /// (their records stay).
+    pub quarantine_limits: QuarantineLimits,
     /// Workspace-relative paths Git Sentry binds read-only (its
     /// `SentryPlan::protected`): the guard never modifies them or anything
     /// below them (they are the developer's own and the sandbox cannot

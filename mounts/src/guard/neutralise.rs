@@ -81,7 +81,7 @@ impl Engine {
             let fd = safe_path::open_root_dir(&root.path)?;
             roots.push(OpenRoot { label: root.label.clone(), kind: root.kind, path: root.path.clone(), fd });
         }
-        let quarantine = Quarantine::open(&config.quarantine_dir)?;
+        let quarantine = Quarantine::open(&config.quarantine_dir, config.quarantine_limits)?;
         let restored = quarantine.restored_marks();
         Ok(Engine { config, roots, quarantine, restored })
     }
@@ -140,6 +140,20 @@ impl Engine {
         if kind != FileKind::Regular && !(foreign_uid || foreign_gid) {
             return Ok(());
         }
+        // The common case, every file a developer agent writes: a regular
+        // file of the developer's without setuid/setgid. Only file
+        // capabilities could be wrong, and one getxattrat by name (no file
+        // opened) tells. Deciding by name is enough: if the name was
+        // replaced since `st` was taken, the replacement made its own event
+        // (create or rename) and is judged by it (and by the sweep); a
+        // capability found is removed below, through a verified fd.
+        if kind == FileKind::Regular && !(foreign_uid || foreign_gid) && st.st_mode & (libc::S_ISUID | libc::S_ISGID) == 0 {
+            match crate::sys::has_xattr_at(parent, name, CAPABILITY_XATTR) {
+                Ok(false) | Err(Errno::ENOENT) => return Ok(()),
+                Ok(true) | Err(Errno::ENOSYS) => {}
+                Err(errno) => return Err(MountError::sys("getxattr", rel, errno)),
+            }
+        }
         // Open the entry itself, never through a symlink.
         let fd = match nix::fcntl::openat(parent, name, OFlag::O_PATH | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()) {
             Ok(fd) => fd,
@@ -157,23 +171,35 @@ impl Engine {
         // drops setuid/setgid on chown) and must still be reported.
         let privileged_bits = kind == FileKind::Regular && now.st_mode & (libc::S_ISUID | libc::S_ISGID) != 0;
         // A real fd on the same inode (through the O_PATH fd, not the name),
-        // for the capability check, taken before a chown (which drops
-        // capabilities itself and would hide that there were any).
-        let file = if kind == FileKind::Regular {
-            Some(
-                nix::fcntl::open(
-                    format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)).as_str(),
-                    OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
-                    Mode::empty(),
-                )
-                .map_err(|e| MountError::sys("reopen", rel, e))?,
+        // for chmod and removexattr, and for the capability check where
+        // getxattrat is missing.
+        let reopen = || {
+            nix::fcntl::open(
+                format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd)).as_str(),
+                OFlag::O_RDONLY | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+                Mode::empty(),
             )
-        } else {
-            None
+            .map_err(|e| MountError::sys("reopen", rel, e))
         };
-        let capabilities = match &file {
-            Some(file) => crate::sys::has_xattr(file.as_fd(), CAPABILITY_XATTR).map_err(|e| MountError::sys("getxattr", rel, e))?,
-            None => false,
+        // Capabilities, checked before a chown (which drops them itself and
+        // would hide that there were any), by name as above (getxattrat
+        // refuses an O_PATH fd), the inode having been verified just now.
+        let mut file = None;
+        let capabilities = if kind == FileKind::Regular {
+            match crate::sys::has_xattr_at(parent, name, CAPABILITY_XATTR) {
+                Ok(found) => found,
+                Err(Errno::ENOENT) => return Ok(()),
+                // Before Linux 6.13.
+                Err(Errno::ENOSYS) => {
+                    let opened = reopen()?;
+                    let found = crate::sys::has_xattr(opened.as_fd(), CAPABILITY_XATTR).map_err(|e| MountError::sys("getxattr", rel, e))?;
+                    file = Some(opened);
+                    found
+                }
+                Err(errno) => return Err(MountError::sys("getxattr", rel, errno)),
+            }
+        } else {
+            false
         };
         // Ownership: not for a hard-linked file (the other names may be
         // anyone's; the bits are still stripped below).
@@ -192,7 +218,13 @@ impl Engine {
                 out,
             );
         }
-        let Some(file) = file else { return Ok(()) };
+        if !(privileged_bits || capabilities) {
+            return Ok(());
+        }
+        let file = match file {
+            Some(file) => file,
+            None => reopen()?,
+        };
         // After the chown (which may have cleared bits itself): strip what
         // is left, and report what the file carried.
         if privileged_bits {

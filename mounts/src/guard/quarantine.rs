@@ -3,6 +3,14 @@
 //! `<dir>/<id>/content`, mode 0600, owned by whoever owns the quarantine
 //! directory, capabilities removed), never executable or privileged there.
 //!
+//! The quarantine is bounded ([`QuarantineLimits`]: at most 1,000 kept
+//! copies and 256 MiB of disk by default): when a new entry takes it over
+//! either bound, the oldest copies are dropped until it is within both
+//! again (the newest too, if it alone is over). A dropped copy's record is
+//! kept, marked with the time it was dropped ([`QuarantineRecord::dropped`]),
+//! as one line of `<dir>/dropped.jsonl`, so `lazaret audit` still lists it;
+//! only its content is gone and it cannot be restored.
+//!
 //! [`restore`] puts an entry back on the developer's explicit request and
 //! remembers it (`<dir>/restored.jsonl`: root, path, inode and ctime), so
 //! that a later [`super::sweep`] leaves the restored file alone as long as
@@ -11,8 +19,9 @@
 use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::collections::VecDeque;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -30,6 +39,31 @@ const MAX_COPY: u64 = 64 << 20;
 
 /// The name of the restore log in the quarantine directory.
 const RESTORED_LOG: &str = "restored.jsonl";
+
+/// The name of the log of dropped entries' records in the quarantine directory.
+const DROPPED_LOG: &str = "dropped.jsonl";
+
+/// How much the quarantine keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QuarantineLimits {
+    /// Most entries whose content is kept.
+    pub max_entries: usize,
+    /// Most disk space (allocated blocks) their contents may take, in bytes.
+    pub max_bytes: u64,
+}
+
+impl QuarantineLimits {
+    /// The default number of kept copies.
+    pub const DEFAULT_ENTRIES: usize = 1_000;
+    /// The default disk space of kept copies: 256 MiB.
+    pub const DEFAULT_BYTES: u64 = 256 << 20;
+}
+
+impl Default for QuarantineLimits {
+    fn default() -> Self {
+        QuarantineLimits { max_entries: Self::DEFAULT_ENTRIES, max_bytes: Self::DEFAULT_BYTES }
+    }
+}
 
 /// The JSON record of one quarantine entry.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -56,6 +90,10 @@ pub struct QuarantineRecord {
     /// and files larger than the copy limit on another filesystem).
     #[serde(default)]
     pub content_kept: bool,
+    /// When the content was dropped to keep the quarantine within its
+    /// [`QuarantineLimits`] (seconds since the Unix epoch); the record stays.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
 }
 
 impl QuarantineRecord {
@@ -73,6 +111,7 @@ impl QuarantineRecord {
             symlink_target: None,
             size: u64::try_from(st.st_size).unwrap_or(0),
             content_kept: false,
+            dropped: None,
         }
     }
 }
@@ -107,6 +146,27 @@ impl RestoredMark {
 pub(crate) struct Quarantine {
     dir: OwnedFd,
     path: PathBuf,
+    limits: QuarantineLimits,
+    kept: Mutex<Kept>,
+}
+
+/// The entries, oldest first, with the disk space of their content, as
+/// this instance knows them. Other instances (a sweep's engine, a restore)
+/// change the directory too: its mtime and link count (one link per entry
+/// directory), noted after each change of ours, tell when to look again.
+#[derive(Default)]
+struct Kept {
+    entries: VecDeque<(String, u64)>,
+    bytes: u64,
+    /// The directory's version when `entries` was last known to be complete.
+    seen: Option<DirVersion>,
+}
+
+/// A directory's mtime and link count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirVersion {
+    mtime: (i64, i64),
+    nlink: u64,
 }
 
 /// Source of unique ids within the process.
@@ -115,7 +175,7 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 impl Quarantine {
     /// Opens (creating it, mode 0700) the quarantine directory `path` (a
     /// trusted path under the Domain Root).
-    pub(crate) fn open(path: &Path) -> Result<Quarantine, GuardError> {
+    pub(crate) fn open(path: &Path, limits: QuarantineLimits) -> Result<Quarantine, GuardError> {
         match std::fs::create_dir(path) {
             Ok(()) => {
                 use std::os::unix::fs::PermissionsExt;
@@ -127,7 +187,93 @@ impl Quarantine {
         }
         let dir = nix::fcntl::open(path, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
             .map_err(|e| MountError::sys("open quarantine", path, e))?;
-        Ok(Quarantine { dir, path: path.to_owned() })
+        Ok(Quarantine { dir, path: path.to_owned(), limits, kept: Mutex::new(Kept::default()) })
+    }
+
+    fn version(&self) -> Option<DirVersion> {
+        nix::sys::stat::fstat(&self.dir).ok().map(|st| DirVersion { mtime: (st.st_mtime, st.st_mtime_nsec), nlink: st.st_nlink })
+    }
+
+    /// Re-reads the entries and how much disk their contents take.
+    fn rescan(&self, kept: &mut Kept) {
+        let version = self.version();
+        let mut ids: Vec<String> = match nix::fcntl::openat(self.dir.as_fd(), ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+            Ok(listing) => super::neutralise::list_names(listing).into_iter().filter_map(|n| n.into_string().ok()).filter(|n| is_entry_name(n)).collect(),
+            Err(_) => return,
+        };
+        ids.sort();
+        kept.entries.clear();
+        kept.bytes = 0;
+        for id in ids {
+            let content = nix::sys::stat::fstatat(self.dir.as_fd(), Path::new(&id).join("content").as_path(), AtFlags::AT_SYMLINK_NOFOLLOW);
+            let bytes = content.map(|st| allocated(&st)).unwrap_or(0);
+            kept.bytes += bytes;
+            kept.entries.push_back((id, bytes));
+        }
+        kept.seen = version;
+    }
+
+    /// Accounts for the new entry `id` (its content's stat, if any) and drops
+    /// the oldest entries' copies while the quarantine is over a limit.
+    /// `made` is the directory's version right after this instance made the
+    /// entry's directory (see [`Quarantine::new_entry`]).
+    fn admit(&self, id: &str, content: Option<&FileStat>, made: Option<DirVersion>) {
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        if made.is_none() || kept.seen != made || kept.seen != self.version() {
+            // Someone else changed the directory (or this is the first
+            // entry): the new entry is seen by the scan itself.
+            self.rescan(&mut kept);
+        } else {
+            let bytes = content.map(allocated).unwrap_or(0);
+            kept.bytes += bytes;
+            kept.entries.push_back((id.to_owned(), bytes));
+        }
+        while kept.entries.len() > self.limits.max_entries || kept.bytes > self.limits.max_bytes {
+            let Some((oldest, bytes)) = kept.entries.pop_front() else { break };
+            kept.bytes -= bytes;
+            self.drop_copy(&oldest);
+        }
+        kept.seen = self.version();
+    }
+
+    /// After this instance made an entry directory: the directory's version
+    /// then, if nothing else changed it since `before` (the version just
+    /// before the mkdir, which must be the one last seen).
+    fn made_entry(&self, before: Option<DirVersion>) -> Option<DirVersion> {
+        let after = self.version()?;
+        let mut kept = self.kept.lock().unwrap_or_else(|p| p.into_inner());
+        let only_ours = before.is_some_and(|b| kept.seen == Some(b) && after.nlink == b.nlink + 1);
+        if only_ours {
+            kept.seen = Some(after);
+            Some(after)
+        } else {
+            None
+        }
+    }
+
+    /// Drops entry `id`'s content, keeping its record (marked dropped) in
+    /// the dropped log; the entry's directory goes.
+    fn drop_copy(&self, id: &str) {
+        let Ok(entry) = safe_path::open_dir_beneath(self.dir.as_fd(), Path::new(id)) else { return };
+        let record = safe_path::read_beneath(entry.as_fd(), Path::new("record.json"), 1 << 20)
+            .ok()
+            .flatten()
+            .and_then(|bytes| serde_json::from_slice::<QuarantineRecord>(&bytes).ok());
+        if let Some(mut record) = record {
+            record.dropped = Some(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0));
+            record.content_kept = false;
+            // The record is logged first: a crash before the entry is gone
+            // lists it twice at worst (the entry's own record wins).
+            let mut line = serde_json::to_vec(&record).unwrap_or_default();
+            line.push(b'\n');
+            if append(self.dir.as_fd(), DROPPED_LOG, &line).is_err() {
+                return;
+            }
+        }
+        for file in ["content", "record.json"] {
+            let _ = nix::unistd::unlinkat(&entry, file, nix::unistd::UnlinkatFlags::NoRemoveDir);
+        }
+        let _ = nix::unistd::unlinkat(self.dir.as_fd(), id, nix::unistd::UnlinkatFlags::RemoveDir);
     }
 
     /// The restore log's entries (unreadable lines skipped).
@@ -154,7 +300,7 @@ impl Quarantine {
         if kind == FileKind::Directory {
             return Err(MountError::refused(rel, "a directory is not quarantined").into());
         }
-        let (id, entry) = self.new_entry()?;
+        let (id, entry, made) = self.new_entry()?;
         let mut record = QuarantineRecord::of(&id, root, rel, reason, st);
         if kind == FileKind::Symlink {
             record.symlink_target = nix::fcntl::readlinkat(parent, name).ok().map(PathBuf::from);
@@ -186,28 +332,33 @@ impl Quarantine {
         }
         write_new(entry.as_fd(), "record.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
             .map_err(|e| MountError::io("write quarantine record", &self.path, e))?;
+        self.admit(&id, nix::sys::stat::fstatat(entry.as_fd(), "content", AtFlags::AT_SYMLINK_NOFOLLOW).ok().as_ref(), made);
         Ok(id)
     }
 
     /// Stores `contents` (a file the guard replaced) as a new entry.
     pub(crate) fn keep_copy(&self, root: &str, rel: &Path, st: &FileStat, contents: &[u8], reason: &str) -> Result<String, GuardError> {
-        let (id, entry) = self.new_entry()?;
+        let (id, entry, made) = self.new_entry()?;
         write_new(entry.as_fd(), "content", contents).map_err(|e| MountError::io("write quarantine", rel, e))?;
         let record = QuarantineRecord { size: contents.len() as u64, content_kept: true, ..QuarantineRecord::of(&id, root, rel, reason, st) };
         write_new(entry.as_fd(), "record.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
             .map_err(|e| MountError::io("write quarantine record", &self.path, e))?;
+        self.admit(&id, nix::sys::stat::fstatat(entry.as_fd(), "content", AtFlags::AT_SYMLINK_NOFOLLOW).ok().as_ref(), made);
         Ok(id)
     }
 
-    /// Makes a new, empty entry directory and returns its id and fd.
-    fn new_entry(&self) -> Result<(String, OwnedFd), GuardError> {
+    /// Makes a new, empty entry directory and returns its id, its fd and
+    /// the quarantine directory's version after (see [`Quarantine::admit`]).
+    fn new_entry(&self) -> Result<(String, OwnedFd, Option<DirVersion>), GuardError> {
         for _ in 0..1000 {
             let id = new_id(SystemTime::now());
+            let before = self.version();
             match nix::sys::stat::mkdirat(self.dir.as_fd(), id.as_str(), Mode::from_bits_truncate(0o700)) {
                 Ok(()) => {
+                    let made = self.made_entry(before);
                     let fd = nix::fcntl::openat(self.dir.as_fd(), id.as_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
                         .map_err(|e| MountError::sys("open quarantine entry", &self.path, e))?;
-                    return Ok((id, fd));
+                    return Ok((id, fd, made));
                 }
                 Err(Errno::EEXIST) => continue,
                 Err(errno) => return Err(MountError::sys("mkdir quarantine entry", &self.path, errno).into()),
@@ -215,6 +366,29 @@ impl Quarantine {
         }
         Err(MountError::refused(&self.path, "could not make a unique quarantine entry").into())
     }
+}
+
+/// Whether a name in the quarantine directory is an entry's (not a log).
+fn is_entry_name(name: &str) -> bool {
+    !name.starts_with('.') && name != RESTORED_LOG && name != DROPPED_LOG
+}
+
+/// Disk space a file takes (allocated blocks, so a sparse file counts for
+/// what it really uses).
+fn allocated(st: &FileStat) -> u64 {
+    u64::try_from(st.st_blocks).unwrap_or(0).saturating_mul(512)
+}
+
+/// Appends `line` to `name` in `dir` (created mode 0600).
+fn append(dir: BorrowedFd<'_>, name: &str, line: &[u8]) -> std::io::Result<()> {
+    let fd = nix::fcntl::openat(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o600))?;
+    std::fs::File::from(fd).write_all(line)
+}
+
+/// The records of dropped entries (unreadable lines skipped).
+fn dropped_records(dir: BorrowedFd<'_>) -> Vec<QuarantineRecord> {
+    let Ok(Some(text)) = safe_path::read_beneath(dir, Path::new(DROPPED_LOG), 64 << 20) else { return Vec::new() };
+    text.split(|b| *b == b'\n').filter_map(|line| serde_json::from_slice(line).ok()).collect()
 }
 
 /// Removes every privilege and execute bit from a quarantined file.
@@ -253,8 +427,9 @@ fn write_new(dir: BorrowedFd<'_>, name: &str, contents: &[u8]) -> std::io::Resul
     std::fs::File::from(fd).write_all(contents)
 }
 
-/// Every record in the quarantine directory `dir`, oldest first. Entries
-/// whose record cannot be read are skipped (a missing directory is empty).
+/// Every record in the quarantine directory `dir`, oldest first, the
+/// dropped ones included ([`QuarantineRecord::dropped`] set). Entries whose
+/// record cannot be read are skipped (a missing directory is empty).
 pub fn list(dir: &Path) -> Result<Vec<QuarantineRecord>, GuardError> {
     let entries = match std::fs::read_dir(dir) {
         Ok(entries) => entries,
@@ -265,7 +440,7 @@ pub fn list(dir: &Path) -> Result<Vec<QuarantineRecord>, GuardError> {
     let mut records = Vec::new();
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if name.as_bytes() == RESTORED_LOG.as_bytes() {
+        if !name.to_str().is_some_and(is_entry_name) {
             continue;
         }
         let record_path = Path::new(&name).join("record.json");
@@ -275,6 +450,14 @@ pub fn list(dir: &Path) -> Result<Vec<QuarantineRecord>, GuardError> {
             }
         }
     }
+    // A dropped entry whose directory is still there (a crash while it was
+    // dropped) is listed once, as its directory says.
+    let present: std::collections::HashSet<String> = records.iter().map(|r| r.id.clone()).collect();
+    let mut dropped = dropped_records(root.as_fd());
+    dropped.retain(|r| !present.contains(&r.id));
+    dropped.sort_by(|a, b| a.id.cmp(&b.id));
+    dropped.dedup_by(|a, b| a.id == b.id);
+    records.extend(dropped);
     records.sort_by(|a, b| a.id.cmp(&b.id));
     Ok(records)
 }
@@ -288,8 +471,13 @@ pub fn restore(config: &GuardConfig, id: &str) -> Result<RestoredFile, GuardErro
     if id.is_empty() || id.contains('/') || id.starts_with('.') {
         return Err(refuse("not a quarantine id"));
     }
-    let quarantine = Quarantine::open(&config.quarantine_dir)?;
-    let entry = safe_path::open_dir_beneath(quarantine.dir.as_fd(), Path::new(id)).map_err(|_| refuse("no such entry"))?;
+    let quarantine = Quarantine::open(&config.quarantine_dir, config.quarantine_limits)?;
+    let Ok(entry) = safe_path::open_dir_beneath(quarantine.dir.as_fd(), Path::new(id)) else {
+        if dropped_records(quarantine.dir.as_fd()).iter().any(|r| r.id == id) {
+            return Err(refuse("its content was dropped to keep the quarantine within its limits; only the record is left"));
+        }
+        return Err(refuse("no such entry"));
+    };
     let bytes = safe_path::read_beneath(entry.as_fd(), Path::new("record.json"), 1 << 20)?.ok_or_else(|| refuse("the entry has no record"))?;
     let record: QuarantineRecord = serde_json::from_slice(&bytes).map_err(|e| refuse(&format!("unreadable record: {e}")))?;
     let root = config.roots.iter().find(|r| r.label == record.root).ok_or_else(|| refuse("its root is not part of this Domain"))?;
@@ -362,6 +550,90 @@ pub fn new_id(now: SystemTime) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn stat_of(dir: &Path) -> FileStat {
+        let file = dir.join("source");
+        std::fs::write(&file, b"x").expect("write");
+        nix::sys::stat::lstat(&file).expect("stat")
+    }
+
+    fn entry_dirs(dir: &Path) -> usize {
+        std::fs::read_dir(dir).expect("list").flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).count()
+    }
+
+    #[test]
+    fn past_its_count_the_oldest_copies_are_dropped_and_their_records_kept() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("quarantine");
+        let st = stat_of(tmp.path());
+        let q = Quarantine::open(&dir, QuarantineLimits { max_entries: 3, max_bytes: u64::MAX }).expect("open");
+        let ids: Vec<String> = (0..5).map(|i| q.keep_copy("workspace", Path::new(&format!("r{i}/.git/config")), &st, b"[core]\n", "test").expect("keep")).collect();
+        assert_eq!(entry_dirs(&dir), 3, "three copies kept");
+        let records = list(&dir).expect("list");
+        assert_eq!(records.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), ids, "every record listed, oldest first");
+        for (i, r) in records.iter().enumerate() {
+            assert_eq!(r.dropped.is_some(), i < 2, "{r:?}");
+            assert_eq!(r.content_kept, i >= 2, "{r:?}");
+            assert_eq!(r.path, PathBuf::from(format!("r{i}/.git/config")));
+        }
+        let config = GuardConfig { quarantine_dir: dir.clone(), ..Default::default() };
+        let refused = restore(&config, &ids[0]).expect_err("a dropped copy cannot be restored");
+        assert!(refused.to_string().contains("dropped"), "{refused}");
+        // A symlink's entry (no content) counts as an entry too.
+        let link_dir = tmp.path().join("links");
+        std::fs::create_dir(&link_dir).expect("mkdir");
+        std::os::unix::fs::symlink("/etc/passwd", link_dir.join("hook")).expect("symlink");
+        let parent = nix::fcntl::open(&link_dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()).expect("open");
+        let link_st = nix::sys::stat::lstat(&link_dir.join("hook")).expect("lstat");
+        q.take("workspace", Path::new("x/.git/hooks/pre-commit"), parent.as_fd(), OsStr::new("hook"), &link_st, "hook").expect("take");
+        assert_eq!(entry_dirs(&dir), 3);
+        assert_eq!(list(&dir).expect("list").iter().filter(|r| r.dropped.is_some()).count(), 3);
+    }
+
+    #[test]
+    fn past_its_bytes_the_oldest_copies_are_dropped_even_the_newest_alone_over() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("quarantine");
+        let st = stat_of(tmp.path());
+        let chunk = vec![b'x'; 64 << 10];
+        // What one copy takes on this filesystem.
+        let probe = Quarantine::open(&tmp.path().join("probe"), QuarantineLimits::default()).expect("open");
+        let id = probe.keep_copy("workspace", Path::new("p"), &st, &chunk, "probe").expect("keep");
+        let one = allocated(&nix::sys::stat::lstat(&tmp.path().join("probe").join(&id).join("content")).expect("stat"));
+        assert!(one >= chunk.len() as u64);
+        let q = Quarantine::open(&dir, QuarantineLimits { max_entries: 100, max_bytes: 2 * one + one / 2 }).expect("open");
+        for i in 0..4 {
+            q.keep_copy("workspace", Path::new(&format!("f{i}")), &st, &chunk, "test").expect("keep");
+        }
+        let records = list(&dir).expect("list");
+        assert_eq!(records.iter().map(|r| r.dropped.is_some()).collect::<Vec<_>>(), [true, true, false, false]);
+        // One copy bigger than the whole bound: nothing of it stays but its record.
+        let big = vec![b'y'; (3 * one) as usize];
+        let id = q.keep_copy("workspace", Path::new("big"), &st, &big, "test").expect("keep");
+        let records = list(&dir).expect("list");
+        assert!(records.iter().all(|r| r.dropped.is_some()), "{records:?}");
+        assert!(records.iter().any(|r| r.id == id));
+        assert_eq!(entry_dirs(&dir), 0);
+    }
+
+    #[test]
+    fn two_instances_on_one_directory_keep_the_bound() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let dir = tmp.path().join("quarantine");
+        let st = stat_of(tmp.path());
+        let limits = QuarantineLimits { max_entries: 4, max_bytes: u64::MAX };
+        let a = Quarantine::open(&dir, limits).expect("open");
+        let b = Quarantine::open(&dir, limits).expect("open");
+        for i in 0..12 {
+            let q = if i % 3 == 0 { &b } else { &a };
+            q.keep_copy("workspace", Path::new(&format!("f{i}")), &st, b"x", "test").expect("keep");
+            assert!(entry_dirs(&dir) <= 4, "after {i}: {} entries", entry_dirs(&dir));
+        }
+        let records = list(&dir).expect("list");
+        assert_eq!(records.len(), 12, "no record lost");
+        assert_eq!(records.iter().filter(|r| r.dropped.is_none()).count(), 4);
+        assert!(records[8..].iter().all(|r| r.dropped.is_none()), "the newest are kept");
+    }
 
     #[test]
     fn ids_are_dated_and_unique() {

@@ -10,14 +10,28 @@
 //! comparing device and inode: a directory outside every root, or moved
 //! meanwhile, is not touched. The entry is then handled relative to the
 //! verified directory fd. A directory renamed into a root is walked whole.
-//! `FAN_Q_OVERFLOW` runs a full sweep.
+//! `FAN_Q_OVERFLOW` runs a full sweep, once the queue is drained.
+//!
+//! Events are handled in batches (what one read returns, after a short
+//! [`BATCH_WINDOW`]): the events of one entry in a batch (a file's create,
+//! attribute changes and close) are merged and the entry handled once, and
+//! each directory handle is resolved once per batch. This is exact, not an
+//! approximation: the guard acts on an entry's state as it is when it is
+//! handled, never on what an event says, and every event of a batch was
+//! queued before the batch was read; whatever happens after that queues
+//! events of its own for the next batch. Only a create, a rename in or an
+//! attribute change can give an entry privilege bits, capabilities or
+//! another owner (a write never adds them), so entries with nothing but
+//! writes get the git checks only.
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
@@ -53,6 +67,24 @@ const METADATA_VERSION: u8 = 3;
 /// Names whose in-place modification (an fd kept open, no close) matters:
 /// `FAN_MODIFY` events of other names are dropped unread.
 const MODIFY_NAMES: [&[u8]; 5] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes"];
+
+/// Size of one read of the event queue (one batch at most): about 15,000
+/// events of a workspace path.
+const READ_BUFFER: usize = 1 << 20;
+
+/// How long the guard lets events gather after the queue becomes readable
+/// before it reads them: a file's create, attribute changes and close then
+/// come in one batch and are handled once. Adds at most this much to the
+/// time a neutralisation takes.
+const BATCH_WINDOW: Duration = Duration::from_millis(2);
+
+/// Most directories kept open while one batch is handled (then the cache
+/// starts over, so a batch spread over many directories cannot exhaust
+/// the fds).
+const DIR_CACHE: usize = 256;
+
+/// The events that can change an entry's privileges or owner.
+const METADATA_EVENTS: u64 = libc::FAN_CREATE | libc::FAN_MOVED_TO | libc::FAN_ATTRIB;
 
 fn new_group() -> Result<OwnedFd, GuardError> {
     crate::sys::fanotify_init(INIT_FLAGS, (libc::O_RDONLY | libc::O_LARGEFILE) as libc::c_uint).map_err(|errno| GuardError::Unsupported {
@@ -117,7 +149,7 @@ impl Guard {
         }
         let (wake_read, wake_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
         let (commands, receiver) = mpsc::channel();
-        let mut state = LoopState { engine, group, wake: wake_read, receiver, is_sandbox, sink, fsids, mount_fds };
+        let mut state = LoopState { engine, group, wake: wake_read, receiver, is_sandbox, sink, fsids, mount_fds, sweep_pending: false };
         let thread = std::thread::Builder::new()
             .name("workspace-guard".into())
             .spawn(move || state.run())
@@ -178,9 +210,12 @@ struct LoopState {
     fsids: Vec<[u8; 8]>,
     /// A readable (not `O_PATH`) fd of each root, for `open_by_handle_at`.
     mount_fds: Vec<OwnedFd>,
+    /// The queue overflowed: sweep once it is drained.
+    sweep_pending: bool,
 }
 
-/// One parsed event.
+/// One parsed event (in a batch: every event of one entry, merged).
+#[derive(Clone, Copy)]
 struct RawEvent<'a> {
     mask: u64,
     pid: u32,
@@ -192,7 +227,7 @@ struct RawEvent<'a> {
 
 impl LoopState {
     fn run(&mut self) {
-        let mut buffer = vec![0u8; 256 * 1024];
+        let mut buffer = vec![0u8; READ_BUFFER];
         loop {
             let (group_ready, wake_ready) = {
                 let mut fds = [PollFd::new(self.group.as_fd(), PollFlags::POLLIN), PollFd::new(self.wake.as_fd(), PollFlags::POLLIN)];
@@ -208,6 +243,7 @@ impl LoopState {
                 (ready(&fds[0]), ready(&fds[1]))
             };
             if group_ready {
+                std::thread::sleep(BATCH_WINDOW);
                 self.drain(&mut buffer);
             }
             if wake_ready {
@@ -227,31 +263,42 @@ impl LoopState {
         }
     }
 
-    /// Reads and handles events until the queue is empty.
+    /// Reads and handles events until the queue is empty, then runs the
+    /// sweep an overflow asked for.
     fn drain(&mut self, buffer: &mut [u8]) {
         loop {
             let length = match nix::unistd::read(&self.group, buffer) {
-                Ok(0) | Err(Errno::EAGAIN) => return,
+                Ok(0) | Err(Errno::EAGAIN) => break,
                 Ok(n) => n,
                 Err(Errno::EINTR) => continue,
                 Err(errno) => {
                     (self.sink)(GuardEvent::Error(format!("workspace guard: reading events: {errno}")));
-                    return;
+                    break;
                 }
             };
             let mut out = Out::default();
             let mut overflow = false;
+            let mut batch = Batch::default();
+            let mut pids = PidMemo::default();
             for_each_event(&buffer[..length], |event| match event {
                 Parsed::Overflow => overflow = true,
-                Parsed::Event(event) => self.handle(&event, &mut out),
+                Parsed::Event(event) => {
+                    if self.wanted(&event, &mut pids) {
+                        batch.add(event);
+                    }
+                }
             });
+            self.handle_batch(&batch, &mut out);
             self.emit(out);
-            if overflow {
-                let report = sweep_engine(&self.engine);
-                let sweep_time = report.duration;
-                self.emit(Out { neutralised: report.neutralised, errors: report.errors });
-                (self.sink)(GuardEvent::Overflow { sweep_time });
-            }
+            self.sweep_pending |= overflow;
+        }
+        if std::mem::take(&mut self.sweep_pending) {
+            // Events were lost: everything is looked at (after the queue
+            // was drained, so one sweep covers a burst of overflows).
+            let report = sweep_engine(&self.engine);
+            let sweep_time = report.duration;
+            self.emit(Out { neutralised: report.neutralised, errors: report.errors });
+            (self.sink)(GuardEvent::Overflow { sweep_time });
         }
     }
 
@@ -264,16 +311,33 @@ impl LoopState {
         }
     }
 
-    /// Handles one event of the sandbox (see the module documentation).
-    fn handle(&self, event: &RawEvent<'_>, out: &mut Out) {
+    /// Whether an event is to be handled: the sandbox's, and not a bare
+    /// write to a name whose in-place changes cannot matter.
+    fn wanted(&self, event: &RawEvent<'_>, pids: &mut PidMemo) -> bool {
         let modify_only = event.mask & !libc::FAN_ONDIR == libc::FAN_MODIFY;
         if modify_only && !MODIFY_NAMES.contains(&event.name) {
-            return;
+            return false;
         }
-        if !(self.is_sandbox)(event.pid) {
-            return;
+        pids.accepts(event.pid, &*self.is_sandbox)
+    }
+
+    /// Handles the entries of one batch, each directory resolved once.
+    fn handle_batch(&self, batch: &Batch<'_>, out: &mut Out) {
+        let mut dirs: HashMap<DirKey<'_>, Option<(usize, PathBuf, OwnedFd)>> = HashMap::new();
+        for event in &batch.entries {
+            if dirs.len() >= DIR_CACHE {
+                dirs.clear();
+            }
+            let resolved = dirs.entry((event.fsid, event.handle_type, event.handle)).or_insert_with(|| self.resolve_dir(event));
+            if let Some((root, dir_rel, dir)) = resolved {
+                self.handle(event, *root, dir_rel, dir.as_fd(), out);
+            }
         }
-        let Some((root, dir_rel, dir)) = self.resolve_dir(event) else { return };
+    }
+
+    /// Handles one entry of the sandbox (its events merged; see the module
+    /// documentation) in the verified directory `dir` (`dir_rel` in `root`).
+    fn handle(&self, event: &RawEvent<'_>, root: usize, dir_rel: &Path, dir: BorrowedFd<'_>, out: &mut Out) {
         let cause = Cause { pid: Some(event.pid) };
         if event.name.is_empty() || event.name == b"." {
             // An event on the directory itself.
@@ -282,7 +346,7 @@ impl LoopState {
             let Ok(parent) = safe_path::open_beneath(self.engine.roots[root].fd.as_fd(), parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
                 return;
             };
-            self.handle_entry(root, &dir_rel, parent, &name, event.mask, cause, out);
+            self.handle_entry(root, dir_rel, parent.as_fd(), &name, event.mask, cause, out);
         } else {
             let name = OsStr::from_bytes(event.name);
             self.handle_entry(root, &dir_rel.join(name), dir, name, event.mask, cause, out);
@@ -290,16 +354,24 @@ impl LoopState {
     }
 
     #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
-    fn handle_entry(&self, root: usize, rel: &Path, parent: OwnedFd, name: &OsStr, mask: u64, cause: Cause, out: &mut Out) {
+    fn handle_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, mask: u64, cause: Cause, out: &mut Out) {
         if self.engine.protected(root, rel) {
             return;
         }
-        let st = match nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+        let is_workspace = self.engine.roots[root].kind == RootKind::Workspace;
+        if mask & METADATA_EVENTS == 0 {
+            // Only written: its content may matter to git, nothing else.
+            if is_workspace {
+                self.engine.check_git_event(root, rel, cause, out);
+            }
+            return;
+        }
+        let st = match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
             Err(_) => return, // gone already
         };
-        self.engine.fix_entry(root, rel, parent.as_fd(), name, &st, cause, out);
-        if self.engine.roots[root].kind == RootKind::Workspace {
+        self.engine.fix_entry(root, rel, parent, name, &st, cause, out);
+        if is_workspace {
             self.engine.check_git_event(root, rel, cause, out);
         }
         if safe_path::kind_of(&st) == FileKind::Directory && mask & libc::FAN_MOVED_TO != 0 {
@@ -331,6 +403,50 @@ impl LoopState {
         let verified = safe_path::open_beneath(roots[root].fd.as_fd(), &rel, OFlag::O_PATH | OFlag::O_DIRECTORY).ok()?;
         let check = nix::sys::stat::fstat(&verified).ok()?;
         (check.st_dev == st.st_dev && check.st_ino == st.st_ino).then_some((root, rel, verified))
+    }
+}
+
+/// A directory as events name it: filesystem, handle type and handle.
+type DirKey<'a> = ([u8; 8], i32, &'a [u8]);
+
+/// The entries of one batch, in the order of their first event, each with
+/// the union of its events' masks.
+#[derive(Default)]
+struct Batch<'a> {
+    entries: Vec<RawEvent<'a>>,
+    index: HashMap<(DirKey<'a>, &'a [u8]), usize>,
+}
+
+impl<'a> Batch<'a> {
+    fn add(&mut self, event: RawEvent<'a>) {
+        let key = ((event.fsid, event.handle_type, event.handle), event.name);
+        match self.index.get(&key) {
+            Some(&at) => self.entries[at].mask |= event.mask,
+            None => {
+                self.index.insert(key, self.entries.len());
+                self.entries.push(event);
+            }
+        }
+    }
+}
+
+/// The pid filter's answers within one batch (a batch holds a handful of
+/// writers; the filter may read /proc for a pid it has not seen).
+#[derive(Default)]
+struct PidMemo {
+    answers: Vec<(u32, bool)>,
+}
+
+impl PidMemo {
+    fn accepts(&mut self, pid: u32, filter: &(dyn Fn(u32) -> bool + Send + Sync)) -> bool {
+        if let Some(&(_, answer)) = self.answers.iter().find(|(p, _)| *p == pid) {
+            return answer;
+        }
+        let answer = filter(pid);
+        if self.answers.len() < 64 {
+            self.answers.push((pid, answer));
+        }
+        answer
     }
 }
 
