@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
 # Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|guard-engine|mounts|model|journal|all] [ARG]
-#   run [RUNS]    lazaret run test -- true vs bare runsc run (issues 2, 16):
+#   run [RUNS]    lazaret run test -- true vs bare runsc run vs podman
+#                 --runtime runsc (issues 2, 16), interleaved round by round:
 #                 cold, teardown tail, back to back, joining; then one cold
-#                 run stage by stage from its journal and coordinator log
+#                 run stage by stage from its journal and coordinator log.
+#                 Installs podman from Debian's archive if it is missing
+#                 (for this bench only; nothing else uses it)
 #   net [RUNS]    sidecar topology build/teardown, TCP latency/throughput (issue 3),
 #                 a name to first byte with open vs locked egress (issue 15),
 #                 then net-filter
@@ -43,10 +46,19 @@ install_escalate() {
 }
 what=${1:-all}
 shift || true
+install_podman() {
+  # The `run` bench's podman baseline; Debian's podman (4.3 on bookworm).
+  command -v podman >/dev/null 2>&1 && return 0
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get install -y --no-install-recommends podman >/dev/null 2>&1 \
+    || { apt-get update -qq && apt-get install -y --no-install-recommends podman >/dev/null; } \
+    || echo "bench: podman could not be installed; its row will say so" >&2
+}
 case "$what" in
   # Every session starts under lazaret-session-init: run and git install
   # this tree's build of it (target/lib/lazaret is shared with debug builds).
-  run|git) install_escalate; target/release/lazaret-bench "$what" "$@" ;;
+  run) install_escalate; install_podman; target/release/lazaret-bench run "$@" ;;
+  git) install_escalate; target/release/lazaret-bench git "$@" ;;
   net) target/release/lazaret-bench net "$@" ;;
   net-filter) target/release/lazaret-bench net-filter "$@" ;;
   guard) install_escalate; target/release/lazaret-bench guard "$@" ;;
@@ -57,6 +69,7 @@ case "$what" in
   journal) cargo run --locked --release -q -p lazaret-protocol --example journal_apply -- "$@" ;;
   all)
     install_escalate
+    install_podman
     target/release/lazaret-bench run; echo
     target/release/lazaret-bench net; echo
     target/release/lazaret-bench git; echo

@@ -3,7 +3,10 @@
 //! `lazaret-bench run [RUNS]`: end-to-end `lazaret run test -- true`, both
 //! starting and tearing down its Domain and joining a running one, against
 //! a bare `runsc run` of an equivalent bundle (same image overlay, argv,
-//! user, flags): median and p90 of each, and the ratios; the teardown that
+//! user, flags) and `podman --runtime runsc run --rm --network none` of the
+//! same image (its row says why when podman is missing or fails), one of
+//! each per round so that load on the machine hits all alike: median and
+//! p90 of each, and the ratios to bare runsc; the teardown that
 //! follows a cold run (the client returns first), back-to-back runs (each
 //! waits for the previous teardown), and one cold run stage by stage from
 //! its journal's and log's timestamps.
@@ -103,12 +106,30 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
 
     let lock = domain_lock(&env)?;
 
+    // The baselines, each run once per round beside a cold `lazaret run` so
+    // that the machine's load affects all three alike.
+    let bare = BareRunsc::new()?;
+    let podman = Podman::new(&netns.proc_path())?;
+    // Warm up each baseline once too (not timed).
+    bare.run_once(0)?;
+    let podman_warm = match &podman {
+        Ok(p) => p.run_once().err(),
+        Err(_) => None,
+    };
+
     // Cold: the Domain is down (its lock free) before each run. `lazaret
     // run` returns with the agent's status; the Domain goes down behind it,
     // and the time until its lock is free is the teardown tail.
     let mut lazaret = Vec::new();
     let mut tails = Vec::new();
-    for _ in 0..runs {
+    let mut bare_runs = Vec::new();
+    let mut podman_runs = Vec::new();
+    let mut podman_failure = match (&podman, podman_warm) {
+        (Err(why), _) => Some(why.clone()),
+        (_, Some(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    for round in 0..runs {
         anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
         let t = Instant::now();
         let status = env.lazaret(["run", "test", "--", "true"]).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
@@ -117,6 +138,13 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
         let t = Instant::now();
         anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
         tails.push(t.elapsed());
+        bare_runs.push(bare.run_once(round + 1)?);
+        if let (Ok(p), None) = (&podman, &podman_failure) {
+            match p.run_once() {
+                Ok(d) => podman_runs.push(d),
+                Err(e) => podman_failure = Some(e.to_string()),
+            }
+        }
     }
 
     // Back to back: each run starts as soon as the previous one returned,
@@ -153,24 +181,46 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
         joins.push(t.elapsed());
         anyhow::ensure!(status.success(), "joining lazaret run failed");
     }
+    // `runsc exec` alone into the same running sandbox, from the bench
+    // (no Lazaret client or coordinator): the floor of every join; and the
+    // same exec with runsc's own start-up done ahead (its process spec read
+    // from a FIFO written only when timing starts), what a coordinator
+    // could save by starting `runsc exec` before it has the spec.
+    let exec_alone = runsc_exec_alone(&env, runs);
     drop(holder.stdin.take());
     let _ = holder.wait();
 
-    let bare = bare_runsc(runs)?;
+    drop(bare);
+    drop(podman);
     let (lm, lp) = stats(lazaret);
     let (tm, tp) = stats(tails);
     let (rm, rp) = stats(rerun);
     let (jm, jp) = stats(joins);
-    let (bm, bp) = stats(bare);
-    println!("lazaret run vs bare runsc run, `true`, {runs} runs each ({})", lazaret_bin().display());
-    println!("{:<44} {:>10} {:>10}", "", "median ms", "p90 ms");
-    println!("{:<44} {:>10.1} {:>10.1}", "runsc run (same image, argv, flags)", bm, bp);
-    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, Domain started and torn down", lm, lp);
-    println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", lm / bm, lp / bp);
-    println!("{:<44} {:>10.1} {:>10.1}", "  then teardown until the lock is free", tm, tp);
-    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, back to back (waits teardown)", rm, rp);
-    println!("{:<44} {:>10.1} {:>10.1}", "lazaret run, joining a running Domain", jm, jp);
-    println!("{:<44} {:>10.2} {:>10.2}", "  ratio to runsc run", jm / bm, jp / bp);
+    let (bm, bp) = stats(bare_runs);
+    println!("lazaret run vs bare runsc run vs podman, `true`, {runs} rounds, one run of each per round ({})", lazaret_bin().display());
+    println!("{:<50} {:>10} {:>10} {:>12}", "", "median ms", "p90 ms", "x runsc run");
+    println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "runsc run (same image, argv, flags)", bm, bp, 1.0);
+    match podman_failure {
+        None => {
+            let (pm, pp) = stats(podman_runs);
+            println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "podman --runtime runsc run --rm --network none", pm, pp, pm / bm);
+        }
+        Some(why) => println!("{:<50} {:>10} {:>10} {:>12}  ({})", "podman --runtime runsc run --rm --network none", "-", "-", "-", why.lines().next().unwrap_or("failed")),
+    }
+    println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "lazaret run, cold (Domain started, torn down)", lm, lp, lm / bm);
+    println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "lazaret run, joining a running Domain", jm, jp, jm / bm);
+    println!("  targets: cold <= 1.30 x runsc run ({}), joining <= 30 ms median ({})", if lm / bm <= 1.30 { "met" } else { "missed" }, if jm <= 30.0 { "met" } else { "missed" });
+    println!("{:<50} {:>10.1} {:>10.1}", "cold run's teardown until the lock is free", tm, tp);
+    println!("{:<50} {:>10.1} {:>10.1}", "lazaret run, back to back (waits teardown)", rm, rp);
+    match exec_alone {
+        Ok((plain, ahead, failed)) => {
+            let ((em, ep), (am, ap)) = (stats(plain), stats(ahead));
+            let failed = if failed > 0 { format!("  ({failed} rounds failed, not timed)") } else { String::new() };
+            println!("{:<50} {:>10.1} {:>10.1}{failed}", "runsc exec true alone (running Domain's sandbox)", em, ep);
+            println!("{:<50} {:>10.1} {:>10.1}", "  same, runsc started ahead (spec from a FIFO)", am, ap);
+        }
+        Err(e) => println!("{:<50} {:>10} {:>10}  ({e})", "runsc exec true alone (running Domain's sandbox)", "-", "-"),
+    }
     println!();
     println!("one cold run, stage by stage (journal and coordinator log timestamps)");
     println!("{:<60} {:>8}", "from -> to", "ms");
@@ -178,6 +228,53 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
         println!("{:<60} {:>8}", format!("{from} -> {to}"), ms);
     }
     Ok(())
+}
+
+/// `runsc exec /bin/true` into `env`'s running Domain's sandbox, `runs`
+/// times, timed in a shell: plainly, and with runsc started 300 ms ahead,
+/// blocked reading its process spec from a FIFO that the shell writes when
+/// timing starts. Returns (plain, ahead, rounds that failed).
+fn runsc_exec_alone(env: &TestEnv, runs: usize) -> anyhow::Result<(Vec<Duration>, Vec<Duration>, usize)> {
+    let dir = env.domain_dir().ok_or_else(|| anyhow::anyhow!("no Domain directory"))?;
+    let root = lazaret_coordinator::layout::DomainDir::new(dir).runsc_state();
+    let runsc = command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))?;
+    let list = Command::new(&runsc).arg("--root").arg(&root).args(["list", "--quiet"]).output()?;
+    let listed = String::from_utf8_lossy(&list.stdout).into_owned();
+    let container = listed.lines().map(str::trim).find(|l| l.starts_with("lzr-")).ok_or_else(|| anyhow::anyhow!("no running sandbox in {}", root.display()))?;
+    let work = tempfile::Builder::new().prefix("lazaret-bench-exec-").tempdir_in("/run")?;
+    let spec = work.path().join("process.json");
+    std::fs::write(&spec, r#"{"user":{"uid":0,"gid":0},"args":["/bin/true"],"env":["PATH=/usr/bin:/bin"],"cwd":"/"}"#)?;
+    let fifo = work.path().join("spec.fifo");
+    // The same global flags as the coordinator's (state root, platform,
+    // overlay, network), which every runsc call of a container must share.
+    // A failed exec is counted, not timed (its last message kept).
+    let err = work.path().join("stderr");
+    let script = format!(
+        "G='--root {root} --platform=systrap --overlay2=root:memory --network=sandbox --host-uds=none'; \
+         for i in $(seq {runs}); do \
+           s=$(date +%s%N); {runsc} $G exec --process {spec} {container} >/dev/null 2>{err} || {{ echo \"failed $(tail -c 200 {err} | tr '\\n' ' ')\"; continue; }}; e=$(date +%s%N); plain=$((e-s)); \
+           rm -f {fifo}; mkfifo {fifo}; {runsc} $G exec --process {fifo} {container} >/dev/null 2>{err} & pid=$!; sleep 0.3; \
+           s=$(date +%s%N); cat {spec} > {fifo}; wait $pid || {{ echo \"failed $(tail -c 200 {err} | tr '\\n' ' ')\"; continue; }}; e=$(date +%s%N); echo \"$plain $((e-s))\"; \
+         done",
+        root = root.display(),
+        runsc = runsc.display(),
+        spec = spec.display(),
+        fifo = fifo.display(),
+        err = err.display(),
+    );
+    let out = Command::new("sh").args(["-c", &script]).output()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (mut plain, mut ahead) = (Vec::new(), Vec::new());
+    for line in text.lines() {
+        let mut f = line.split_whitespace().map(str::parse::<u64>);
+        if let (Some(Ok(a)), Some(Ok(b))) = (f.next(), f.next()) {
+            plain.push(Duration::from_nanos(a));
+            ahead.push(Duration::from_nanos(b));
+        }
+    }
+    let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("failed")).collect();
+    anyhow::ensure!(plain.len() * 2 >= runs, "{} of {runs} rounds failed, first: {}", failed.len(), failed.first().copied().unwrap_or("(no message)"));
+    Ok((plain, ahead, failed.len()))
 }
 
 /// How long the bench waits for a Domain to go down.
@@ -233,25 +330,108 @@ fn stage_breakdown(env: &TestEnv, begun: u64, returned: u64, unlocked: u64) -> a
     Ok(marks.windows(2).map(|w| (w[0].1.clone(), w[1].1.clone(), w[1].0 - w[0].0)).collect())
 }
 
-/// Times `runsc run` of a bundle equivalent to what `lazaret run` writes,
-/// in a child process with its own mount namespace for the rootfs overlay.
-fn bare_runsc(runs: usize) -> anyhow::Result<Vec<Duration>> {
-    let (work, lower) = bare_bundle(vec!["true".into()], Vec::new(), None, "bare")?;
-    let dir = work.path();
-    let runsc = Command::new("sh").args(["-c", "command -v runsc"]).output()?;
-    let runsc = PathBuf::from(String::from_utf8_lossy(&runsc.stdout).trim());
-    // One shell in a private mount namespace mounts the overlay and runs the
-    // timed loop, printing one duration (ns) per line.
-    let script = format!(
-        "{}for i in $(seq {runs}); do s=$(date +%s%N); {runsc} --root {d}/state --platform=systrap --overlay2=root:memory --network=none --host-uds=none run --bundle {d}/bundle bare-$i >/dev/null; e=$(date +%s%N); echo $((e-s)); done",
-        overlay_script(dir, &lower),
-        d = dir.display(),
-        runsc = runsc.display(),
-    );
-    let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
-    remove_bench_cgroup("bare");
-    anyhow::ensure!(out.status.success(), "bare runsc loop failed: {}", String::from_utf8_lossy(&out.stderr));
-    Ok(String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_nanos).collect())
+/// `runsc run` of a bundle equivalent to what `lazaret run` writes (same
+/// image overlay, argv, user, global flags), timed one run at a time.
+struct BareRunsc {
+    work: tempfile::TempDir,
+    lower: PathBuf,
+    runsc: PathBuf,
+}
+
+impl BareRunsc {
+    fn new() -> anyhow::Result<BareRunsc> {
+        let (work, lower) = bare_bundle(vec!["true".into()], Vec::new(), None, "bare")?;
+        Ok(BareRunsc { work, lower, runsc: command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))? })
+    }
+
+    /// One `runsc run` (container `bare-N`), in a shell with its own mount
+    /// namespace for the rootfs overlay; the shell times runsc alone.
+    fn run_once(&self, n: usize) -> anyhow::Result<Duration> {
+        let script = format!(
+            "{}s=$(date +%s%N); {runsc} --root {d}/state --platform=systrap --overlay2=root:memory --network=none --host-uds=none run --bundle {d}/bundle bare-{n} >/dev/null; e=$(date +%s%N); echo $((e-s))",
+            overlay_script(self.work.path(), &self.lower),
+            d = self.work.path().display(),
+            runsc = self.runsc.display(),
+        );
+        let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
+        anyhow::ensure!(out.status.success(), "bare runsc run failed: {}", String::from_utf8_lossy(&out.stderr));
+        Ok(Duration::from_nanos(String::from_utf8_lossy(&out.stdout).trim().parse()?))
+    }
+}
+
+impl Drop for BareRunsc {
+    fn drop(&mut self) {
+        remove_bench_cgroup("bare");
+    }
+}
+
+/// `podman --runtime runsc run --rm --network none` of the same image
+/// (its rootfs directory as podman's `--rootfs DIR:O`, an overlay podman
+/// makes over it), with runsc's global flags as the bare run's, inside
+/// the bench's own network namespace, with podman's storage in a
+/// throw-away directory.
+struct Podman {
+    work: tempfile::TempDir,
+    lower: PathBuf,
+    runsc: PathBuf,
+    netns: PathBuf,
+}
+
+/// The cgroup parent of the podman containers (below /lazaret/bench).
+const PODMAN_CGROUP: &str = "podman";
+
+impl Podman {
+    /// The podman baseline, or why there is none (podman missing).
+    fn new(netns: &Path) -> anyhow::Result<Result<Podman, String>> {
+        if command_path("podman")?.is_none() {
+            return Ok(Err("podman is not installed; scripts/bench.sh installs it from Debian's archive".into()));
+        }
+        let store = lazaret_oci::ImageStore::open(&Path::new(TEST_STORAGE).join("images"))?;
+        let image = store.get(TEST_IMAGE)?.ok_or_else(|| anyhow::anyhow!("test image missing"))?;
+        let work = tempfile::Builder::new().prefix("lazaret-bench-podman-").tempdir_in("/run")?;
+        let runsc = command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))?;
+        Ok(Ok(Podman { work, lower: image.rootfs, runsc, netns: netns.to_path_buf() }))
+    }
+
+    fn run_once(&self) -> anyhow::Result<Duration> {
+        let d = self.work.path();
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net={}", self.netns.display()))
+            .args(["--", "podman", "--root"])
+            .arg(d.join("storage"))
+            .arg("--runroot")
+            .arg(d.join("runroot"))
+            .args(["--cgroup-manager", "cgroupfs", "--events-backend", "none", "--runtime"])
+            .arg(&self.runsc)
+            .args(["--runtime-flag", "platform=systrap", "--runtime-flag", "overlay2=root:memory", "--runtime-flag", "network=none", "--runtime-flag", "host-uds=none"])
+            .args(["run", "--rm", "--network", "none", "--cgroup-parent", &format!("/lazaret/bench/{PODMAN_CGROUP}"), "--rootfs"])
+            .arg(format!("{}:O", self.lower.display()))
+            .arg("true")
+            .stdin(Stdio::null());
+        let t = Instant::now();
+        let out = cmd.output()?;
+        let elapsed = t.elapsed();
+        anyhow::ensure!(out.status.success(), "podman run failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        Ok(elapsed)
+    }
+}
+
+impl Drop for Podman {
+    fn drop(&mut self) {
+        // conmon's cgroups sit below the parent; podman's storage holds no
+        // mount once its containers are removed (--rm).
+        for hierarchy in std::fs::read_dir("/sys/fs/cgroup").into_iter().flatten().flatten() {
+            let _ = std::fs::remove_dir(hierarchy.path().join("lazaret/bench").join(PODMAN_CGROUP).join("conmon"));
+        }
+        remove_bench_cgroup(PODMAN_CGROUP);
+    }
+}
+
+/// The absolute path of `name` on PATH, if any.
+fn command_path(name: &str) -> anyhow::Result<Option<PathBuf>> {
+    let out = Command::new("sh").args(["-c", &format!("command -v {name}")]).output()?;
+    let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    Ok((out.status.success() && !path.is_empty()).then(|| PathBuf::from(path)))
 }
 
 /// A bundle for a bare `runsc run` of the test image (root, no
