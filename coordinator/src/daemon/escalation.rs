@@ -351,6 +351,9 @@ pub(super) fn accept_loop(d: &Arc<Domain>, listener: Arc<TcpListener>) {
 /// serve it.
 fn serve_connection(d: &Arc<Domain>, tcp: TcpStream) {
     let Some(esc) = d.escalations.as_ref() else { return };
+    // From the first flight on: the handshake's records are small and each
+    // one waits for the peer's answer, so Nagle only delays them.
+    let _ = tcp.set_nodelay(true);
     let tls = match trust::accept(&esc.server, tcp, HANDSHAKE_TIMEOUT) {
         Ok(tls) => tls,
         Err(e) => {
