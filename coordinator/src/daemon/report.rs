@@ -35,10 +35,6 @@ pub(super) fn status_of(d: &Domain) -> DomainStatus {
     }
 }
 
-/// The fine-grained namespace view: namespace inodes of the sandbox process
-/// and the sidecar, the sidecar's addresses, routes and rules (read over
-/// netlink), and the mounts this coordinator made (its private mount
-/// namespace).
 /// The destinations the Domain's sidecar refused recently, read from its
 /// counting sets (`lazaret policy log`).
 pub(super) fn refused_destinations(d: &Domain) -> Result<Vec<lazaret_protocol::wire::RefusedDestination>, String> {
@@ -58,6 +54,10 @@ pub(super) fn refused_destinations(d: &Domain) -> Result<Vec<lazaret_protocol::w
         .collect())
 }
 
+/// The fine-grained namespace view: namespace inodes of the sandbox process
+/// and the sidecar, the sidecar's addresses, routes and rules (read over
+/// netlink), and the mounts this coordinator made (its private mount
+/// namespace).
 pub(super) fn debug_report(d: &Domain) -> String {
     let mut out = String::new();
     let _ = writeln!(out, "domain {} (profile {}, workspace {})", d.ctx.domain_id, d.ctx.profile.name, d.ctx.workspace.root().display());

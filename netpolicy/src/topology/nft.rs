@@ -33,6 +33,7 @@ use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, Prot
 
 use super::refused::{self, Counting, REFUSED_SET_SIZE, REFUSED_TIMEOUT, refused_set_name};
 use super::{SIDECAR_INNER_LINK, SidecarId, TopologyError};
+use crate::prefix::Prefix;
 
 /// How [`TableSpec::batch`] treats what is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +44,6 @@ enum Replacing {
     /// Delete each of the spec's base chains first (and with them their rules).
     Chains,
 }
-use crate::prefix::Prefix;
 
 /// The sidecar's filter table (family inet).
 pub const SIDECAR_FILTER_TABLE: &str = "lazaret-filter";
