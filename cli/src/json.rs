@@ -130,6 +130,10 @@ pub struct RefusedDestination {
     pub packets: u64,
     /// When the last one was refused, seconds since the Unix epoch.
     pub last_unix: u64,
+    /// The rule of the profile's current policy that decides the address
+    /// (as `policy explain` gives it), `null` if the policy could not be
+    /// computed.
+    pub rule: Option<Rule>,
 }
 
 /// One rule of a [`Policy`].
@@ -141,6 +145,12 @@ pub struct Rule {
     pub action: String,
     /// Where the rule came from, as the table shows it.
     pub origin: String,
+}
+
+impl From<&lazaret_netpolicy::policy::Rule> for Rule {
+    fn from(r: &lazaret_netpolicy::policy::Rule) -> Self {
+        Rule { prefix: r.prefix.to_string(), action: r.action.to_string(), origin: r.origin.to_string() }
+    }
 }
 
 /// `lazaret policy explain --json`.

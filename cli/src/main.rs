@@ -254,15 +254,15 @@ enum PolicyAction {
         json: bool,
     },
     /// Show the destinations (address, protocol, port) a running Domain's
-    /// sidecar refused in the last hour, and the names a locked Domain
-    /// refused, with counts.
+    /// sidecar refused in the last hour, with the rule that refuses each,
+    /// and the names a locked Domain refused, with counts.
     Log {
         /// The profile.
         profile: String,
         /// Use the git checkout containing DIR instead of the current directory.
         #[arg(short = 'C', value_name = "DIR")]
         dir: Option<PathBuf>,
-        /// As JSON: {egress, destinations: [{address, protocol, port, packets, last_unix}], names: [{name, count, last_unix}] or null}.
+        /// As JSON: {egress, destinations: [{address, protocol, port, packets, last_unix, rule}], names: [{name, count, last_unix}] or null}.
         #[arg(long)]
         json: bool,
     },
@@ -491,6 +491,12 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                     let names = client::refused_names(config.as_deref(), Some(profile), &dir)?;
                     let destinations = client::refused_destinations(config.as_deref(), Some(profile), &dir)?;
                     let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                    // Which line refuses each one, so the developer knows what to
+                    // change: the profile's policy as `policy explain` computes it now.
+                    let policy = cfg.profile(profile).ok().and_then(|p| network::preview(&cfg, p).ok());
+                    let rule_of = |address: &str| -> Option<lazaret_netpolicy::policy::Rule> {
+                        Some(policy.as_ref()?.decide(address.parse().ok()?).rule)
+                    };
                     if *json {
                         json::print(&json::PolicyLog {
                             egress: if names.is_some() { "locked" } else { "open" }.to_string(),
@@ -502,6 +508,7 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                                     port: d.port,
                                     packets: d.packets,
                                     last_unix: now.saturating_sub(d.last_secs),
+                                    rule: rule_of(&d.address).as_ref().map(json::Rule::from),
                                 })
                                 .collect(),
                             names,
@@ -512,11 +519,13 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                         println!("no destinations refused in the last hour");
                     } else {
                         let width = destinations.iter().map(|d| d.address.len()).max().unwrap_or(11).max(11);
-                        println!("{:>7}  {:<width$}  {:<6}  {:>5}  LAST (UTC)", "PACKETS", "DESTINATION", "PROTO", "PORT");
+                        println!("{:>7}  {:<width$}  {:<6}  {:>5}  {:<19}  REFUSED BY", "PACKETS", "DESTINATION", "PROTO", "PORT", "LAST (UTC)");
                         for d in &destinations {
                             let port = d.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
-                            println!("{:>7}  {:<width$}  {:<6}  {:>5}  {}", d.packets, d.address, d.protocol, port, humantime_utc(now.saturating_sub(d.last_secs)));
+                            let why = rule_of(&d.address).map_or_else(|| "?".to_string(), |r| format!("{} ({})", r.prefix, r.origin));
+                            println!("{:>7}  {:<width$}  {:<6}  {:>5}  {}  {why}", d.packets, d.address, d.protocol, port, humantime_utc(now.saturating_sub(d.last_secs)));
                         }
+                        println!("(to open one: an allow_egress entry covering it in profile {profile:?}; `lazaret policy explain {profile} ADDRESS` shows the deciding rule)");
                     }
                     println!();
                     match names {
@@ -556,12 +565,11 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 Some(text) => Some(text.parse::<std::net::IpAddr>()?),
                 None => None,
             };
-            let rule = |r: &lazaret_netpolicy::policy::Rule| json::Rule { prefix: r.prefix.to_string(), action: r.action.to_string(), origin: r.origin.to_string() };
             match (address, as_json) {
                 (None, false) => print!("{}", policy.render_table()),
                 (Some(a), false) => println!("{}", policy.explain(a)),
                 (None, true) => json::print(&json::Policy {
-                    rules: policy.rules().iter().map(rule).collect(),
+                    rules: policy.rules().iter().map(json::Rule::from).collect(),
                     resolvers: policy.resolvers().iter().map(ToString::to_string).collect(),
                     ipv6: policy.ipv6_enabled(),
                     egress: if policy.locked() { "locked" } else { "open" }.to_string(),
@@ -569,7 +577,7 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 })?,
                 (Some(a), true) => {
                     let verdict = policy.decide(a);
-                    json::print(&json::Verdict { address: a.to_string(), action: verdict.action.to_string(), rule: rule(&verdict.rule) })?
+                    json::print(&json::Verdict { address: a.to_string(), action: verdict.action.to_string(), rule: json::Rule::from(&verdict.rule) })?
                 }
             }
             Ok(ExitCode::SUCCESS)

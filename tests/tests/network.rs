@@ -364,7 +364,18 @@ fn policy_log_lists_refused_destinations_with_protocol_port_and_counts() {
     assert!(refused_packets(&log, DNS, "tcp", 80).is_some(), "the resolver's port 80: {log}");
     assert!(refused_packets(&log, DNS, "udp", 53).is_none(), "DNS was allowed: {log}");
     assert!(!listed(&log, PUBLIC), "an allowed destination is listed: {log}");
-    for needle in ["PACKETS  DESTINATION", private, "tcp", "udp", "has open egress"] {
+    // Each names the rule that refuses it, so the developer knows what to change.
+    let rule_of = |address: &str| {
+        let found = log["destinations"].as_array().and_then(|list| list.iter().find(|d| d["address"] == address).cloned());
+        found.map(|d| (d["rule"]["action"].as_str().unwrap_or("").to_string(), d["rule"]["origin"].as_str().unwrap_or("").to_string()))
+    };
+    let (action, origin) = rule_of(private).unwrap_or_default();
+    assert!(action == "deny" && origin.contains("RFC 1918"), "{private}'s rule: {action} {origin} in {log}");
+    let (action, origin) = rule_of(HOST_ADDR).unwrap_or_default();
+    assert!(action == "deny" && origin.contains("host"), "{HOST_ADDR}'s rule: {action} {origin} in {log}");
+    let (_, origin) = rule_of(DNS).unwrap_or_default();
+    assert!(origin.contains("port 53 only"), "the resolver's rule: {origin} in {log}");
+    for needle in ["PACKETS  DESTINATION", private, "tcp", "udp", "REFUSED BY", "port 53 only", "has open egress"] {
         assert!(table.contains(needle), "policy log lacks {needle:?}:\n{table}");
     }
     env.assert_nothing_left();
