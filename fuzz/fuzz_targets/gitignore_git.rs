@@ -33,7 +33,11 @@ fn git(repo: &Path) -> Command {
         .env("HOME", repo)
         .env("XDG_CONFIG_HOME", repo.join(".git/xdg"))
         .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null");
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        // The paths are file names, not pathspecs: without this git reads a
+        // leading ':' as pathspec magic (":d/z" is "d/z") and answers for
+        // another path than the one asked.
+        .env("GIT_LITERAL_PATHSPECS", "1");
     command
 }
 
