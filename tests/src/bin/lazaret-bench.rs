@@ -246,18 +246,17 @@ fn runsc_exec_alone(env: &TestEnv, runs: usize) -> anyhow::Result<(Vec<Duration>
     let spec = work.path().join("process.json");
     std::fs::write(&spec, r#"{"user":{"uid":0,"gid":0},"args":["/bin/true"],"env":["PATH=/usr/bin:/bin"],"cwd":"/"}"#)?;
     let fifo = work.path().join("spec.fifo");
-    // The same global flags as the coordinator's (state root, platform,
-    // overlay, network), which every runsc call of a container must share.
+    // The coordinator's global flags, which every runsc call of a container
+    // must share.
     // A failed exec is counted, not timed (its last message kept).
     let err = work.path().join("stderr");
+    let globals = runsc_globals_sh(&root, lazaret_runtime::NetworkMode::Sandbox)?;
     let script = format!(
-        "G='--root {root} --platform=systrap --overlay2=root:memory --network=sandbox --host-uds=none'; \
-         for i in $(seq {runs}); do \
-           s=$(date +%s%N); {runsc} $G exec --process {spec} {container} >/dev/null 2>{err} || {{ echo \"failed $(tail -c 200 {err} | tr '\\n' ' ')\"; continue; }}; e=$(date +%s%N); plain=$((e-s)); \
-           rm -f {fifo}; mkfifo {fifo}; {runsc} $G exec --process {fifo} {container} >/dev/null 2>{err} & pid=$!; sleep 0.3; \
+        "for i in $(seq {runs}); do \
+           s=$(date +%s%N); {runsc} {globals} exec --process {spec} {container} >/dev/null 2>{err} || {{ echo \"failed $(tail -c 200 {err} | tr '\\n' ' ')\"; continue; }}; e=$(date +%s%N); plain=$((e-s)); \
+           rm -f {fifo}; mkfifo {fifo}; {runsc} {globals} exec --process {fifo} {container} >/dev/null 2>{err} & pid=$!; sleep 0.3; \
            s=$(date +%s%N); cat {spec} > {fifo}; wait $pid || {{ echo \"failed $(tail -c 200 {err} | tr '\\n' ' ')\"; continue; }}; e=$(date +%s%N); echo \"$plain $((e-s))\"; \
          done",
-        root = root.display(),
         runsc = runsc.display(),
         spec = spec.display(),
         fifo = fifo.display(),
@@ -337,22 +336,26 @@ struct BareRunsc {
     work: tempfile::TempDir,
     lower: PathBuf,
     runsc: PathBuf,
+    /// [`runsc_globals_sh`], network none.
+    globals: String,
 }
 
 impl BareRunsc {
     fn new() -> anyhow::Result<BareRunsc> {
         let (work, lower) = bare_bundle(vec!["true".into()], Vec::new(), None, "bare")?;
-        Ok(BareRunsc { work, lower, runsc: command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))? })
+        let globals = runsc_globals_sh(&work.path().join("state"), lazaret_runtime::NetworkMode::None)?;
+        Ok(BareRunsc { work, lower, runsc: command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))?, globals })
     }
 
     /// One `runsc run` (container `bare-N`), in a shell with its own mount
     /// namespace for the rootfs overlay; the shell times runsc alone.
     fn run_once(&self, n: usize) -> anyhow::Result<Duration> {
         let script = format!(
-            "{}s=$(date +%s%N); {runsc} --root {d}/state --platform=systrap --overlay2=root:memory --network=none --host-uds=none run --bundle {d}/bundle bare-{n} >/dev/null; e=$(date +%s%N); echo $((e-s))",
+            "{}s=$(date +%s%N); {runsc} {globals} run --bundle {d}/bundle bare-{n} >/dev/null; e=$(date +%s%N); echo $((e-s))",
             overlay_script(self.work.path(), &self.lower),
             d = self.work.path().display(),
             runsc = self.runsc.display(),
+            globals = self.globals,
         );
         let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
         anyhow::ensure!(out.status.success(), "bare runsc run failed: {}", String::from_utf8_lossy(&out.stderr));
@@ -376,6 +379,9 @@ struct Podman {
     lower: PathBuf,
     runsc: PathBuf,
     netns: PathBuf,
+    /// The coordinator's runsc flags but `--root` (podman keeps its own
+    /// state), in `--runtime-flag`'s form (`platform=systrap`).
+    runtime_flags: Vec<String>,
 }
 
 /// The cgroup parent of the podman containers (below /lazaret/bench).
@@ -391,7 +397,16 @@ impl Podman {
         let image = store.get(TEST_IMAGE)?.ok_or_else(|| anyhow::anyhow!("test image missing"))?;
         let work = tempfile::Builder::new().prefix("lazaret-bench-podman-").tempdir_in("/run")?;
         let runsc = command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))?;
-        Ok(Ok(Podman { work, lower: image.rootfs, runsc, netns: netns.to_path_buf() }))
+        let mut globals = runsc_globals(&work.path().join("state"), lazaret_runtime::NetworkMode::None)?.into_iter();
+        let mut runtime_flags = Vec::new();
+        while let Some(flag) = globals.next() {
+            if flag == "--root" {
+                globals.next();
+            } else {
+                runtime_flags.push(flag.trim_start_matches("--").to_string());
+            }
+        }
+        Ok(Ok(Podman { work, lower: image.rootfs, runsc, netns: netns.to_path_buf(), runtime_flags }))
     }
 
     fn run_once(&self) -> anyhow::Result<Duration> {
@@ -404,7 +419,7 @@ impl Podman {
             .arg(d.join("runroot"))
             .args(["--cgroup-manager", "cgroupfs", "--events-backend", "none", "--runtime"])
             .arg(&self.runsc)
-            .args(["--runtime-flag", "platform=systrap", "--runtime-flag", "overlay2=root:memory", "--runtime-flag", "network=none", "--runtime-flag", "host-uds=none"])
+            .args(self.runtime_flags.iter().flat_map(|flag| ["--runtime-flag", flag.as_str()]))
             .args(["run", "--rm", "--network", "none", "--cgroup-parent", &format!("/lazaret/bench/{PODMAN_CGROUP}"), "--rootfs"])
             .arg(format!("{}:O", self.lower.display()))
             .arg("true")
@@ -433,6 +448,27 @@ fn command_path(name: &str) -> anyhow::Result<Option<PathBuf>> {
     let out = Command::new("sh").args(["-c", &format!("command -v {name}")]).output()?;
     let path = String::from_utf8_lossy(&out.stdout).trim().to_string();
     Ok((out.status.success() && !path.is_empty()).then(|| PathBuf::from(path)))
+}
+
+/// runsc's global flags exactly as the coordinator passes them
+/// (`Runsc::global_args`: state root, platform, overlay, network,
+/// `--host-uds`), for state root `root`: the baselines run runsc as Lazaret
+/// does, and follow when Lazaret's flags change.
+fn runsc_globals(root: &Path, network: lazaret_runtime::NetworkMode) -> anyhow::Result<Vec<String>> {
+    let runsc = lazaret_runtime::Runsc::new(lazaret_runtime::RunscOptions {
+        path: None,
+        state_root: root.to_path_buf(),
+        platform: lazaret_runtime::Platform::Systrap,
+        network,
+        debug_log_dir: None,
+        probe_cache: None,
+    })?;
+    Ok(runsc.global_args().into_iter().map(|a| a.to_string_lossy().into_owned()).collect())
+}
+
+/// [`runsc_globals`] as one shell word list.
+fn runsc_globals_sh(root: &Path, network: lazaret_runtime::NetworkMode) -> anyhow::Result<String> {
+    Ok(lazaret_protocol::shell::quote_argv(&runsc_globals(root, network)?))
 }
 
 /// A bundle for a bare `runsc run` of the test image (root, no
@@ -686,9 +722,10 @@ fn runsc_direct(netns: &Path, env: &TestEnv, argv: &[String]) -> anyhow::Result<
     let (work, lower) = bare_bundle(argv.to_vec(), mounts, Some(netns.to_path_buf()), "direct")?;
     let script = format!(
         "{}mount -t tmpfs -o size=4k tmpfs /proc/sys/net; \
-         runsc --root {d}/state --platform=systrap --overlay2=root:memory --network=sandbox --host-uds=none run --bundle {d}/bundle direct",
+         runsc {globals} run --bundle {d}/bundle direct",
         overlay_script(work.path(), &lower),
         d = work.path().display(),
+        globals = runsc_globals_sh(&work.path().join("state"), lazaret_runtime::NetworkMode::Sandbox)?,
     );
     let out = Command::new("unshare").args(["--mount", "--propagation", "private", "sh", "-c", &script]).output()?;
     remove_bench_cgroup("direct");
