@@ -24,6 +24,8 @@ use sha2::Digest;
 
 /// The end of a prompt's first screen (its keys).
 const PROMPT_KEYS: &str = "[n] deny";
+/// The prompt's first line.
+const PROMPT_HEADER: &str = "lazaret: the agent asks to run a command on the host";
 /// The confirmation after an edit.
 const PROMPT_CONFIRM: &str = "run this?";
 /// Exit codes of `lazaret-escalate` (protocol/src/escalation.rs, `exit`).
@@ -62,8 +64,13 @@ fn field<'a>(out: &'a str, key: &str) -> &'a str {
 }
 
 /// The value of a prompt line `  LABEL: value` (up to the end of its row).
+/// Only the text after the prompt's header counts: the agent's own output
+/// (the escalation client's status line, say) may reach the terminal just
+/// before the prompt and contain the same words.
 fn prompt_field(prompt: &str, label: &str) -> String {
-    let needle = format!("{label}:");
+    let header = prompt.rfind(PROMPT_HEADER).unwrap_or_else(|| panic!("no prompt header in {prompt:?}"));
+    let prompt = &prompt[header..];
+    let needle = format!("  {label}:");
     let start = prompt.find(&needle).unwrap_or_else(|| panic!("the prompt has no {label:?} line: {prompt:?}")) + needle.len();
     let rest = &prompt[start..];
     let end = ["\x1b[K", "\r", "\n"].iter().filter_map(|t| rest.find(t)).min().unwrap_or(rest.len());

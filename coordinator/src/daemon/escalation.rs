@@ -604,9 +604,10 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
     let timeout = d.ctx.profile.escalation.prompt_timeout;
     link.set_state("awaiting-approval");
     // The session's terminal holds the agent's output back while the prompt
-    // is up, so this line is read after the developer answered: it says
-    // what happened, not what is happening.
-    let _ = chan.send(&ServerFrame::Status("no rule approves this command: asked the developer on their terminal".into()));
+    // is up, so this line usually shows after the developer answered, but
+    // it can also win the race and show just before the prompt: it reads
+    // true in both orders.
+    let _ = chan.send(&ServerFrame::Status("no rule approves this command: the developer decides on their terminal".into()));
     let cut = |s: &str| s.chars().scan(0usize, |n, c| { *n += c.len_utf8(); (*n <= PROMPT_FIELD).then_some(c) }).collect::<String>();
     let prompt = PromptRequest {
         request: id.clone(),
