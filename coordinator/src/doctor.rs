@@ -290,7 +290,7 @@ pub fn run_checks(config_path: Option<&Path>, dir: &Path) -> Vec<Check> {
     checks.push(if v1 || v2 {
         pass("cgroups", if v2 { "cgroup v2" } else { "cgroup v1 (memory, pids)" })
     } else {
-        fail("cgroups", "no memory/pids controllers under /sys/fs/cgroup", "mount the cgroup hierarchies (systemd does this at boot)")
+        fail("cgroups", "no memory/pids controllers under /sys/fs/cgroup", "mount the cgroup hierarchies (systemd does this at boot); under `ip netns exec`, which mounts a fresh /sys without them, use `nsenter --net=/run/netns/NAME` instead")
     });
 
     let developer = Developer::from_process();

@@ -95,6 +95,12 @@ pub enum RunscError {
         /// The missing flag.
         flag: &'static str,
     },
+    /// No cgroup file system where runsc makes each container's cgroup.
+    #[error("there is no cgroup file system at {path} in this mount namespace, and runsc needs one to start a sandbox; under `ip netns exec`, which mounts a fresh /sys without it, run Lazaret with `nsenter --net=/run/netns/NAME` instead; otherwise mount the cgroup hierarchy (systemd does this at boot)")]
+    NoCgroups {
+        /// Where runsc looks.
+        path: PathBuf,
+    },
     /// A runsc subcommand exited non-zero.
     #[error("`runsc {subcommand} {container}` failed ({status}): {stderr}")]
     Failed {
@@ -130,6 +136,19 @@ pub enum RunscError {
 /// Creates the debug log directory (root's, 0700) or checks that it is
 /// root's and closed to everyone else: runsc's debug logs hold container
 /// specs and exec'd processes, environment included.
+/// Where runsc creates each container's cgroup (its `cgroupsPath` below
+/// this, v1 and v2 alike).
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// Whether `root` holds a cgroup hierarchy runsc can use: the unified (v2)
+/// file system itself, or v1 controller directories (a tmpfs with
+/// `memory/`). Checked up front because runsc's own failure names a v1
+/// directory (`stat /sys/fs/cgroup/blkio`) and says nothing of why.
+fn cgroups_mounted(root: &Path) -> bool {
+    let unified = nix::sys::statfs::statfs(root).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
+    unified || root.join("memory").join("cgroup.procs").is_file()
+}
+
 fn prepare_debug_log_dir(dir: &Path) -> Result<(), RunscError> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     match std::fs::DirBuilder::new().mode(0o700).create(dir) {
@@ -320,6 +339,9 @@ impl Runsc {
             prepare_debug_log_dir(dir)?;
         }
         let path = Self::locate(opts.path.as_deref())?;
+        if !cgroups_mounted(Path::new(CGROUP_ROOT)) {
+            return Err(RunscError::NoCgroups { path: PathBuf::from(CGROUP_ROOT) });
+        }
         let info = match &opts.probe_cache {
             Some(cache) => Self::probe_cached(&path, cache)?,
             None => Self::probe(&path)?,
@@ -863,6 +885,17 @@ mod tests {
         assert!(info(20240729).needs_netns_workaround(6));
         assert!(!info(20240729).needs_netns_workaround(5));
         assert!(!info(20250101).needs_netns_workaround(6));
+    }
+
+    #[test]
+    fn cgroups_are_found_only_where_a_hierarchy_is_mounted() {
+        // A plain directory (what a fresh sysfs shows under `ip netns
+        // exec`) is no hierarchy, not even with an empty `memory/`.
+        let dir = tempfile::tempdir().expect("tempdir");
+        assert!(!cgroups_mounted(dir.path()));
+        std::fs::create_dir(dir.path().join("memory")).expect("mkdir");
+        assert!(!cgroups_mounted(dir.path()));
+        assert!(!cgroups_mounted(&dir.path().join("missing")));
     }
 
     #[test]

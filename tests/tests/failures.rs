@@ -56,6 +56,24 @@ fn runsc_missing() {
 }
 
 #[test]
+fn no_cgroup_hierarchy_as_under_ip_netns_exec() {
+    // What `ip netns exec` does: a network namespace, a mount namespace and
+    // a fresh sysfs over /sys, which has nothing mounted at /sys/fs/cgroup.
+    let env = TestEnv::new();
+    let out = std::process::Command::new("unshare")
+        .args(["--net", "--mount", "--propagation", "slave", "--", "sh", "-c", "mount -t sysfs sysfs /sys && exec \"$@\"", "sh"])
+        .arg(lazaret_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["run", "test", "--", "true"])
+        .current_dir(&env.workspace)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("unshare");
+    assert_refused(&env, &out, &["no cgroup file system at /sys/fs/cgroup", "nsenter --net="]);
+}
+
+#[test]
 fn runsc_too_old() {
     let env = TestEnv::new();
     let fake = env.scratch.join("old-runsc");
