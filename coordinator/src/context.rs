@@ -543,7 +543,7 @@ mod tests {
         let host = dir.path().join("tool");
         std::fs::create_dir(&host).expect("host dir");
         let guarded = test_context(dir.path(), test_developer(), &format!("volumes = [\"{}:~/.tool\"]\n", host.display()));
-        let labels: Vec<String> = crate::workspace_guard::guard_config(&guarded, Vec::new(), None).roots.iter().map(|r| r.label.clone()).collect();
+        let labels: Vec<String> = crate::workspace_guard::guard_config(&guarded, &Default::default(), None).roots.iter().map(|r| r.label.clone()).collect();
         assert!(labels.contains(&"volume:/home/alice/.tool".to_string()), "{labels:?}");
     }
 

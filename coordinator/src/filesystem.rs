@@ -57,7 +57,10 @@ fn make_dir(path: PathBuf) -> Result<PathBuf, FilesystemError> {
 /// the workspace's Ignored Workspace State and Git Sentry binds right after
 /// the workspace. Host mountpoints made are appended to `mounted` (for the
 /// caller's clean-up). Warnings go to stderr; `log_only` writes a line to
-/// the Domain's log alone (what sticky isolation kept isolated).
+/// the Domain's log alone (what sticky isolation kept isolated). Also
+/// returns Git Sentry's git directories outside the workspace, bound
+/// read-write (a linked worktree's common directory), for the Workspace
+/// Guard.
 pub fn assemble(
     ctx: &Context,
     image: &ImageRecord,
@@ -66,7 +69,7 @@ pub fn assemble(
     mounted: &mut Vec<PathBuf>,
     base: Vec<BindMount>,
     log_only: &dyn Fn(&str),
-) -> Result<Vec<BindMount>, FilesystemError> {
+) -> Result<(Vec<BindMount>, Vec<PathBuf>), FilesystemError> {
     ctx.paths.ensure_storage().map_err(ContextError::from)?;
     let domain_root = ctx.paths.ensure_domain_root(&ctx.domain_id).map_err(ContextError::from)?;
 
@@ -109,7 +112,7 @@ pub fn assemble(
             binds.extend(assembled.binds.iter().cloned());
         }
     }
-    Ok(binds)
+    Ok((binds, workspace_plan.sentry.outside_git_dirs.clone()))
 }
 
 /// Tells the developer which paths are isolated only because an earlier

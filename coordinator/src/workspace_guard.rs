@@ -26,6 +26,61 @@ pub const WORKSPACE_LABEL: &str = "workspace";
 pub const IGNORED_LABEL: &str = "ignored";
 /// The prefix of a volume root's label (`volume:/sandbox/path`).
 pub const VOLUME_LABEL_PREFIX: &str = "volume:";
+/// The prefix of an outside git directory's label (`git-dir:/host/path`).
+pub const GIT_DIR_LABEL_PREFIX: &str = "git-dir:";
+
+/// What the guard needs of Git Sentry's binds.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GuardedPaths {
+    /// The paths the sandbox sees read-only: workspace-relative below the
+    /// workspace, absolute below one of `git_dirs`.
+    pub protected: Vec<PathBuf>,
+    /// Git directories outside the workspace that the sandbox sees
+    /// read-write (a linked worktree's common directory): the host's git
+    /// reads them in the developer's other work trees, so they are guarded
+    /// like the workspace.
+    #[serde(default)]
+    pub git_dirs: Vec<PathBuf>,
+}
+
+impl GuardedPaths {
+    /// From the sandbox's binds (Git Sentry's read-only ones are bound at
+    /// their host path) and Git Sentry's outside git directories.
+    pub fn from_binds(workspace: &Path, binds: &[lazaret_oci::bundle::BindMount], git_dirs: Vec<PathBuf>) -> GuardedPaths {
+        let mut protected = Vec::new();
+        for bind in binds.iter().filter(|b| b.readonly) {
+            match bind.destination.strip_prefix(workspace) {
+                Ok(rel) if !rel.as_os_str().is_empty() => protected.push(rel.to_path_buf()),
+                Ok(_) => {}
+                Err(_) if git_dirs.iter().any(|d| bind.destination.starts_with(d)) => protected.push(bind.destination.clone()),
+                Err(_) => {}
+            }
+        }
+        GuardedPaths { protected, git_dirs }
+    }
+}
+
+/// The git directories outside the workspace that a start binds for the
+/// workspace's own repository when it is a linked worktree (its gitdir and
+/// common dir, as Git Sentry finds them); empty when there are none or the
+/// repository cannot be read. For `lazaret audit --restore`, which has no
+/// start to ask.
+fn workspace_git_dirs(workspace: &Path) -> Vec<PathBuf> {
+    use lazaret_mounts::repo::GitDirPath;
+    use std::os::fd::AsFd;
+    let Ok(root) = lazaret_mounts::safe_path::open_root_dir(workspace) else { return Vec::new() };
+    let Ok(Some(location)) = lazaret_mounts::repo::locate(root.as_fd(), workspace, Path::new("")) else { return Vec::new() };
+    let mut dirs = Vec::new();
+    if let GitDirPath::Outside(common) = &location.common_dir {
+        dirs.push(common.clone());
+    }
+    if let GitDirPath::Outside(dir) = &location.git_dir {
+        if !dirs.iter().any(|d| dir.starts_with(d)) {
+            dirs.push(dir.clone());
+        }
+    }
+    dirs
+}
 
 /// Why `lazaret audit` failed.
 #[derive(Debug, thiserror::Error)]
@@ -59,12 +114,17 @@ pub enum AuditError {
 /// The guard's configuration for `ctx`'s Domain: the workspace, the Ignored
 /// Workspace State storage (when isolation is on and it exists) and every
 /// writable volume; the developer as the owner of what the sandbox makes;
-/// the quarantine in the Domain Root. `protected` are the workspace-relative
-/// paths the sandbox sees read-only (Git Sentry's binds), `changed_since`
-/// the Domain's start (see [`GuardConfig`]).
-pub fn guard_config(ctx: &Context, protected: Vec<PathBuf>, changed_since: Option<SystemTime>) -> GuardConfig {
+/// the quarantine in the Domain Root; and `guarded.git_dirs`, git
+/// directories outside the workspace that the sandbox can write.
+/// `guarded.protected` are the paths the sandbox sees read-only (Git
+/// Sentry's binds), `changed_since` the Domain's start (see
+/// [`GuardConfig`]).
+pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option<SystemTime>) -> GuardConfig {
     let domain_root = ctx.paths.domain_root(&ctx.domain_id);
     let mut roots = vec![GuardRoot { label: WORKSPACE_LABEL.into(), path: ctx.workspace.root().to_path_buf(), kind: RootKind::Workspace }];
+    for dir in guarded.git_dirs.iter().filter(|d| d.is_dir()) {
+        roots.push(GuardRoot { label: format!("{GIT_DIR_LABEL_PREFIX}{}", dir.display()), path: dir.clone(), kind: RootKind::GitDir });
+    }
     let ignored = layout::ignored_state_dir(&domain_root);
     if ctx.profile.isolate_gitignored && ignored.is_dir() {
         roots.push(GuardRoot { label: IGNORED_LABEL.into(), path: ignored, kind: RootKind::IgnoredState });
@@ -83,7 +143,7 @@ pub fn guard_config(ctx: &Context, protected: Vec<PathBuf>, changed_since: Optio
         roots,
         developer: Owner { uid: ctx.developer.uid, gid: ctx.developer.gid },
         quarantine_dir: layout::quarantine_dir(&domain_root),
-        protected,
+        protected: guarded.protected.clone(),
         changed_since,
         ..GuardConfig::default()
     }
@@ -153,7 +213,7 @@ pub fn audit(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result
 pub fn restore(config: Option<&Path>, profile: Option<&str>, dir: &Path, id: &str) -> Result<RestoredFile, AuditError> {
     require_root()?;
     let ctx = Context::resolve(config, profile, dir)?;
-    let guard = guard_config(&ctx, Vec::new(), None);
+    let guard = guard_config(&ctx, &GuardedPaths { protected: Vec::new(), git_dirs: workspace_git_dirs(ctx.workspace.root()) }, None);
     let known = if guard.quarantine_dir.is_dir() { lazaret_mounts::guard::quarantine::list(&guard.quarantine_dir)? } else { Vec::new() };
     if !known.iter().any(|r| r.id == id) {
         return Err(AuditError::NoSuchEntry { id: id.to_string(), dir: guard.quarantine_dir, profile: ctx.profile.name.clone() });
@@ -248,6 +308,27 @@ pub fn format_utc(time_ms: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guarded_paths_come_from_the_read_only_binds_of_the_workspace_and_the_outside_git_dirs() {
+        let bind = |dest: &str, readonly: bool| lazaret_oci::bundle::BindMount { source: PathBuf::from(dest), destination: PathBuf::from(dest), readonly };
+        let binds = [
+            bind("/home/d/wt", false),
+            bind("/home/d/wt/.git", true),
+            bind("/home/d/main/.git", false),
+            bind("/home/d/main/.git/config", true),
+            bind("/home/d/main/.git/worktrees/wt/commondir", true),
+            bind("/usr/local/bin/lazaret-escalate", true),
+            bind("/home/d/main/.gitx", true),
+        ];
+        let guarded = GuardedPaths::from_binds(Path::new("/home/d/wt"), &binds, vec![PathBuf::from("/home/d/main/.git")]);
+        let expected: Vec<PathBuf> = [".git", "/home/d/main/.git/config", "/home/d/main/.git/worktrees/wt/commondir"].iter().map(PathBuf::from).collect();
+        assert_eq!(guarded.protected, expected);
+        assert_eq!(guarded.git_dirs, [PathBuf::from("/home/d/main/.git")]);
+        // A crash-recovery marker of an older build has no git_dirs.
+        let old: GuardedPaths = serde_json::from_str(r#"{"protected":[".git/config"]}"#).expect("old marker");
+        assert_eq!(old, GuardedPaths { protected: vec![PathBuf::from(".git/config")], git_dirs: Vec::new() });
+    }
 
     fn line(path: &str, id: Option<&str>, t: u64) -> String {
         let event = Event::NeutraliseSandboxWrite {

@@ -409,6 +409,86 @@ fn a_new_repository_is_defused_and_quarantine_restores_on_request() {
 }
 
 #[test]
+fn the_common_git_dir_of_a_linked_worktree_workspace_is_guarded_too() {
+    // The workspace is a linked worktree; its repository's common git dir
+    // lies outside (here `main/.git`) and is bound read-write. Whatever the
+    // sandbox plants there would run in the developer's main checkout.
+    let mut fx = Fixture::new();
+    let main_git = fx.base().join("main/.git");
+    for dir in ["objects", "refs/heads", "hooks", "info", "worktrees/ws"] {
+        std::fs::create_dir_all(main_git.join(dir)).expect("mkdir");
+    }
+    std::fs::write(main_git.join("HEAD"), b"ref: refs/heads/main\n").expect("HEAD");
+    std::fs::write(main_git.join("config"), b"[core]\n\tpager = less\n").expect("config");
+    std::fs::write(main_git.join("hooks/pre-commit"), b"developer's hook").expect("hook");
+    std::fs::write(main_git.join("worktrees/ws/HEAD"), b"ref: refs/heads/wt\n").expect("HEAD");
+    std::fs::write(main_git.join("worktrees/ws/commondir"), b"../..\n").expect("commondir");
+    let back_link = format!("{}/.git\n", fx.ws().display());
+    std::fs::write(main_git.join("worktrees/ws/gitdir"), &back_link).expect("gitdir");
+    fx.config.roots.push(GuardRoot { label: "git-dir".into(), path: main_git.clone(), kind: RootKind::GitDir });
+    // Git Sentry's read-only paths there are absolute.
+    fx.config.protected = vec![main_git.join("config"), main_git.join("hooks"), main_git.join("info"), main_git.join("worktrees/ws/commondir")];
+    fx.start();
+    let mut sb = fx.sandbox();
+    // A commondir in the main repository's own git dir: the host's git in
+    // the main checkout would take its config from `evil`.
+    sb.run(&["mkdir", s(&main_git.join("evil"))]);
+    sb.run(&["write", s(&main_git.join("evil/config")), "[core]\\n\\tfsmonitor = evil\\n"]);
+    sb.run(&["write", s(&main_git.join("commondir")), "evil\\n"]);
+    // A new submodule gitdir with a hook and a config.
+    let module = main_git.join("modules/sub");
+    for dir in ["objects", "refs", "hooks"] {
+        sb.run(&["mkdir", s(&module.join(dir))]);
+    }
+    sb.run(&["write", s(&module.join("config")), "[core]\\n\\tbare = false\\n\\tfsmonitor = evil\\n"]);
+    sb.run(&["write", s(&module.join("hooks/post-checkout")), "evil"]);
+    sb.run(&["write", s(&module.join("HEAD")), "ref: refs/heads/main\\n"]);
+    // Another worktree's gitdir redirected, and this one's config.worktree.
+    sb.run(&["mkdir", s(&main_git.join("worktrees/other"))]);
+    sb.run(&["write", s(&main_git.join("worktrees/other/HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&main_git.join("worktrees/other/commondir")), "../../evil\\n"]);
+    sb.run(&["write", s(&main_git.join("worktrees/ws/config.worktree")), "[core]\\n\\tfsmonitor = evil\\n"]);
+    // A back-link that is not of the form git writes (`/work/tree/.git`),
+    // in a worktree gitdir that is otherwise well-formed.
+    sb.run(&["mkdir", s(&main_git.join("worktrees/third"))]);
+    sb.run(&["write", s(&main_git.join("worktrees/third/gitdir")), "/home/someone/.bashrc\\n"]);
+    sb.run(&["write", s(&main_git.join("worktrees/third/HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&main_git.join("worktrees/third/commondir")), "../..\\n"]);
+    // Ordinary work: a new ref and a loose object.
+    sb.run(&["write", s(&main_git.join("refs/heads/topic")), "0123456789012345678901234567890123456789\\n"]);
+    sb.run(&["mkdir", s(&main_git.join("objects/ab"))]);
+    sb.run(&["write", s(&main_git.join("objects/ab/cdef")), "object"]);
+    fx.settle();
+    assert!(!main_git.join("commondir").exists(), "{:?}", fx.neutralised());
+    assert_eq!(std::fs::read_to_string(module.join("config")).expect("config"), "[core]\n\tbare = false\n");
+    assert!(!module.join("hooks/post-checkout").exists());
+    assert!(!main_git.join("worktrees/other/commondir").exists());
+    assert!(!main_git.join("worktrees/third/gitdir").exists());
+    assert!(main_git.join("worktrees/third/commondir").exists(), "git's own commondir of a worktree is kept");
+    assert_eq!(std::fs::read_to_string(main_git.join("worktrees/ws/config.worktree")).expect("config.worktree"), "");
+    let labelled: Vec<_> = fx.neutralised().into_iter().filter(|n| n.root == "git-dir" && n.path == Path::new("commondir")).collect();
+    assert!(labelled.iter().any(|n| n.action == Action::Quarantined), "{labelled:?}");
+    // The developer's own files and the worktree's real links are left.
+    let untouched = |rel: &str, content: &str| assert_eq!(std::fs::read_to_string(main_git.join(rel)).expect(rel), content, "{rel}");
+    untouched("config", "[core]\n\tpager = less\n");
+    untouched("hooks/pre-commit", "developer's hook");
+    untouched("worktrees/ws/commondir", "../..\n");
+    untouched("worktrees/ws/gitdir", &back_link);
+    untouched("refs/heads/topic", "0123456789012345678901234567890123456789\n");
+    untouched("objects/ab/cdef", "object");
+    // A sweep (no writer known) keeps the developer's back-links, which
+    // name work trees outside this root, and the main repository's own
+    // files even when the protected list was lost (crash recovery).
+    let report = guard::sweep(&GuardConfig { protected: Vec::new(), changed_since: None, ..fx.config.clone() }).expect("sweep");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    untouched("config", "[core]\n\tpager = less\n");
+    untouched("hooks/pre-commit", "developer's hook");
+    untouched("worktrees/ws/gitdir", &back_link);
+    untouched("worktrees/ws/commondir", "../..\n");
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();

@@ -219,6 +219,60 @@ fn control_files_and_repositories_created_in_a_run_run_nothing_on_the_host() {
     env.assert_journal_conforms();
 }
 
+/// A workspace that is a linked worktree: its repository's common git
+/// directory lies outside the workspace, and the sandbox writes it (objects,
+/// refs). A `commondir` the agent plants there would make the developer's
+/// git in the main checkout take its configuration from a directory the
+/// agent filled; the guard watches that directory like the workspace.
+#[test]
+fn a_linked_worktree_cannot_plant_control_files_in_its_main_repository() {
+    let env = developer_env("");
+    let main = env.workspace.clone();
+    let wt = env.scratch.join("wt");
+    setup_git(&main, &["worktree", "add", "-q", "-b", "wt-branch", &wt.to_string_lossy()]);
+    let (uid, gid) = test_user();
+    chown_tree(&main, uid, gid);
+    chown_tree(&wt, uid, gid);
+    let wt = fs::canonicalize(&wt).expect("canonical worktree");
+    let marker_dir = marker_dir(&env);
+    assert_detector_sees_an_attack(&main, &marker_dir);
+
+    // The evil common dir is a copy of the real one (git needs its refs
+    // and objects to run at all) whose config runs the marker.
+    let routes: &[(&str, &str)] = &[(
+        "main-commondir",
+        "mkdir $G/evil; cp -r $G/objects $G/refs $G/HEAD $G/evil/; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/main-commondir\\n' $M > $G/evil/config; echo evil > $G/commondir",
+    )];
+    let mut script = route_script(&format!("M={}; W={}; G={}", marker_dir.display(), wt.display(), main.join(".git").display()), routes);
+    // Ordinary work in the worktree still reaches the shared repository.
+    script.push_str("echo w > $W/w.txt; git -C $W add w.txt; git -C $W commit -qm agent-in-worktree; echo done=yes");
+    let out = env.lazaret(["run", "test", "--", "sh", "-c", &script]).current_dir(&wt).output().expect("lazaret run");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("done=yes"), "{stdout}");
+    let not_written = route_results(&stdout, routes);
+    assert!(not_written.is_empty(), "routes that could not even be planted (the test would not test the guard): {not_written:?}");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+
+    host_git_everywhere(&main, &["."]);
+    host_git_everywhere(&wt, &["."]);
+    let ran = markers(&marker_dir);
+    assert!(ran.is_empty(), "the host's git ran what the agent planted: {ran:?}");
+    assert!(!main.join(".git/commondir").exists(), "the planted commondir is still in the main repository");
+    let label = format!("git-dir:{}", main.join(".git").display());
+    let journalled = neutralisations(&env);
+    assert!(journalled.iter().any(|e| e["root"] == label.as_str() && e["path"] == "commondir"), "not journalled under {label}: {journalled:#?}");
+    let audit = env.lazaret(["audit", "test"]).current_dir(&wt).output().expect("lazaret audit");
+    assert!(audit.status.success() && text(&audit.stdout).contains("commondir"), "{}{}", text(&audit.stdout), text(&audit.stderr));
+    // The worktree and the agent's commit are intact, seen from the main
+    // checkout (below host_git_everywhere's empty "host commit").
+    let log = dev_git_ok(&main, &["log", "--format=%s", "wt-branch"]);
+    assert_eq!(log.lines().take(2).collect::<Vec<_>>(), ["host commit", "agent-in-worktree"], "{log}");
+    assert!(dev_git_ok(&main, &["worktree", "list"]).contains(&wt.display().to_string()));
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
 /// Class "the ignored set decided by files the agent controls": the host's
 /// `.env` and `app/secret.key` are isolated in run 1, where the agent
 /// changes what decides the ignored set (routes below; the sticky tests in

@@ -46,6 +46,7 @@ use lazaret_protocol::journal::Event;
 use lazaret_protocol::wire::CoordinatorMessage;
 
 use crate::context::Context;
+use crate::workspace_guard::GuardedPaths;
 
 use super::domain::Domain;
 use super::log;
@@ -129,8 +130,10 @@ pub(super) struct DomainGuard {
 struct RunMarker {
     /// When the run's guard started watching (ms since the epoch).
     started_ms: u64,
-    /// Its protected paths (workspace-relative).
-    protected: Vec<PathBuf>,
+    /// Its protected paths and outside git directories (a marker of an
+    /// older build has only `protected`).
+    #[serde(flatten)]
+    guarded: GuardedPaths,
 }
 
 fn marker_path(ctx: &Context) -> PathBuf {
@@ -150,15 +153,15 @@ pub(super) fn recover_crashed_run(ctx: &Context) -> Vec<Neutralisation> {
     let Ok(text) = std::fs::read(&marker) else { return Vec::new() };
     let Ok(run) = serde_json::from_slice::<RunMarker>(&text) else {
         log(&format!("workspace guard: {} is unreadable; sweeping everything changed in the last day", marker.display()));
-        return sweep_crashed(ctx, Vec::new(), SystemTime::now() - Duration::from_secs(86_400), &marker);
+        return sweep_crashed(ctx, &GuardedPaths::default(), SystemTime::now() - Duration::from_secs(86_400), &marker);
     };
     let since = UNIX_EPOCH + Duration::from_millis(run.started_ms);
     log("workspace guard: the previous run ended without its final sweep (crash); sweeping its changes before start-up");
-    sweep_crashed(ctx, run.protected, since, &marker)
+    sweep_crashed(ctx, &run.guarded, since, &marker)
 }
 
-fn sweep_crashed(ctx: &Context, protected: Vec<PathBuf>, since: SystemTime, marker: &Path) -> Vec<Neutralisation> {
-    let config = crate::workspace_guard::guard_config(ctx, protected, Some(since));
+fn sweep_crashed(ctx: &Context, guarded: &GuardedPaths, since: SystemTime, marker: &Path) -> Vec<Neutralisation> {
+    let config = crate::workspace_guard::guard_config(ctx, guarded, Some(since));
     match guard::sweep(&config) {
         Ok(report) => {
             log_sweep("crash recovery", &report);
@@ -190,13 +193,13 @@ impl DomainGuard {
     /// Starts the guard over `ctx`'s workspace, Ignored Workspace State and
     /// volumes, acting on the writes of the processes in the sandbox's
     /// cgroup (`cgroups_path`, whose sandbox process runsc wrote to
-    /// `sandbox_pid_file`). `protected` are the paths the sandbox sees
-    /// read-only, `started` when this Domain's start began. Returns the
-    /// guard and warnings for the launcher's terminal.
-    pub fn start(ctx: &Context, cgroups_path: &str, sandbox_pid_file: &Path, protected: Vec<PathBuf>, started: SystemTime, recovered: Vec<Neutralisation>) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
+    /// `sandbox_pid_file`). `guarded` says what Git Sentry binds (read-only
+    /// paths, outside git directories), `started` when this Domain's start
+    /// began. Returns the guard and warnings for the launcher's terminal.
+    pub fn start(ctx: &Context, cgroups_path: &str, sandbox_pid_file: &Path, guarded: GuardedPaths, started: SystemTime, recovered: Vec<Neutralisation>) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
         let mut warnings = Vec::new();
         let begun = Instant::now();
-        let config = crate::workspace_guard::guard_config(ctx, protected.clone(), Some(started));
+        let config = crate::workspace_guard::guard_config(ctx, &guarded, Some(started));
         let marker = marker_path(ctx);
         let (tx, rx) = channel();
         let mut guard = DomainGuard { config: config.clone(), engine: Arc::new(Mutex::new(None)), reports: None, pending: None, reporter: None, marker, recovered, processes: None };
@@ -226,7 +229,7 @@ impl DomainGuard {
         }
         *guard.engine.lock().unwrap_or_else(|p| p.into_inner()) = Some(engine);
         guard.processes = Some(processes);
-        let run = RunMarker { started_ms: epoch_ms(started), protected };
+        let run = RunMarker { started_ms: epoch_ms(started), guarded };
         if let Err(e) = serde_json::to_vec(&run).map_err(std::io::Error::other).and_then(|b| std::fs::write(&guard.marker, b)) {
             log(&format!("workspace guard: cannot write {}: {e} (a crash would not be swept at the next start)", guard.marker.display()));
         }

@@ -127,13 +127,13 @@ pub struct HostEffects {
     progress: Option<fs::File>,
     /// Workspace-relative destinations of the read-only binds below the
     /// workspace (Git Sentry's), for the Workspace Guard.
-    readonly_in_workspace: Vec<PathBuf>,
+    guarded: crate::workspace_guard::GuardedPaths,
 }
 
 impl HostEffects {
     /// Effects for starting `ctx`'s Domain in `dir`, with sandbox `container`.
     pub fn new(ctx: Arc<Context>, dir: DomainDir, reset_anchor: bool, container: String, stderr: StderrRoute) -> HostEffects {
-        HostEffects { ctx, dir, reset_anchor, container, stderr, setup: super::provision::SetupMode::Normal, progress: None, readonly_in_workspace: Vec::new() }
+        HostEffects { ctx, dir, reset_anchor, container, stderr, setup: super::provision::SetupMode::Normal, progress: None, guarded: Default::default() }
     }
 
     /// `--no-setup` / `--reprovision`, and where setup progress goes (the
@@ -143,10 +143,10 @@ impl HostEffects {
         self.progress = progress;
     }
 
-    /// What the sandbox sees read-only below the workspace (Git Sentry's
-    /// binds), relative to it; known once the State Anchor stage is done.
-    pub fn readonly_in_workspace(&self) -> Vec<PathBuf> {
-        self.readonly_in_workspace.clone()
+    /// What the Workspace Guard needs of Git Sentry's binds; known once the
+    /// State Anchor stage is done.
+    pub fn guarded_paths(&self) -> crate::workspace_guard::GuardedPaths {
+        self.guarded.clone()
     }
 
     /// The sandbox's container ID.
@@ -337,23 +337,22 @@ impl Effects for HostEffects {
     /// volumes and the agent's home.
     fn mount_filesystem(&mut self, prepared: &Prepared, run: &RunDir) -> Result<Filesystem, StartError> {
         let mut mountpoints = Vec::new();
-        let assembled = (|| -> Result<Vec<BindMount>, StartError> {
+        let assembled = (|| -> Result<(Vec<BindMount>, Vec<PathBuf>), StartError> {
             for d in [run.rootfs(), run.upper(), run.work()] {
                 make_dir(&d, 0o755)?;
             }
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
-            let mut binds = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
+            let (mut binds, outside_git_dirs) = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
             let mount_points: Vec<PathBuf> = binds.iter().map(|b| b.destination.clone()).collect();
             if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid, &mount_points)? {
                 binds.push(home);
             }
-            Ok(binds)
+            Ok((binds, outside_git_dirs))
         })();
         match assembled {
-            Ok(binds) => {
-                let workspace = self.ctx.workspace.root();
-                self.readonly_in_workspace = binds.iter().filter(|b| b.readonly).filter_map(|b| b.destination.strip_prefix(workspace).ok()).filter(|r| !r.as_os_str().is_empty()).map(Path::to_path_buf).collect();
+            Ok((binds, outside_git_dirs)) => {
+                self.guarded = crate::workspace_guard::GuardedPaths::from_binds(self.ctx.workspace.root(), &binds, outside_git_dirs);
                 Ok(Filesystem(Arc::new(Mounted { mountpoints, binds })))
             }
             Err(e) => {

@@ -321,7 +321,7 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     fx.stderr_to_log();
     // The Workspace Guard, before any session runs: without it the Domain
     // does not run.
-    let mut workspace_guard = match guard::DomainGuard::start(&ctx, &started.sandbox.cgroups_path, &started.run_dir.sandbox_pid(), fx.readonly_in_workspace(), begun, recovered) {
+    let mut workspace_guard = match guard::DomainGuard::start(&ctx, &started.sandbox.cgroups_path, &started.run_dir.sandbox_pid(), fx.guarded_paths(), begun, recovered) {
         Ok((g, warnings)) => {
             for w in warnings {
                 status.say(&format!("lazaret: warning: {w}"));

@@ -118,6 +118,18 @@ pub fn commondir_ok(git_dir: &Path, value: &str) -> bool {
     lexical_join(git_dir, Path::new(value)).as_deref() == Some(common)
 }
 
+/// Whether a linked worktree's `gitdir` back-link (contents `value`) has
+/// the form `git worktree add` writes: one absolute, normal path to a
+/// `.git` entry.
+pub fn back_link_ok(value: &str) -> bool {
+    let value = value.strip_suffix('\n').unwrap_or(value);
+    let path = Path::new(value);
+    path.is_absolute()
+        && !value.contains(['\n', '\r', '\0'])
+        && path.file_name() == Some(OsStr::new(".git"))
+        && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
+}
+
 /// `base/rel` with `.`/`..` resolved lexically; `None` if it climbs above
 /// `base`'s root.
 pub fn lexical_join(base: &Path, rel: &Path) -> Option<PathBuf> {
@@ -173,6 +185,17 @@ mod tests {
         assert!(!commondir_ok(Path::new(".git/worktrees/w"), "../../../evil/.git"));
         assert!(!commondir_ok(Path::new(".git/worktrees/w"), "/ws/.git"), "absolute values are not git's own");
         assert!(!commondir_ok(Path::new(".git/modules/m"), "../.."));
+    }
+
+    #[test]
+    fn back_links_of_the_form_git_writes() {
+        assert!(back_link_ok("/home/d/src/wt/.git\n"));
+        assert!(back_link_ok("/home/d/src/wt/.git"));
+        assert!(!back_link_ok("/home/d/.bashrc\n"));
+        assert!(!back_link_ok("wt/.git\n"), "relative");
+        assert!(!back_link_ok("/home/d/../x/.git"), "not normal");
+        assert!(!back_link_ok("/a/.git\n/b/.git\n"), "two lines");
+        assert!(!back_link_ok(""));
     }
 
     #[test]

@@ -43,9 +43,9 @@ pub use quarantine::{QuarantineLimits, QuarantineRecord, RestoredFile};
 pub use sweep::sweep;
 pub use watch::{Backend, Guard, probe_backend};
 
-/// What kind of tree a root is; git control checks run only in the
-/// [`RootKind::Workspace`] (the host's git runs there), privilege and
-/// ownership checks in every root.
+/// What kind of tree a root is; git control checks run in the
+/// [`RootKind::Workspace`] (the host's git runs there) and in every
+/// [`RootKind::GitDir`], privilege and ownership checks in every root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RootKind {
@@ -55,6 +55,23 @@ pub enum RootKind {
     IgnoredState,
     /// A volume (`HOST:SANDBOX`).
     Volume,
+    /// A git directory outside the workspace that Git Sentry binds
+    /// read-write (the common directory of a workspace that is a linked
+    /// worktree): the host's git reads it in the developer's other work
+    /// trees of that repository (the main checkout, other worktrees, its
+    /// submodules), so git control checks run here too, with the root
+    /// itself a git directory. Its own `config`, `hooks/` and `info/` are
+    /// the developer's and never touched (Git Sentry keeps them read-only);
+    /// `gitdir` back-links in it are the developer's worktrees' and may
+    /// name any directory.
+    GitDir,
+}
+
+impl RootKind {
+    /// Whether the host's git reads this tree (git control checks apply).
+    pub fn has_git_control(self) -> bool {
+        matches!(self, RootKind::Workspace | RootKind::GitDir)
+    }
 }
 
 /// One tree the guard watches.
@@ -95,8 +112,9 @@ pub struct GuardConfig {
     /// How much the quarantine keeps before it drops the oldest copies
     /// (their records stay).
     pub quarantine_limits: QuarantineLimits,
-    /// Workspace-relative paths Git Sentry binds read-only (its
-    /// `SentryPlan::protected`): the guard never modifies them or anything
+    /// The paths Git Sentry binds read-only (its `SentryPlan::protected`):
+    /// workspace-relative below the workspace, absolute below a
+    /// [`RootKind::GitDir`] root. The guard never modifies them or anything
     /// below them (they are the developer's own and the sandbox cannot
     /// write them anyway).
     pub protected: Vec<PathBuf>,

@@ -114,9 +114,19 @@ impl Engine {
         out.errors.push(format!("{}:{}: {error}", self.roots[root].label, lazaret_protocol::display::escaped(rel)));
     }
 
-    /// Whether the workspace-relative `rel` is Git Sentry's.
+    /// Whether the root-relative `rel` is Git Sentry's. In a git directory
+    /// outside the workspace, its own `config`, `hooks` and `info` count as
+    /// protected even when the list lacks them (a crash-recovery sweep whose
+    /// record was lost): they are the developer's main repository's.
     pub(crate) fn protected(&self, root: usize, rel: &Path) -> bool {
-        self.roots[root].kind == RootKind::Workspace && classify::is_protected(rel, &self.config.protected)
+        match self.roots[root].kind {
+            RootKind::Workspace => classify::is_protected(rel, &self.config.protected),
+            RootKind::GitDir => {
+                ["config", "hooks", "info"].iter().any(|own| rel.starts_with(own))
+                    || classify::is_protected(&self.roots[root].path.join(rel), &self.config.protected)
+            }
+            RootKind::IgnoredState | RootKind::Volume => false,
+        }
     }
 
     /// Ownership and privilege bits of the entry `name` of the verified
@@ -255,7 +265,7 @@ impl Engine {
         safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
     }
 
-    /// Whether `rel` (in the workspace) is a git directory by git's own
+    /// Whether `rel` (in a root with git control) is a git directory by git's own
     /// test: named `.git`, or holding `HEAD` and either `commondir` or
     /// `objects/` and `refs/`.
     pub(crate) fn is_git_dir(&self, root: usize, rel: &Path) -> bool {
@@ -282,7 +292,7 @@ impl Engine {
         }
     }
 
-    /// For an event on `rel` in the workspace: the repository it makes (a
+    /// For an event on `rel` in a root with git control: the repository it makes (a
     /// `.git`, or an entry that completes a git directory) and the control
     /// file it may be.
     pub(crate) fn check_git_event(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
@@ -386,6 +396,16 @@ impl Engine {
                 Ok(Some(contents)) if classify::commondir_ok(git_dir, &String::from_utf8_lossy(&contents)) => {}
                 Ok(None) => {}
                 Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out),
+                Err(e) => self.error(root, rel, e, out),
+            },
+            // In an outside git dir, a linked worktree's back-link names its
+            // work tree's `.git` file, wherever that is (git writes it as
+            // `/work/tree/.git`); nothing is loaded through it. Another value
+            // would only steer `git worktree repair` or `prune`.
+            (ControlFile::Gitdir, _) if self.roots[root].kind == RootKind::GitDir => match read_regular(parent, name, MAX_CONTROL_FILE) {
+                Ok(Some(contents)) if classify::back_link_ok(&String::from_utf8_lossy(&contents)) => {}
+                Ok(None) => {}
+                Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a gitdir back-link that names no work tree's .git", cause, out),
                 Err(e) => self.error(root, rel, e, out),
             },
             (ControlFile::Gitdir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {

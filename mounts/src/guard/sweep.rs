@@ -11,7 +11,7 @@ use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 
 use super::neutralise::{Cause, Engine, Out, list_names};
-use super::{GuardConfig, GuardError, RootKind, SweepReport};
+use super::{GuardConfig, GuardError, SweepReport};
 use crate::safe_path::{self, FileKind};
 
 /// Deepest directory nesting walked (a deeper tree is reported as an error
@@ -47,7 +47,7 @@ pub(crate) fn sweep_engine(engine: &Engine) -> SweepReport {
 /// directory renamed in keeps its entries' old ctimes).
 pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool, out: &mut Out) -> u64 {
     let cause = Cause { pid: None };
-    let is_workspace = engine.roots[root].kind == RootKind::Workspace;
+    let git_control = engine.roots[root].kind.has_git_control();
     let mut seen = 0;
     // Paths, not fds, wait on the stack (a wide tree would exhaust fds);
     // each is reopened from the root fd, refusing symlinks on the way.
@@ -95,7 +95,7 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
                 b"commondir" => git_markers.1 = true,
                 b"objects" => git_markers.2 = kind == FileKind::Directory,
                 b"refs" => git_markers.3 = kind == FileKind::Directory,
-                b".git" if is_workspace && kind != FileKind::Directory => engine.check_dot_git(root, &child, cause, out),
+                b".git" if git_control && kind != FileKind::Directory => engine.check_dot_git(root, &child, cause, out),
                 _ => {}
             }
             if kind == FileKind::Directory {
@@ -107,7 +107,7 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
             }
         }
         let (head, commondir, objects, refs) = git_markers;
-        if is_workspace && (crate::guard::classify::is_dot_git(&rel) || (head && (commondir || (objects && refs)))) {
+        if git_control && (crate::guard::classify::is_dot_git(&rel) || (head && (commondir || (objects && refs)))) {
             engine.check_git_dir(root, &rel, cause, out);
         }
     }

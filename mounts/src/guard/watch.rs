@@ -39,7 +39,7 @@ use nix::poll::{PollFd, PollFlags, PollTimeout};
 
 use super::neutralise::{Cause, Engine, Out};
 use super::sweep::{sweep_engine, walk};
-use super::{EventSink, GuardConfig, GuardError, GuardEvent, PidFilter, RootKind, SweepReport};
+use super::{EventSink, GuardConfig, GuardError, GuardEvent, PidFilter, SweepReport};
 use crate::error::MountError;
 use crate::safe_path::{self, FileKind};
 
@@ -358,10 +358,10 @@ impl LoopState {
         if self.engine.protected(root, rel) {
             return;
         }
-        let is_workspace = self.engine.roots[root].kind == RootKind::Workspace;
+        let git_control = self.engine.roots[root].kind.has_git_control();
         if mask & METADATA_EVENTS == 0 {
             // Only written: its content may matter to git, nothing else.
-            if is_workspace {
+            if git_control {
                 self.engine.check_git_event(root, rel, cause, out);
             }
             return;
@@ -371,7 +371,7 @@ impl LoopState {
             Err(_) => return, // gone already
         };
         self.engine.fix_entry(root, rel, parent, name, &st, cause, out);
-        if is_workspace {
+        if git_control {
             self.engine.check_git_event(root, rel, cause, out);
         }
         if safe_path::kind_of(&st) == FileKind::Directory && mask & libc::FAN_MOVED_TO != 0 {
