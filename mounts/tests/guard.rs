@@ -489,6 +489,44 @@ fn the_common_git_dir_of_a_linked_worktree_workspace_is_guarded_too() {
 }
 
 #[test]
+fn repositories_in_a_volume_are_guarded_and_the_developers_own_files_left() {
+    // A writable volume holding the developer's repository: Git Sentry
+    // protects nothing there, so the agent can write its hooks and config.
+    let mut fx = Fixture::new();
+    let vol = fx.base().join("vol");
+    let repo = vol.join("repo/.git");
+    for dir in ["objects", "refs/heads", "hooks"] {
+        std::fs::create_dir_all(repo.join(dir)).expect("mkdir");
+    }
+    std::fs::write(repo.join("HEAD"), b"ref: refs/heads/main\n").expect("HEAD");
+    std::fs::write(repo.join("config"), b"[core]\n\tfsmonitor = mine\n").expect("config");
+    std::fs::write(repo.join("hooks/pre-commit"), b"developer's hook").expect("hook");
+    // The developer's linked worktree in the volume (its gitdir elsewhere).
+    std::fs::create_dir_all(vol.join("wt")).expect("mkdir");
+    std::fs::write(vol.join("wt/.git"), b"gitdir: /home/d/main/.git/worktrees/wt\n").expect(".git");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fx.config.changed_since = Some(std::time::SystemTime::now());
+    fx.config.roots.push(GuardRoot { label: "volume:/work/vol".into(), path: vol.clone(), kind: RootKind::Volume });
+    fx.start();
+    let mut sb = fx.sandbox();
+    sb.run(&["write", s(&repo.join("hooks/pre-push")), "evil"]);
+    sb.run(&["append-and-keep-open", s(&repo.join("config")), "\\tpager = evil\\n"]);
+    fx.settle();
+    assert!(!repo.join("hooks/pre-push").exists(), "{:?}", fx.neutralised());
+    assert_eq!(std::fs::read_to_string(repo.join("config")).expect("config"), "", "the config the agent changed is filtered (the developer's key with it)");
+    // The developer's untouched files survive a sweep.
+    let report = guard::sweep(&fx.config).expect("sweep");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(std::fs::read_to_string(repo.join("hooks/pre-commit")).expect("hook"), "developer's hook");
+    assert!(vol.join("wt/.git").exists(), "the developer's worktree link in the volume: {:?}", report.neutralised);
+    // Without a start time (everything counts as changed) the same sweep
+    // does check them: the rule is the start time, not the root.
+    let report = guard::sweep(&GuardConfig { changed_since: None, ..fx.config.clone() }).expect("sweep");
+    assert!(!repo.join("hooks/pre-commit").exists(), "{:?}", report.neutralised);
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();

@@ -273,6 +273,54 @@ fn a_linked_worktree_cannot_plant_control_files_in_its_main_repository() {
     env.assert_journal_conforms();
 }
 
+/// A writable volume that holds a repository of the developer's: Git
+/// Sentry protects nothing there, and the developer's git on the host runs
+/// in it. What the agent plants is neutralised; the developer's own hook,
+/// older than the Domain, is left (and runs, as it should).
+#[test]
+fn a_repository_in_a_volume_runs_nothing_the_agent_planted() {
+    let env = developer_env("");
+    let shared = env.scratch.join("shared");
+    fs::create_dir(&shared).expect("mkdir shared");
+    setup_git(&shared, &["init", "-q", "-b", "main"]);
+    commit_file(&shared, "lib.txt");
+    let marker_dir = marker_dir(&env);
+    fs::write(shared.join(".git/hooks/post-commit"), format!("#!/bin/sh\ntouch {}/developer-hook\n", marker_dir.display())).expect("hook");
+    fs::set_permissions(shared.join(".git/hooks/post-commit"), fs::Permissions::from_mode(0o755)).expect("chmod");
+    let (uid, gid) = test_user();
+    chown_tree(&shared, uid, gid);
+    chown_tree(&env.workspace, uid, gid);
+    let shared = fs::canonicalize(&shared).expect("canonical");
+    env.write_config(&format!("{GIT_ENV}volumes = [\"{}:/work/shared\"]\n", shared.display()));
+    assert_detector_sees_an_attack(&shared, &marker_dir);
+
+    let routes: &[(&str, &str)] = &[
+        ("volume-hook", "printf '#!/bin/sh\\ntouch %s/volume-hook\\n' $M > $V/.git/hooks/pre-commit; chmod +x $V/.git/hooks/pre-commit 2>/dev/null || true"),
+        ("volume-config", "git -C $V config core.fsmonitor \"touch $M/volume-config\""),
+    ];
+    let mut script = route_script(&format!("M={}; V=/work/shared; W={}", marker_dir.display(), env.workspace.display()), routes);
+    // Ordinary work in the volume's repository still lands on the host.
+    script.push_str("echo v > $V/v.txt; git -C $V add v.txt; git -C $V commit -qm agent-in-volume; echo done=yes");
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("done=yes"), "{stdout}");
+    let not_written = route_results(&stdout, routes);
+    assert!(not_written.is_empty(), "routes that could not even be planted (the test would not test the guard): {not_written:?}");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+
+    host_git_everywhere(&shared, &["."]);
+    assert_eq!(markers(&marker_dir), ["developer-hook"], "only the developer's own hook may run on the host");
+    let journalled = neutralisations(&env);
+    for path in [".git/hooks/pre-commit", ".git/config"] {
+        assert!(journalled.iter().any(|e| e["root"] == "volume:/work/shared" && e["path"] == path), "{path} not journalled: {journalled:#?}");
+    }
+    let log = dev_git_ok(&shared, &["log", "--format=%s"]);
+    assert!(log.contains("agent-in-volume"), "{log}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
 /// Class "the ignored set decided by files the agent controls": the host's
 /// `.env` and `app/secret.key` are isolated in run 1, where the agent
 /// changes what decides the ignored set (routes below; the sticky tests in

@@ -43,9 +43,9 @@ pub use quarantine::{QuarantineLimits, QuarantineRecord, RestoredFile};
 pub use sweep::sweep;
 pub use watch::{Backend, Guard, probe_backend};
 
-/// What kind of tree a root is; git control checks run in the
-/// [`RootKind::Workspace`] (the host's git runs there) and in every
-/// [`RootKind::GitDir`], privilege and ownership checks in every root.
+/// What kind of tree a root is; git control checks run where the host's
+/// git runs (the workspace, volumes, outside git directories), privilege
+/// and ownership checks in every root.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum RootKind {
@@ -53,7 +53,10 @@ pub enum RootKind {
     Workspace,
     /// An Ignored Workspace State directory in Domain storage.
     IgnoredState,
-    /// A volume (`HOST:SANDBOX`).
+    /// A volume (`HOST:SANDBOX`). Git Sentry protects nothing in it, so a
+    /// sweep (which cannot tell writers apart) checks only the git control
+    /// files that changed during the run: the developer's older ones are
+    /// theirs.
     Volume,
     /// A git directory outside the workspace that Git Sentry binds
     /// read-write (the common directory of a workspace that is a linked
@@ -70,7 +73,7 @@ pub enum RootKind {
 impl RootKind {
     /// Whether the host's git reads this tree (git control checks apply).
     pub fn has_git_control(self) -> bool {
-        matches!(self, RootKind::Workspace | RootKind::GitDir)
+        matches!(self, RootKind::Workspace | RootKind::GitDir | RootKind::Volume)
     }
 }
 

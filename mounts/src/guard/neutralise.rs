@@ -278,6 +278,15 @@ impl Engine {
         exists("HEAD").is_some() && (exists("commondir").is_some() || (is_dir(exists("objects")) && is_dir(exists("refs"))))
     }
 
+    /// Whether a sweep leaves this git control entry alone: in a volume
+    /// (where Git Sentry protects nothing, so the developer's own control
+    /// files are there from before), what did not change during the run.
+    /// A directory is always looked into: writing a hook does not change
+    /// its directory's ctime.
+    fn sweep_leaves(&self, root: usize, st: &FileStat, cause: Cause) -> bool {
+        cause.pid.is_none() && self.roots[root].kind == RootKind::Volume && safe_path::kind_of(st) != FileKind::Directory && !self.changed_in_run(st)
+    }
+
     /// Checks every control file of the git directory `git_dir`.
     pub(crate) fn check_git_dir(&self, root: usize, git_dir: &Path, cause: Cause, out: &mut Out) {
         for (name, kind) in [
@@ -322,6 +331,9 @@ impl Engine {
             return;
         }
         let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
+        if self.sweep_leaves(root, &st, cause) {
+            return;
+        }
         match safe_path::kind_of(&st) {
             FileKind::Directory => self.check_git_dir(root, rel, cause, out),
             FileKind::Regular => {
@@ -357,6 +369,9 @@ impl Engine {
         }
         let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
         if self.restored.iter().any(|m| m.matches(&self.roots[root].label, rel, &st)) {
+            return;
+        }
+        if self.sweep_leaves(root, &st, cause) {
             return;
         }
         let file_kind = safe_path::kind_of(&st);
