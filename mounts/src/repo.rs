@@ -218,7 +218,10 @@ fn validate_linked_worktree(git_dir: &Path, dot_git_abs: &Path) -> Result<(), Mo
     let dir = open_absolute_dir(git_dir)?;
     let back = safe_path::read_beneath(dir.as_fd(), Path::new("gitdir"), SMALL_FILE_LIMIT)?
         .ok_or_else(|| {
-            MountError::refused(git_dir, "points outside the workspace but is not a linked worktree directory (no `gitdir` back-link)")
+            MountError::refused(
+                git_dir,
+                "points outside the workspace but is not a linked worktree directory (no `gitdir` back-link); a submodule's git directory lives in its superproject: run Lazaret in the superproject's checkout instead",
+            )
         })?;
     let back = String::from_utf8_lossy(&back);
     if normalize(Path::new(back.trim())).as_deref() != Some(dot_git_abs) {
