@@ -32,6 +32,7 @@ const PROMPT_CONFIRM: &str = "run this?";
 const UNAVAILABLE: i32 = 69;
 const DENIED: i32 = 77;
 const TIMED_OUT: i32 = 124;
+const FAILED: i32 = 126;
 const CANCELLED: i32 = 130;
 
 /// A developer env (see [`developer_env`]) whose agent is root inside,
@@ -315,6 +316,38 @@ fn a_sessions_requests_in_a_row_and_at_once_all_complete() {
     let mut want: Vec<String> = (0..20).map(|i| format!("t-{i} exit=0 out=t-{i}\\n")).collect();
     want.sort();
     assert_eq!(results, want, "concurrent requests of one session\nstderr: {}", text(&out.stderr));
+    finish(&env);
+}
+
+/// Git on the host takes its configuration from the nearest `.git` above
+/// the working directory. A repository the agent made during the run has a
+/// configuration it can rewrite faster than the Workspace Guard filters it
+/// (a tight loop won that race against a rule-approved `git fetch` with
+/// `core.sshCommand`), so host commands run only below a `.git` Git Sentry
+/// protected at the start; `git` itself gets that repository pinned, so a
+/// `.git` made after the check is never discovered.
+#[test]
+fn host_commands_run_only_in_repositories_protected_since_the_start() {
+    let host = HostDir::new();
+    let marker = host.arg("fsmonitor-ran");
+    let rules = [Rule::new("status", &["git", "status", "--short"]), Rule::new("git-dir", &["git", "rev-parse", "--git-dir"])];
+    let env = esc_env("", &rules_toml(&rules));
+    let script = format!(
+        "mkdir -p made/.git/objects made/.git/refs plain/deep; echo 'ref: refs/heads/main' > made/.git/HEAD; \
+         printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n' > made/.git/config; \
+         lazaret-escalate --cwd made -- git status --short; echo made=$?; \
+         lazaret-escalate --cwd plain/deep -- git status --short >/dev/null; echo plain=$?; \
+         lazaret-escalate -- git rev-parse --git-dir; echo git-dir=$?"
+    );
+    let out = agent(&env, &["sh", "-c", &script]);
+    let stdout = ok(&out);
+    let stderr = text(&out.stderr);
+    assert_eq!(field(&stdout, "made"), FAILED.to_string(), "a repository made in the run: {stderr}");
+    assert!(stderr.contains("made/.git, which was made during this run"), "the reason names the repository: {stderr}");
+    assert!(!host.file("fsmonitor-ran").exists(), "the host's git ran the agent's core.fsmonitor");
+    assert_eq!(field(&stdout, "plain"), "0", "a plain directory of the protected workspace repository: {stderr}");
+    assert_eq!(field(&stdout, "git-dir"), "0", "{stderr}");
+    assert!(stdout.lines().any(|l| Path::new(l) == env.workspace.join(".git")), "git was not pinned to the workspace's repository (GIT_DIR): {stdout}");
     finish(&env);
 }
 

@@ -73,6 +73,7 @@ use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stre
 use crate::escalation::channel::TlsChannel;
 use crate::journal::{JournalError, JournalSync};
 use crate::escalation::environment::{host_environment, HostUser};
+use crate::escalation::repository;
 use crate::escalation::rules::{DomainApprovals, Rule};
 use crate::trust;
 
@@ -111,17 +112,22 @@ pub(super) struct Escalations {
     approvals: Mutex<DomainApprovals>,
     /// The cgroup under which each host command gets its own.
     cgroup_parent: PathBuf,
+    /// Git Sentry's read-only paths, workspace-relative: a host command
+    /// runs only in a repository they protect.
+    protected: Vec<PathBuf>,
 }
 
 impl Escalations {
-    /// The service for a Domain whose sandbox reaches it at `address`.
-    pub fn new(address: SocketAddr, server: Arc<rustls::ServerConfig>, cgroup_parent: PathBuf) -> Escalations {
+    /// The service for a Domain whose sandbox reaches it at `address`;
+    /// `protected` are Git Sentry's workspace-relative read-only paths.
+    pub fn new(address: SocketAddr, server: Arc<rustls::ServerConfig>, cgroup_parent: PathBuf, protected: Vec<PathBuf>) -> Escalations {
         Escalations {
             address,
             server,
             seen: Mutex::new(IdDigestSet::new()),
             approvals: Mutex::new(DomainApprovals::new()),
             cgroup_parent,
+            protected,
         }
     }
 }
@@ -700,16 +706,26 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         Ok(fd) => fd,
         Err(e) => return fail(format!("the working directory {}: {e}", host_dir(d.ctx.workspace.root(), rel).display())),
     };
+    let repository = match protected_repository(d.ctx.workspace.root(), rel, &esc.protected) {
+        Ok(worktree) => worktree,
+        Err(reason) => return fail(reason),
+    };
     let developer = &d.ctx.developer;
     let user = HostUser { name: &developer.name, home: &developer.home, shell: &developer.shell };
     let rule_env = approved.rule.map(|r| r.env.as_slice()).unwrap_or(&[]);
+    let mut env = host_environment(&user, &link.host_env, rule_env);
+    if repository::runs_git(&approved.argv) {
+        let pinned = repository::pinned_git_env(&host_dir(d.ctx.workspace.root(), &repository));
+        env.retain(|(k, _)| !pinned.iter().any(|(p, _)| p == k));
+        env.extend(pinned);
+    }
     let command = HostCommand {
         argv: approved.argv,
         cwd,
         uid: developer.uid,
         gid: developer.gid,
         groups: developer.groups.iter().map(|g| g.gid).collect(),
-        env: host_environment(&user, &link.host_env, rule_env),
+        env,
         cgroup: esc.cgroup_parent.join(format!("escalation-{}", &id[..16])),
         mount_ns: None,
     };
@@ -778,6 +794,23 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
 /// The host directory of a workspace-relative path (no trailing `/` for the root).
 fn host_dir(root: &Path, rel: &Path) -> PathBuf {
     if rel.as_os_str().is_empty() { root.to_path_buf() } else { root.join(rel) }
+}
+
+/// The repository (its workspace-relative work tree) a host command in
+/// `rel` would run git in, if Git Sentry protects it
+/// ([`repository::protected_repository`]); each `.git` on the way is
+/// looked at fd-relatively, never through a symlink.
+fn protected_repository(root: &Path, rel: &Path, protected: &[PathBuf]) -> Result<PathBuf, String> {
+    use lazaret_mounts::repo::DotGit;
+    use repository::DotGitEntry;
+    use std::os::fd::AsFd;
+    let root_fd = lazaret_mounts::safe_path::open_root_dir(root).map_err(|e| format!("the workspace: {e}"))?;
+    repository::protected_repository(rel, protected, |dir| match lazaret_mounts::repo::read_dot_git(root_fd.as_fd(), dir) {
+        Ok(DotGit::Missing) => DotGitEntry::Missing,
+        Ok(DotGit::Directory(_)) => DotGitEntry::Directory,
+        Ok(DotGit::GitdirFile(_)) => DotGitEntry::File,
+        Ok(DotGit::Invalid(_)) | Err(_) => DotGitEntry::Unusable,
+    })
 }
 
 /// Opens the request's directory beneath the workspace root without

@@ -244,7 +244,7 @@ fn reap_until(coordinator: nix::unistd::Pid, signals: &mut Signals) -> i32 {
 /// address, and the cgroup (the sandbox's parent, `/lazaret/<domain>`, in
 /// the unified hierarchy) under which each host command gets its own. Without it the Domain runs,
 /// and `lazaret-escalate` reports Lazaret unavailable; the log says why.
-fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str) -> Option<escalation::Escalations> {
+fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str, protected: Vec<PathBuf>) -> Option<escalation::Escalations> {
     let address = match network.escalation.local_addr() {
         Ok(a) => a,
         Err(e) => {
@@ -269,7 +269,7 @@ fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network:
     let parent = std::path::Path::new(cgroups_path).parent().unwrap_or(std::path::Path::new("/lazaret"));
     let cgroup_parent = unified.join(parent.strip_prefix("/").unwrap_or(parent));
     log(&format!("escalation: listening on {address} for the profile {}", ctx.profile.name));
-    Some(escalation::Escalations::new(address, server, cgroup_parent))
+    Some(escalation::Escalations::new(address, server, cgroup_parent, protected))
 }
 
 /// Opens the Domain's journal for this run and computes the fingerprint the
@@ -345,7 +345,10 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     drop(status);
 
     let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
-    let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path);
+    // Git Sentry's workspace-relative read-only paths: host commands run
+    // only in repositories they protect.
+    let protected = fx.guarded_paths().protected.into_iter().filter(|p| p.is_relative()).collect();
+    let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path, protected);
     let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
     let guard_link = workspace_guard.link();
     let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone(), guard_link));

@@ -1,0 +1,121 @@
+//! Which repository a host command would run git in, and whether Git Sentry
+//! protects it.
+//!
+//! A host command runs in a workspace directory the agent chose, and git
+//! (run by the command, or by anything it starts) takes its configuration
+//! and hooks from the nearest `.git` at or above that directory. Git Sentry
+//! made the control files of every repository that existed at the Domain's
+//! start read-only in the sandbox; a repository the agent made during the
+//! run has a configuration the agent can rewrite at any moment, faster than
+//! the Workspace Guard can filter it, so the host's git would run what the
+//! agent chose (`core.sshCommand` under a rule-approved `git fetch`). Host
+//! commands therefore run only where the nearest `.git` is a protected one,
+//! and a command that is `git` itself gets that repository pinned
+//! (`GIT_DIR`, `GIT_WORK_TREE`): a `.git` the agent creates nearer to the
+//! directory after the check is never discovered.
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+
+/// What a directory's `.git` entry is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DotGitEntry {
+    /// There is none.
+    Missing,
+    /// A directory (a repository's git dir).
+    Directory,
+    /// A `gitdir:` file (a linked worktree or submodule).
+    File,
+    /// A symlink, special file or unreadable entry.
+    Unusable,
+}
+
+/// The repository a host command in `cwd` (workspace-relative) would use:
+/// the work tree (workspace-relative) of the nearest `.git` at or above
+/// `cwd`, which must be one Git Sentry protects (`protected`: its
+/// workspace-relative read-only paths; a git dir by its `config`, a
+/// `gitdir:` file by itself). `dot_git` tells what `DIR/.git` is for a
+/// workspace-relative DIR. The error is the reason, one line.
+pub fn protected_repository(cwd: &Path, protected: &[PathBuf], dot_git: impl Fn(&Path) -> DotGitEntry) -> Result<PathBuf, String> {
+    let is_protected = |p: &Path| protected.iter().any(|q| q == p);
+    for dir in cwd.ancestors() {
+        let entry = dir.join(".git");
+        let shown = lazaret_protocol::display::escaped(&entry);
+        match dot_git(dir) {
+            DotGitEntry::Missing => continue,
+            DotGitEntry::Directory if is_protected(&entry.join("config")) => return Ok(dir.to_path_buf()),
+            DotGitEntry::File if is_protected(&entry) => return Ok(dir.to_path_buf()),
+            DotGitEntry::Directory | DotGitEntry::File => {
+                return Err(format!(
+                    "the working directory is in the repository {shown}, which was made during this run: its git configuration and hooks are the agent's, so Lazaret runs no host command there (run it yourself, or from a repository that existed when the Domain started)"
+                ));
+            }
+            DotGitEntry::Unusable => return Err(format!("{shown} above the working directory is a symlink or special file; Lazaret runs no host command below it")),
+        }
+    }
+    Err("no repository holds the working directory".into())
+}
+
+/// Whether `argv` runs git itself (`git`, or a path ending in `/git`): such
+/// a command gets its repository pinned.
+pub fn runs_git(argv: &[String]) -> bool {
+    argv.first().is_some_and(|program| Path::new(program).file_name() == Some(OsStr::new("git")))
+}
+
+/// The environment that pins git to the repository whose work tree is
+/// `worktree` (absolute): `GIT_DIR` is its `.git` (git reads a `gitdir:`
+/// file there itself), `GIT_WORK_TREE` the work tree.
+pub fn pinned_git_env(worktree: &Path) -> Vec<(String, String)> {
+    vec![
+        ("GIT_DIR".into(), worktree.join(".git").to_string_lossy().into_owned()),
+        ("GIT_WORK_TREE".into(), worktree.to_string_lossy().into_owned()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn paths(list: &[&str]) -> Vec<PathBuf> {
+        list.iter().map(PathBuf::from).collect()
+    }
+
+    /// A workspace whose `.git` entries are `entries` (dir, kind).
+    fn layout(entries: &'static [(&'static str, DotGitEntry)]) -> impl Fn(&Path) -> DotGitEntry {
+        move |dir| entries.iter().find(|(d, _)| Path::new(d) == dir).map_or(DotGitEntry::Missing, |(_, k)| *k)
+    }
+
+    #[test]
+    fn the_nearest_git_decides_and_must_be_protected() {
+        let protected = paths(&[".git/config", ".git/hooks", "lib/.git", "old/.git/config"]);
+        let ws = layout(&[("", DotGitEntry::Directory), ("lib", DotGitEntry::File), ("old", DotGitEntry::Directory), ("new", DotGitEntry::Directory), ("link", DotGitEntry::Unusable)]);
+        assert_eq!(protected_repository(Path::new(""), &protected, &ws), Ok(PathBuf::new()));
+        assert_eq!(protected_repository(Path::new("src/deep"), &protected, &ws), Ok(PathBuf::new()));
+        assert_eq!(protected_repository(Path::new("lib/src"), &protected, &ws), Ok(PathBuf::from("lib")));
+        assert_eq!(protected_repository(Path::new("old"), &protected, &ws), Ok(PathBuf::from("old")));
+        let made = protected_repository(Path::new("new/src"), &protected, &ws).expect_err("a repository made in the run");
+        assert!(made.contains("new/.git") && made.contains("made during this run"), "{made}");
+        assert!(protected_repository(Path::new("link/x"), &protected, &ws).expect_err("symlink").contains("symlink"));
+    }
+
+    #[test]
+    fn an_unprotected_git_file_or_a_workspace_without_one_is_refused() {
+        let ws = layout(&[("", DotGitEntry::Directory), ("wt", DotGitEntry::File)]);
+        assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &ws).is_err(), "a gitdir file made in the run");
+        assert!(protected_repository(Path::new("a"), &[], &layout(&[])).is_err());
+    }
+
+    #[test]
+    fn only_git_itself_is_pinned() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        assert!(runs_git(&argv(&["git", "fetch"])));
+        assert!(runs_git(&argv(&["/usr/bin/git", "push"])));
+        assert!(!runs_git(&argv(&["gitk"])));
+        assert!(!runs_git(&argv(&["sh", "-c", "git fetch"])));
+        assert!(!runs_git(&[]));
+        assert_eq!(
+            pinned_git_env(Path::new("/home/d/p/lib")),
+            [("GIT_DIR".to_string(), "/home/d/p/lib/.git".to_string()), ("GIT_WORK_TREE".to_string(), "/home/d/p/lib".to_string())]
+        );
+    }
+}
