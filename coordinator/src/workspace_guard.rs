@@ -66,20 +66,12 @@ impl GuardedPaths {
 /// repository cannot be read. For `lazaret audit --restore`, which has no
 /// start to ask.
 fn workspace_git_dirs(workspace: &Path) -> Vec<PathBuf> {
-    use lazaret_mounts::repo::GitDirPath;
     use std::os::fd::AsFd;
     let Ok(root) = lazaret_mounts::safe_path::open_root_dir(workspace) else { return Vec::new() };
-    let Ok(Some(location)) = lazaret_mounts::repo::locate(root.as_fd(), workspace, Path::new("")) else { return Vec::new() };
-    let mut dirs = Vec::new();
-    if let GitDirPath::Outside(common) = &location.common_dir {
-        dirs.push(common.clone());
+    match lazaret_mounts::repo::locate(root.as_fd(), workspace, Path::new("")) {
+        Ok(Some(location)) => location.outside_git_dirs(),
+        Ok(None) | Err(_) => Vec::new(),
     }
-    if let GitDirPath::Outside(dir) = &location.git_dir {
-        if !dirs.iter().any(|d| dir.starts_with(d)) {
-            dirs.push(dir.clone());
-        }
-    }
-    dirs
 }
 
 /// Why `lazaret audit` failed.

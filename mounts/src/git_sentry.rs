@@ -200,14 +200,7 @@ struct Sentry<'a> {
 
 impl Sentry<'_> {
     fn note_outside_git_dirs(&mut self, location: &RepoLocation) {
-        if let GitDirPath::Outside(dir) = &location.common_dir {
-            self.plan.outside_git_dirs.push(dir.clone());
-        }
-        if let GitDirPath::Outside(dir) = &location.git_dir {
-            if !matches!(&location.common_dir, GitDirPath::Outside(common) if dir.starts_with(common)) {
-                self.plan.outside_git_dirs.push(dir.clone());
-            }
-        }
+        self.plan.outside_git_dirs.extend(location.outside_git_dirs());
     }
 
     fn protect(&mut self, path: GitDirPath, kind: FileKind) {

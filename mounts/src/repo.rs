@@ -74,6 +74,24 @@ pub struct RepoLocation {
     pub dot_git_is_file: bool,
 }
 
+impl RepoLocation {
+    /// The git directories of this repository outside the workspace (a
+    /// linked worktree's common dir, and its gitdir unless that lies in the
+    /// common dir): what the sandbox must see at their host paths.
+    pub fn outside_git_dirs(&self) -> Vec<PathBuf> {
+        let mut dirs = Vec::new();
+        if let GitDirPath::Outside(common) = &self.common_dir {
+            dirs.push(common.clone());
+        }
+        if let GitDirPath::Outside(dir) = &self.git_dir {
+            if !dirs.iter().any(|common| dir.starts_with(common)) {
+                dirs.push(dir.clone());
+            }
+        }
+        dirs
+    }
+}
+
 /// Opens an absolute host path (outside the workspace) as a directory,
 /// refusing symlinks in any component.
 pub(crate) fn open_absolute_dir(abs: &Path) -> Result<OwnedFd, MountError> {

@@ -125,8 +125,8 @@ pub struct HostEffects {
     setup: super::provision::SetupMode,
     /// The launcher's status pipe, for setup progress.
     progress: Option<fs::File>,
-    /// Workspace-relative destinations of the read-only binds below the
-    /// workspace (Git Sentry's), for the Workspace Guard.
+    /// Git Sentry's read-only binds and outside git directories, for the
+    /// Workspace Guard and the escalation service.
     guarded: crate::workspace_guard::GuardedPaths,
 }
 

@@ -65,8 +65,8 @@ pub enum RootKind {
     /// submodules), so git control checks run here too, with the root
     /// itself a git directory. Its own `config`, `hooks/` and `info/` are
     /// the developer's and never touched (Git Sentry keeps them read-only);
-    /// `gitdir` back-links in it are the developer's worktrees' and may
-    /// name any directory.
+    /// `gitdir` back-links in it are the developer's worktrees' and name
+    /// their work trees anywhere (kept when of the form git writes).
     GitDir,
 }
 
