@@ -527,6 +527,40 @@ fn repositories_in_a_volume_are_guarded_and_the_developers_own_files_left() {
 }
 
 #[test]
+fn a_rebase_left_in_progress_loses_its_exec_steps_at_the_sweep() {
+    // `git rebase --continue` on the host runs the todo list's exec steps;
+    // the sandbox may leave one planted. The developer's own rebase (older
+    // than the Domain) keeps its steps.
+    let mut fx = Fixture::new();
+    let ws = fx.ws();
+    for repo in ["mine", "planted"] {
+        for dir in ["objects", "refs", "rebase-merge"] {
+            std::fs::create_dir_all(ws.join(repo).join(".git").join(dir)).expect("mkdir");
+        }
+        std::fs::write(ws.join(repo).join(".git/HEAD"), b"ref: refs/heads/main\n").expect("HEAD");
+    }
+    std::fs::write(ws.join("mine/.git/rebase-merge/git-rebase-todo"), b"pick 1 a\nexec cargo test\n").expect("todo");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fx.config.changed_since = Some(std::time::SystemTime::now());
+    fx.start();
+    let mut sb = fx.sandbox();
+    let todo = ws.join("planted/.git/rebase-merge/git-rebase-todo");
+    sb.run(&["write", s(&todo), "pick 2 b\\nexec touch /tmp/evil\\n"]);
+    fx.settle();
+    assert_eq!(std::fs::read_to_string(&todo).expect("todo"), "pick 2 b\nexec touch /tmp/evil\n", "events leave the sandbox's own rebase alone");
+    let report = guard::sweep(&fx.config).expect("sweep");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(std::fs::read_to_string(&todo).expect("todo"), "pick 2 b\n# disabled by Lazaret (an exec step the sandbox left): exec touch /tmp/evil\n");
+    let disabled: Vec<_> = report.neutralised.iter().filter(|n| n.path == Path::new("planted/.git/rebase-merge/git-rebase-todo")).collect();
+    assert!(
+        disabled.iter().any(|n| n.action == Action::DisabledRebaseExec { commands: vec!["touch /tmp/evil".into()] } && n.quarantine_id.is_some()),
+        "{:?}",
+        report.neutralised
+    );
+    assert_eq!(std::fs::read_to_string(ws.join("mine/.git/rebase-merge/git-rebase-todo")).expect("todo"), "pick 1 a\nexec cargo test\n");
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();

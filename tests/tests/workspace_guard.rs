@@ -321,6 +321,52 @@ fn a_repository_in_a_volume_runs_nothing_the_agent_planted() {
     env.assert_journal_conforms();
 }
 
+/// An interactive rebase the agent leaves in progress: `git status` on the
+/// host says "use git rebase --continue", and continuing runs the todo
+/// list's `exec` steps on the host. Shown first with the guard off (the
+/// coordinator's test hook), then with it on: the Domain's final sweep
+/// turns the steps into comments.
+#[test]
+fn a_rebase_left_in_progress_runs_nothing_when_the_developer_continues_it() {
+    let env = developer_env("");
+    let ws = env.workspace.clone();
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+    let plant = format!(
+        "G={}/.git; mkdir -p $G/rebase-merge; git rev-parse HEAD > $G/rebase-merge/onto; git rev-parse HEAD > $G/rebase-merge/orig-head; \
+         echo refs/heads/main > $G/rebase-merge/head-name; touch $G/rebase-merge/interactive; echo 1 > $G/rebase-merge/msgnum; echo 1 > $G/rebase-merge/end; \
+         printf 'exec touch {}/rebase-exec\\n' > $G/rebase-merge/git-rebase-todo; echo planted=yes",
+        ws.display(),
+        marker_dir.display()
+    );
+    let todo = ws.join(".git/rebase-merge/git-rebase-todo");
+    for guard_on in [false, true] {
+        let mut run = env.lazaret(["run", "test", "--", "sh", "-c", &plant]);
+        if !guard_on {
+            run.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_GUARD", "off");
+        }
+        let out = run.output().expect("lazaret run");
+        assert!(text(&out.stdout).contains("planted=yes"), "{}{}", text(&out.stdout), text(&out.stderr));
+        assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+        assert!(dev_git_ok(&ws, &["status"]).contains("rebase"), "git status does not show the rebase in progress");
+        let _ = developer_git(&ws, &["rebase", "--continue"]);
+        let ran = markers(&marker_dir);
+        if guard_on {
+            assert!(ran.is_empty(), "continuing the rebase ran what the agent planted: {ran:?}");
+            let kept = fs::read_to_string(&todo).unwrap_or_default();
+            assert!(!ws.join(".git/rebase-merge").exists() || kept.contains("disabled by Lazaret"), "{kept}");
+        } else {
+            assert_eq!(ran, ["rebase-exec"], "the planted rebase did not run with the guard off: the test could not see an attack");
+            fs::remove_file(marker_dir.join("rebase-exec")).expect("rm marker");
+        }
+    }
+    let journalled = neutralisations(&env);
+    assert!(journalled.iter().any(|e| e["kind"] == "disabled_rebase_exec" && e["path"] == ".git/rebase-merge/git-rebase-todo"), "{journalled:#?}");
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
 /// Class "the ignored set decided by files the agent controls": the host's
 /// `.env` and `app/secret.key` are isolated in run 1, where the agent
 /// changes what decides the ignored set (routes below; the sticky tests in

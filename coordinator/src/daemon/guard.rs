@@ -465,6 +465,7 @@ fn action_kind(a: &Action) -> &'static str {
         Action::ChangedOwner { .. } => "changed_owner",
         Action::FilteredGitConfig { .. } => "filtered_git_config",
         Action::Quarantined => "quarantined",
+        Action::DisabledRebaseExec { .. } => "disabled_rebase_exec",
     }
 }
 
@@ -641,7 +642,7 @@ mod tests {
         let Event::NeutraliseSandboxWrite { kind, path, found_by, quarantine_id, .. } = journal_event(&n, "s", FoundBy::Event) else { panic!("wrong event") };
         assert_eq!((kind.as_str(), path.as_str(), found_by.as_str(), quarantine_id.as_deref()), ("quarantined", "a/.git/hooks/x", "event", Some("q")));
         // The kind is the engine's serde tag.
-        for a in [Action::Quarantined, Action::RemovedFileCapabilities, Action::ChangedOwner { old_uid: 0, old_gid: 0 }, Action::FilteredGitConfig { dropped_keys: vec![] }, Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 }] {
+        for a in [Action::Quarantined, Action::RemovedFileCapabilities, Action::ChangedOwner { old_uid: 0, old_gid: 0 }, Action::FilteredGitConfig { dropped_keys: vec![] }, Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 }, Action::DisabledRebaseExec { commands: vec![] }] {
             let tag = serde_json::to_value(&a).expect("json")["kind"].as_str().map(String::from);
             assert_eq!(tag.as_deref(), Some(action_kind(&a)));
         }

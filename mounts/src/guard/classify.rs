@@ -35,6 +35,11 @@ pub enum ControlFile {
     HooksDir,
     /// The `info` entry itself: as `hooks`.
     InfoDir,
+    /// `rebase-merge/git-rebase-todo`, an interactive rebase's remaining
+    /// steps: its `exec` lines would run when the developer continues the
+    /// rebase on the host. Checked by sweeps only (the sandbox's own
+    /// rebase runs them inside).
+    RebaseTodo,
 }
 
 /// One candidate reading of a path as a control file.
@@ -78,10 +83,32 @@ pub fn control_candidates(rel: &Path) -> Vec<Candidate> {
         match dir.as_encoded_bytes() {
             b"hooks" if !hook_is_inert(last) => out.push(Candidate { git_dir, kind: ControlFile::Hook }),
             b"info" if last == b"attributes" => out.push(Candidate { git_dir, kind: ControlFile::InfoAttributes }),
+            b"rebase-merge" if last == b"git-rebase-todo" => out.push(Candidate { git_dir, kind: ControlFile::RebaseTodo }),
             _ => {}
         }
     }
     out
+}
+
+/// An interactive rebase's remaining steps, in the git dir.
+pub const REBASE_TODO: &str = "rebase-merge/git-rebase-todo";
+
+/// A rebase todo list with its `exec` steps (`exec CMD`, `x CMD`) turned
+/// into comments, and those steps' commands; `None` when it has none. Git
+/// reads a todo line's first word as the command, after leading blanks.
+pub fn disable_rebase_exec(todo: &[u8]) -> Option<(Vec<u8>, Vec<String>)> {
+    let mut out = Vec::with_capacity(todo.len() + 64);
+    let mut commands = Vec::new();
+    for line in todo.split_inclusive(|b| *b == b'\n') {
+        let body = line.trim_ascii_start();
+        let word_end = body.iter().position(|b| b.is_ascii_whitespace()).unwrap_or(body.len());
+        if matches!(&body[..word_end], b"exec" | b"x") {
+            commands.push(String::from_utf8_lossy(body[word_end..].trim_ascii()).into_owned());
+            out.extend_from_slice(b"# disabled by Lazaret (an exec step the sandbox left): ");
+        }
+        out.extend_from_slice(line);
+    }
+    (!commands.is_empty()).then_some((out, commands))
 }
 
 /// Whether a hook file name is one git never runs (`*.sample`, as `git
@@ -185,6 +212,22 @@ mod tests {
         assert!(!commondir_ok(Path::new(".git/worktrees/w"), "../../../evil/.git"));
         assert!(!commondir_ok(Path::new(".git/worktrees/w"), "/ws/.git"), "absolute values are not git's own");
         assert!(!commondir_ok(Path::new(".git/modules/m"), "../.."));
+    }
+
+    #[test]
+    fn rebase_exec_steps_are_commented_out_and_named() {
+        assert_eq!(kinds(".git/rebase-merge/git-rebase-todo"), vec![(".git".into(), ControlFile::RebaseTodo)]);
+        assert_eq!(kinds(".git/worktrees/w/rebase-merge/git-rebase-todo"), vec![(".git/worktrees/w".into(), ControlFile::RebaseTodo)]);
+        assert!(kinds(".git/rebase-merge/done").is_empty());
+        let todo = b"pick 1234 one\n  exec make test\nx touch /tmp/p\n# exec in a comment\nexecute-not 1\npick 5678 two";
+        let (text, commands) = disable_rebase_exec(todo).expect("exec steps");
+        assert_eq!(commands, ["make test", "touch /tmp/p"]);
+        let text = String::from_utf8(text).expect("utf8");
+        assert_eq!(
+            text,
+            "pick 1234 one\n# disabled by Lazaret (an exec step the sandbox left):   exec make test\n# disabled by Lazaret (an exec step the sandbox left): x touch /tmp/p\n# exec in a comment\nexecute-not 1\npick 5678 two"
+        );
+        assert_eq!(disable_rebase_exec(b"pick 1 a\n# x b\n"), None);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 //!   file, created or renamed in) gets its config reduced to an allowlist
 //!   ([`config_filter`]), its hooks and unexpected control files moved into
 //!   the quarantine ([`classify`] decides what is unexpected);
+//! * a rebase left in progress: a sweep turns the `exec` steps of its todo
+//!   list into comments (continuing it on the host would run them);
 //! * quarantine: [`quarantine`] keeps what was removed, with a JSON record,
 //!   under the Domain Root, and puts it back on explicit request.
 //!
@@ -204,6 +206,12 @@ pub enum Action {
     },
     /// The file (or symlink) was moved into the quarantine.
     Quarantined,
+    /// The `exec` steps of a rebase todo list were turned into comments;
+    /// the original is in the quarantine.
+    DisabledRebaseExec {
+        /// The commands of those steps.
+        commands: Vec<String>,
+    },
 }
 
 impl Neutralisation {
@@ -220,6 +228,7 @@ impl Neutralisation {
                 format!("filtered git config (dropped {})", dropped_keys.join(", "))
             }
             Action::Quarantined => "quarantined".to_owned(),
+            Action::DisabledRebaseExec { commands } => format!("disabled {} exec step(s) of a rebase in progress", commands.len()),
         };
         let id = self.quarantine_id.as_deref().map(|id| format!(" [quarantine {id}]")).unwrap_or_default();
         format!("workspace guard: {}:{path}: {what}: {}{id}", self.root, self.reason)

@@ -296,6 +296,7 @@ impl Engine {
             ("gitdir", ControlFile::Gitdir),
             ("hooks", ControlFile::HooksDir),
             ("info", ControlFile::InfoDir),
+            (classify::REBASE_TODO, ControlFile::RebaseTodo),
         ] {
             self.check_control(root, git_dir, &git_dir.join(name), kind, cause, out);
         }
@@ -400,6 +401,8 @@ impl Engine {
                 self.quarantine(root, rel, parent, name, &st, "info/attributes in a repository the sandbox made or changed", cause, out)
             }
             (ControlFile::Config | ControlFile::ConfigWorktree, _) => self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out),
+            (ControlFile::RebaseTodo, FileKind::Other) => self.quarantine(root, rel, parent, name, &st, "a rebase todo list that is a special file", cause, out),
+            (ControlFile::RebaseTodo, _) => self.disable_rebase_exec(root, rel, parent, name, &st, cause, out),
             // An empty commondir or gitdir is one git has created and not
             // yet written (git's write_file: create, then one write): judged
             // by the write's own event, or by the next sweep. Empty, neither
@@ -413,24 +416,18 @@ impl Engine {
                 Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out),
                 Err(e) => self.error(root, rel, e, out),
             },
-            // In an outside git dir, a linked worktree's back-link names its
-            // work tree's `.git` file, wherever that is (git writes it as
-            // `/work/tree/.git`); nothing is loaded through it. Another value
-            // would only steer `git worktree repair` or `prune`.
-            (ControlFile::Gitdir, _) if self.roots[root].kind == RootKind::GitDir => match read_regular(parent, name, MAX_CONTROL_FILE) {
-                Ok(Some(contents)) if classify::back_link_ok(&String::from_utf8_lossy(&contents)) => {}
-                Ok(None) => {}
-                Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a gitdir back-link that names no work tree's .git", cause, out),
-                Err(e) => self.error(root, rel, e, out),
-            },
+            // A linked worktree's back-link names its work tree's `.git`
+            // file, wherever that is (git writes `/work/tree/.git`); nothing
+            // is loaded through it. Another value would only steer `git
+            // worktree repair` or `prune`.
             (ControlFile::Gitdir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
                 Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
                 Ok(Some(contents)) => {
                     let text = String::from_utf8_lossy(&contents);
                     let value = text.trim_end_matches(['\n', '\r']);
                     let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
-                    if config_filter::workspace_relative(value, location).is_none() {
-                        self.quarantine(root, rel, parent, name, &st, "a gitdir back-link leading outside the workspace", cause, out)
+                    if !classify::back_link_ok(&text) && config_filter::workspace_relative(value, location).is_none() {
+                        self.quarantine(root, rel, parent, name, &st, "a gitdir back-link that names no work tree's .git", cause, out)
                     }
                 }
                 Ok(None) => {}
@@ -484,6 +481,36 @@ impl Engine {
                 dropped.push(format!("{} unreadable line(s)", filtered.skipped_lines));
             }
             return self.record(root, rel, Action::FilteredGitConfig { dropped_keys: dropped }, reason, Some(id), cause, out);
+        }
+    }
+
+    /// A sweep turns the `exec` steps of a rebase todo list that changed
+    /// during the run into comments (the original goes to the quarantine):
+    /// a developer continuing that rebase on the host would run them.
+    /// Events leave it alone: the sandbox's own rebase runs its steps
+    /// inside, and the list only matters once the host's git reads it.
+    #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
+    fn disable_rebase_exec(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+        if cause.pid.is_some() || !self.changed_in_run(st) {
+            return;
+        }
+        let (contents, version) = match read_regular_versioned(parent, name, MAX_CONTROL_FILE) {
+            Ok(Some(read)) => read,
+            Ok(None) => return,
+            Err(MountError::Refused { .. }) => return self.quarantine(root, rel, parent, name, st, "a rebase todo list too large to check", cause, out),
+            Err(e) => return self.error(root, rel, e, out),
+        };
+        let Some((text, commands)) = classify::disable_rebase_exec(&contents) else { return };
+        let temp = format!(".lazaret-guard-{}-todo", std::process::id());
+        match replace_with(self.config.developer, rel, parent, name, &temp, &text, Some(&version)) {
+            Ok(true) => {}
+            Ok(false) => return self.error(root, rel, "changed while it was checked; the next sweep checks it again", out),
+            Err(e) => return self.error(root, rel, e, out),
+        }
+        let reason = "exec steps of a rebase the sandbox left in progress: continuing it on the host would run them";
+        match self.quarantine.keep_copy(&self.roots[root].label, rel, st, &contents, reason) {
+            Ok(id) => self.record(root, rel, Action::DisabledRebaseExec { commands }, reason, Some(id), cause, out),
+            Err(e) => self.error(root, rel, format!("disabled, but the original could not be kept: {e}"), out),
         }
     }
 

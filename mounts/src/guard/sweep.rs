@@ -76,6 +76,11 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
             seen += 1;
             let child = rel.join(name);
             if engine.protected(root, &child) {
+                // Still a mark of a git dir (a registered worktree's
+                // gitdir has its `commondir` protected).
+                if name.as_encoded_bytes() == b"commondir" {
+                    git_markers.1 = true;
+                }
                 continue;
             }
             let st = match nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
