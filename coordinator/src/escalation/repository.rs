@@ -102,7 +102,7 @@ mod tests {
     fn an_unprotected_git_file_or_a_workspace_without_one_is_refused() {
         let ws = layout(&[("", DotGitEntry::Directory), ("wt", DotGitEntry::File)]);
         assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &ws).is_err(), "a gitdir file made in the run");
-        assert!(protected_repository(Path::new("a"), &[], &layout(&[])).is_err());
+        assert!(protected_repository(Path::new("a"), &[], layout(&[])).is_err());
     }
 
     #[test]
