@@ -330,12 +330,17 @@ fn a_sessions_requests_in_a_row_and_at_once_all_complete() {
 fn host_commands_run_only_in_repositories_protected_since_the_start() {
     let host = HostDir::new();
     let marker = host.arg("fsmonitor-ran");
-    let rules = [Rule::new("status", &["git", "status", "--short"]), Rule::new("git-dir", &["git", "rev-parse", "--git-dir"])];
+    let rules = [
+        Rule::new("status", &["git", "status", "--short"]),
+        Rule::new("status-in-made", &["git", "-C", "made", "status", "--short"]),
+        Rule::new("git-dir", &["git", "rev-parse", "--git-dir"]),
+    ];
     let env = esc_env("", &rules_toml(&rules));
     let script = format!(
         "mkdir -p made/.git/objects made/.git/refs plain/deep; echo 'ref: refs/heads/main' > made/.git/HEAD; \
          printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n' > made/.git/config; \
          lazaret-escalate --cwd made -- git status --short; echo made=$?; \
+         lazaret-escalate -- git -C made status --short; echo dash-c=$?; \
          lazaret-escalate --cwd plain/deep -- git status --short >/dev/null; echo plain=$?; \
          lazaret-escalate -- git rev-parse --git-dir; echo git-dir=$?"
     );
@@ -344,6 +349,7 @@ fn host_commands_run_only_in_repositories_protected_since_the_start() {
     let stderr = text(&out.stderr);
     assert_eq!(field(&stdout, "made"), FAILED.to_string(), "a repository made in the run: {stderr}");
     assert!(stderr.contains("made/.git, which was made during this run"), "the reason names the repository: {stderr}");
+    assert_eq!(field(&stdout, "dash-c"), FAILED.to_string(), "git -C into a repository made in the run: {stderr}");
     assert!(!host.file("fsmonitor-ran").exists(), "the host's git ran the agent's core.fsmonitor");
     assert_eq!(field(&stdout, "plain"), "0", "a plain directory of the protected workspace repository: {stderr}");
     assert_eq!(field(&stdout, "git-dir"), "0", "{stderr}");

@@ -706,7 +706,23 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         Ok(fd) => fd,
         Err(e) => return fail(format!("the working directory {}: {e}", host_dir(d.ctx.workspace.root(), rel).display())),
     };
-    let repository = match protected_repository(d.ctx.workspace.root(), rel, &esc.protected) {
+    // Git run directly starts where its `-C` options lead; that directory
+    // too must be reachable without a symlink.
+    let runs_git = repository::runs_git(&approved.argv);
+    let git_dir = if runs_git {
+        match repository::git_start_dir(&approved.argv, rel, d.ctx.workspace.root()) {
+            Ok(dir) => dir,
+            Err(reason) => return fail(reason),
+        }
+    } else {
+        rel.to_path_buf()
+    };
+    if git_dir != rel {
+        if let Err(e) = open_workspace_dir(d.ctx.workspace.root(), &git_dir) {
+            return fail(format!("git's directory {}: {e}", host_dir(d.ctx.workspace.root(), &git_dir).display()));
+        }
+    }
+    let repository = match protected_repository(d.ctx.workspace.root(), &git_dir, &esc.protected) {
         Ok(worktree) => worktree,
         Err(reason) => return fail(reason),
     };
@@ -714,7 +730,7 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
     let user = HostUser { name: &developer.name, home: &developer.home, shell: &developer.shell };
     let rule_env = approved.rule.map(|r| r.env.as_slice()).unwrap_or(&[]);
     let mut env = host_environment(&user, &link.host_env, rule_env);
-    if repository::runs_git(&approved.argv) {
+    if runs_git {
         let pinned = repository::pinned_git_env(&host_dir(d.ctx.workspace.root(), &repository));
         env.retain(|(k, _)| !pinned.iter().any(|(p, _)| p == k));
         env.extend(pinned);

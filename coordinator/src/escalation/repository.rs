@@ -56,6 +56,64 @@ pub fn protected_repository(cwd: &Path, protected: &[PathBuf], dot_git: impl Fn(
     Err("no repository holds the working directory".into())
 }
 
+/// Where `git` (argv[0]) starts looking for its repository, workspace-
+/// relative: `cwd` with each leading `-C DIR` applied, as git does (an
+/// absolute DIR must lie in the workspace, whose path is the same inside
+/// and on the host). Options that pick the repository some other way
+/// (`--git-dir`, `--work-tree`, `--bare`) are refused: Lazaret pins it.
+pub fn git_start_dir(argv: &[String], cwd: &Path, workspace: &Path) -> Result<PathBuf, String> {
+    // Global options that take the next argument when not written `--opt=VALUE`.
+    const WITH_VALUE: &[&str] = &["-C", "-c", "--namespace", "--config-env", "--super-prefix"];
+    let mut dir = cwd.to_path_buf();
+    let mut args = argv.iter().skip(1);
+    while let Some(arg) = args.next() {
+        let name = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
+        match name {
+            "--git-dir" | "--work-tree" | "--bare" => {
+                return Err(format!("`{name}` picks the repository itself; Lazaret runs git only in the repository that holds the working directory (drop it, or use --cwd)"));
+            }
+            "-C" => {
+                let Some(value) = args.next() else { return Ok(dir) };
+                if value.is_empty() {
+                    continue; // git ignores `-C ""`
+                }
+                let next = Path::new(value);
+                let joined = if next.is_absolute() {
+                    next.strip_prefix(workspace).map(Path::to_path_buf).map_err(|_| format!("`-C {}` leaves the workspace", lazaret_protocol::display::escaped_str(value)))?
+                } else {
+                    dir.join(next)
+                };
+                dir = normalize(&joined).ok_or_else(|| format!("`-C {}` leaves the workspace", lazaret_protocol::display::escaped_str(value)))?;
+            }
+            _ if WITH_VALUE.contains(&arg.as_str()) => {
+                args.next();
+            }
+            _ if arg.starts_with('-') => {}
+            _ => break, // the subcommand
+        }
+    }
+    Ok(dir)
+}
+
+/// `path` (relative) with `.` and `..` resolved lexically; `None` if it
+/// climbs above its start.
+fn normalize(path: &Path) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for component in path.components() {
+        match component {
+            std::path::Component::Normal(name) => out.push(name),
+            std::path::Component::CurDir => {}
+            std::path::Component::ParentDir => {
+                if !out.pop() {
+                    return None;
+                }
+            }
+            std::path::Component::RootDir | std::path::Component::Prefix(_) => return None,
+        }
+    }
+    Some(out)
+}
+
 /// Whether `argv` runs git itself (`git`, or a path ending in `/git`): such
 /// a command gets its repository pinned.
 pub fn runs_git(argv: &[String]) -> bool {
@@ -103,6 +161,24 @@ mod tests {
         let ws = layout(&[("", DotGitEntry::Directory), ("wt", DotGitEntry::File)]);
         assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &ws).is_err(), "a gitdir file made in the run");
         assert!(protected_repository(Path::new("a"), &[], layout(&[])).is_err());
+    }
+
+    #[test]
+    fn git_starts_where_its_dash_c_options_lead_and_never_picks_its_own_repository() {
+        let argv = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let ws = Path::new("/home/d/p");
+        let start = |a: &[&str], cwd: &str| git_start_dir(&argv(a), Path::new(cwd), ws);
+        assert_eq!(start(&["git", "fetch"], "src"), Ok(PathBuf::from("src")));
+        assert_eq!(start(&["git", "-C", "made", "push"], ""), Ok(PathBuf::from("made")));
+        assert_eq!(start(&["git", "-C", "a", "-C", "../b", "-c", "x.y=z", "--no-pager", "status"], "src"), Ok(PathBuf::from("src/b")));
+        assert_eq!(start(&["git", "-C", "/home/d/p/lib", "status"], "src"), Ok(PathBuf::from("lib")));
+        assert_eq!(start(&["git", "-C", "", "status"], "src"), Ok(PathBuf::from("src")));
+        assert_eq!(start(&["git", "status", "-C", "x"], "src"), Ok(PathBuf::from("src")), "after the subcommand, -C is the subcommand's");
+        assert!(start(&["git", "-C", "/etc", "status"], "").is_err());
+        assert!(start(&["git", "-C", "../..", "status"], "src").is_err());
+        for picks in [&["git", "--git-dir=made/.git", "fetch"][..], &["git", "--git-dir", "made/.git", "fetch"], &["git", "--work-tree=x", "status"], &["git", "--bare", "fetch"]] {
+            assert!(start(picks, "").expect_err("refused").contains("Lazaret runs git only"), "{picks:?}");
+        }
     }
 
     #[test]
