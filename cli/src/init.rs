@@ -7,9 +7,10 @@
 //! directory it creates are theirs, permission checks are theirs, and a
 //! symlink in their home can lead nowhere they could not write themselves.
 //! An existing file is never replaced without `--force`, which keeps it as
-//! `FILE.bak`. The agents' state directories the profiles' volumes name
-//! (`~/.claude`, ...) are created too (0700) when missing: a volume's host
-//! path must exist.
+//! `FILE.bak`. The agents' own state directories on the host (`~/.claude`,
+//! ...) are not shared with their sandboxes: the template's `volumes` lines
+//! that would share them are comments (an agent that can write them can make
+//! the developer's unsandboxed CLI run its commands).
 
 use std::io::Write as _;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -20,10 +21,10 @@ use anyhow::{Context as _, Result, bail};
 use lazaret_coordinator::config::{self, Config};
 use lazaret_coordinator::identity::Developer;
 
-/// The template. Its volumes are written `~/X:~/X`: the developer's `~/X`
-/// bound at the agent's home inside the sandbox, so the file names no user
-/// and suits whoever runs it (the coordinator resolves the sandbox side for
-/// the agent of each run).
+/// The template. Its (commented) volumes are written `~/X:~/X`: the
+/// developer's `~/X` bound at the agent's home inside the sandbox, so the
+/// file names no user and suits whoever runs it (the coordinator resolves
+/// the sandbox side for the agent of each run).
 pub const TEMPLATE: &str = include_str!("init-template.toml");
 
 /// Runs `lazaret init`.
@@ -41,14 +42,10 @@ pub fn init(config: Option<PathBuf>, path: Option<PathBuf>, force: bool) -> Resu
     let parsed = Config::parse(text, &target, &developer.home).map_err(|e| anyhow::anyhow!("the built-in template does not parse (a bug): {e}"))?;
     let _as_developer = FsIds::switch_to(&developer)?;
     let backup = write_new(&target, text.as_bytes(), force)?;
-    let created = create_state_dirs(&parsed);
     drop(_as_developer);
     println!("wrote {} (profiles: {})", target.display(), parsed.profiles.keys().cloned().collect::<Vec<_>>().join(", "));
     if let Some(b) = backup {
         println!("kept the previous file as {}", b.display());
-    }
-    for dir in created {
-        println!("created {} (the agent's state directory, bound into its sandbox)", dir.display());
     }
     println!("check it with `lazaret config check`; start with `lazaret run` (profile {}) or `lazaret run claude`", parsed.default_profile.as_deref().unwrap_or("shell"));
     Ok(ExitCode::SUCCESS)
@@ -117,27 +114,6 @@ fn create_dirs(dir: &Path) -> Result<()> {
     }
 }
 
-/// Creates the missing host directories of the profiles' volumes (0700,
-/// as the developer); returns those it created. A failure is only warned
-/// about: `lazaret run` names a missing volume itself.
-fn create_state_dirs(config: &Config) -> Vec<PathBuf> {
-    let mut created = Vec::new();
-    for volume in config.profiles.values().flat_map(|p| &p.volumes) {
-        let dir = &volume.host;
-        if std::fs::symlink_metadata(dir).is_ok() {
-            continue;
-        }
-        let made = dir.parent().map_or(Ok(()), create_dirs).and_then(|()| {
-            std::fs::DirBuilder::new().mode(0o700).create(dir).with_context(|| format!("creating {}", dir.display()))
-        });
-        match made {
-            Ok(()) => created.push(dir.clone()),
-            Err(e) => eprintln!("lazaret: warning: {e:#}"),
-        }
-    }
-    created
-}
-
 /// This thread's filesystem uid and gid switched to the developer's while
 /// it lives (a no-op when they are ours already): files are created as
 /// theirs and access is checked as theirs.
@@ -179,6 +155,16 @@ mod tests {
 
     use lazaret_coordinator::config::SandboxPath;
 
+    /// The template with its commented `volumes` lines (the opt-in to share
+    /// the host state directories) uncommented.
+    fn with_shared_state() -> String {
+        TEMPLATE
+            .lines()
+            .map(|l| l.strip_prefix("# volumes = ").map_or(l.to_string(), |rest| format!("volumes = {}", rest.split("   #").next().unwrap_or(rest))))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
     #[test]
     fn the_template_parses_with_every_agent_profile_installing_its_cli() {
         let config = Config::parse(TEMPLATE, Path::new("/home/alice/.config/lazaret/config.toml"), Path::new("/home/alice")).expect("the template parses");
@@ -192,7 +178,14 @@ mod tests {
             assert_eq!(p.setup.last().map(|s| s.join(" ")), Some(format!("npm install -g {package}")), "{name}");
             assert!(p.setup.iter().any(|s| s.contains(&"nodejs".to_string()) && s.contains(&"npm".to_string())), "{name}");
             assert!(p.env.values().any(|v| v.to_string().starts_with("env:")), "{name}: an API key from the environment");
-            assert!(!p.volumes.is_empty(), "{name}");
+            assert!(p.volumes.is_empty(), "{name}: the developer's own state directory is not shared unless they say so");
+        }
+        // Uncommented, each agent profile's volumes line shares exactly the
+        // agent's state directory, at the same place below both homes.
+        let shared = Config::parse(&with_shared_state(), Path::new("/x.toml"), Path::new("/home/alice")).expect("the opt-in parses");
+        for (name, _) in packages {
+            let p = &shared.profiles[name];
+            assert!(!p.volumes.is_empty(), "{name}: no commented volumes line");
             for v in &p.volumes {
                 let SandboxPath::AgentHome(rel) = &v.sandbox else { panic!("{name}: {v} is not below the agent's home") };
                 assert!(v.host.starts_with("/home/alice/.") && rel.to_string_lossy().starts_with('.'), "{name}: {v}");
@@ -212,7 +205,7 @@ mod tests {
         assert!(TEMPLATE.contains("\"~/.claude:~/.claude\""));
         // Parsed for two developers, the volumes differ only on the host
         // side; the sandbox side is the agent's home for each.
-        let parse = |home: &str| Config::parse(TEMPLATE, Path::new("/x.toml"), Path::new(home)).expect("parse");
+        let parse = |home: &str| Config::parse(&with_shared_state(), Path::new("/x.toml"), Path::new(home)).expect("parse");
         let (alice, bob) = (parse("/home/alice"), parse("/home/bob"));
         for (name, a) in &alice.profiles {
             let b = &bob.profiles[name];

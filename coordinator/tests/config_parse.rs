@@ -198,13 +198,7 @@ fn example_config_in_docs_is_valid() {
         assert!(!profile.setup.is_empty(), "{agent} installs its CLI through setup");
         assert_eq!(profile.persistent_dirs.len(), 5);
         assert_eq!(profile.allow_egress[0].to_string(), "10.222.0.0/16");
-        assert!(!profile.volumes.is_empty());
-        assert!(
-            profile
-                .volumes
-                .iter()
-                .all(|v| v.host.starts_with("/home/dev"))
-        );
+        assert!(profile.volumes.is_empty(), "{agent}: the host's state directory is shared only by a commented line");
     }
     assert_eq!(config.profile("shell").unwrap().image, "debian-bookworm");
     // opencode needs one provider key; an unset `env:` variable is an error.

@@ -56,19 +56,10 @@ fn init_writes_a_configuration_that_config_check_accepts_as_the_developer_and_ne
     let scratch = Scratch::new(user);
     let target = scratch.home.join(".config/lazaret/config.toml");
     let target_text = target.to_string_lossy().into_owned();
-    // init creates the agents' state directories in the developer's real
-    // home (from the password database): remove those it made afterwards.
+    // The agents' state directories in the developer's real home (from the
+    // password database) are not init's to create: they are not shared.
     let dev_home = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(user.0)).ok().flatten().expect("test user").dir;
-    let created_by_test = missing_state_dirs(&dev_home);
-    struct Cleanup(Vec<PathBuf>);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            for d in self.0.iter().rev() {
-                let _ = std::fs::remove_dir(d);
-            }
-        }
-    }
-    let _cleanup = Cleanup(created_by_test.clone());
+    let missing_before = missing_state_dirs(&dev_home);
 
     let out = lazaret(&["init", &target_text], Some(user));
     assert!(out.status.success(), "init failed: {}", text(&out.stderr));
@@ -79,13 +70,12 @@ fn init_writes_a_configuration_that_config_check_accepts_as_the_developer_and_ne
         let m = std::fs::metadata(&dir).expect("parent created");
         assert_eq!((m.uid(), m.mode() & 0o022), (user.0, 0), "{} is the developer's and not writable by others", dir.display());
     }
-    for dir in &created_by_test {
-        let m = std::fs::metadata(dir).unwrap_or_else(|e| panic!("{} not created: {e}", dir.display()));
-        assert_eq!((m.uid(), m.mode() & 0o777), (user.0, 0o700), "{}", dir.display());
-    }
+    assert_eq!(missing_state_dirs(&dev_home), missing_before, "init made an agent's state directory");
     let text_written = std::fs::read_to_string(&target).expect("read");
-    // The volumes name the agent's home as `~/`, not any user's path.
-    assert!(text_written.contains("\"~/.claude:~/.claude\""), "{text_written}");
+    // The host state directories are shared only by a commented line,
+    // which names the agent's home as `~/`, not any user's path.
+    assert!(text_written.contains("# volumes = [\"~/.claude:~/.claude\"]"), "{text_written}");
+    assert!(!text_written.lines().any(|l| l.trim_start().starts_with("volumes")), "a volume shared by default: {text_written}");
     assert!(!text_written.lines().any(|l| !l.trim_start().starts_with('#') && l.contains(&format!("/home/{TEST_USER}"))), "{text_written}");
 
     // `lazaret config check` (as the developer would run it, under sudo) accepts it.
