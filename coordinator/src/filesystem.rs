@@ -100,6 +100,14 @@ pub fn assemble(
         .collect();
     let protected = [ctx.config.storage_root.clone(), ctx.paths.runtime_dir.clone()];
     volumes::validate_volumes(&vols, &ctx.config.file, &sentry_host, &sentry_sandbox, &protected)?;
+    for v in vols.iter().filter(|v| !v.readonly) {
+        if let Some(tool) = agent_state_dir(&v.host, &ctx.developer.home) {
+            eprintln!(
+                "lazaret: warning: the volume {} shares your own {tool} state read-write: the agent can add hooks, MCP servers or commands there that {tool} then runs on your host, outside any sandbox (make it `:ro` or remove it)",
+                lazaret_protocol::display::escaped_str(&v.written)
+            );
+        }
+    }
     let staging = make_dir(run_dir.staging())?;
     let assembled = plan::assemble(&workspace_plan, &staging)?;
     mounted.extend(assembled.staged.iter().cloned());
@@ -113,6 +121,23 @@ pub fn assemble(
         }
     }
     Ok((binds, workspace_plan.sentry.outside_git_dirs.clone()))
+}
+
+/// The agent CLI whose own state directory (where it takes settings that
+/// name commands to run: hooks, MCP servers, notify programs) `host` is or
+/// lies in, for a developer whose home is `home`.
+fn agent_state_dir(host: &Path, home: &Path) -> Option<&'static str> {
+    const STATE_DIRS: &[(&str, &str)] = &[
+        (".claude", "Claude Code"),
+        (".codex", "Codex"),
+        (".gemini", "Gemini CLI"),
+        (".grok", "Grok CLI"),
+        (".config/opencode", "opencode"),
+        (".local/share/opencode", "opencode"),
+    ];
+    let rel = host.strip_prefix(home).ok()?;
+    // The volume is in the state directory, is it, or holds it.
+    STATE_DIRS.iter().find(|(dir, _)| rel.starts_with(dir) || Path::new(dir).starts_with(rel)).map(|(_, tool)| *tool)
 }
 
 /// Tells the developer which paths are isolated only because an earlier
@@ -166,4 +191,23 @@ pub fn reset_isolation(config: Option<&Path>, profile: Option<&str>, dir: &Path)
     let record_file = IsolationRecord::file(&domain_root);
     let outcome = if domain_root.exists() { ignored_state::reset_isolation(&domain_root)? } else { RecordReset::Absent };
     Ok(IsolationReset { record_file, outcome })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn volumes_of_an_agents_own_state_are_named() {
+        let home = Path::new("/home/dev");
+        let tool = |p: &str| agent_state_dir(Path::new(p), home);
+        assert_eq!(tool("/home/dev/.claude"), Some("Claude Code"));
+        assert_eq!(tool("/home/dev/.claude/projects"), Some("Claude Code"));
+        assert_eq!(tool("/home/dev/.config"), Some("opencode"), "a volume holding the state directory");
+        assert_eq!(tool("/home/dev"), Some("Claude Code"), "the whole home holds them all");
+        assert_eq!(tool("/home/dev/.codex"), Some("Codex"));
+        assert_eq!(tool("/home/dev/.claudex"), None);
+        assert_eq!(tool("/home/dev/src/data"), None);
+        assert_eq!(tool("/srv/.claude"), None, "not the developer's");
+    }
 }
