@@ -29,7 +29,8 @@
 //!   paths and start time, because Git Sentry would otherwise adopt a
 //!   repository the agent made in that run as the developer's own.
 //!
-//! Test hook, for benchmarks only: with `LAZARET_TEST_HOOKS=1` and
+//! Test hook, for the benchmark and the tests that show an attack works
+//! without the guard: with `LAZARET_TEST_HOOKS=1` and
 //! `LAZARET_TEST_GUARD=off` in the launcher's environment the Domain runs
 //! without the guard, and says so in its log and on the launcher's
 //! terminal. Nothing inside the sandbox can set these.
