@@ -17,6 +17,8 @@
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
+use lazaret_mounts::guard::classify::lexical_join;
+
 /// What a directory's `.git` entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DotGitEntry {
@@ -77,13 +79,15 @@ pub fn git_start_dir(argv: &[String], cwd: &Path, workspace: &Path) -> Result<Pa
                 if value.is_empty() {
                     continue; // git ignores `-C ""`
                 }
+                let leaves = || format!("`-C {}` leaves the workspace", lazaret_protocol::display::escaped_str(value));
                 let next = Path::new(value);
-                let joined = if next.is_absolute() {
-                    next.strip_prefix(workspace).map(Path::to_path_buf).map_err(|_| format!("`-C {}` leaves the workspace", lazaret_protocol::display::escaped_str(value)))?
+                dir = if next.is_absolute() {
+                    let inside = next.strip_prefix(workspace).map_err(|_| leaves())?;
+                    lexical_join(Path::new(""), inside)
                 } else {
-                    dir.join(next)
-                };
-                dir = normalize(&joined).ok_or_else(|| format!("`-C {}` leaves the workspace", lazaret_protocol::display::escaped_str(value)))?;
+                    lexical_join(&dir, next)
+                }
+                .ok_or_else(leaves)?;
             }
             _ if WITH_VALUE.contains(&arg.as_str()) => {
                 args.next();
@@ -93,25 +97,6 @@ pub fn git_start_dir(argv: &[String], cwd: &Path, workspace: &Path) -> Result<Pa
         }
     }
     Ok(dir)
-}
-
-/// `path` (relative) with `.` and `..` resolved lexically; `None` if it
-/// climbs above its start.
-fn normalize(path: &Path) -> Option<PathBuf> {
-    let mut out = PathBuf::new();
-    for component in path.components() {
-        match component {
-            std::path::Component::Normal(name) => out.push(name),
-            std::path::Component::CurDir => {}
-            std::path::Component::ParentDir => {
-                if !out.pop() {
-                    return None;
-                }
-            }
-            std::path::Component::RootDir | std::path::Component::Prefix(_) => return None,
-        }
-    }
-    Some(out)
 }
 
 /// Whether `argv` runs git itself (`git`, or a path ending in `/git`): such
