@@ -75,12 +75,15 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
         for name in &names {
             seen += 1;
             let child = rel.join(name);
+            // Marks of a git dir by name count even when Git Sentry protects
+            // the entry (a registered worktree's gitdir has its `commondir`
+            // protected).
+            match name.as_encoded_bytes() {
+                b"HEAD" => git_markers.0 = true,
+                b"commondir" => git_markers.1 = true,
+                _ => {}
+            }
             if engine.protected(root, &child) {
-                // Still a mark of a git dir (a registered worktree's
-                // gitdir has its `commondir` protected).
-                if name.as_encoded_bytes() == b"commondir" {
-                    git_markers.1 = true;
-                }
                 continue;
             }
             let st = match nix::sys::stat::fstatat(&dir, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW) {
@@ -96,8 +99,6 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
                 engine.fix_entry(root, &child, dir.as_fd(), name, &st, cause, out);
             }
             match name.as_encoded_bytes() {
-                b"HEAD" => git_markers.0 = true,
-                b"commondir" => git_markers.1 = true,
                 b"objects" => git_markers.2 = kind == FileKind::Directory,
                 b"refs" => git_markers.3 = kind == FileKind::Directory,
                 b".git" if git_control && kind != FileKind::Directory => engine.check_dot_git(root, &child, cause, out),
