@@ -58,6 +58,7 @@
 //! rule-approved request thus waits for one fsync, not five.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, BorrowedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -702,7 +703,13 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
             lost(link)
         }
     };
-    let cwd = match open_workspace_dir(d.ctx.workspace.root(), rel) {
+    // The workspace root, opened once: the working directory, git's
+    // directory and each `.git` on the way are resolved beneath it.
+    let root = match lazaret_mounts::safe_path::open_root_dir(d.ctx.workspace.root()) {
+        Ok(fd) => fd,
+        Err(e) => return fail(format!("the workspace {}: {e}", d.ctx.workspace.root().display())),
+    };
+    let cwd = match open_workspace_dir(root.as_fd(), rel) {
         Ok(fd) => fd,
         Err(e) => return fail(format!("the working directory {}: {e}", host_dir(d.ctx.workspace.root(), rel).display())),
     };
@@ -718,11 +725,11 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         rel.to_path_buf()
     };
     if git_dir != rel {
-        if let Err(e) = open_workspace_dir(d.ctx.workspace.root(), &git_dir) {
+        if let Err(e) = open_workspace_dir(root.as_fd(), &git_dir) {
             return fail(format!("git's directory {}: {e}", host_dir(d.ctx.workspace.root(), &git_dir).display()));
         }
     }
-    let repository = match protected_repository(d.ctx.workspace.root(), &git_dir, &esc.protected) {
+    let repository = match protected_repository(root.as_fd(), &git_dir, &esc.protected) {
         Ok(worktree) => worktree,
         Err(reason) => return fail(reason),
     };
@@ -816,12 +823,10 @@ fn host_dir(root: &Path, rel: &Path) -> PathBuf {
 /// `rel` would run git in, if Git Sentry protects it
 /// ([`repository::protected_repository`]); each `.git` on the way is
 /// looked at fd-relatively, never through a symlink.
-fn protected_repository(root: &Path, rel: &Path, protected: &[PathBuf]) -> Result<PathBuf, String> {
+fn protected_repository(root: BorrowedFd<'_>, rel: &Path, protected: &[PathBuf]) -> Result<PathBuf, String> {
     use lazaret_mounts::repo::DotGit;
     use repository::DotGitEntry;
-    use std::os::fd::AsFd;
-    let root_fd = lazaret_mounts::safe_path::open_root_dir(root).map_err(|e| format!("the workspace: {e}"))?;
-    repository::protected_repository(rel, protected, |dir| match lazaret_mounts::repo::read_dot_git(root_fd.as_fd(), dir) {
+    repository::protected_repository(rel, protected, |dir| match lazaret_mounts::repo::read_dot_git(root, dir) {
         Ok(DotGit::Missing) => DotGitEntry::Missing,
         Ok(DotGit::Directory(_)) => DotGitEntry::Directory,
         Ok(DotGit::GitdirFile(_)) => DotGitEntry::File,
@@ -829,15 +834,13 @@ fn protected_repository(root: &Path, rel: &Path, protected: &[PathBuf]) -> Resul
     })
 }
 
-/// Opens the request's directory beneath the workspace root without
-/// following any symlink (the workspace is the agent's).
-fn open_workspace_dir(root: &Path, rel: &Path) -> Result<std::os::fd::OwnedFd, lazaret_mounts::MountError> {
-    let root_fd = lazaret_mounts::safe_path::open_root_dir(root)?;
+/// Opens the request's directory beneath the workspace root (`root`)
+/// without following any symlink (the workspace is the agent's).
+fn open_workspace_dir(root: BorrowedFd<'_>, rel: &Path) -> Result<std::os::fd::OwnedFd, String> {
     if rel.as_os_str().is_empty() {
-        return Ok(root_fd);
+        return root.try_clone_to_owned().map_err(|e| e.to_string());
     }
-    use std::os::fd::AsFd;
-    lazaret_mounts::safe_path::open_dir_beneath(root_fd.as_fd(), rel)
+    lazaret_mounts::safe_path::open_dir_beneath(root, rel).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
