@@ -26,7 +26,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    Capability, LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace,
+    LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace,
     LinuxNamespaceType, LinuxPids, LinuxResources, Mount, PosixRlimit, PosixRlimitBuilder,
     PosixRlimitType, Process, Root, Spec, User,
 };
@@ -83,6 +83,9 @@ pub struct BundleSpec {
 /// A bind mount from the host into the container (the one type shared with
 /// `lazaret_mounts`, defined in `lazaret_protocol::mount`).
 pub use lazaret_protocol::mount::BindMount;
+
+/// A Linux capability, as [`CapabilityPolicy::Explicit`] lists them.
+pub use oci_spec::runtime::Capability;
 
 /// Which capabilities the container process holds.
 #[derive(Debug, Clone, PartialEq, Eq)]

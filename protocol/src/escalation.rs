@@ -231,6 +231,13 @@ pub enum Outcome {
         /// Why.
         reason: String,
     },
+    /// The session's escalation broker could not carry the request to the
+    /// coordinator (it cannot reach it, TLS failed); only the broker sends
+    /// this, never the coordinator.
+    Unavailable {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl Outcome {
@@ -242,7 +249,7 @@ impl Outcome {
             Outcome::TimedOut => exit::TIMED_OUT,
             Outcome::Cancelled => exit::CANCELLED,
             Outcome::Failed { .. } => exit::FAILED,
-            Outcome::Refused { .. } => exit::UNAVAILABLE,
+            Outcome::Refused { .. } | Outcome::Unavailable { .. } => exit::UNAVAILABLE,
         }
     }
 }
@@ -472,5 +479,8 @@ mod tests {
         codes.dedup();
         assert_eq!(codes.len(), n, "exit codes collide: {codes:?}");
         assert_eq!(Outcome::Completed { exit_status: 42 }.exit_code(), 42);
+        // The broker's own failure reads as Lazaret being unavailable, like
+        // a refusal before acceptance.
+        assert_eq!(Outcome::Unavailable { reason: String::new() }.exit_code(), exit::UNAVAILABLE);
     }
 }

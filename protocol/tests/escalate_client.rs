@@ -1,22 +1,29 @@
 //! `lazaret-escalate` against an in-process stand-in for the coordinator: a
 //! rustls TLS 1.3 server with client authentication, speaking the escalation
 //! channel, in a network namespace each test makes for itself (so nothing
-//! leaves it). Needs root for the namespace; the tests that need no network
-//! (usage, missing environment) run without.
+//! leaves it). The client runs, as in a sandbox, under
+//! `lazaret-session-init`, its session's broker, which gets the session's
+//! credentials on its descriptor `session::CREDENTIALS_FD` and makes the
+//! TLS connection. Needs root for the namespace; the tests that need no
+//! network (usage, missing environment) run without.
 //!
 //! Run: `cargo test -p lazaret-protocol --features client --test escalate_client`
 
-use std::io::Read;
+use std::io::{BufRead, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
+use std::os::unix::process::CommandExt;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::escalation::{
-    ClientFrame, ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION, EscalationRequest, EscalationResult,
-    Outcome, ServerFrame, exit, read_client, write_server,
+    ClientFrame, ESCALATION_VERSION, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_client,
+    write_server,
 };
+use lazaret_protocol::session::{CREDENTIALS_FD, ENV_BROKER, SessionCredentials};
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
     KeyUsagePurpose,
@@ -26,6 +33,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
 
 const BIN: &str = env!("CARGO_BIN_EXE_lazaret-escalate");
+const SESSION_INIT: &str = env!("CARGO_BIN_EXE_lazaret-session-init");
 /// No single client run in these tests may take longer.
 const CLIENT_LIMIT: Duration = Duration::from_secs(30);
 
@@ -163,26 +171,43 @@ fn serve<T: Send + 'static>(
     (addr, handle)
 }
 
-/// The escalation environment of a session whose coordinator is at `addr`.
-fn session_env(pki: &Pki, addr: SocketAddr) -> [(&'static str, String); 4] {
-    [
-        (ENV_ADDR, addr.to_string()),
-        (ENV_CA, pki.domain_ca.pem.clone()),
-        (ENV_CERT, pki.client_cert_pem.clone()),
-        (ENV_KEY, pki.client_key_pem.clone()),
-    ]
+/// The credentials of a session whose coordinator is at `addr`, on a
+/// socket whose other end has them all (as the coordinator passes them).
+fn credentials_socket(pki: &Pki, addr: SocketAddr) -> OwnedFd {
+    let credentials = SessionCredentials {
+        addr: addr.to_string(),
+        ca: pki.domain_ca.pem.clone(),
+        cert: pki.client_cert_pem.clone(),
+        key: pki.client_key_pem.clone(),
+    };
+    let (mut ours, theirs) = UnixStream::pair().expect("socketpair");
+    ours.write_all(&serde_json::to_vec(&credentials).expect("json")).expect("writing the credentials");
+    theirs.into()
 }
 
-/// `program args`, with only the session's environment, in `/`.
+/// `program args` as a session's agent: under `lazaret-session-init` with
+/// the session's credentials, with no other environment, in `/`.
 fn command_in_session(pki: &Pki, addr: SocketAddr, program: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(program);
-    cmd.args(args)
+    let credentials = credentials_socket(pki, addr);
+    let mut cmd = Command::new(SESSION_INIT);
+    cmd.args(["--credentials", "--"])
+        .arg(program)
+        .args(args)
         .env_clear()
-        .envs(session_env(pki, addr))
         .current_dir("/")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    // SAFETY: dup2 is async-signal-safe and touches only descriptors; the
+    // socket stays open in this closure until the Command is dropped.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::dup2(credentials.as_raw_fd(), CREDENTIALS_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
     cmd
 }
 
@@ -593,17 +618,56 @@ fn missing_environment_is_unavailable() {
     let out = run(Command::new(BIN).args(["--", "git", "push"]).env_clear().stdout(Stdio::piped()).stderr(Stdio::piped()));
     assert_eq!(
         stderr(&out),
-        "lazaret-escalate: unavailable: not inside a Lazaret session (LAZARET_ESCALATE_ADDR is not set)\n"
+        "lazaret-escalate: unavailable: not inside a Lazaret session (LAZARET_ESCALATE_SOCKET is not set)\n"
     );
     assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
-    let out = run(Command::new(BIN)
-        .args(["--", "git", "push"])
-        .env_clear()
-        .env(ENV_ADDR, "10.0.0.1:7418")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped()));
-    assert_eq!(stderr(&out), "lazaret-escalate: unavailable: not inside a Lazaret session (LAZARET_ESCALATE_CA is not set)\n");
-    assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
+    let nobody = format!("@lazaret-escalate/nobody-{}", std::process::id());
+    for (value, says) in [(nobody.as_str(), "cannot reach this session's escalation broker: "), ("/tmp/x", "LAZARET_ESCALATE_SOCKET is not an abstract socket name")] {
+        let out = run(Command::new(BIN)
+            .args(["--", "git", "push"])
+            .env_clear()
+            .env(ENV_BROKER, value)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()));
+        let err = stderr(&out);
+        assert!(err.starts_with(&format!("lazaret-escalate: unavailable: {says}")) && err.lines().count() == 1, "{value}: {err}");
+        assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
+    }
+}
+
+/// A process that is not of the broker's session (here: not a descendant
+/// of its `lazaret-session-init`) is refused, and the coordinator never
+/// hears of it; the session's own process is served.
+#[test]
+fn the_broker_serves_only_its_own_sessions_processes() {
+    let pki = pki(None);
+    in_netns(|| {
+        let outsider_port = TcpListener::bind("127.0.0.1:0").expect("bind");
+        outsider_port.set_nonblocking(true).expect("nonblocking");
+        let addr = outsider_port.local_addr().expect("addr");
+        let mut session = command_in_session(&pki, addr, "/bin/sh", &["-c", "echo \"$LAZARET_ESCALATE_SOCKET\"; exec sleep 30"])
+            .spawn()
+            .expect("spawning the session");
+        let mut line = String::new();
+        std::io::BufReader::new(session.stdout.take().expect("stdout")).read_line(&mut line).expect("the broker's name");
+        let broker = line.trim_end().to_owned();
+        assert!(broker.starts_with("@lazaret-escalate/"), "{broker:?}");
+        // The same client, started by this test, not by the session.
+        let out = run(Command::new(BIN)
+            .args(["--", "touch", "/tmp/pwned"])
+            .env_clear()
+            .env(ENV_BROKER, &broker)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped()));
+        let _ = session.kill();
+        let _ = session.wait();
+        assert_eq!(
+            stderr(&out),
+            "lazaret-escalate: unavailable: refused: the escalation broker serves only processes of its own session\n"
+        );
+        assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
+        assert!(outsider_port.accept().is_err(), "the broker connected to the coordinator for an outsider");
+    });
 }
 
 #[test]

@@ -29,7 +29,6 @@ const PROMPT_HEADER: &str = "lazaret: the agent asks to run a command on the hos
 /// The confirmation after an edit.
 const PROMPT_CONFIRM: &str = "run this?";
 /// Exit codes of `lazaret-escalate` (protocol/src/escalation.rs, `exit`).
-const UNAVAILABLE: i32 = 69;
 const DENIED: i32 = 77;
 const TIMED_OUT: i32 = 124;
 const FAILED: i32 = 126;
@@ -718,8 +717,16 @@ fn pwned(dir: &Path) -> Vec<String> {
 }
 
 /// Prints the session's client certificate and key, each followed by a
-/// marker line.
+/// marker line (in the agent's environment under [`credentials_hook`] only).
 const PRINT_CREDENTIALS: &str = "printf '%s\\n--cert-end--\\n%s\\n--key-end--\\n' \"$LAZARET_ESCALATE_CERT\" \"$LAZARET_ESCALATE_KEY\"";
+
+/// The test hook that puts each session's credentials into its agent's
+/// environment (otherwise only its broker, `lazaret-session-init`, holds
+/// them), for the tests of what the coordinator makes of stolen ones.
+fn credentials_hook(env: &mut TestEnv) {
+    env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+    env.env.push(("LAZARET_TEST_SESSION_CREDENTIALS".into(), "env".into()));
+}
 
 /// The certificate and key [`PRINT_CREDENTIALS`] printed (PEM, newline-terminated).
 fn credentials(printed: &str) -> (String, String) {
@@ -735,8 +742,10 @@ fn credentials(printed: &str) -> (String, String) {
 fn foreign_self_made_missing_and_malformed_credentials_and_frames_are_refused() {
     let (uid, gid) = test_user();
     let touch = || rules_toml(&[Rule::new("touch", &["touch"]).extra_args()]);
-    let env_a = esc_env("", &touch());
-    let env_b = esc_env("", &touch());
+    let mut env_a = esc_env("", &touch());
+    let mut env_b = esc_env("", &touch());
+    credentials_hook(&mut env_a);
+    credentials_hook(&mut env_b);
     // Domain A: a connected session whose credentials go to Domain B's agent.
     let holder_a = Holder::start(&env_a, PRINT_CREDENTIALS);
     let (cert, key) = credentials(&holder_a.printed);
@@ -747,14 +756,15 @@ fn foreign_self_made_missing_and_malformed_credentials_and_frames_are_refused() 
     let probe = install_escprobe(&env_b).display().to_string();
     let ws = env_b.workspace.display().to_string();
     let script = format!(
-        "LAZARET_ESCALATE_CERT=\"$(cat .a.cert.pem)\" LAZARET_ESCALATE_KEY=\"$(cat .a.key.pem)\" lazaret-escalate -- touch {ws}/pwned-foreign-domain; echo foreign=$?; \
+        "echo foreign=\"$({probe} present .a.cert.pem .a.key.pem pwned-foreign-domain)\"; \
          {probe} hostile; echo hostile=$?; \
          lazaret-escalate -- touch {ws}/valid-after-all; echo valid=$?"
     );
     let out = agent(&env_b, &["sh", "-c", &script]);
     let stdout = ok(&out);
     println!("{stdout}");
-    assert_eq!(field(&stdout, "foreign"), UNAVAILABLE.to_string(), "another Domain's certificate: {}", describe(&out));
+    let foreign = field(&stdout, "foreign");
+    assert!(foreign.starts_with("seen: refused") || foreign.starts_with("seen: connection error"), "another Domain's certificate: {foreign}: {}", describe(&out));
     assert_eq!(field(&stdout, "hostile"), "0", "{}", describe(&out));
     let cases = cases(&stdout);
     let names: Vec<&str> = cases.iter().map(|(n, _)| n.as_str()).collect();
@@ -785,22 +795,26 @@ fn foreign_self_made_missing_and_malformed_credentials_and_frames_are_refused() 
 
 #[test]
 fn an_ended_sessions_certificate_is_refused() {
-    let env = esc_env("", &rules_toml(&[Rule::new("touch", &["touch"]).extra_args()]));
+    let mut env = esc_env("", &rules_toml(&[Rule::new("touch", &["touch"]).extra_args()]));
+    credentials_hook(&mut env);
     let ws = env.workspace.display().to_string();
     let holder = Holder::start(&env, "true");
     // A session that keeps its credentials in the sandbox, then ends.
-    let save = format!("{PRINT_CREDENTIALS}; printf %s \"$LAZARET_ESCALATE_CERT\" > /tmp/old.cert; printf %s \"$LAZARET_ESCALATE_KEY\" > /tmp/old.key");
-    let (old, _) = credentials(&ok(&agent(&env, &["sh", "-c", &save])));
+    let (old, old_key) = credentials(&ok(&agent(&env, &["sh", "-c", PRINT_CREDENTIALS])));
+    fs::write(env.workspace.join(".old.cert"), &old).expect("saving the old certificate");
+    fs::write(env.workspace.join(".old.key"), &old_key).expect("saving the old key");
+    let probe = install_escprobe(&env).display().to_string();
     let script = format!(
         "{PRINT_CREDENTIALS}; \
-         LAZARET_ESCALATE_CERT=\"$(cat /tmp/old.cert)\" LAZARET_ESCALATE_KEY=\"$(cat /tmp/old.key)\" lazaret-escalate -- touch {ws}/pwned-ended; echo ended=$?; \
+         echo ended=\"$({probe} present .old.cert .old.key pwned-ended)\"; \
          lazaret-escalate -- touch {ws}/valid-after; echo valid=$?"
     );
     let out = agent(&env, &["sh", "-c", &script]);
     let stdout = ok(&out);
     let (new, _) = credentials(&stdout);
     assert_ne!(old, new, "two sessions got the same certificate");
-    assert_eq!(field(&stdout, "ended"), UNAVAILABLE.to_string(), "an ended session's certificate: {}", describe(&out));
+    let ended = field(&stdout, "ended");
+    assert!(ended.starts_with("seen: refused") || ended.starts_with("seen: connection error"), "an ended session's certificate: {ended}: {}", describe(&out));
     assert_eq!(field(&stdout, "valid"), "0", "{}", describe(&out));
     assert_eq!(pwned(&env.workspace), Vec::<String>::new());
     assert!(env.workspace.join("valid-after").exists());

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_protocol::journal::Event;
+use lazaret_protocol::session::AgentUser;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, FrameError, RateLimit, WIRE_VERSION};
 use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
 
@@ -342,9 +343,10 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     if let Some(c) = agent_cwd(d, req.cwd.as_deref()) {
         spec.cwd = c;
     }
-    if let Some(esc) = &d.escalations {
-        escalation_env(&mut spec.env, esc.address, &d.trust, &req.session)?;
-    }
+    let credentials = match &d.escalations {
+        Some(esc) => Some(escalation_credentials(&mut spec.env, esc.address, &d.trust, &req.session)?),
+        None => None,
+    };
     // The process part is validated like a whole bundle, with this run's
     // rootfs and cgroups.
     spec.rootfs = d.run.rootfs();
@@ -352,7 +354,18 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     if req.tty && req.terminal.iter().any(|t| !t) {
         spec.args = stdio_wrapper(&req.terminal, std::mem::take(&mut spec.args));
     }
-    spec.args = under_session_init(std::mem::take(&mut spec.args));
+    // The session's init takes the agent's identity and directory itself:
+    // it runs as root, out of the agent's reach, to hold the session's
+    // escalation credentials (lazaret_protocol::client::relay).
+    let agent_user = (spec.uid != 0).then(|| AgentUser { uid: spec.uid, gid: spec.gid, groups: spec.additional_gids.clone() });
+    let cwd = std::mem::replace(&mut spec.cwd, PathBuf::from("/"));
+    spec.args = under_session_init(std::mem::take(&mut spec.args), agent_user.as_ref(), &cwd, credentials.is_some());
+    if agent_user.is_some() {
+        spec.uid = 0;
+        spec.gid = 0;
+        spec.additional_gids.clear();
+        spec.capabilities = lazaret_oci::bundle::CapabilityPolicy::Explicit(SESSION_INIT_CAPABILITIES.to_vec());
+    }
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
     let missing = || StartError::Io { context: "the client's pipes".into(), source: std::io::Error::other("missing descriptors") };
     let mut pipes = fds.into_iter();
@@ -380,39 +393,83 @@ fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &P
     // The spec holds the agent's environment (secrets too): never on disk.
     // On a terminal, runsc exec's controlling terminal is the PTY: resizes
     // (SIGWINCH) and the terminal's signals reach the agent through runsc.
+    let mut extra = extra;
+    if let Some(credentials) = credentials {
+        extra.push((credentials, lazaret_protocol::session::CREDENTIALS_FD));
+    }
     let child = d.runsc.exec(&d.container, process.as_bytes(), pid_file, stdio, extra, req.tty)?;
     Ok((child, master))
 }
 
-/// Gives the session's processes what `lazaret-escalate` needs: the
-/// coordinator's address, the Domain CA's certificate, and a client
-/// certificate and key of this session alone (issued now, never stored).
-/// `PATH` gets the client's directory if the image's PATH lacks it.
-fn escalation_env(env: &mut Vec<(String, String)>, address: std::net::SocketAddr, trust: &crate::trust::TrustAnchor, session: &str) -> Result<(), StartError> {
-    use lazaret_protocol::escalation::{ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY};
-    let credentials = trust.issue_session(session)?;
-    for (name, value) in [(ENV_ADDR, address.to_string()), (ENV_CA, trust.ca_pem().to_string()), (ENV_CERT, credentials.cert_pem.clone()), (ENV_KEY, credentials.key_pem.clone())] {
-        env.retain(|(k, _)| k != name);
-        env.push((name.to_string(), value));
+/// The test hook (with `LAZARET_TEST_HOOKS=1` in the launcher's
+/// environment) that also puts each session's credentials into its agent's
+/// environment (`LAZARET_ESCALATE_ADDR`, `_CA`, `_CERT`, `_KEY`), for the
+/// tests of what the coordinator does with a stolen, foreign or ended
+/// certificate.
+pub const CREDENTIALS_HOOK: &str = "LAZARET_TEST_SESSION_CREDENTIALS";
+
+/// The session's escalation credentials (the coordinator's address, the
+/// Domain CA's certificate, and a client certificate and key of this
+/// session alone, issued now, never stored) on a socket for
+/// `lazaret-session-init`, the session's broker, to read on
+/// `session::CREDENTIALS_FD`: never in the environment (gVisor makes every
+/// process's environment readable by every other). `PATH` gets the
+/// client's directory if the image's PATH lacks it.
+fn escalation_credentials(env: &mut Vec<(String, String)>, address: std::net::SocketAddr, trust: &crate::trust::TrustAnchor, session: &str) -> Result<OwnedFd, StartError> {
+    use lazaret_protocol::session::SessionCredentials;
+    let issued = trust.issue_session(session)?;
+    let credentials = SessionCredentials { addr: address.to_string(), ca: trust.ca_pem().to_string(), cert: issued.cert_pem.clone(), key: issued.key_pem.clone() };
+    if std::env::var("LAZARET_TEST_HOOKS").as_deref() == Ok("1") && std::env::var(CREDENTIALS_HOOK).as_deref() == Ok("env") {
+        use lazaret_protocol::escalation::{ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY};
+        log(&format!("session {session}: its escalation credentials are in its agent's environment (test hook {CREDENTIALS_HOOK}=env)"));
+        for (name, value) in [(ENV_ADDR, &credentials.addr), (ENV_CA, &credentials.ca), (ENV_CERT, &credentials.cert), (ENV_KEY, &credentials.key)] {
+            env.retain(|(k, _)| k != name);
+            env.push((name.to_string(), value.clone()));
+        }
     }
+    let blob = serde_json::to_vec(&credentials).map_err(|e| StartError::Io { context: "encoding the session's credentials".into(), source: std::io::Error::other(e) })?;
+    // A socket, not a pipe or file: another process in the sandbox can
+    // reopen those through /proc/PID/fd, never a socket. The whole blob
+    // (a few KiB) fits the socket's buffer; this end closes at once.
+    let (mut ours, theirs) = UnixStream::pair().map_err(StartError::io("creating the credentials socket"))?;
+    std::io::Write::write_all(&mut ours, &blob).map_err(StartError::io("writing the session's credentials"))?;
+    drop(ours);
     let dir = super::host::ESCALATE_DIR;
     match env.iter_mut().find(|(k, _)| k == "PATH") {
         Some((_, path)) if !path.split(':').any(|p| p == dir) => path.push_str(&format!(":{dir}")),
         Some(_) => {}
         None => env.push(("PATH".into(), dir.into())),
     }
-    Ok(())
+    Ok(theirs.into())
 }
 
+/// What `lazaret-session-init` holds when it runs as root for a non-root
+/// agent: changing to the agent's ids, dropping the bounding set first,
+/// and killing the session's processes (the agent's uid's) at its end.
+const SESSION_INIT_CAPABILITIES: [lazaret_oci::bundle::Capability; 4] = [
+    lazaret_oci::bundle::Capability::Kill,
+    lazaret_oci::bundle::Capability::Setgid,
+    lazaret_oci::bundle::Capability::Setpcap,
+    lazaret_oci::bundle::Capability::Setuid,
+];
+
 /// The session's command behind `lazaret-session-init`, the session's
-/// subreaper: it runs the command as its child, forwards signals to it, and
-/// when it exits or the coordinator sends `session::END_SIGNAL` (see
-/// `Domain::kill_session_tree`), kills every process the session left, also those
-/// that double-forked, before it exits with the command's status. runsc's
-/// PID file names it, so signals go through it.
-fn under_session_init(args: Vec<String>) -> Vec<String> {
-    use lazaret_protocol::session::{COMMAND_SEPARATOR, SESSION_INIT_PATH};
-    let mut wrapped = vec![SESSION_INIT_PATH.to_string(), COMMAND_SEPARATOR.to_string()];
+/// subreaper: it runs the command as its child (as `user`, when given, in
+/// `cwd`), forwards signals to it, and when it exits or the coordinator
+/// sends `session::END_SIGNAL` (see `Domain::kill_session_tree`), kills
+/// every process the session left, also those that double-forked, before
+/// it exits with the command's status. It is also the session's escalation
+/// broker. runsc's PID file names it, so signals go through it.
+fn under_session_init(args: Vec<String>, user: Option<&AgentUser>, cwd: &Path, credentials: bool) -> Vec<String> {
+    use lazaret_protocol::session::{COMMAND_SEPARATOR, CREDENTIALS_OPTION, CWD_OPTION, SESSION_INIT_PATH, USER_OPTION};
+    let mut wrapped = vec![SESSION_INIT_PATH.to_string()];
+    if let Some(user) = user {
+        wrapped.extend([USER_OPTION.to_string(), user.to_arg()]);
+    }
+    if credentials {
+        wrapped.push(CREDENTIALS_OPTION.to_string());
+    }
+    wrapped.extend([CWD_OPTION.to_string(), cwd.to_string_lossy().into_owned(), COMMAND_SEPARATOR.to_string()]);
     wrapped.extend(args);
     wrapped
 }
@@ -451,7 +508,16 @@ mod tests {
 
     #[test]
     fn every_session_runs_under_its_subreaper() {
-        assert_eq!(under_session_init(vec!["agent".into(), "--".into()]), ["/usr/local/bin/lazaret-session-init", "--", "agent", "--"]);
+        let ws = std::path::Path::new("/home/d/ws");
+        assert_eq!(
+            under_session_init(vec!["agent".into(), "--".into()], None, ws, false),
+            ["/usr/local/bin/lazaret-session-init", "--cwd", "/home/d/ws", "--", "agent", "--"]
+        );
+        let user = lazaret_protocol::session::AgentUser { uid: 1000, gid: 1001, groups: vec![27] };
+        assert_eq!(
+            under_session_init(vec!["agent".into()], Some(&user), ws, true),
+            ["/usr/local/bin/lazaret-session-init", "--user", "1000:1001:27", "--credentials", "--cwd", "/home/d/ws", "--", "agent"]
+        );
     }
 
     /// `runsc kill` refuses real-time signals ("unknown signal"): the

@@ -1,23 +1,23 @@
 //! The Escalation Client's side of a request (feature `client`): what
 //! `lazaret-escalate` does once its command line is parsed, as a library,
 //! so that the benchmark probe can time the very same path many times in
-//! one process.
+//! one process; and the session's escalation broker ([`relay`]) that
+//! `lazaret-session-init` runs.
 //!
-//! [`config`] builds the TLS configuration from the session's credentials
-//! (TLS 1.3 only, the ring provider, the Domain CA as the only trust root,
-//! the session certificate as client authentication, no resumption);
-//! [`escalate`] connects, performs a full handshake, sends one
-//! [`EscalationRequest`], streams the host command's output to this
-//! process's stdout and stderr as it arrives and returns the exit code
-//! `lazaret-escalate` exits with (see [`crate::escalation::exit`]). A
-//! cancelling signal ([`Signals`]) cancels the request.
+//! [`escalate`] connects to the session's broker (named by
+//! [`crate::session::ENV_BROKER`]), sends one [`EscalationRequest`], streams
+//! the host command's output to this process's stdout and stderr as it
+//! arrives and returns the exit code `lazaret-escalate` exits with (see
+//! [`crate::escalation::exit`]). A cancelling signal ([`Signals`]) cancels
+//! the request. The broker holds the session's credentials ([`config`]
+//! builds its TLS configuration: TLS 1.3 only, the ring provider, the
+//! Domain CA as the only trust root, the session certificate as client
+//! authentication, no resumption) and makes a full handshake per request.
 //!
 //! ```no_run
-//! use lazaret_protocol::client::{self, Credentials, Signals};
+//! use lazaret_protocol::client::{self, Signals};
 //! use lazaret_protocol::escalation::{EscalationRequest, ESCALATION_VERSION};
 //! # fn main() -> Result<(), String> {
-//! let creds = Credentials { ca: "PEM".into(), cert: "PEM".into(), key: "PEM".into() };
-//! let config = client::config(&creds)?;
 //! let signals = Signals::block().map_err(|e| e.to_string())?;
 //! let request = EscalationRequest {
 //!     version: ESCALATION_VERSION,
@@ -27,29 +27,27 @@
 //!     justification: String::new(),
 //!     timeout_secs: None,
 //! };
-//! let code = client::escalate("10.0.0.1:4000".parse().map_err(|_| "address")?, config, &signals, request);
+//! let code = client::escalate("@lazaret-escalate/0123", &signals, request);
 //! std::process::exit(code);
 //! # }
 //! ```
 
+pub mod relay;
 mod session;
 mod sys;
 mod tls;
 
-use std::net::{SocketAddr, TcpStream};
 use std::os::fd::OwnedFd;
-use std::sync::Arc;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixStream};
 use std::time::Duration;
-
-use rustls::pki_types::ServerName;
-use rustls::{ClientConfig, ClientConnection};
 
 use crate::escalation::EscalationRequest;
 
 pub use session::BROKEN_PIPE;
 pub use tls::{Credentials, config, request_id};
 
-/// How long to wait for the TCP connection to the coordinator.
+/// How long the broker waits for the TCP connection to the coordinator.
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Prints `lazaret-escalate: LINE` on stderr.
@@ -76,26 +74,26 @@ impl Signals {
     }
 }
 
-/// Runs `request` through the coordinator at `addr` over a new mutual-TLS
-/// connection (a full handshake: `config` from [`config`] resumes
-/// nothing), streaming the host command's output to stdout and stderr, and
-/// returns the exit code; every ending other than the host command's own
-/// status has printed its one line on stderr.
-pub fn escalate(addr: SocketAddr, config: Arc<ClientConfig>, signals: &Signals, request: EscalationRequest) -> i32 {
-    // The coordinator's certificate names the address it listens on.
-    let server_name = ServerName::IpAddress(addr.ip().into());
-    let tls = match ClientConnection::new(config, server_name) {
-        Ok(tls) => tls,
-        Err(e) => return unavailable(&format!("TLS configuration: {e}")),
+/// Runs `request` through the session's broker `broker` (`@NAME`, the
+/// value of [`crate::session::ENV_BROKER`]), streaming the host command's
+/// output to stdout and stderr, and returns the exit code; every ending
+/// other than the host command's own status has printed its one line on
+/// stderr.
+pub fn escalate(broker: &str, signals: &Signals, request: EscalationRequest) -> i32 {
+    let Some(name) = broker.strip_prefix('@') else {
+        return unavailable(&format!(
+            "{} is not an abstract socket name (@NAME)",
+            crate::session::ENV_BROKER
+        ));
     };
-    let sock = match TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT) {
+    let sock = match UnixAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixStream::connect_addr(&a)) {
         Ok(sock) => sock,
-        Err(e) => return unavailable(&format!("cannot reach Lazaret at {addr}: {e}")),
+        Err(e) => return unavailable(&format!("cannot reach this session's escalation broker: {e}")),
     };
-    if let Err(e) = sock.set_nonblocking(true) {
+    // The broker serves only its own session's processes, by the
+    // credentials the kernel attaches to what this process sends.
+    if let Err(e) = sys::pass_credentials(&sock).and_then(|()| sock.set_nonblocking(true)) {
         return unavailable(&format!("cannot set up the connection: {e}"));
     }
-    // Output chunks are small and latency matters more than throughput.
-    let _ = sock.set_nodelay(true);
-    session::run(sock, tls, &signals.0, request)
+    session::run(sock, &signals.0, request)
 }

@@ -1,13 +1,16 @@
-//! One request over one connection: send it, then stream what the
-//! coordinator sends until its Result, cancelling on a signal.
+//! One request over one connection to the session's escalation broker:
+//! send it, then stream what comes back until its Result, cancelling on a
+//! signal.
 //!
-//! The socket is non-blocking and driven through rustls's low-level calls,
-//! so a single poll(2) waits on it and on the signalfd together: a signal
-//! interrupts any wait for the network.
+//! The broker (`lazaret-session-init`, see [`super::relay`]) carries the
+//! plain frames over mutual TLS to the coordinator, so this side speaks
+//! them over a local socket. The socket is non-blocking, so a single
+//! poll(2) waits on it and on the signalfd together: a signal interrupts any
+//! wait.
 
 use std::io::{self, IsTerminal, Read, Write};
-use std::net::TcpStream;
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use crate::display::escaped_str;
@@ -15,15 +18,9 @@ use crate::escalation::{
     ChannelError, ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_server,
     write_client,
 };
-use rustls::ClientConnection;
 
 use super::{say, sys};
 
-/// How long the TLS handshake may take once connected. Generous: it is
-/// there for a coordinator that is gone, not for a busy one (hundreds of
-/// clients starting at once on a loaded machine each wait for CPU, in the
-/// sandbox and in the coordinator).
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long to wait for the Result after sending Cancel.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How long to try to get Cancel out when stdout has gone away.
@@ -35,40 +32,34 @@ const EPIPE_GRACE: Duration = Duration::from_secs(1);
 pub const BROKEN_PIPE: i32 = 141;
 
 struct Connection {
-    sock: TcpStream,
-    tls: ClientConnection,
-    /// Decrypted bytes not yet parsed into frames.
+    sock: UnixStream,
+    /// Frames not yet written to the socket.
+    out: Vec<u8>,
+    /// Received bytes not yet parsed into frames.
     plain: Vec<u8>,
-    /// The coordinator closed the connection (or it broke).
+    /// The broker closed the connection (or it broke).
     closed: bool,
 }
 
 /// Runs `request` over `sock` and returns the exit code; every ending other
 /// than the host command's own status has printed its one line on stderr.
-pub(crate) fn run(sock: TcpStream, tls: ClientConnection, signals: &OwnedFd, request: EscalationRequest) -> i32 {
+pub(crate) fn run(sock: UnixStream, signals: &OwnedFd, request: EscalationRequest) -> i32 {
     // A signal that came while connecting cancels before anything is sent.
     match sys::read_signal(signals) {
         Ok(None) => {}
         Ok(Some(_)) => return cancelled(),
         Err(e) => return unavailable(&format!("cannot read signals: {e}")),
     }
-    let mut conn = Connection { sock, tls, plain: Vec::new(), closed: false };
-    // The request may exceed rustls's default limit for data written before
-    // the handshake completes.
-    conn.tls.set_buffer_limit(None);
-    if let Err(e) = write_client(&mut conn.tls.writer(), &ClientFrame::Request(request)) {
+    let mut conn = Connection { sock, out: Vec::new(), plain: Vec::new(), closed: false };
+    if let Err(e) = write_client(&mut conn.out, &ClientFrame::Request(request)) {
         return unavailable(&format!("cannot send the request: {e}"));
     }
-    let handshake_deadline = Instant::now() + HANDSHAKE_TIMEOUT;
     let mut cancel_deadline: Option<Instant> = None;
     loop {
         loop {
             match conn.next_frame() {
                 Ok(None) => break,
-                Ok(Some(ServerFrame::Result(result))) => {
-                    conn.close();
-                    return finish(&result);
-                }
+                Ok(Some(ServerFrame::Result(result))) => return finish(&result),
                 Ok(Some(frame)) => {
                     if let Some(code) = show(&mut conn, frame) {
                         return code;
@@ -88,21 +79,11 @@ pub(crate) fn run(sock: TcpStream, tls: ClientConnection, signals: &OwnedFd, req
         if cancel_deadline.is_some_and(|d| now >= d) {
             return cancelled();
         }
-        let handshaking = conn.tls.is_handshaking();
-        if handshaking && now >= handshake_deadline {
-            return unavailable("the TLS handshake with Lazaret timed out");
-        }
-        let deadline = match (cancel_deadline, handshaking) {
-            (Some(c), true) => Some(c.min(handshake_deadline)),
-            (Some(c), false) => Some(c),
-            (None, true) => Some(handshake_deadline),
-            (None, false) => None,
-        };
         let mut fds = [
-            sys::interest(conn.sock.as_raw_fd(), true, conn.tls.wants_write()),
+            sys::interest(conn.sock.as_raw_fd(), true, !conn.out.is_empty()),
             sys::interest(signals.as_raw_fd(), true, false),
         ];
-        if let Err(e) = sys::poll(&mut fds, deadline.map(|d| d.saturating_duration_since(now))) {
+        if let Err(e) = sys::poll(&mut fds, cancel_deadline.map(|d| d.saturating_duration_since(now))) {
             return unavailable(&format!("cannot wait for Lazaret: {e}"));
         }
 
@@ -114,7 +95,7 @@ pub(crate) fn run(sock: TcpStream, tls: ClientConnection, signals: &OwnedFd, req
                     // be confirmed: stop waiting.
                     Ok(Some(_)) if cancel_deadline.is_some() => return cancelled(),
                     Ok(Some(_)) => {
-                        if let Err(e) = write_client(&mut conn.tls.writer(), &ClientFrame::Cancel) {
+                        if let Err(e) = write_client(&mut conn.out, &ClientFrame::Cancel) {
                             return unavailable(&format!("cannot send the cancellation: {e}"));
                         }
                         cancel_deadline = Some(Instant::now() + CANCEL_GRACE);
@@ -178,6 +159,7 @@ fn finish(result: &EscalationResult) -> i32 {
         Outcome::Cancelled => say("cancelled"),
         Outcome::Failed { reason } => say(&format!("failed: {}", escaped_str(reason))),
         Outcome::Refused { reason } => say(&format!("unavailable: refused: {}", escaped_str(reason))),
+        Outcome::Unavailable { reason } => say(&format!("unavailable: {}", escaped_str(reason))),
     }
     result.outcome.exit_code()
 }
@@ -212,11 +194,12 @@ impl Connection {
         }
     }
 
-    /// Writes what TLS has to send until done or the socket is full.
+    /// Writes queued frames until done or the socket is full.
     fn send(&mut self) -> io::Result<()> {
-        while self.tls.wants_write() {
-            match self.tls.write_tls(&mut self.sock) {
-                Ok(_) => {}
+        while !self.out.is_empty() {
+            match self.sock.write(&self.out) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => drop(self.out.drain(..n)),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(e),
@@ -225,37 +208,16 @@ impl Connection {
         Ok(())
     }
 
-    /// Reads one batch from the socket and decrypts it into `plain`. One
-    /// batch, so that output is passed on as it arrives rather than after
-    /// the socket has been drained.
+    /// Reads one batch from the socket into `plain`. One batch, so that
+    /// output is passed on as it arrives rather than after the socket has
+    /// been drained.
     fn receive(&mut self) -> Result<(), String> {
-        match self.tls.read_tls(&mut self.sock) {
-            Ok(0) => self.closed = true,
-            Ok(_) => {}
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => return Ok(()),
-            Err(e) => return Err(format!("lost the connection to Lazaret: {e}")),
-        }
-        if let Err(e) = self.tls.process_new_packets() {
-            // Tell the coordinator why (the alert rustls queued), if it listens.
-            let _ = self.send();
-            return Err(format!("TLS with Lazaret failed: {e}"));
-        }
         let mut buf = [0u8; 16 * 1024];
-        loop {
-            match self.tls.reader().read(&mut buf) {
-                Ok(0) => {
-                    self.closed = true;
-                    break;
-                }
-                Ok(n) => self.plain.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
-                // Closed without close_notify: whatever came is still used.
-                Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    self.closed = true;
-                    break;
-                }
-                Err(e) => return Err(format!("lost the connection to Lazaret: {e}")),
-            }
+        match self.sock.read(&mut buf) {
+            Ok(0) => self.closed = true,
+            Ok(n) => self.plain.extend_from_slice(&buf[..n]),
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(format!("lost the connection to Lazaret: {e}")),
         }
         Ok(())
     }
@@ -263,16 +225,16 @@ impl Connection {
     /// Sends Cancel and tries, briefly, to get it out before the process
     /// exits (closing the connection cancels too, so this is best effort).
     fn cancel_and_leave(&mut self) {
-        if write_client(&mut self.tls.writer(), &ClientFrame::Cancel).is_err() {
+        if write_client(&mut self.out, &ClientFrame::Cancel).is_err() {
             return;
         }
         let deadline = Instant::now() + EPIPE_GRACE;
-        while self.tls.wants_write() {
+        while !self.out.is_empty() {
             if self.send().is_err() {
                 return;
             }
             let now = Instant::now();
-            if !self.tls.wants_write() || now >= deadline {
+            if self.out.is_empty() || now >= deadline {
                 return;
             }
             let mut fds = [sys::interest(self.sock.as_raw_fd(), false, true)];
@@ -280,11 +242,5 @@ impl Connection {
                 return;
             }
         }
-    }
-
-    /// Ends TLS politely; the coordinator has already sent its last frame.
-    fn close(&mut self) {
-        self.tls.send_close_notify();
-        let _ = self.send();
     }
 }

@@ -4,7 +4,7 @@
 #![allow(unsafe_code)]
 
 use std::io;
-use std::mem::{size_of, zeroed};
+use std::mem::{size_of, size_of_val, zeroed};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -94,4 +94,67 @@ pub(crate) fn poll(fds: &mut [libc::pollfd], timeout: Option<Duration>) -> io::R
         }
     }
     Ok(())
+}
+
+/// Turns on `SO_PASSCRED` on `sock`: the kernel then attaches the sending
+/// process's verified credentials to what this side sends (when the peer
+/// asks for them) and to what it receives.
+pub(crate) fn pass_credentials(sock: &std::os::unix::net::UnixStream) -> io::Result<()> {
+    let on: libc::c_int = 1;
+    // SAFETY: `on` is a live int of the size passed; the descriptor is open.
+    let rc = unsafe {
+        libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, (&raw const on).cast(), size_of::<libc::c_int>() as libc::socklen_t)
+    };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives into `buf` with the sender's credentials: the byte count and
+/// the PID the kernel verified for the process that sent them (`None`
+/// when none came: the sender did not turn `SO_PASSCRED` on, or the
+/// kernel attached none). Requires [`pass_credentials`] on `sock`.
+pub(crate) fn receive_with_sender(sock: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<i32>)> {
+    // Room for one SCM_CREDENTIALS message (CMSG_SPACE of a ucred), 8-byte
+    // aligned as cmsghdr needs.
+    let mut control = [0u64; 8];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = size_of_val(&control) as _;
+    let n = loop {
+        // SAFETY: `msg` points to `iov` (over `buf`) and `control`, all
+        // live and exclusively borrowed for the call.
+        let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
+        if n >= 0 {
+            break n as usize;
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    };
+    let mut sender = None;
+    // SAFETY: the CMSG_* macros walk the control buffer the kernel filled,
+    // within `msg_controllen`; a ucred is read only from a message of
+    // SCM_CREDENTIALS type whose length holds one (read unaligned).
+    unsafe {
+        let mut header = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !header.is_null() {
+            let h = &*header;
+            if h.cmsg_level == libc::SOL_SOCKET
+                && h.cmsg_type == libc::SCM_CREDENTIALS
+                && h.cmsg_len as usize >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+            {
+                let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast());
+                sender = Some(cred.pid);
+            }
+            header = libc::CMSG_NXTHDR(&raw const msg, header);
+        }
+    }
+    Ok((n, sender))
 }

@@ -4,7 +4,9 @@
 //! only ever runs the real `lazaret-escalate`).
 //!
 //! `lazaret-escprobe hostile`: talks to the coordinator's escalation
-//! listener (`LAZARET_ESCALATE_ADDR`) the way a hostile agent would: no
+//! listener (`LAZARET_ESCALATE_ADDR`) the way a hostile agent would, with
+//! the session's credentials in its environment (which only the test hook
+//! `LAZARET_TEST_SESSION_CREDENTIALS=env` puts there): no
 //! client certificate, a certificate of a self-made CA (carrying this
 //! session's own name), a replayed request ID, oversized, malformed and
 //! out-of-order frames, and requests that fail validation. Every hostile
@@ -26,14 +28,29 @@
 //! `lazaret-escprobe requests N -- CMD...`: makes N escalation requests of
 //! CMD one after the other from this one process, through the Escalation
 //! Client's own code (`lazaret_protocol::client`, as `lazaret-escalate`
-//! runs it: TLS configuration from the session's credentials, a fresh
-//! request ID, a new connection with a full handshake, the request, its
-//! output and result), and prints each request's wall time in
+//! runs it: a fresh request ID, a new connection to the session's broker,
+//! which makes a new TLS connection with a full handshake, the request,
+//! its output and result), and prints each request's wall time in
 //! microseconds, or `failed I CODE`: the round trip without the client
 //! process's start. CMD's output goes to this process's stdout, so use a
 //! silent command (`true`). `lazaret-escprobe requests N PREFIX -- CMD...`
 //! does the same with `PREFIX-I` appended to request I's argv (so each
 //! request is told apart on the host and in its output).
+//!
+//! `lazaret-escprobe steal`: what one session's agent can take of the
+//! others' escalation identity. For every other process: whether its
+//! environment is readable and holds a session key (`environ-key PID`),
+//! and if so whether the coordinator accepts a request made with it
+//! (`stolen-key PID: SEEN`, asking for `touch WORKSPACE/pwned-key-PID`);
+//! every escalation broker named in a readable environment other than its
+//! own is asked for `touch WORKSPACE/pwned-broker-PID`
+//! (`foreign-broker PID: SEEN`); and its own broker for `true`
+//! (`own-broker: SEEN`). Then `done`.
+//!
+//! `lazaret-escprobe present CERT KEY NAME`: asks the coordinator, over its
+//! own TLS connection, for `touch WORKSPACE/NAME` with the certificate and
+//! key in the files CERT and KEY (the Domain's address and CA are the
+//! session's, as for `hostile`); prints `seen: SEEN`.
 //!
 //! `lazaret-escprobe concurrent N PREFIX -- CMD...`: starts N copies of
 //! `CMD... PREFIX-I` at once, waits for all and prints `PREFIX-I exit=S
@@ -51,6 +68,7 @@ use lazaret_protocol::escalation::{
     read_server, write_client, ClientFrame, EscalationRequest, Outcome, ServerFrame, ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION,
     KIND_CONTROL, KIND_STDOUT, MAX_ARGV_BYTES, MAX_CONTROL,
 };
+use lazaret_protocol::session::ENV_BROKER;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, StreamOwned};
@@ -63,8 +81,10 @@ fn main() {
         Some("time") => time(&args[1..]),
         Some("concurrent") => concurrent(&args[1..]),
         Some("requests") => requests(&args[1..]),
+        Some("steal") => steal(),
+        Some("present") => present(&args[1..]),
         _ => {
-            eprintln!("usage: lazaret-escprobe hostile | interrupt SIGNAL -- CMD... | time N -- CMD... | requests N [PREFIX] -- CMD... | concurrent N PREFIX -- CMD...");
+            eprintln!("usage: lazaret-escprobe hostile | steal | present CERT KEY NAME | interrupt SIGNAL -- CMD... | time N -- CMD... | requests N [PREFIX] -- CMD... | concurrent N PREFIX -- CMD...");
             2
         }
     };
@@ -172,7 +192,7 @@ fn time(args: &[String]) -> i32 {
 }
 
 fn requests(args: &[String]) -> i32 {
-    use lazaret_protocol::client::{self, Credentials, Signals};
+    use lazaret_protocol::client::{self, Signals};
     let Some(n) = args.first().and_then(|n| n.parse::<usize>().ok()) else {
         eprintln!("requests N [PREFIX] -- CMD...");
         return 2;
@@ -185,10 +205,10 @@ fn requests(args: &[String]) -> i32 {
             return 2;
         }
     };
-    let env = match env() {
-        Ok(e) => e,
-        Err(e) => {
-            eprintln!("requests: {e}");
+    let (broker, workspace) = match (std::env::var(ENV_BROKER), std::env::current_dir()) {
+        (Ok(b), Ok(w)) => (b, w.to_string_lossy().into_owned()),
+        _ => {
+            eprintln!("requests: {ENV_BROKER} or the current directory is missing");
             return 1;
         }
     };
@@ -199,17 +219,9 @@ fn requests(args: &[String]) -> i32 {
             return 1;
         }
     };
-    let creds = Credentials { ca: env.ca.clone(), cert: env.cert.clone(), key: env.key.clone() };
     for i in 0..n {
         let t = Instant::now();
         // Everything a client process does after parsing its command line.
-        let config = match client::config(&creds) {
-            Ok(c) => c,
-            Err(e) => {
-                eprintln!("requests: {e}");
-                return 1;
-            }
-        };
         let id = match client::request_id() {
             Ok(id) => id,
             Err(e) => {
@@ -221,11 +233,11 @@ fn requests(args: &[String]) -> i32 {
             version: ESCALATION_VERSION,
             id,
             argv: cmd.iter().cloned().chain(prefix.map(|p| format!("{p}-{i}"))).collect(),
-            cwd: env.workspace.clone(),
+            cwd: workspace.clone(),
             justification: String::new(),
             timeout_secs: None,
         };
-        let code = client::escalate(env.addr, config, &signals, request);
+        let code = client::escalate(&broker, &signals, request);
         let us = t.elapsed().as_micros();
         let mut out = std::io::stdout().lock();
         let _ = if code == 0 { writeln!(out, "{us}") } else { writeln!(out, "failed {i} {code}") };
@@ -318,11 +330,155 @@ struct Env {
     workspace: String,
 }
 
+/// The session's credentials, from this process's environment: the
+/// coordinator puts them there only under the test hook
+/// `LAZARET_TEST_SESSION_CREDENTIALS=env` (otherwise only the session's
+/// broker has them).
 fn env() -> Result<Env, String> {
-    let var = |n: &str| std::env::var(n).map_err(|_| format!("{n} is not set"));
+    let var = |n: &str| std::env::var(n).map_err(|_| format!("{n} is not set (the test hook LAZARET_TEST_SESSION_CREDENTIALS=env puts it there)"));
     let addr = var(ENV_ADDR)?.parse().map_err(|e| format!("{ENV_ADDR}: {e}"))?;
     let workspace = std::env::current_dir().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
     Ok(Env { addr, ca: var(ENV_CA)?, cert: var(ENV_CERT)?, key: var(ENV_KEY)?, workspace })
+}
+
+/// The environment of process `pid`, if this process may read it.
+fn environ_of(pid: i32) -> Option<Vec<(String, String)>> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .filter_map(|entry| {
+                let entry = String::from_utf8_lossy(entry);
+                let (k, v) = entry.split_once('=')?;
+                Some((k.to_owned(), v.to_owned()))
+            })
+            .collect(),
+    )
+}
+
+/// Asks the broker `name` (`@NAME`) to run `argv` and reports what came back.
+fn through_broker(name: &str, argv: Vec<String>, workspace: &str) -> Seen {
+    use std::os::linux::net::SocketAddrExt;
+    let Some(abstract_name) = name.strip_prefix('@') else { return Seen::ConnectionError(format!("not @NAME: {name}")) };
+    let sock = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes())
+        .and_then(|a| std::os::unix::net::UnixStream::connect_addr(&a));
+    let mut sock = match sock {
+        Ok(s) => s,
+        Err(e) => return Seen::ConnectionError(format!("connect: {e}")),
+    };
+    // As lazaret-escalate does: the kernel then tells the broker who sends.
+    if let Err(e) = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::PassCred, &true) {
+        return Seen::ConnectionError(format!("SO_PASSCRED: {e}"));
+    }
+    let _ = sock.set_read_timeout(Some(Duration::from_secs(60)));
+    let request = EscalationRequest {
+        version: ESCALATION_VERSION,
+        id: random_id(),
+        argv,
+        cwd: workspace.to_owned(),
+        justification: "steal test".into(),
+        timeout_secs: Some(60),
+    };
+    if let Err(e) = write_client(&mut sock, &ClientFrame::Request(request)) {
+        return Seen::ConnectionError(format!("write: {e}"));
+    }
+    let mut before = Vec::new();
+    loop {
+        match read_server(&mut sock) {
+            Ok(ServerFrame::Result(r)) => {
+                return match r.outcome {
+                    Outcome::Completed { exit_status } => Seen::Completed(exit_status),
+                    Outcome::Refused { reason } if before.is_empty() => Seen::Refused(reason),
+                    other => Seen::Accepted(format!("{other:?} after {before:?}")),
+                }
+            }
+            Ok(other) => before.push(format!("{other:?}").chars().take(80).collect::<String>()),
+            Err(e) if before.is_empty() => return Seen::ConnectionError(e.to_string()),
+            Err(e) => return Seen::Accepted(format!("{e} after {before:?}")),
+        }
+    }
+}
+
+/// See the module documentation.
+fn present(args: &[String]) -> i32 {
+    let [cert, key, name] = args else {
+        eprintln!("present CERT KEY NAME");
+        return 2;
+    };
+    let (cert, key) = match (std::fs::read_to_string(cert), std::fs::read_to_string(key)) {
+        (Ok(c), Ok(k)) => (c, k),
+        _ => {
+            eprintln!("present: cannot read {cert} or {key}");
+            return 1;
+        }
+    };
+    let env = match env() {
+        Ok(e) => Env { cert, key, ..e },
+        Err(e) => {
+            eprintln!("present: {e}");
+            return 1;
+        }
+    };
+    let seen = match client_config(&env.ca, Some((&env.cert, &env.key))) {
+        Ok(config) => send_frame(&env, config, &ClientFrame::Request(request(&env, &random_id(), name))),
+        Err(e) => Seen::ConnectionError(format!("unusable credentials: {e}")),
+    };
+    println!("seen: {seen}");
+    0
+}
+
+/// See the module documentation.
+fn steal() -> i32 {
+    let me = std::process::id() as i32;
+    let workspace = match std::env::current_dir() {
+        Ok(w) => w.to_string_lossy().into_owned(),
+        Err(e) => {
+            eprintln!("steal: {e}");
+            return 1;
+        }
+    };
+    let own_broker = std::env::var(ENV_BROKER).ok();
+    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
+        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+        .unwrap_or_default();
+    pids.sort_unstable();
+    let mut brokers_tried = Vec::new();
+    for pid in pids.into_iter().filter(|p| *p != me) {
+        let Some(vars) = environ_of(pid) else { continue };
+        let var = |n: &str| vars.iter().find(|(k, _)| k == n).map(|(_, v)| v.clone());
+        if let (Some(key), Some(cert), Some(ca), Some(addr)) = (var(ENV_KEY), var(ENV_CERT), var(ENV_CA), var(ENV_ADDR)) {
+            println!("environ-key {pid}");
+            let seen = match (addr.parse(), client_config(&ca, Some((&cert, &key)))) {
+                (Ok(addr), Ok(config)) => {
+                    let env = Env { addr, ca, cert, key, workspace: workspace.clone() };
+                    send_frame(&env, config, &ClientFrame::Request(request(&env, &random_id(), &format!("pwned-key-{pid}"))))
+                }
+                _ => Seen::ConnectionError("unusable credentials".into()),
+            };
+            println!("stolen-key {pid}: {seen}");
+        }
+        for fd in std::fs::read_dir(format!("/proc/{pid}/fd")).map(|d| d.flatten().collect::<Vec<_>>()).unwrap_or_default() {
+            use std::os::unix::fs::OpenOptionsExt;
+            let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY).open(fd.path());
+            let mut content = Vec::new();
+            if let Ok(file) = opened {
+                let _ = file.take(1 << 16).read_to_end(&mut content);
+            }
+            if content.windows(11).any(|w| w == b"PRIVATE KEY") {
+                println!("fd-key {pid} {}", fd.file_name().to_string_lossy());
+            }
+        }
+        if let Some(broker) = var(ENV_BROKER).filter(|b| Some(b) != own_broker.as_ref() && !brokers_tried.contains(b)) {
+            brokers_tried.push(broker.clone());
+            let seen = through_broker(&broker, vec!["touch".into(), format!("{workspace}/pwned-broker-{pid}")], &workspace);
+            println!("foreign-broker {pid}: {seen}");
+        }
+    }
+    match own_broker {
+        Some(b) => println!("own-broker: {}", through_broker(&b, vec!["touch".into(), format!("{workspace}/own-broker-ok")], &workspace)),
+        None => println!("own-broker: none"),
+    }
+    println!("done");
+    0
 }
 
 fn certs(pem: &str) -> Result<Vec<CertificateDer<'static>>, String> {

@@ -1,22 +1,21 @@
 //! `lazaret-escalate`, the Escalation Client: runs inside the sandbox and
-//! asks the Domain's coordinator, over mutual TLS 1.3, to run one exact
-//! command on the host, streaming its stdout and stderr here and exiting
-//! with its status. See `--help` for the exit codes.
+//! asks the Domain's coordinator, through its session's escalation broker
+//! (`lazaret-session-init`, which holds the session's credentials and
+//! speaks mutual TLS 1.3 to the coordinator), to run one exact command on
+//! the host, streaming its stdout and stderr here and exiting with its
+//! status. See `--help` for the exit codes.
 //!
 //! It is built statically (scripts/build-escalate.sh) so that it runs in any
-//! image, even one without a C library: it resolves no names (the address
-//! is `IP:PORT`) and reads no system files.
+//! image, even one without a C library: it resolves no names and reads no
+//! system files.
 
 #![forbid(unsafe_code)]
 
 mod args;
 
-use std::net::SocketAddr;
-
-use lazaret_protocol::client::{self, say, unavailable, Credentials, Signals};
-use lazaret_protocol::escalation::{
-    ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION, EscalationRequest, exit,
-};
+use lazaret_protocol::client::{self, say, unavailable, Signals};
+use lazaret_protocol::escalation::{ESCALATION_VERSION, EscalationRequest, exit};
+use lazaret_protocol::session::ENV_BROKER;
 
 use crate::args::{Parsed, UsageError};
 
@@ -61,28 +60,12 @@ fn run() -> i32 {
         return usage(&e.to_string());
     }
 
-    let env = |name: &str| match std::env::var(name) {
-        Ok(value) if !value.is_empty() => Ok(value),
-        Ok(_) | Err(std::env::VarError::NotPresent) => Err(format!("not inside a Lazaret session ({name} is not set)")),
-        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{name} is not valid UTF-8")),
-    };
-    let (addr, creds) = match (|| {
-        let addr = env(ENV_ADDR)?;
-        let creds = Credentials { ca: env(ENV_CA)?, cert: env(ENV_CERT)?, key: env(ENV_KEY)? };
-        Ok::<_, String>((addr, creds))
-    })() {
-        Ok(found) => found,
-        Err(reason) => return unavailable(&reason),
-    };
-    let Ok(addr) = addr.parse::<SocketAddr>() else {
-        return unavailable(&format!(
-            "{ENV_ADDR} is not IP:PORT: {}",
-            lazaret_protocol::display::escaped_str(&addr)
-        ));
-    };
-    let config = match client::config(&creds) {
-        Ok(config) => config,
-        Err(reason) => return unavailable(&reason),
+    let broker = match std::env::var(ENV_BROKER) {
+        Ok(value) if !value.is_empty() => value,
+        Ok(_) | Err(std::env::VarError::NotPresent) => {
+            return unavailable(&format!("not inside a Lazaret session ({ENV_BROKER} is not set)"));
+        }
+        Err(std::env::VarError::NotUnicode(_)) => return unavailable(&format!("{ENV_BROKER} is not valid UTF-8")),
     };
     // Blocked from here on, so a signal can only cancel, never kill the
     // client with a request in flight.
@@ -90,7 +73,7 @@ fn run() -> i32 {
         Ok(signals) => signals,
         Err(e) => return unavailable(&format!("cannot watch for signals: {e}")),
     };
-    client::escalate(addr, config, &signals, request)
+    client::escalate(&broker, &signals, request)
 }
 
 fn usage(message: &str) -> i32 {

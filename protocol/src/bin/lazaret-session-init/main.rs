@@ -1,5 +1,14 @@
-//! `lazaret-session-init -- COMMAND [ARGS...]`: the first process of every
-//! Lazaret session inside the sandbox (see `lazaret_protocol::session`).
+//! `lazaret-session-init [--user UID:GID[:GIDS]] [--cwd DIR] -- COMMAND
+//! [ARGS...]`: the first process of every Lazaret session inside the
+//! sandbox (see `lazaret_protocol::session`).
+//!
+//! With `--user` it runs as root (with only the capabilities to change
+//! ids, drop the bounding set and kill the session's processes) and is the session's escalation broker
+//! (`lazaret_protocol::client::relay`): it takes the session's escalation
+//! credentials from its own environment, which the agent's uid cannot
+//! read, gives the agent the broker's name instead, and starts the agent
+//! with the agent's ids, no capabilities and an empty bounding set, in
+//! `--cwd`.
 //!
 //! It makes itself the child subreaper of everything the session starts,
 //! forks and execs the agent's command (in a process group of its own that
@@ -23,9 +32,12 @@ use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::time::Duration;
 
+use lazaret_protocol::client::relay::Broker;
+use lazaret_protocol::client::{Credentials, config as tls_config};
 use lazaret_protocol::session::{
-    COMMAND_SEPARATOR, END_SIGNAL, EXIT_FAILED, EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, LAST_SIGNAL,
-    descendants_of, parent_from_stat, shell_status,
+    AgentUser, COMMAND_SEPARATOR, CREDENTIALS_FD, CREDENTIALS_OPTION, CWD_OPTION, END_SIGNAL, ENV_BROKER, EXIT_FAILED,
+    EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, LAST_SIGNAL, SessionCredentials, USER_OPTION, descendants_of,
+    parent_from_stat, shell_status,
 };
 
 /// Signals that stop or are synchronous: never blocked, never forwarded.
@@ -55,13 +67,89 @@ fn main() {
     std::process::exit(run());
 }
 
-fn run() -> i32 {
-    let mut args = std::env::args_os().skip(1);
-    if args.next().as_deref() != Some(COMMAND_SEPARATOR.as_ref()) {
-        say("usage: lazaret-session-init -- COMMAND [ARGS...]");
-        return EXIT_FAILED;
+/// `lazaret-session-init`'s own options.
+#[derive(Default)]
+struct Options {
+    user: Option<AgentUser>,
+    cwd: Option<CString>,
+    credentials: bool,
+}
+
+/// Parses `[--user U] [--cwd DIR] [--credentials] -- COMMAND...`; the
+/// command is returned.
+fn parse_args(mut args: impl Iterator<Item = OsString>) -> Result<(Options, Vec<OsString>), String> {
+    let mut options = Options::default();
+    loop {
+        let Some(arg) = args.next() else { return Err("usage: lazaret-session-init [--user UID:GID[:GIDS]] [--cwd DIR] [--credentials] -- COMMAND [ARGS...]".into()) };
+        match arg.to_str() {
+            Some(COMMAND_SEPARATOR) => break,
+            Some(USER_OPTION) => {
+                let value = args.next().unwrap_or_default();
+                let user = value.to_str().and_then(AgentUser::parse);
+                options.user = Some(user.ok_or_else(|| format!("{USER_OPTION} takes UID:GID[:GID,...] with a UID other than 0"))?);
+            }
+            Some(CREDENTIALS_OPTION) => options.credentials = true,
+            Some(CWD_OPTION) => {
+                let value = args.next().unwrap_or_default();
+                if !value.as_bytes().starts_with(b"/") {
+                    return Err(format!("{CWD_OPTION} takes an absolute directory"));
+                }
+                options.cwd = Some(CString::new(value.into_vec()).map_err(|_| format!("{CWD_OPTION} contains a NUL byte"))?);
+            }
+            _ => return Err(format!("unknown argument {:?}", arg)),
+        }
     }
-    let argv: Vec<OsString> = args.collect();
+    Ok((options, args.collect()))
+}
+
+/// The session's broker, from the session's credentials on
+/// [`CREDENTIALS_FD`] (read to its end and closed here); a warning when
+/// they are missing or unusable (the agent then runs, and
+/// `lazaret-escalate` says it is not in a session).
+fn broker() -> Option<(Broker, String)> {
+    let made = (|| {
+        let blob = sys::take_credentials(CREDENTIALS_FD).ok_or(format!("descriptor {CREDENTIALS_FD} is not open"))?;
+        let creds: SessionCredentials = serde_json::from_slice(&blob.map_err(|e| format!("cannot read the credentials: {e}"))?)
+            .map_err(|e| format!("the credentials are malformed: {e}"))?;
+        let addr = creds.addr.parse().map_err(|_| "the coordinator's address is not IP:PORT".to_owned())?;
+        let config = tls_config(&Credentials { ca: creds.ca, cert: creds.cert, key: creds.key })?;
+        Broker::bind(addr, config)
+    })();
+    match made {
+        Ok(broker) => Some(broker),
+        Err(reason) => {
+            say(&format!("host escalation is unavailable in this session: {reason}"));
+            None
+        }
+    }
+}
+
+/// The agent's environment: this process's, with the broker's name (an
+/// inherited value is never trusted).
+fn agent_environment(broker: Option<&str>) -> Vec<CString> {
+    let mut env: Vec<CString> = std::env::vars_os()
+        .filter(|(name, _)| name.as_bytes() != ENV_BROKER.as_bytes())
+        .filter_map(|(name, value)| {
+            let mut entry = name.into_vec();
+            entry.push(b'=');
+            entry.extend(value.into_vec());
+            CString::new(entry).ok()
+        })
+        .collect();
+    if let Some(name) = broker.and_then(|n| CString::new(format!("{ENV_BROKER}={n}")).ok()) {
+        env.push(name);
+    }
+    env
+}
+
+fn run() -> i32 {
+    let (options, argv) = match parse_args(std::env::args_os().skip(1)) {
+        Ok(parsed) => parsed,
+        Err(message) => {
+            say(&message);
+            return EXIT_FAILED;
+        }
+    };
     let Some(program) = argv.first().cloned() else {
         say("no command given");
         return EXIT_FAILED;
@@ -70,6 +158,14 @@ fn run() -> i32 {
         say("an argument contains a NUL byte");
         return EXIT_FAILED;
     };
+    if options.user.is_some() && sys::effective_uid() != 0 {
+        say(&format!("{USER_OPTION} needs lazaret-session-init to run as root"));
+        return EXIT_FAILED;
+    }
+    let broker = if options.credentials { broker() } else { None };
+    let envp = agent_environment(broker.as_ref().map(|(_, name)| name.as_str()));
+    let groups: Vec<libc::gid_t> = options.user.as_ref().map(|u| u.groups.clone()).unwrap_or_default();
+    let identity = options.user.as_ref().map(|u| sys::Identity { uid: u.uid, gid: u.gid, groups: &groups });
     let candidates = candidates(&program, std::env::var_os("PATH"));
     if let Err(e) = sys::become_subreaper() {
         say(&format!("cannot become the session's subreaper: {e}"));
@@ -93,15 +189,28 @@ fn run() -> i32 {
     let plan = sys::Spawn {
         candidates: &candidates,
         argv: &argv,
+        envp: &envp,
+        identity: identity.as_ref(),
+        cwd: options.cwd.as_ref(),
         searched,
         terminal,
         mask: &original_mask,
         not_found: EXIT_NOT_FOUND,
         not_executable: EXIT_NOT_EXECUTABLE,
+        failed: EXIT_FAILED,
     };
     let agent = match sys::spawn(&plan) {
         Ok((pid, None)) => pid,
-        Ok((pid, Some(errno))) => {
+        Ok((pid, Some((sys::Stage::Identity, errno)))) => {
+            say(&format!("cannot take the agent's user and groups: {}", errno_text(errno)));
+            pid
+        }
+        Ok((pid, Some((sys::Stage::Directory, errno)))) => {
+            let dir = options.cwd.as_ref().map(|c| String::from_utf8_lossy(c.as_bytes()).into_owned()).unwrap_or_default();
+            eprintln!("lazaret: cannot enter the working directory {}: {}", printable(&OsString::from(dir)), errno_text(errno));
+            pid
+        }
+        Ok((pid, Some((sys::Stage::Exec, errno)))) => {
             // The child has exited with its status; say why, as runsc would.
             let name = printable(&program);
             let why = errno_text(errno);
@@ -117,7 +226,18 @@ fn run() -> i32 {
             return EXIT_FAILED;
         }
     };
-    sys::drop_stdio_except(signals.as_raw_fd());
+    match broker {
+        Some((broker, _)) => {
+            sys::drop_stdio_except(&[signals.as_raw_fd(), broker.as_raw_fd()]);
+            let me = sys::own_pid();
+            // The broker's threads keep every signal blocked (they inherit
+            // the mask): signals are read here, from the signalfd.
+            if let Err(e) = std::thread::Builder::new().name("broker".into()).spawn(move || broker.serve(me)) {
+                say(&format!("host escalation is unavailable in this session: cannot start the broker: {e}"));
+            }
+        }
+        None => sys::drop_stdio_except(&[signals.as_raw_fd()]),
+    }
     let status = supervise(agent, &signals);
     end_everything_left();
     status

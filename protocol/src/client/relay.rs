@@ -1,0 +1,305 @@
+//! The session's escalation broker (run by `lazaret-session-init`): it
+//! holds the session's credentials and carries the plain frames of its own
+//! session's `lazaret-escalate` processes over mutual TLS to the
+//! coordinator.
+//!
+//! Why a broker: every process of every session runs as the same uid in one
+//! sandbox, so anything one agent process holds (its environment, its
+//! memory, its descriptors through `/proc/PID/fd`) another session's
+//! process can read. The broker runs as root inside the sandbox (see
+//! [`crate::session::USER_OPTION`]): the key never reaches a process of the
+//! agent's uid, and the broker serves a connection only when the process
+//! that sent its first bytes descends from this session's init, so one
+//! session can neither use another's certificate nor make a prompt appear
+//! on another's terminal.
+//!
+//! Who sent the bytes is the kernel's word: both sides turn `SO_PASSCRED`
+//! on and the broker reads the `SCM_CREDENTIALS` the kernel attached to
+//! them (a process cannot claim another's PID without `CAP_SYS_ADMIN`, and
+//! gVisor names the sending task itself). Not `SO_PEERCRED`: gVisor
+//! 20240729 answers it with the caller's own credentials.
+//!
+//! The listening socket is abstract (`@lazaret-escalate/<random>`, named to
+//! the agent in [`crate::session::ENV_BROKER`]): it needs no file the agent
+//! could replace, and the random name keeps another session from taking it
+//! first.
+
+use std::io::{self, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr as UnixAddr, UnixListener, UnixStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use rustls::pki_types::ServerName;
+use rustls::{ClientConfig, ClientConnection};
+
+use crate::escalation::{EscalationResult, Outcome, ServerFrame, write_server};
+use crate::session::descends_from;
+
+use super::{CONNECT_TIMEOUT, sys};
+
+/// How long the TLS handshake may take once connected (see the client's).
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Plain bytes from the client held for TLS before reading pauses.
+const MAX_PENDING: usize = 1024 * 1024;
+/// How long a client may take to send its first bytes.
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
+/// Connections served at once; more are refused (another session could
+/// otherwise open connections until this broker runs out of threads).
+const MAX_CONNECTIONS: usize = 64;
+
+/// The broker's listening socket and what it connects with.
+pub struct Broker {
+    listener: UnixListener,
+    coordinator: SocketAddr,
+    config: Arc<ClientConfig>,
+}
+
+impl Broker {
+    /// Listens on a new abstract socket; returns the broker and the value
+    /// of [`crate::session::ENV_BROKER`] (`@NAME`).
+    pub fn bind(coordinator: SocketAddr, config: Arc<ClientConfig>) -> Result<(Broker, String), String> {
+        let name = format!("lazaret-escalate/{}", super::request_id()?);
+        let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| format!("broker socket name: {e}"))?;
+        let listener = UnixListener::bind_addr(&addr).map_err(|e| format!("cannot listen for escalation requests: {e}"))?;
+        Ok((Broker { listener, coordinator, config }, format!("@{name}")))
+    }
+
+    /// Serves connections until the process ends: each from a descendant
+    /// of `session_init` (this process) in a thread of its own, any other
+    /// refused with a Result that says why.
+    pub fn serve(self, session_init: i32) {
+        let active = Arc::new(AtomicUsize::new(0));
+        loop {
+            let Ok((client, _)) = self.listener.accept() else { continue };
+            if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+                active.fetch_sub(1, Ordering::SeqCst);
+                refuse(client, "this session's escalation broker is busy");
+                continue;
+            }
+            let (coordinator, config, count) = (self.coordinator, self.config.clone(), active.clone());
+            let spawned = std::thread::Builder::new().name("relay".into()).spawn(move || {
+                serve_one(client, session_init, coordinator, config);
+                count.fetch_sub(1, Ordering::SeqCst);
+            });
+            if spawned.is_err() {
+                // The client sees its connection close: unavailable.
+                active.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl AsRawFd for Broker {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.listener.as_raw_fd()
+    }
+}
+
+/// The parent PID of `pid` from `/proc/PID/stat`.
+fn parent_pid(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    crate::session::parent_from_stat(&stat)
+}
+
+/// Answers `client` with a Refused result and closes it.
+fn refuse(client: UnixStream, reason: &str) {
+    answer(client, Outcome::Refused { reason: reason.into() });
+}
+
+/// Sends `client` a Result of its own (nothing from the coordinator has
+/// reached it) and closes it.
+fn answer(mut client: UnixStream, outcome: Outcome) {
+    let _ = client.set_nonblocking(false);
+    let _ = client.set_write_timeout(Some(Duration::from_secs(1)));
+    let _ = write_server(&mut client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
+}
+
+/// Checks who sent a connection's first bytes, then relays it.
+fn serve_one(client: UnixStream, session_init: i32, coordinator: SocketAddr, config: Arc<ClientConfig>) {
+    let mut first = vec![0u8; 16 * 1024];
+    let received = sys::pass_credentials(&client)
+        .and_then(|()| client.set_read_timeout(Some(FIRST_BYTES_TIMEOUT)))
+        .and_then(|()| sys::receive_with_sender(&client, &mut first));
+    let (n, sender) = match received {
+        Ok(got) => got,
+        Err(_) => return,
+    };
+    if n == 0 {
+        return;
+    }
+    if !sender.is_some_and(|pid| descends_from(pid, session_init, parent_pid)) {
+        refuse(client, "the escalation broker serves only processes of its own session");
+        return;
+    }
+    first.truncate(n);
+    relay(client, first, coordinator, config);
+}
+
+/// Carries one client's plain bytes (`first`, then what follows) to the
+/// coordinator over TLS and the answers back, until either side closes
+/// (the client closing cancels its request, as closing the TLS connection
+/// always has). When it fails before anything of the coordinator's reached
+/// the client, the client gets an Unavailable result that says why.
+fn relay(client: UnixStream, first: Vec<u8>, coordinator: SocketAddr, config: Arc<ClientConfig>) {
+    let fail = |client, reason: String| answer(client, Outcome::Unavailable { reason });
+    let server_name = ServerName::IpAddress(coordinator.ip().into());
+    let mut tls = match ClientConnection::new(config, server_name) {
+        Ok(tls) => tls,
+        Err(e) => return fail(client, format!("TLS configuration: {e}")),
+    };
+    tls.set_buffer_limit(None);
+    if let Err(e) = tls.writer().write_all(&first) {
+        return fail(client, format!("cannot send the request: {e}"));
+    }
+    let sock = match TcpStream::connect_timeout(&coordinator, CONNECT_TIMEOUT) {
+        Ok(sock) => sock,
+        Err(e) => return fail(client, format!("cannot reach Lazaret at {coordinator}: {e}")),
+    };
+    if let Err(e) = sock.set_nonblocking(true).and_then(|()| client.set_nonblocking(true)) {
+        return fail(client, format!("cannot set up the connection: {e}"));
+    }
+    // Output chunks are small and latency matters more than throughput.
+    let _ = sock.set_nodelay(true);
+    let mut pump = Pump { client, sock, tls, to_client: Vec::new(), client_done: false, relayed: false };
+    if let Err(reason) = pump.run() {
+        if !pump.relayed {
+            fail(pump.client, reason);
+        }
+    }
+}
+
+struct Pump {
+    client: UnixStream,
+    sock: TcpStream,
+    tls: ClientConnection,
+    /// Decrypted bytes not yet written to the client.
+    to_client: Vec<u8>,
+    /// The client has closed its side.
+    client_done: bool,
+    /// Something of the coordinator's has been passed to the client.
+    relayed: bool,
+}
+
+impl Pump {
+    /// Pumps until done; the error is a one-line reason for the client.
+    fn run(&mut self) -> Result<(), String> {
+        let lost = |e: io::Error| format!("lost the connection to Lazaret: {e}");
+        let handshake_deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+        let mut buf = vec![0u8; 16 * 1024];
+        loop {
+            self.flush_tls().map_err(lost)?;
+            self.flush_client().map_err(|e| format!("the client went away: {e}"))?;
+            let now = Instant::now();
+            let handshaking = self.tls.is_handshaking();
+            if handshaking && now >= handshake_deadline {
+                return Err("the TLS handshake with Lazaret timed out".into());
+            }
+            let pending = self.tls.wants_write();
+            let mut fds = [
+                sys::interest(self.sock.as_raw_fd(), true, pending),
+                sys::interest(
+                    self.client.as_raw_fd(),
+                    !self.client_done && !pending,
+                    !self.to_client.is_empty(),
+                ),
+            ];
+            let timeout = handshaking.then(|| handshake_deadline.saturating_duration_since(now));
+            sys::poll(&mut fds, timeout).map_err(|e| format!("cannot wait for Lazaret: {e}"))?;
+            if sys::ready(&fds[1]) && !self.client_done && !pending {
+                match self.client.read(&mut buf) {
+                    Ok(0) => {
+                        // The client left: closing the TLS connection tells
+                        // the coordinator to cancel whatever is under way.
+                        self.client_done = true;
+                        self.tls.send_close_notify();
+                        let _ = self.flush_tls();
+                        return Ok(());
+                    }
+                    Ok(n) => self.tls.writer().write_all(&buf[..n]).map_err(lost)?,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => {}
+                    Err(e) => return Err(format!("the client went away: {e}")),
+                }
+            }
+            if sys::ready(&fds[0]) {
+                let closed = match self.tls.read_tls(&mut self.sock) {
+                    Ok(0) => true,
+                    Ok(_) => false,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted) => false,
+                    Err(e) => return Err(lost(e)),
+                };
+                if let Err(e) = self.tls.process_new_packets() {
+                    // Tell the coordinator why (the alert rustls queued).
+                    let _ = self.flush_tls();
+                    return Err(format!("TLS with Lazaret failed: {e}"));
+                }
+                loop {
+                    match self.tls.reader().read(&mut buf) {
+                        Ok(0) => return self.finish(),
+                        Ok(n) => {
+                            self.relayed = true;
+                            self.to_client.extend_from_slice(&buf[..n]);
+                        }
+                        Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return self.finish(),
+                        Err(e) => return Err(lost(e)),
+                    }
+                }
+                if closed {
+                    return self.finish();
+                }
+                if self.to_client.len() > MAX_PENDING {
+                    // A client that stopped reading: block on it rather than
+                    // buffer without bound.
+                    let blocking = |pump: &mut Pump| -> io::Result<()> {
+                        pump.client.set_nonblocking(false)?;
+                        pump.flush_client()?;
+                        pump.client.set_nonblocking(true)
+                    };
+                    blocking(self).map_err(|e| format!("the client went away: {e}"))?;
+                }
+            }
+        }
+    }
+
+    /// The coordinator closed: pass on what came, then close the client
+    /// (which tells a closed connection without a Result from a complete
+    /// one by its frames).
+    fn finish(&mut self) -> Result<(), String> {
+        if !self.relayed {
+            return Err("lost the connection to Lazaret".into());
+        }
+        let _ = self.client.set_nonblocking(false);
+        let _ = self.client.write_all(&self.to_client);
+        self.to_client.clear();
+        Ok(())
+    }
+
+    fn flush_tls(&mut self) -> io::Result<()> {
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+
+    fn flush_client(&mut self) -> io::Result<()> {
+        while !self.to_client.is_empty() {
+            match self.client.write(&self.to_client) {
+                Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
+                Ok(n) => drop(self.to_client.drain(..n)),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(())
+    }
+}
