@@ -138,10 +138,8 @@ impl vte::Perform for Tracker {
                     }
                 }
             }
-            ([b'>'], 'm') => {
-                if p.first() == Some(&4) {
-                    m.modify_other_keys = p.get(1).copied().unwrap_or(0);
-                }
+            ([b'>'], 'm') if p.first() == Some(&4) => {
+                m.modify_other_keys = p.get(1).copied().unwrap_or(0);
             }
             ([b'>'], 'u') => {
                 m.kitty_stack.push(m.kitty_flags);
@@ -170,9 +168,9 @@ impl vte::Perform for Tracker {
     }
 
     fn esc_dispatch(&mut self, intermediates: &[u8], _ignore: bool, byte: u8) {
-        match (intermediates, byte) {
-            ([], b'c') => self.modes = Modes::default(),
-            _ => {}
+        // RIS: the terminal's full reset.
+        if let ([], b'c') = (intermediates, byte) {
+            self.modes = Modes::default();
         }
     }
 }

@@ -334,3 +334,30 @@ fn a_full_screen_program_is_redrawn_after_the_prompt() {
     assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
     env.assert_nothing_left();
 }
+
+/// A request longer than the screen: the header and the start of the
+/// command stay on the screen (the fields are cut to fit, with the
+/// marker), so what the command does first cannot be scrolled away by
+/// padding after it.
+#[test]
+fn a_long_request_does_not_push_the_start_of_the_command_off_the_screen() {
+    let env = env();
+    let padding = "x".repeat(3000);
+    let why = "because ".repeat(120);
+    let script = env.workspace.join(".long.sh");
+    fs::write(&script, format!("lazaret-escalate --justification '{why}' -- sh -c 'echo DANGER-START; : {padding}'\necho \"rc=$?\"\n")).expect("writing the script");
+    let mut pty = TestTerminal::new(24, 80);
+    let path = script.display().to_string();
+    let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "sh", &path]);
+    let screen = prompt_screen(&mut pty, Duration::from_millis(400));
+    let rows = screen.visible_rows();
+    assert_eq!(rows.first().map(String::as_str), Some(HEADER), "the header is not on the screen:\n{}", screen.dump());
+    assert!(rows.iter().any(|r| r.starts_with("  command: sh -c 'echo DANGER-START; : xxx")), "the start of the command is not on the screen:\n{}", screen.dump());
+    assert!(rows.iter().any(|r| r.contains("…[+")), "nothing says the request was cut:\n{}", screen.dump());
+    assert!(rows.last().is_some_and(|r| r.starts_with(KEY_LINE)), "the key line is not last:\n{}", screen.dump());
+    std::thread::sleep(ARMING);
+    pty.write(b"n");
+    pty.expect(&format!("rc={DENIED}"));
+    assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
+    env.assert_nothing_left();
+}
