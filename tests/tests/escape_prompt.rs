@@ -361,3 +361,30 @@ fn a_long_request_does_not_push_the_start_of_the_command_off_the_screen() {
     assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
     env.assert_nothing_left();
 }
+
+/// An escape sequence the agent's output was in the middle of when the
+/// prompt appeared (the prompt ends it) is written again afterwards, so
+/// that the agent's next output finishes it as meant: `ESC [3` + `1mRED`
+/// is red text, not the text `1mRED`. (`lazaret-escalate`'s own status
+/// line goes to /dev/null: its first letter would end the sequence.)
+#[test]
+fn a_sequence_cut_by_the_prompt_is_finished_by_the_agent_afterwards() {
+    let env = env();
+    let script = env.workspace.join(".cut.sh");
+    fs::write(&script, "printf 'before\\r\\n\\033[3'\nlazaret-escalate -- true 2>/dev/null\nprintf '1mRED\\033[m after\\r\\n'\n").expect("writing the script");
+    let mut pty = TestTerminal::new(ROWS, COLS);
+    let path = script.display().to_string();
+    let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "sh", &path]);
+    prompt_screen(&mut pty, Duration::from_millis(400));
+    std::thread::sleep(ARMING);
+    pty.write(b"y");
+    pty.expect("after");
+    assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
+    let screen = pty.screen();
+    let rows = screen.rows();
+    let row = rows.iter().position(|r| r.contains("RED")).unwrap_or_else(|| panic!("no RED on the screen:\n{}", screen.dump()));
+    assert!(!rows[row].contains("1mRED"), "the rest of the agent's sequence was shown as text:\n{}", screen.dump());
+    assert!(!screen.row_plain(row), "RED is not coloured:\n{}", screen.dump());
+    assert!(rows.iter().any(|r| r == "before"), "the agent's main screen did not come back:\n{}", screen.dump());
+    env.assert_nothing_left();
+}
