@@ -3,7 +3,8 @@
 //! scroll region, origin mode, charsets, insert mode, autowrap, alternate
 //! screen, colours) and, again, through a `vte` parser that keeps the modes
 //! `avt` does not model: concealed text (SGR 8), reverse screen (DECSCNM),
-//! left/right margins (DECLRMM), default colours (OSC 10/11),
+//! left/right margins (DECLRMM), default colours (OSC 10/11), ISO 8859-1
+//! instead of UTF-8 (`ESC % @`),
 //! synchronized output, local echo (SRM),
 //! newline mode, and the keyboard modes that change what a key sends
 //! (kitty keyboard flags, modifyOtherKeys). [`Screen::key`] encodes a key
@@ -41,6 +42,10 @@ pub struct Modes {
     pub default_fg: Option<String>,
     /// See `default_fg`.
     pub default_bg: Option<String>,
+    /// ISO 8859-1 selected (`ESC % @`), not UTF-8 (`ESC % G`): the bytes of
+    /// a character that is not ASCII show as other characters, or act as
+    /// C1 controls.
+    pub latin1: bool,
     /// modifyOtherKeys (`CSI > 4 ; N m`).
     pub modify_other_keys: u16,
     /// The kitty keyboard protocol's stack of pushed flags (top last).
@@ -72,7 +77,7 @@ impl Tracker {
 
 impl vte::Perform for Tracker {
     fn print(&mut self, c: char) {
-        let hidden = self.hidden();
+        let hidden = self.hidden() || (self.modes.latin1 && !c.is_ascii());
         self.printed.push(Printed { c, hidden });
     }
 
@@ -168,9 +173,12 @@ impl vte::Perform for Tracker {
     }
 
     fn esc_dispatch(&mut self, intermediates: &[u8], _ignore: bool, byte: u8) {
-        // RIS: the terminal's full reset.
-        if let ([], b'c') = (intermediates, byte) {
-            self.modes = Modes::default();
+        match (intermediates, byte) {
+            // RIS: the terminal's full reset.
+            ([], b'c') => self.modes = Modes::default(),
+            ([b'%'], b'@') => self.modes.latin1 = true,
+            ([b'%'], b'G') => self.modes.latin1 = false,
+            _ => {}
         }
     }
 }
@@ -308,6 +316,10 @@ mod tests {
         let s = Screen::of(3, 40, b"\x1b]10;#000000\x07\x1b]11;#000000\x1b\\dark\x1b]110\x07light");
         assert_eq!(s.printed_plainly("dark"), Some(false));
         assert_eq!(s.printed_plainly("light"), Some(true));
+        let s = Screen::of(3, 40, "\x1b%@── ascii \x1b%G── again".as_bytes());
+        assert_eq!(s.printed_plainly("── ascii"), Some(false));
+        assert_eq!(s.printed_plainly("ascii"), Some(true));
+        assert_eq!(s.printed_plainly("── again"), Some(true));
     }
 
     #[test]

@@ -239,6 +239,7 @@ fn a_terminal_mode_left_behind_does_not_hide_or_move_the_prompt() {
         Attack::new("synchronized-output", &with_noise(b"\x1b[?2026h")),
         Attack::new("alternate-screen", &with_noise(b"\x1b[?1049h\x1b[H\x1b[2Jfull screen program")),
         Attack::new("newline-mode", &with_noise(b"\x1b[20h")),
+        Attack::new("latin1", &with_noise(b"\x1b%@")),
     ];
     assert_none(run_attacks(&attacks, &[Key::Char('n')], DENIED));
 }

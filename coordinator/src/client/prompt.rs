@@ -58,7 +58,7 @@ const FIELD_MIN: usize = 40;
 /// text (into a title, a device control string, a sequence's parameters);
 /// then the modes the prompt resets are saved (XTSAVE: exact where the
 /// terminal has it; [`StreamState`] tracks them for the rest).
-const CANCEL_AND_SAVE: &[u8] = b"\x18\x1b\\\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026s";
+const CANCEL_AND_SAVE: &[u8] = b"\x18\x1b\\\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026;9001s";
 /// The prompt's own screen when the agent is on the main screen: the
 /// alternate screen, which saves the main screen and its cursor (with
 /// colours, character sets and origin mode) and gives them back unchanged
@@ -75,19 +75,21 @@ const LEAVE_OWN_SCREEN: &[u8] = b"\x1b[?1049l";
 /// mode, no newline mode, no local echo (SRM), normal cursor keys and
 /// keypad, normal screen (not reverse video), absolute cursor addressing,
 /// no margins (top/bottom, left/right), autowrap, a visible cursor,
-/// synchronized output ended, the main status display, no mouse, focus or
-/// paste reporting, no modifyOtherKeys, and a kitty keyboard mode with no
-/// flags pushed (keys arrive as plain bytes); then the screen is cleared,
-/// so that nothing the agent drew shows beside the prompt.
-const RESET: &[u8] = b"\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x1b(B\x1b)B\x1b*B\x1b+B\x0f\
+/// synchronized output ended, the main status display, UTF-8 (in ISO
+/// 8859-1 the bytes of a character in a field could be C1 controls), no
+/// mouse, focus or paste reporting, no modifyOtherKeys, no win32-input-mode,
+/// and a kitty keyboard mode with no flags pushed (keys arrive as plain
+/// bytes); then the screen is cleared, so that nothing the agent drew shows
+/// beside the prompt.
+const RESET: &[u8] = b"\x1b%G\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x1b(B\x1b)B\x1b*B\x1b+B\x0f\
 \x1b[4l\x1b[20l\x1b[12h\x1b[?1l\x1b>\x1b[?66l\x1b[?5l\x1b[?6l\x1b[?69l\x1b[r\x1b[?7h\x1b[?25h\x1b[?2026l\x1b[0$}\
-\x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?1016l\x1b[?2004l\
+\x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?1016l\x1b[?2004l\x1b[?9001l\
 \x1b[>4;0m\x1b[>0u\x1b[H\x1b[2J";
 /// Clears the screen, cursor at the top left.
 const CLEAR: &[u8] = b"\x1b[H\x1b[2J";
 /// Written after the prompt (after the agent's tracked modes): the kitty
 /// keyboard mode popped, the saved modes restored (XTRESTORE).
-const GIVE_BACK: &[u8] = b"\x1b[<u\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026r";
+const GIVE_BACK: &[u8] = b"\x1b[<u\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026;9001r";
 /// Makes the cursor's row single width and height (DECSWL), at the start
 /// of each row the prompt writes: a double-size row would show half of it.
 const SINGLE_WIDTH: &str = "\x1b#5";

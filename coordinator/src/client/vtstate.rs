@@ -17,8 +17,9 @@ use std::collections::BTreeMap;
 /// reverse screen (5), origin (6), autowrap (7), cursor shown (25),
 /// numeric keypad (66), left/right margins (69), mouse reporting (9,
 /// 1000-1003, 1005, 1006, 1015, 1016), focus events (1004), bracketed paste
-/// (2004), synchronized output (2026).
-pub(super) const PROMPT_DEC_MODES: &[u16] = &[1, 5, 6, 7, 25, 66, 69, 9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026];
+/// (2004), synchronized output (2026), win32-input-mode (9001: keys sent as
+/// sequences).
+pub(super) const PROMPT_DEC_MODES: &[u16] = &[1, 5, 6, 7, 25, 66, 69, 9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 9001];
 /// ANSI modes likewise: insert (IRM, 4), send/receive (SRM, 12: local
 /// echo), newline (LNM, 20).
 pub(super) const PROMPT_ANSI_MODES: &[u16] = &[4, 12, 20];
@@ -73,6 +74,9 @@ pub(super) struct StreamState {
     /// Default foreground and background colours (OSC 10, OSC 11), when
     /// the agent set them.
     colours: [Option<Vec<u8>>; 2],
+    /// UTF-8 (`ESC % G`) or not (`ESC % @`: in ISO 8859-1, the bytes of a
+    /// UTF-8 character can be C1 controls, a CSI among them), when set.
+    utf8: Option<bool>,
 }
 
 impl StreamState {
@@ -120,6 +124,9 @@ impl StreamState {
         }
         for (mode, on) in &self.ansi {
             out.extend_from_slice(format!("\x1b[{mode}{}", on_off(*on)).as_bytes());
+        }
+        if self.utf8 == Some(false) {
+            out.extend_from_slice(b"\x1b%@");
         }
         match self.keypad_application {
             Some(true) => out.extend_from_slice(b"\x1b="),
@@ -192,7 +199,14 @@ impl StreamState {
             },
             Parse::EscapeIntermediate => match b {
                 0x20..=0x2f => self.collect(b),
-                0x30..=0x7e => self.parse = Parse::Ground,
+                0x30..=0x7e => {
+                    self.parse = Parse::Ground;
+                    match (self.seq.as_slice(), b) {
+                        (b"%", b'G') => self.utf8 = Some(true),
+                        (b"%", b'@') => self.utf8 = Some(false),
+                        _ => {}
+                    }
+                }
                 _ => {}
             },
             Parse::Csi => match b {
@@ -385,6 +399,10 @@ mod tests {
         assert!(after(b"\x1b[?2004h\x1bc").restore().is_empty());
         // Queries are not settings.
         assert!(after(b"\x1b]10;?\x07").restore().is_empty());
+        // Another character encoding, given back; UTF-8 again: nothing.
+        assert_eq!(text(&after(b"\x1b%@").restore()), "\x1b%@");
+        assert!(after(b"\x1b%@\x1b%G").restore().is_empty());
+        assert_eq!(text(&after(b"\x1b[?9001h").restore()), "\x1b[?9001h");
     }
 
     #[test]
