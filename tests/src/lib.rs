@@ -19,6 +19,7 @@ pub mod images;
 pub mod netlab;
 pub mod pty;
 pub mod registry;
+pub mod screen;
 
 use std::ffi::OsStr;
 use std::fs;

@@ -10,6 +10,7 @@ use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::termios;
 
+use crate::screen::Screen;
 use crate::{lazaret_bin, TestEnv};
 
 /// The test's terminal.
@@ -19,6 +20,8 @@ pub struct TestTerminal {
     seen: String,
     /// Every byte read from the master, in order (never consumed).
     raw: Vec<u8>,
+    /// The window size (rows, columns) the test gave it.
+    size: std::cell::Cell<(u16, u16)>,
 }
 
 impl TestTerminal {
@@ -27,7 +30,7 @@ impl TestTerminal {
     pub fn new(rows: u16, cols: u16) -> TestTerminal {
         let p = open_pty().expect("open_pty");
         set_window_size(p.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
-        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new() }
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new(), size: std::cell::Cell::new((rows, cols)) }
     }
 
     /// Like [`TestTerminal::new`] (24 × 80), but both ends are inherited by
@@ -36,7 +39,7 @@ impl TestTerminal {
     pub fn leaky() -> TestTerminal {
         let ws = nix::pty::Winsize { ws_row: 24, ws_col: 80, ws_xpixel: 0, ws_ypixel: 0 };
         let p = nix::pty::openpty(Some(&ws), None).expect("openpty");
-        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new() }
+        TestTerminal { master: p.master, slave: p.slave, seen: String::new(), raw: Vec::new(), size: std::cell::Cell::new((24, 80)) }
     }
 
     /// The slave's path, as /proc shows it.
@@ -151,6 +154,21 @@ impl TestTerminal {
     /// does; the kernel then signals the foreground group.
     pub fn resize(&self, rows: u16, cols: u16) {
         set_window_size(self.master.as_fd(), WindowSize { rows, cols }).expect("TIOCSWINSZ");
+        self.size.set((rows, cols));
+    }
+
+    /// What the developer sees now: everything the terminal received,
+    /// rendered by a terminal emulator of the terminal's size (a resize
+    /// is applied as if from the start).
+    pub fn screen(&self) -> Screen {
+        let (rows, cols) = self.size.get();
+        Screen::of(rows, cols, &self.raw)
+    }
+
+    /// Reads what arrives for `period`, then renders the screen.
+    pub fn screen_after(&mut self, period: Duration) -> Screen {
+        self.settle(period);
+        self.screen()
     }
 
     /// Closes the terminal, as a terminal emulator's window closing or a

@@ -17,6 +17,7 @@ mod error;
 mod prompt;
 mod spawn;
 mod terminal;
+mod vtstate;
 
 use std::os::fd::{BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;

@@ -28,6 +28,8 @@ use lazaret_protocol::display::{inert, needs_escape};
 use lazaret_protocol::shell::{quote, quote_argv, split};
 use lazaret_protocol::wire::{PromptDecision, PromptRequest};
 
+use super::vtstate::StreamState;
+
 /// Longest profile or session name shown (bytes, after escaping).
 const NAME_MAX: usize = 200;
 /// Longest working directory shown.
@@ -45,24 +47,59 @@ const MESSAGE_MAX: usize = 300;
 const EDITOR_MAX: usize = 256 * 1024;
 /// Terminal width assumed until told otherwise.
 const DEFAULT_WIDTH: usize = 80;
+/// Columns before a field's value (`  command: `).
+const LABEL_COLUMNS: usize = 11;
+/// The fewest bytes a field is cut to so that the first screen fits the
+/// terminal's height.
+const FIELD_MIN: usize = 40;
 
-/// Written before the prompt: CAN (and ST) end any escape sequence or string
-/// the agent's output left open, which would otherwise swallow the prompt's
-/// text; then default colours and attributes, the ASCII character set,
-/// replace mode, autowrap, a visible cursor; then the mouse modes are saved
-/// (XTSAVE) and turned off, and a kitty keyboard mode with no flags is
-/// pushed, so that keys arrive as plain bytes.
-const SANE: &[u8] = b"\x18\x1b\\\x1b[0m\x1b(B\x0f\x1b[4l\x1b[?7h\x1b[?25h\
-\x1b[?9;1000;1001;1002;1003;1004;1005;1006;1015;2004s\
-\x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?2004l\
-\x1b[>0u";
-/// Written after the prompt: the modes [`SANE`] saved and pushed, restored.
-const RESTORE: &[u8] = b"\x1b[<u\x1b[?9;1000;1001;1002;1003;1004;1005;1006;1015;2004r";
+/// Written first: CAN and ST end any escape sequence or string the
+/// agent's output left open, which would otherwise swallow the prompt's
+/// text (into a title, a device control string, a sequence's parameters);
+/// then the modes the prompt resets are saved (XTSAVE: exact where the
+/// terminal has it; [`StreamState`] tracks them for the rest).
+const CANCEL_AND_SAVE: &[u8] = b"\x18\x1b\\\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026;9001s";
+/// The prompt's own screen when the agent is on the main screen: the
+/// alternate screen, which saves the main screen and its cursor (with
+/// colours, character sets and origin mode) and gives them back unchanged
+/// afterwards.
+const OWN_SCREEN: &[u8] = b"\x1b[?1049h";
+/// Back to the agent's main screen.
+const LEAVE_OWN_SCREEN: &[u8] = b"\x1b[?1049l";
+/// Everything the agent's output can have set that changes what text looks
+/// like, where it goes, or what the developer's keys send, set to the
+/// terminal's defaults, one by one (not DECSTR, which also resets the
+/// saved cursor the alternate screen gives back in some terminals):
+/// colours and attributes, default foreground and background colours (OSC
+/// 110, 111), the ASCII character set in G0 to G3 and G0 in use, replace
+/// mode, no newline mode, no local echo (SRM), normal cursor keys and
+/// keypad, normal screen (not reverse video), absolute cursor addressing,
+/// no margins (top/bottom, left/right), autowrap, a visible cursor,
+/// synchronized output ended, the main status display, UTF-8 (in ISO
+/// 8859-1 the bytes of a character in a field could be C1 controls), no
+/// mouse, focus or paste reporting, no modifyOtherKeys, no win32-input-mode,
+/// and a kitty keyboard mode with no flags pushed (keys arrive as plain
+/// bytes); then the screen is cleared, so that nothing the agent drew shows
+/// beside the prompt.
+const RESET: &[u8] = b"\x1b%G\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x1b(B\x1b)B\x1b*B\x1b+B\x0f\
+\x1b[4l\x1b[20l\x1b[12h\x1b[?1l\x1b>\x1b[?66l\x1b[?5l\x1b[?6l\x1b[?69l\x1b[r\x1b[?7h\x1b[?25h\x1b[?2026l\x1b[0$}\
+\x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?1016l\x1b[?2004l\x1b[?9001l\
+\x1b[>4;0m\x1b[>0u\x1b[H\x1b[2J";
+/// Clears the screen, cursor at the top left.
+const CLEAR: &[u8] = b"\x1b[H\x1b[2J";
+/// Written after the prompt (after the agent's tracked modes): the kitty
+/// keyboard mode popped, the saved modes restored (XTRESTORE).
+const GIVE_BACK: &[u8] = b"\x1b[<u\x1b[?1;5;6;7;25;66;69;9;1000;1001;1002;1003;1004;1005;1006;1015;1016;2004;2026;9001r";
+/// Makes the cursor's row single width and height (DECSWL), at the start
+/// of each row the prompt writes: a double-size row would show half of it.
+const SINGLE_WIDTH: &str = "\x1b#5";
 /// Erases the rest of the row, so no earlier text shows beside a line.
 const ERASE_ROW_REST: &str = "\x1b[K";
 /// Returns to the start of the row and erases it, to redraw the input line.
-const REDRAW_ROW: &str = "\r\x1b[2K";
+const REDRAW_ROW: &str = "\r\x1b[2K\x1b#5";
 
+/// The prompt's first row.
+const HEADER: &str = "── lazaret: the agent asks to run a command on the host ──";
 /// The keys of the first screen.
 const CHOICES: &str = "[y] run once  [a] always in this Domain  [e] edit  [n] deny";
 /// The keys of the confirmation after an edit.
@@ -101,13 +138,35 @@ pub(super) struct Prompt {
     width: usize,
     /// Whole seconds until the prompt times out, as last shown.
     secs_left: u64,
+    /// The terminal's height in rows (0: unknown).
+    height: usize,
+    /// The agent's program is on the alternate screen: the prompt draws
+    /// there (it cannot be given back; the program is asked to redraw).
+    over_alternate: bool,
+    /// The bytes that set again the modes the agent set ([`StreamState::restore`]).
+    agent_modes: Vec<u8>,
 }
 
 impl Prompt {
     /// A prompt for `request`, on its first screen.
     pub(super) fn new(request: PromptRequest) -> Prompt {
         let secs_left = request.timeout_secs;
-        Prompt { request, mode: Mode::Choose, keys: Keys::default(), width: DEFAULT_WIDTH, secs_left }
+        Prompt { request, mode: Mode::Choose, keys: Keys::default(), width: DEFAULT_WIDTH, secs_left, height: 0, over_alternate: false, agent_modes: Vec::new() }
+    }
+
+    /// The prompt drawn over a terminal the agent's output left in `state`:
+    /// on the agent's alternate screen if it is there, and the agent's
+    /// modes given back when it closes.
+    pub(super) fn over(mut self, state: &StreamState) -> Prompt {
+        self.over_alternate = state.alternate_screen();
+        self.agent_modes = state.restore();
+        self
+    }
+
+    /// Whether the prompt is drawn on the agent's alternate screen, which
+    /// its program must redraw afterwards.
+    pub(super) fn over_alternate(&self) -> bool {
+        self.over_alternate
     }
 
     /// The Escalation Request ID this prompt answers.
@@ -122,26 +181,95 @@ impl Prompt {
         }
     }
 
+    /// Tells the prompt the terminal's height (0: unknown, keep the last).
+    pub(super) fn set_height(&mut self, rows: u16) {
+        if rows > 0 {
+            self.height = usize::from(rows);
+        }
+    }
+
     /// The whole prompt as it stands: the bytes to write when it appears.
     pub(super) fn render(&self) -> Vec<u8> {
         let mut out = Out::default();
-        out.bytes.extend_from_slice(SANE);
-        // A fresh row (the agent's output may have stopped mid-line), and
-        // nothing of the agent's below it.
-        out.raw("\r\n\x1b[J");
-        out.line("── lazaret: the agent asks to run a command on the host ──");
+        out.bytes.extend_from_slice(CANCEL_AND_SAVE);
+        if !self.over_alternate {
+            out.bytes.extend_from_slice(OWN_SCREEN);
+        }
+        out.bytes.extend_from_slice(RESET);
+        self.screen(&mut out);
+        out.bytes
+    }
+
+    /// The whole prompt again on its own screen, which it already set up
+    /// (after a resize): the screen cleared and drawn anew.
+    pub(super) fn redraw(&self) -> Vec<u8> {
+        let mut out = Out::default();
+        out.bytes.extend_from_slice(CLEAR);
+        self.screen(&mut out);
+        out.bytes
+    }
+
+    /// The rows of the current screen, from the top.
+    fn screen(&self, out: &mut Out) {
+        let [cwd, command, why] = self.limits();
+        out.line(HEADER);
         out.line(&format!("  profile: {}", inert(&self.request.profile, NAME_MAX)));
         out.line(&format!("  session: {}", inert(&self.request.session, NAME_MAX)));
-        out.line(&format!("  cwd:     {}", inert(&self.request.cwd, CWD_MAX)));
-        out.line(&self.command_line());
-        out.line(&format!("  why:     {}", inert(&self.request.justification, WHY_MAX)));
+        out.line(&self.cwd_line(cwd));
+        out.line(&self.command_line(command));
+        out.line(&self.why_line(why));
         match &self.mode {
             Mode::Choose => {}
-            Mode::Edit(_) => self.edit_intro(&mut out),
-            Mode::Confirm(argv) => self.confirm_intro(&mut out, argv),
+            Mode::Edit(_) => self.edit_intro(out),
+            Mode::Confirm(argv) => self.confirm_intro(out, argv),
         }
-        self.input_line(&mut out);
-        out.bytes
+        self.input_line(out);
+    }
+
+    /// The most bytes of the working directory, the command and the
+    /// justification shown, so that the first screen fits the terminal's
+    /// height: a field that would push the header (or the start of the
+    /// command) off the top is cut, with the marker, the justification
+    /// first, then the directory, then the command, each to no fewer than
+    /// [`FIELD_MIN`] bytes. Rows are counted high (every character that is
+    /// not ASCII as two columns).
+    fn limits(&self) -> [usize; 3] {
+        let mut max = [CWD_MAX, COMMAND_MAX, WHY_MAX];
+        if self.height == 0 {
+            return max;
+        }
+        let width = self.width.max(1);
+        let rows = |text: &str| columns(text).div_ceil(width).max(1);
+        let fixed = rows(HEADER)
+            + rows(&format!("  profile: {}", inert(&self.request.profile, NAME_MAX)))
+            + rows(&format!("  session: {}", inert(&self.request.session, NAME_MAX)))
+            + rows(&self.input_text());
+        let room = self.height.saturating_sub(fixed);
+        let field_rows = |max: &[usize; 3]| [rows(&self.cwd_line(max[0])), rows(&self.command_line(max[1])), rows(&self.why_line(max[2]))];
+        for field in [2, 0, 1] {
+            loop {
+                let now = field_rows(&max);
+                if now.iter().sum::<usize>() <= room {
+                    return max;
+                }
+                let shorter = ((now[field] - 1) * width).saturating_sub(LABEL_COLUMNS + 1).max(FIELD_MIN);
+                if now[field] <= 1 || shorter >= max[field] {
+                    break;
+                }
+                max[field] = shorter;
+            }
+        }
+        max
+    }
+
+    /// `  cwd:     ...`, at most `max` bytes of it.
+    fn cwd_line(&self, max: usize) -> String {
+        format!("  cwd:     {}", inert(&self.request.cwd, max))
+    }
+
+    /// `  why:     ...`, at most `max` bytes of it.
+    fn why_line(&self, max: usize) -> String {
+        format!("  why:     {}", inert(&self.request.justification, max))
     }
 
     /// The developer's keys (raw bytes from the terminal, in raw mode).
@@ -209,12 +337,20 @@ impl Prompt {
         })
     }
 
-    /// The last line of a prompt, and the terminal modes restored.
+    /// The last line of a prompt, then the terminal given back: the
+    /// prompt cleared away, the agent's modes set again, and the agent's
+    /// main screen back as it was (or, on its alternate screen, a clear
+    /// one, which its program is asked to redraw).
     fn closing(&self, what: &str) -> Vec<u8> {
         let mut out = Out::default();
         out.raw("\r\n");
         out.line(&format!("── lazaret: {what} ──"));
-        out.bytes.extend_from_slice(RESTORE);
+        out.bytes.extend_from_slice(CLEAR);
+        out.bytes.extend_from_slice(&self.agent_modes);
+        out.bytes.extend_from_slice(GIVE_BACK);
+        if !self.over_alternate {
+            out.bytes.extend_from_slice(LEAVE_OWN_SCREEN);
+        }
         out.bytes
     }
 
@@ -317,7 +453,7 @@ impl Prompt {
 
     /// The requested command again, then the keys.
     fn back_to_choose(&self, out: &mut Out) {
-        out.line(&self.command_line());
+        out.line(&self.command_line(self.limits()[1]));
         self.input_line(out);
     }
 
@@ -338,9 +474,9 @@ impl Prompt {
         }
     }
 
-    /// `  command: ...`, the argv shell-quoted.
-    fn command_line(&self) -> String {
-        format!("  command: {}", notation(&quote_argv(&self.request.argv), COMMAND_MAX))
+    /// `  command: ...`, the argv shell-quoted, at most `max` bytes of it.
+    fn command_line(&self, max: usize) -> String {
+        format!("  command: {}", notation(&quote_argv(&self.request.argv), max))
     }
 
     /// Redraws the input line: the keys (or the editor) and the time left.
@@ -379,6 +515,7 @@ impl Out {
     /// One whole line (already inert where the agent controls it): the rest
     /// of the row erased, then CR LF (the terminal is in raw mode).
     fn line(&mut self, text: &str) {
+        self.raw(SINGLE_WIDTH);
         self.raw(text);
         self.raw(ERASE_ROW_REST);
         self.raw("\r\n");
@@ -631,7 +768,7 @@ pub mod fuzzing {
 
     use lazaret_protocol::wire::{PromptDecision, PromptRequest};
 
-    use super::{Prompt, Step, ERASE_ROW_REST, REDRAW_ROW, RESTORE, SANE};
+    use super::{Prompt, Step, CANCEL_AND_SAVE, CLEAR, ERASE_ROW_REST, GIVE_BACK, LEAVE_OWN_SCREEN, OWN_SCREEN, REDRAW_ROW, RESET, SINGLE_WIDTH};
 
     /// Something that happens to a prompt.
     #[derive(Debug, Clone)]
@@ -646,8 +783,10 @@ pub mod fuzzing {
 
     /// The control sequences the prompt writes of its own (everything else
     /// it writes is text): the start and end blocks, row erasing and
-    /// redrawing, and the line break and erase-below at the start.
-    pub const OWN_SEQUENCES: [&[u8]; 5] = [SANE, RESTORE, b"\x1b[J", REDRAW_ROW.as_bytes(), ERASE_ROW_REST.as_bytes()];
+    /// redrawing, single-width rows (a sequence that contains another comes
+    /// before it).
+    pub const OWN_SEQUENCES: [&[u8]; 9] =
+        [CANCEL_AND_SAVE, OWN_SCREEN, RESET, CLEAR, GIVE_BACK, LEAVE_OWN_SCREEN, REDRAW_ROW.as_bytes(), ERASE_ROW_REST.as_bytes(), SINGLE_WIDTH.as_bytes()];
 
     /// Shows a prompt for `request` and feeds it `events` until it decides:
     /// every chunk of bytes it writes, in order, and the decision, if any.
@@ -705,7 +844,18 @@ mod tests {
     /// The bytes after the sanitising prefix: what the agent's text could
     /// have influenced, plus the prompt's own erase and redraw sequences.
     fn body(bytes: &[u8]) -> &[u8] {
-        bytes.strip_prefix(SANE).unwrap_or(bytes)
+        bytes.strip_prefix(start().as_slice()).unwrap_or(bytes)
+    }
+
+    /// What a prompt over the main screen starts with.
+    fn start() -> Vec<u8> {
+        [CANCEL_AND_SAVE, OWN_SCREEN, RESET].concat()
+    }
+
+    /// What a prompt over the main screen, with no modes of the agent's
+    /// to give back, ends with.
+    fn end() -> String {
+        text(&[CLEAR, GIVE_BACK, LEAVE_OWN_SCREEN].concat())
     }
 
     /// `bytes` with the prompt's own control sequences removed: what is
@@ -713,10 +863,10 @@ mod tests {
     /// invisible characters.
     fn without_own_controls(bytes: &[u8]) -> String {
         let mut s = text(body(bytes));
-        for own in [ERASE_ROW_REST, REDRAW_ROW, "\x1b[J"] {
+        for own in [ERASE_ROW_REST, REDRAW_ROW, SINGLE_WIDTH] {
             s = s.replace(own, "");
         }
-        s.strip_suffix(std::str::from_utf8(RESTORE).unwrap_or("")).map(str::to_owned).unwrap_or(s)
+        s.strip_suffix(end().as_str()).map(str::to_owned).unwrap_or(s)
     }
 
     fn answer(step: Step) -> (PromptDecision, String) {
@@ -740,7 +890,7 @@ mod tests {
     #[test]
     fn the_first_screen_names_everything() {
         let shown = text(&prompt().render());
-        assert!(shown.starts_with(std::str::from_utf8(SANE).unwrap_or("?")));
+        assert!(shown.starts_with(&text(&start())));
         for expected in [
             "── lazaret: the agent asks to run a command on the host ──",
             "  profile: dev\x1b[K\r\n",
@@ -757,6 +907,98 @@ mod tests {
     }
 
     #[test]
+    fn the_prompt_has_a_clean_screen_of_its_own_and_gives_the_main_screen_back() {
+        let mut p = prompt();
+        let shown = p.render();
+        // Open strings ended first, then the alternate screen, then every
+        // mode reset and the screen cleared, before any text.
+        assert!(shown.starts_with(&start()), "{:?}", text(&shown));
+        assert!(RESET.ends_with(CLEAR));
+        // Every row single width, from its start.
+        let after_start = text(body(&shown));
+        let rows: Vec<&str> = after_start.split("\r\n").collect();
+        assert!(rows.len() >= 7, "{rows:?}");
+        for row in &rows {
+            assert!(row.starts_with(SINGLE_WIDTH) || row.starts_with(REDRAW_ROW), "{row:?}");
+        }
+        let (_, t) = answer(p.on_input(b"n"));
+        assert!(t.ends_with(&end()), "{t:?}");
+        assert!(!p.over_alternate());
+    }
+
+    #[test]
+    fn over_the_alternate_screen_the_prompt_stays_there_and_gives_the_modes_back() {
+        let mut state = StreamState::default();
+        state.feed(b"\x1b[?1049h\x1b[>4;2m\x1b[?2004h\x1b[3;9r");
+        let mut p = prompt().over(&state);
+        assert!(p.over_alternate());
+        let shown = text(&p.render());
+        assert!(shown.starts_with(&text(&[CANCEL_AND_SAVE, RESET].concat())), "{shown:?}");
+        assert!(!shown.contains("\x1b[?1049h"), "{shown:?}");
+        let (_, t) = answer(p.on_input(b"n"));
+        let expected = format!("{}\x1b[?2004h\x1b[>4;2m\x1b[3;9r{}", text(CLEAR), text(GIVE_BACK));
+        assert!(t.ends_with(&expected), "{t:?}");
+        assert!(!t.contains("\x1b[?1049l"), "{t:?}");
+        // On the main screen, the same modes are given back before leaving
+        // the prompt's screen (the cursor comes back with the main screen).
+        let mut state = StreamState::default();
+        state.feed(b"\x1b[?2004h\x1b[3;9r");
+        let mut p = prompt().over(&state);
+        let (_, t) = answer(p.on_input(b"y"));
+        assert!(t.ends_with(&format!("\x1b[?2004h\x1b[3;9r{}{}", text(GIVE_BACK), text(LEAVE_OWN_SCREEN))), "{t:?}");
+    }
+
+    /// The rows `shown` takes on a terminal `width` columns wide, counted
+    /// as the prompt counts them.
+    fn rows_taken(shown: &[u8], width: usize) -> usize {
+        let mut s = text(body(shown));
+        for own in [ERASE_ROW_REST, REDRAW_ROW, SINGLE_WIDTH] {
+            s = s.replace(own, "");
+        }
+        s.split("\r\n").map(|row| columns(row).div_ceil(width).max(1)).sum()
+    }
+
+    #[test]
+    fn the_first_screen_fits_the_terminal_s_height_with_the_start_of_the_command() {
+        let padding = "x".repeat(3000);
+        let mut r = request(&["sh", "-c", &format!("DANGER-START; : {padding}")], &"why ".repeat(250));
+        r.cwd = format!("/{}", "d".repeat(900));
+        for (height, width) in [(24, 80), (30, 120), (12, 60)] {
+            let mut p = Prompt::new(r.clone());
+            p.set_width(width);
+            p.set_height(height);
+            let shown = p.render();
+            assert!(rows_taken(&shown, usize::from(width)) <= usize::from(height), "{height}x{width}: {} rows: {:?}", rows_taken(&shown, usize::from(width)), text(&shown));
+            let shown = text(&shown);
+            assert!(shown.contains("── lazaret: the agent asks"), "{shown:?}");
+            assert!(shown.contains("  command: sh -c 'DANGER-START; : xxxx"), "{shown:?}");
+            // The justification and the command are cut, and say so.
+            for label in ["  command: ", "  why:     "] {
+                let line = shown.split("\r\n").find(|l| l.trim_start_matches(SINGLE_WIDTH).starts_with(label)).unwrap_or_default();
+                assert!(line.contains("…[+"), "{label:?} not cut: {line:?}");
+            }
+            // Redrawn after a resize: the same rows, without the start.
+            assert!(text(&p.redraw()).starts_with(&format!("{}{SINGLE_WIDTH}── lazaret", text(CLEAR))));
+        }
+        // The justification is cut first: a short command stays whole.
+        let mut p = Prompt::new(request(&["git", "push"], &"why ".repeat(250)));
+        p.set_width(80);
+        p.set_height(12);
+        let shown = text(&p.render());
+        assert!(shown.contains("  command: git push\x1b[K"), "{shown:?}");
+        assert!(rows_taken(shown.as_bytes(), 80) <= 12);
+        // Room enough: nothing cut.
+        let mut p = Prompt::new(r.clone());
+        p.set_width(200);
+        p.set_height(50);
+        let shown = text(&p.render());
+        assert!(shown.contains(&format!("{padding}'")) && !shown.contains("…[+"), "{shown:?}");
+        // Height unknown: the fixed limits.
+        let p = Prompt::new(r);
+        assert!(text(&p.render()).contains(&"x".repeat(2900)));
+    }
+
+    #[test]
     fn arguments_are_shown_one_token_each_shell_quoted() {
         let p = Prompt::new(request(&["git", "commit", "-m", "fix it; rm -rf ~", "it's"], ""));
         let shown = text(&p.render());
@@ -768,7 +1010,8 @@ mod tests {
         let evil = "ok\x1b[2J\x1b]52;c;ZWNobyBldmls\x07\rFAKE: approved\u{202e}desrever\u{200b}\u{2066}x\u{2069}\x1bP1$r\x1b\\\u{9b}31m\nnext";
         let p = Prompt::new(request(&["true"], evil));
         let shown = p.render();
-        let raw = text(&shown);
+        // The prompt's own start clears the screen; after it, nothing may.
+        let raw = text(body(&shown));
         for forbidden in ["\x1b[2J", "\x1b]52", "\x07", "\rFAKE", "\u{202e}", "\u{200b}", "\u{2066}", "\u{2069}", "\x1bP", "\u{9b}", "\nnext"] {
             assert!(!raw.contains(forbidden), "{forbidden:?} reached the terminal: {raw:?}");
         }
@@ -801,7 +1044,7 @@ mod tests {
         let mut r = request(&["echo", &"a".repeat(10_000)], &long);
         r.cwd = format!("/{}", "d".repeat(3000));
         let shown = text(&Prompt::new(r).render());
-        let field = |name: &str| shown.lines().find(|l| l.starts_with(name)).map(str::to_owned).unwrap_or_default();
+        let field = |name: &str| shown.lines().map(|l| l.trim_start_matches(SINGLE_WIDTH)).find(|l| l.starts_with(name)).map(str::to_owned).unwrap_or_default();
         let why = field("  why:");
         assert!(why.contains("…[+") && why.len() < WHY_MAX + 40, "{} bytes", why.len());
         let cmd = field("  command:");
@@ -828,7 +1071,7 @@ mod tests {
             let (decision, final_text) = answer(prompt().on_input(keys));
             assert_eq!(decision, expected, "keys {keys:?}");
             assert!(final_text.contains("── lazaret: "), "{final_text:?}");
-            assert!(final_text.ends_with(std::str::from_utf8(RESTORE).unwrap_or("?")));
+            assert!(final_text.ends_with(&end()));
         }
         let (_, t) = answer(prompt().on_input(b"n"));
         assert!(t.contains("lazaret: denied"), "{t:?}");
@@ -1036,7 +1279,7 @@ mod tests {
         p.set_width(120);
         assert_eq!(p.tick(Duration::from_secs(60)), None);
         let line = p.tick(Duration::from_millis(58_200)).map(|b| text(&b)).unwrap_or_default();
-        assert_eq!(line, "\r\x1b[2K[y] run once  [a] always in this Domain  [e] edit  [n] deny  (59 s left) ");
+        assert_eq!(line, "\r\x1b[2K\x1b#5[y] run once  [a] always in this Domain  [e] edit  [n] deny  (59 s left) ");
         assert_eq!(p.tick(Duration::from_millis(58_900)), None);
         // Too narrow for the key line: no redraw in place (it would wrap).
         p.set_width(40);
@@ -1045,7 +1288,7 @@ mod tests {
         // The editor line always fits.
         p.on_input(b"e");
         let line = p.tick(Duration::from_secs(5)).map(|b| text(&b)).unwrap_or_default();
-        assert!(line.starts_with("\r\x1b[2Kedit (5 s left)> "), "{line:?}");
+        assert!(line.starts_with("\r\x1b[2K\x1b#5edit (5 s left)> "), "{line:?}");
     }
 
     #[test]
@@ -1083,8 +1326,8 @@ mod tests {
         let p = prompt();
         let t = text(&p.withdrawn("timed out after 60 s\x1b[2J"));
         assert!(t.contains("── lazaret: prompt withdrawn: timed out after 60 s\\x1b[2J ──"), "{t:?}");
-        assert!(!t.contains("\x1b[2J"));
-        assert!(t.ends_with(std::str::from_utf8(RESTORE).unwrap_or("?")));
+        assert!(t.ends_with(&end()));
+        assert!(!t[..t.len() - end().len()].contains("\x1b[2J"), "{t:?}");
         let t = text(&p.abandoned("the session ended"));
         assert!(t.contains("prompt closed: the session ended"), "{t:?}");
         assert_eq!(p.request_id(), "r-1");

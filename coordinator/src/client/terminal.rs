@@ -43,6 +43,7 @@ use crate::layout::DomainDir;
 use crate::LAZARET_FAILED;
 
 use super::prompt::{Prompt, Step};
+use super::vtstate::StreamState;
 use super::ClientError;
 
 /// The client's own stdin, stdout and stderr, by number.
@@ -179,6 +180,8 @@ pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo
         terminal,
         terminal_gone: false,
         hangup: None,
+        agent_screen: StreamState::default(),
+        redraw_at: None,
     };
     let outcome = relay.run(signals, dir);
     // A lost connection leaves a prompt up: close it (no answer can go).
@@ -227,6 +230,10 @@ const HANGUP_EXIT_WAIT: Duration = Duration::from_secs(5);
 /// process killed by SIGHUP (128 + 1).
 pub(super) const HANGUP_STATUS: i32 = 128 + libc::SIGHUP;
 
+/// How long the agent's terminal stays one row smaller after a prompt over
+/// its alternate screen (long enough for its program to see the change).
+const REDRAW_NUDGE: Duration = Duration::from_millis(150);
+
 /// How often the relay wakes while a prompt is up (the time left, the
 /// deadline).
 const PROMPT_TICK: u16 = 200;
@@ -247,6 +254,10 @@ struct Showing {
     tty: Option<OwnedFd>,
     /// Which of the client's streams shows it otherwise.
     screen: usize,
+    /// The escape sequence or string the agent's output was in the middle
+    /// of when the prompt appeared (the prompt cancelled it): written again
+    /// after the prompt, before the output held back, which finishes it.
+    unfinished: Vec<u8>,
 }
 
 /// A hangup under way: the agent was sent SIGHUP.
@@ -306,6 +317,12 @@ struct Relay<'a> {
     terminal_gone: bool,
     /// Set once the client forwarded a hangup to the agent.
     hangup: Option<Hangup>,
+    /// What the agent's terminal output left the developer's terminal in.
+    agent_screen: StreamState,
+    /// When the agent's terminal gets its real size back, after a prompt
+    /// drawn over its alternate screen made it one row smaller so that its
+    /// program redraws ([`Relay::nudge_redraw`]).
+    redraw_at: Option<Instant>,
 }
 
 /// What one poll round found ready.
@@ -361,6 +378,7 @@ impl Relay<'_> {
             if self.exit.is_some() && !self.output_open() {
                 return Ok(());
             }
+            self.redraw_tick();
             if self.hangup_tick() {
                 return Ok(());
             }
@@ -414,7 +432,7 @@ impl Relay<'_> {
         } else {
             PollTimeout::NONE
         };
-        if let Some(next) = self.hangup_deadline() {
+        if let Some(next) = self.hangup_deadline().into_iter().chain(self.redraw_at).min() {
             let ms = next.saturating_duration_since(Instant::now()).as_millis().saturating_add(1);
             let ms = PollTimeout::from(u16::try_from(ms).unwrap_or(u16::MAX));
             if timeout == PollTimeout::NONE || ms < timeout {
@@ -450,9 +468,13 @@ impl Relay<'_> {
                     if let (Some(m), Some(n)) = (&self.master, self.sizing) {
                         sync_window_size(self.std.fd(n), m.as_fd());
                     }
-                    let cols = self.window_cols();
+                    let (rows, cols) = self.window_rows_cols();
                     if let Some(showing) = self.prompt.as_mut() {
+                        // Drawn anew for the new size (a terminal may
+                        // rewrap or cut the rows it had).
                         showing.prompt.set_width(cols);
+                        showing.prompt.set_height(rows);
+                        let _ = write_all(showing.fd(&self.std), &showing.prompt.redraw());
                     }
                 }
                 // The agent gets its grace. The kernel's SIGHUP often comes
@@ -507,6 +529,7 @@ impl Relay<'_> {
     /// Writes the PTY's output to the developer's terminal; a terminal that
     /// hung up is noticed here too (EIO), and then written to no more.
     fn write_terminal(&mut self, data: &[u8]) {
+        self.agent_screen.feed(data);
         if self.terminal_gone {
             return;
         }
@@ -716,8 +739,10 @@ impl Relay<'_> {
     fn show(&mut self, request: PromptRequest) {
         let now = Instant::now();
         let timeout = Duration::from_secs(request.timeout_secs.min(MAX_TIMEOUT_SECS));
-        let mut prompt = Prompt::new(request);
-        prompt.set_width(self.window_cols());
+        let mut prompt = Prompt::new(request).over(&self.agent_screen);
+        let (rows, cols) = self.window_rows_cols();
+        prompt.set_width(cols);
+        prompt.set_height(rows);
         let tty = match self.prompt_screen {
             Some(_) => None,
             None => nix::fcntl::open("/dev/tty", OFlag::O_WRONLY | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, nix::sys::stat::Mode::empty()).ok(),
@@ -728,6 +753,7 @@ impl Relay<'_> {
             armed_at: now + PROMPT_ARMING,
             tty,
             screen: self.prompt_screen.unwrap_or(0),
+            unfinished: self.agent_screen.unfinished().map(<[u8]>::to_vec).unwrap_or_default(),
         };
         if write_all(showing.fd(&self.std), &showing.prompt.render()).is_err() {
             self.answer(showing.prompt.request_id(), PromptDecision::Deny);
@@ -825,6 +851,13 @@ impl Relay<'_> {
         let Some(showing) = self.prompt.take() else { return };
         if !self.terminal_gone {
             let _ = write_all(showing.fd(&self.std), text);
+            if showing.prompt.over_alternate() {
+                self.nudge_redraw();
+            }
+        }
+        // Not fed to `agent_screen`: it is still in that sequence.
+        if !self.terminal_gone && !showing.unfinished.is_empty() {
+            let _ = write_all(self.std.fd(self.master_out), &showing.unfinished);
         }
         drop(showing);
         let held = std::mem::take(&mut self.held);
@@ -839,15 +872,41 @@ impl Relay<'_> {
         }
     }
 
+    /// Asks the agent's full-screen program to redraw the screen the prompt
+    /// was drawn over: its terminal is made one row smaller now and given
+    /// its real size back a moment later ([`REDRAW_NUDGE`]), two real size
+    /// changes, each a SIGWINCH (a program that redraws only when the size
+    /// differs from the last it saw redraws too).
+    fn nudge_redraw(&mut self) {
+        let (Some(m), Some(n)) = (&self.master, self.sizing) else { return };
+        let Ok(size) = lazaret_runtime::terminal::window_size(self.std.fd(n)) else { return };
+        let rows = if size.rows > 1 { size.rows - 1 } else { size.rows + 1 };
+        if lazaret_runtime::terminal::set_window_size(m.as_fd(), lazaret_runtime::terminal::WindowSize { rows, cols: size.cols }).is_ok() {
+            self.redraw_at = Some(Instant::now() + REDRAW_NUDGE);
+        }
+    }
+
+    /// Gives the agent's terminal its real size back once the nudge's time
+    /// is over.
+    fn redraw_tick(&mut self) {
+        if self.redraw_at.is_some_and(|at| Instant::now() >= at) {
+            self.redraw_at = None;
+            if let (Some(m), Some(n)) = (&self.master, self.sizing) {
+                sync_window_size(self.std.fd(n), m.as_fd());
+            }
+        }
+    }
+
     /// Sends the developer's decision (a lost connection shows on reading).
     fn answer(&self, request: &str, decision: PromptDecision) {
         let mut out = self.stream;
         let _ = wire::write_message(&mut out, &ClientMessage::PromptAnswer { request: request.to_owned(), decision });
     }
 
-    /// The terminal's width (prompts are shown only when stdin is one).
-    fn window_cols(&self) -> u16 {
-        lazaret_runtime::terminal::window_size(self.std.fd(0)).map(|w| w.cols).unwrap_or(0)
+    /// The terminal's height and width (prompts are shown only when stdin
+    /// is one); 0 when unknown.
+    fn window_rows_cols(&self) -> (u16, u16) {
+        lazaret_runtime::terminal::window_size(self.std.fd(0)).map(|w| (w.rows, w.cols)).unwrap_or((0, 0))
     }
 }
 
