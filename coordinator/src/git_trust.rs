@@ -83,8 +83,24 @@ pub struct RunEntry {
     pub domain: String,
     /// The absolute roots its sandbox can write.
     pub roots: Vec<PathBuf>,
-    /// The git entries (absolute) in those roots at its start.
+    /// The git entries (absolute) in those roots at its start that it
+    /// trusted.
     pub found: BTreeSet<PathBuf>,
+    /// When it began (ms since the epoch): tells a registration from a
+    /// later one of the same Domain.
+    #[serde(default)]
+    pub started_ms: u64,
+    /// Its Domain lock: a run whose lock nobody holds crashed.
+    #[serde(default)]
+    pub lock: Option<PathBuf>,
+    /// Its Domain Root (the crash marker of its Workspace Guard, its
+    /// quarantine).
+    #[serde(default)]
+    pub domain_root: Option<PathBuf>,
+    /// The developer it ran for (uid, gid): the owner its guard gives the
+    /// sandbox's files.
+    #[serde(default)]
+    pub developer: Option<(u32, u32)>,
 }
 
 /// The record: git entries some sandbox made, and the runs in progress.
@@ -105,7 +121,17 @@ impl TrustRecord {
     /// of the same Domain left by a crash is settled first. Returns the
     /// entries of `roots` that are not the developer's.
     pub fn begin(&mut self, domain: &str, roots: &[PathBuf], found: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
-        let (crashed, others): (Vec<RunEntry>, Vec<RunEntry>) = std::mem::take(&mut self.runs).into_iter().partition(|r| r.domain == domain);
+        self.begin_run(RunEntry { domain: domain.into(), roots: roots.to_vec(), found: found.clone(), started_ms: 0, lock: None, domain_root: None, developer: None }, &[])
+    }
+
+    /// [`TrustRecord::begin`] for `run` (its `found` being what it found),
+    /// also settling `crashed`, registrations of other Domains found dead
+    /// (each only if it is still the same registration).
+    pub fn begin_run(&mut self, mut run: RunEntry, crashed: &[RunEntry]) -> BTreeSet<PathBuf> {
+        let found = std::mem::take(&mut run.found);
+        let (domain, roots) = (run.domain.clone(), run.roots.clone());
+        let (roots, found) = (&roots, &found);
+        let (crashed, others): (Vec<RunEntry>, Vec<RunEntry>) = std::mem::take(&mut self.runs).into_iter().partition(|r| r.domain == domain || crashed.iter().any(|c| c.domain == r.domain && c.started_ms == r.started_ms));
         self.runs = others;
         for run in crashed {
             self.settle(&run, found);
@@ -113,11 +139,11 @@ impl TrustRecord {
         // Gone: a repository made at that path later is judged anew (it is
         // in no registered run's entries).
         self.made.retain(|e| !under(e, roots) || found.contains(e));
-        let untrusted = self.untrusted(domain, found);
+        let untrusted = self.untrusted(&domain, found);
         // What this run trusts, the baseline against which its own
         // sandbox's work is judged.
-        let trusted = found.difference(&untrusted).cloned().collect();
-        self.runs.push(RunEntry { domain: domain.into(), roots: roots.to_vec(), found: trusted });
+        run.found = found.difference(&untrusted).cloned().collect();
+        self.runs.push(run);
         untrusted
     }
 
@@ -283,12 +309,46 @@ fn found_in(roots: &[PathBuf]) -> Result<BTreeSet<PathBuf>, TrustError> {
     Ok(found)
 }
 
+/// Whether `run`'s Domain is gone: nobody holds its lock (or it has none
+/// any more: its runtime directory went, with a reboot).
+fn crashed(run: &RunEntry) -> bool {
+    let Some(lock) = &run.lock else { return false };
+    match OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(lock) {
+        Ok(file) => Flock::lock(file, FlockArg::LockExclusiveNonblock).is_ok(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
 /// Registers the start of `ctx`'s run (before its sandbox exists) and
-/// returns what it trusts in its workspace.
-pub fn begin_run(ctx: &Context) -> Result<WorkspaceTrust, TrustError> {
+/// returns what it trusts in its workspace. Another Domain's run on the
+/// same files that crashed is finished first: `sweep` is given it (its
+/// Workspace Guard's restart sweep, which only its own next start would
+/// otherwise do: until then Git Sentry would protect, and leave as they
+/// are, the files its agent left), then it is settled like a run that
+/// ended.
+pub fn begin_run(ctx: &Context, sweep: impl Fn(&RunEntry)) -> Result<WorkspaceTrust, TrustError> {
     let roots = roots(ctx);
+    let dead: Vec<RunEntry> = load(&ctx.paths.storage_root)?
+        .runs
+        .into_iter()
+        .filter(|r| r.domain != ctx.domain_id.as_str() && r.roots.iter().any(|a| roots.iter().any(|b| a.starts_with(b) || b.starts_with(a))) && crashed(r))
+        .collect();
+    for run in &dead {
+        sweep(run);
+    }
     let found = found_in(&roots)?;
-    let untrusted = update(&ctx.paths.storage_root, |record| record.begin(ctx.domain_id.as_str(), &roots, &found))?;
+    let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0);
+    let run = RunEntry {
+        domain: ctx.domain_id.as_str().into(),
+        roots: roots.clone(),
+        found,
+        started_ms,
+        lock: ctx.domain_runtime_dir().ok().map(|d| crate::layout::DomainDir::new(d).lock()),
+        domain_root: Some(ctx.paths.domain_root(&ctx.domain_id)),
+        developer: Some((ctx.developer.uid, ctx.developer.gid)),
+    };
+    let found = run.found.clone();
+    let untrusted = update(&ctx.paths.storage_root, |record| record.begin_run(run, &dead))?;
     let workspace = ctx.workspace.root();
     let relative = |set: &BTreeSet<PathBuf>| set.iter().filter_map(|e| e.strip_prefix(workspace).ok().map(Path::to_path_buf)).collect();
     Ok(WorkspaceTrust { at_start: relative(&found), untrusted: relative(&untrusted) })
@@ -378,6 +438,24 @@ mod tests {
         assert_eq!(record.begin("a", &ws, &now), set(&["/w/.git/modules/m"]));
         assert_eq!(record.runs.len(), 1);
         assert_eq!(record.made, set(&["/w/.git/modules/m"]));
+    }
+
+    #[test]
+    fn another_domains_crashed_run_is_settled_once_found_dead() {
+        let ws = roots(&["/w"]);
+        let mut record = TrustRecord::default();
+        record.begin("a", &ws, &set(&["/w/.git"]));
+        let a = record.runs[0].clone();
+        let now = set(&["/w/.git", "/w/n/.git"]);
+        let b = RunEntry { domain: "b".into(), roots: ws.clone(), found: now.clone(), started_ms: 5, lock: None, domain_root: None, developer: None };
+        assert_eq!(record.begin_run(b, std::slice::from_ref(&a)), set(&["/w/n/.git"]));
+        assert_eq!(record.made, set(&["/w/n/.git"]), "a's leftovers are recorded");
+        assert_eq!(record.runs.iter().map(|r| r.domain.as_str()).collect::<Vec<_>>(), ["b"]);
+        // A later registration of a is not the one found dead.
+        record.begin("a", &ws, &now);
+        let c = RunEntry { domain: "c".into(), roots: ws, found: now, started_ms: 9, lock: None, domain_root: None, developer: None };
+        record.begin_run(c, &[RunEntry { started_ms: 1, ..a }]);
+        assert!(record.runs.iter().any(|r| r.domain == "a"), "a runs again: its registration stays");
     }
 
     #[test]

@@ -206,3 +206,49 @@ fn a_repository_one_profiles_agent_made_is_not_trusted_by_another_profile() {
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
+
+/// Property 4, crash: the Domain of profile `test` crashes (its coordinator
+/// SIGKILLed) with its agent's repository `n` in the workspace, its config
+/// not yet filtered. Its Workspace Guard's crash marker says so, but it is
+/// in that Domain's own Domain Root, and only its own next start used to
+/// sweep: the Domain of profile `b`, started on the same workspace, adopted
+/// `n` as the developer's (read-only inside, untouched by its guard), and
+/// the developer's own git in `n` on the host ran the agent's config.
+///
+/// The attacker's run has its guard off (the test hook) so that the
+/// config is as the agent wrote it, as it is when a crash comes in the
+/// milliseconds before the guard filters it; the test writes the crash
+/// marker that run's guard would have left (its start time, the read-only
+/// paths Git Sentry binds for this workspace's repository).
+#[test]
+fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repository() {
+    let host = HostDir::new();
+    let marker = host.arg("fsmonitor-ran");
+    let profile_b = format!("\n[profiles.b]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{GIT_ENV}");
+    let env = developer_env(&format!("{GIT_ENV}{profile_b}"));
+    let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
+    let mut holder = Holder::start(&env, "test", &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"));
+    let ids = env.domain_ids();
+    assert_eq!(ids.len(), 1, "{ids:?}");
+    let coordinators = env.coordinator_pids();
+    assert_eq!(coordinators.len(), 1, "{coordinators:?}");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(coordinators[0]), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the coordinator");
+    let _ = wait_with_limit(&mut holder.child);
+    assert!(env.wait_no_processes().is_empty(), "the crashed Domain's processes are gone");
+    let domain_root = env.storage.join("domains").join(&ids[0]);
+    fs::write(domain_root.join("guard-run.json"), format!(r#"{{"started_ms":{started_ms},"protected":[".git/config",".git/hooks",".git/info"],"git_dirs":[]}}"#)).expect("crash marker");
+    assert!(fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"), "the agent's config as written");
+
+    // Profile b starts on the same workspace.
+    let out = run(&env, "b", "echo b-ran", false);
+    assert_eq!(text(&out.stdout), "b-ran\n", "{}", describe(&out));
+    // The developer, on the host, in the repository left behind.
+    let status = developer_git(&env.workspace.join("n"), &["status", "--short"]);
+    println!("developer's git status in n: {}", describe(&status));
+    assert!(!host.file("fsmonitor-ran").exists(), "the developer's git in n ran the agent's core.fsmonitor after profile b's Domain adopted it\n{}", coordinator_logs(&env));
+    assert!(!fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"), "n's config was not filtered");
+    // The crashed Domain starts again and recovers what it left.
+    let out = run(&env, "test", "echo recovered", false);
+    assert_eq!(text(&out.stdout), "recovered\n", "{}", describe(&out));
+    env.assert_nothing_left();
+}

@@ -276,7 +276,7 @@ fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network:
 /// (`crate::git_trust`); a failure leaves escalation refusing every host
 /// command ([`log_git_trust`] says so once the log is the Domain's).
 fn begin_git_trust(ctx: &Context) -> Result<crate::git_trust::WorkspaceTrust, String> {
-    crate::git_trust::begin_run(ctx).map_err(|e| e.to_string())
+    crate::git_trust::begin_run(ctx, guard::sweep_other_crashed_run).map_err(|e| e.to_string())
 }
 
 /// The coordinator's log lines for what [`begin_git_trust`] found.
