@@ -24,10 +24,12 @@
 //!   ones in its workspace and every entry of its workspace that another
 //!   registered run did not find at its own start (that run's sandbox may
 //!   have made it, now or before it crashed);
-//! - an entry leaves `made` only when a start finds it gone (a repository
-//!   made again at that path is judged anew: it is not in the starting
-//!   run's entries, nor in any other run's that began before it). To trust
-//!   an agent-made repository, delete it and clone or init it yourself.
+//! - an entry leaves `made` only once it is gone (a repository made again
+//!   at that path is judged anew: each run registers as trusted only what
+//!   the record did not distrust at its start); a registration leaves when
+//!   its run ends, is settled after a crash, or none of its roots exists.
+//!   To trust an agent-made repository, delete it and clone or init it
+//!   yourself.
 //!
 //! Conservative by design: a repository the developer makes on the host
 //! while a Domain runs is recorded as made too.
@@ -166,6 +168,16 @@ impl TrustRecord {
         for run in ended {
             self.settle(&run, found);
         }
+    }
+
+    /// Forgets what no longer exists anywhere (`exists`): `made` entries
+    /// that are gone (a repository made at that path later is in no
+    /// registered run's trusted entries, so it is judged anew), and runs
+    /// none of whose roots exist (a deleted workspace). Keeps the record
+    /// as small as what is still on the disk.
+    pub fn forget_gone(&mut self, exists: impl Fn(&Path) -> bool) {
+        self.made.retain(|e| exists(e));
+        self.runs.retain(|r| r.roots.iter().any(|root| exists(root)));
     }
 
     /// What `run`'s sandbox may have made: entries of its roots found now
@@ -348,7 +360,10 @@ pub fn begin_run(ctx: &Context, sweep: impl Fn(&RunEntry)) -> Result<WorkspaceTr
         developer: Some((ctx.developer.uid, ctx.developer.gid)),
     };
     let found = run.found.clone();
-    let untrusted = update(&ctx.paths.storage_root, |record| record.begin_run(run, &dead))?;
+    let untrusted = update(&ctx.paths.storage_root, |record| {
+        record.forget_gone(|p| std::fs::symlink_metadata(p).is_ok());
+        record.begin_run(run, &dead)
+    })?;
     let workspace = ctx.workspace.root();
     let relative = |set: &BTreeSet<PathBuf>| set.iter().filter_map(|e| e.strip_prefix(workspace).ok().map(Path::to_path_buf)).collect();
     Ok(WorkspaceTrust { at_start: relative(&found), untrusted: relative(&untrusted) })
@@ -456,6 +471,18 @@ mod tests {
         let c = RunEntry { domain: "c".into(), roots: ws, found: now, started_ms: 9, lock: None, domain_root: None, developer: None };
         record.begin_run(c, &[RunEntry { started_ms: 1, ..a }]);
         assert!(record.runs.iter().any(|r| r.domain == "a"), "a runs again: its registration stays");
+    }
+
+    #[test]
+    fn what_is_gone_is_forgotten() {
+        let mut record = TrustRecord::default();
+        record.begin("a", &roots(&["/deleted"]), &set(&["/deleted/.git"]));
+        record.begin("b", &roots(&["/w", "/gone-volume"]), &set(&["/w/.git"]));
+        record.made.extend(set(&["/w/n/.git", "/w/gone/.git"]));
+        let on_disk = set(&["/w", "/w/n/.git"]);
+        record.forget_gone(|p| on_disk.contains(p));
+        assert_eq!(record.made, set(&["/w/n/.git"]));
+        assert_eq!(record.runs.iter().map(|r| r.domain.as_str()).collect::<Vec<_>>(), ["b"], "a run with a root still there stays");
     }
 
     #[test]

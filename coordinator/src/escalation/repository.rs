@@ -13,6 +13,14 @@
 //! and a command that is `git` itself gets that repository pinned
 //! (`GIT_DIR`, `GIT_WORK_TREE`): a `.git` the agent creates nearer to the
 //! directory after the check is never discovered.
+//!
+//! Pinning covers the repository git starts in, not the submodules it
+//! recurses into (running git again in each, with that one's config):
+//! [`recursion_targets`] refuses a command while any repository git could
+//! enter is not the developer's, and [`NO_SUBMODULE_RECURSION`] turns
+//! git's own recursion off in every host command's environment. Which
+//! repositories are the developer's is shared by every Domain on the same
+//! files (`crate::git_trust`).
 
 use std::collections::BTreeSet;
 use std::ffi::OsStr;
