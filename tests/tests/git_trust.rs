@@ -252,3 +252,46 @@ fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repo
     assert_eq!(text(&out.stdout), "recovered\n", "{}", describe(&out));
     env.assert_nothing_left();
 }
+
+/// Property 4, volumes: the Domain of profile `v` has its own workspace and
+/// this workspace as a writable volume; its agent makes `n/.git` through
+/// the volume. The Domain of profile `test` on this workspace must not
+/// take `n` for the developer's: the record covers every root a sandbox
+/// can write, not only its workspace.
+#[test]
+fn a_repository_another_domains_agent_made_through_a_volume_is_not_trusted() {
+    let host = HostDir::new();
+    let marker = host.arg("fsmonitor-ran");
+    let rules = [Rule::new("status-n", &["git", "-C", "n", "status", "--short"])];
+    let mut env = developer_env("");
+    let ws = env.workspace.clone();
+    let profile_v = format!("\n[profiles.v]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\nvolumes = [\"{}:/vol\"]\n{GIT_ENV}", ws.display());
+    env.write_config(&format!("{GIT_ENV}{profile_v}{}", rules_toml(&rules)));
+    let ws_v = env.scratch.join("ws-v");
+    fs::create_dir(&ws_v).expect("the other workspace");
+    setup_git(&ws_v, &["init", "-q", "-b", "main"]);
+    commit_file(&ws_v, "v-file");
+    let (uid, gid) = test_user();
+    chown_tree(&ws_v, uid, gid);
+
+    let script = format!("git init -q -b main /vol/n && git -C /vol/n config core.fsmonitor 'touch {marker}; false' && echo made");
+    let out = wait_output(
+        env.lazaret(["run", "v", "--", "sh", "-c", &script])
+            .current_dir(&ws_v)
+            .env("LAZARET_TEST_HOOKS", "1")
+            .env("LAZARET_TEST_GUARD", "off")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawning profile v"),
+    );
+    assert_eq!(text(&out.stdout), "made\n", "{}", describe(&out));
+    assert!(ws.join("n/.git/config").is_file(), "the agent's repository is in this workspace");
+    env.wait_domains_unlocked();
+
+    let out = run(&env, "test", "lazaret-escalate -- git -C n status --short; echo n=$?", false);
+    println!("{}", describe(&out));
+    assert!(!host.file("fsmonitor-ran").exists(), "profile test's host command ran the config of the repository profile v's agent made through its volume\n{}", describe(&out));
+    assert_eq!(field(&text(&out.stdout), "n"), FAILED.to_string(), "{}", describe(&out));
+    env.assert_nothing_left();
+}
