@@ -263,7 +263,7 @@ fn a_repository_another_domains_agent_made_through_a_volume_is_not_trusted() {
     let host = HostDir::new();
     let marker = host.arg("fsmonitor-ran");
     let rules = [Rule::new("status-n", &["git", "-C", "n", "status", "--short"])];
-    let mut env = developer_env("");
+    let env = developer_env("");
     let ws = env.workspace.clone();
     let profile_v = format!("\n[profiles.v]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\nvolumes = [\"{}:/vol\"]\n{GIT_ENV}", ws.display());
     env.write_config(&format!("{GIT_ENV}{profile_v}{}", rules_toml(&rules)));
