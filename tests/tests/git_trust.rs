@@ -153,6 +153,23 @@ fn a_host_commands_git_never_enters_a_repository_the_agent_made() {
     assert_eq!(field(&stdout, "status"), "0", "{}", describe(&out));
     assert_eq!(field(&stdout, "top"), "0", "{}", describe(&out));
     assert!(!host.file("fsmonitor-ran").exists());
+
+    // The same with the submodule's git directory where git keeps its own,
+    // in the workspace repository's `.git/modules` (writable inside: only
+    // its config, hooks and info are Git Sentry's), and a `gitdir:` file.
+    let script = format!(
+        "mkdir -p .git/modules && git init -q -b main --separate-git-dir=.git/modules/m m && git -C m commit -q --allow-empty -m m && \
+         git -C m config core.fsmonitor 'touch {marker}; false' && \
+         git update-index --add --cacheinfo 160000,$(git -C m rev-parse HEAD),m && echo planted=ok; \
+         lazaret-escalate -- git status --short; echo status=$?"
+    );
+    let out = run(&env, "test", &script, true);
+    println!("{}", describe(&out));
+    let stdout = text(&out.stdout);
+    assert_eq!(field(&stdout, "planted"), "ok", "{}", describe(&out));
+    assert!(!host.file("fsmonitor-ran").exists(), "a host command's git ran the core.fsmonitor of the agent's module git directory\n{}", describe(&out));
+    assert_eq!(field(&stdout, "status"), FAILED.to_string(), "{}", describe(&out));
+    assert!(text(&out.stderr).contains(".git/modules/m"), "the reason names the module git directory: {}", describe(&out));
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
