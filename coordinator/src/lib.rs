@@ -33,6 +33,7 @@ pub mod daemon;
 pub mod doctor;
 pub mod escalation;
 pub mod filesystem;
+pub mod git_trust;
 pub mod identity;
 pub mod images;
 pub mod journal;

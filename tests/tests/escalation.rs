@@ -324,7 +324,10 @@ fn a_sessions_requests_in_a_row_and_at_once_all_complete() {
 /// (a tight loop won that race against a rule-approved `git fetch` with
 /// `core.sshCommand`), so host commands run only below a `.git` Git Sentry
 /// protected at the start; `git` itself gets that repository pinned, so a
-/// `.git` made after the check is never discovered.
+/// `.git` made after the check is never discovered. Git may also recurse
+/// into a repository below its own (a submodule): while the agent's
+/// repository exists, host commands in the repository above it are
+/// refused as well.
 #[test]
 fn host_commands_run_only_in_repositories_protected_since_the_start() {
     let host = HostDir::new();
@@ -336,12 +339,14 @@ fn host_commands_run_only_in_repositories_protected_since_the_start() {
     ];
     let env = esc_env("", &rules_toml(&rules));
     let script = format!(
-        "mkdir -p made/.git/objects made/.git/refs plain/deep; echo 'ref: refs/heads/main' > made/.git/HEAD; \
+        "mkdir -p plain/deep; \
+         lazaret-escalate --cwd plain/deep -- git status --short >/dev/null; echo plain=$?; \
+         lazaret-escalate -- git rev-parse --git-dir; echo git-dir=$?; \
+         mkdir -p made/.git/objects made/.git/refs; echo 'ref: refs/heads/main' > made/.git/HEAD; \
          printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n' > made/.git/config; \
          lazaret-escalate --cwd made -- git status --short; echo made=$?; \
          lazaret-escalate -- git -C made status --short; echo dash-c=$?; \
-         lazaret-escalate --cwd plain/deep -- git status --short >/dev/null; echo plain=$?; \
-         lazaret-escalate -- git rev-parse --git-dir; echo git-dir=$?"
+         lazaret-escalate --cwd plain/deep -- git status --short >/dev/null; echo plain-beside-made=$?"
     );
     let out = agent(&env, &["sh", "-c", &script]);
     let stdout = ok(&out);
@@ -351,6 +356,10 @@ fn host_commands_run_only_in_repositories_protected_since_the_start() {
     assert_eq!(field(&stdout, "dash-c"), FAILED.to_string(), "git -C into a repository made in the run: {stderr}");
     assert!(!host.file("fsmonitor-ran").exists(), "the host's git ran the agent's core.fsmonitor");
     assert_eq!(field(&stdout, "plain"), "0", "a plain directory of the protected workspace repository: {stderr}");
+    // Once the agent's repository exists below it, git in the workspace's
+    // repository could enter it (as a submodule): refused too (issue 32).
+    assert_eq!(field(&stdout, "plain-beside-made"), FAILED.to_string(), "git could recurse into the agent's repository: {stderr}");
+    assert!(stderr.contains("git could enter the repository made/.git"), "{stderr}");
     assert_eq!(field(&stdout, "git-dir"), "0", "{stderr}");
     assert!(stdout.lines().any(|l| Path::new(l) == env.workspace.join(".git")), "git was not pinned to the workspace's repository (GIT_DIR): {stdout}");
     finish(&env);

@@ -76,6 +76,7 @@ use crate::journal::{JournalError, JournalSync};
 use crate::escalation::environment::{host_environment, HostUser};
 use crate::escalation::repository;
 use crate::escalation::rules::{DomainApprovals, Rule};
+use crate::git_trust::WorkspaceTrust;
 use crate::trust;
 
 use super::domain::Domain;
@@ -116,12 +117,17 @@ pub(super) struct Escalations {
     /// Git Sentry's read-only paths, workspace-relative: a host command
     /// runs only in a repository they protect.
     protected: Vec<PathBuf>,
+    /// The workspace's git entries at this run's start and those an agent
+    /// made (`crate::git_trust`), or why they are unknown (then no host
+    /// command runs).
+    trust: Result<WorkspaceTrust, String>,
 }
 
 impl Escalations {
     /// The service for a Domain whose sandbox reaches it at `address`;
-    /// `protected` are Git Sentry's workspace-relative read-only paths.
-    pub fn new(address: SocketAddr, server: Arc<rustls::ServerConfig>, cgroup_parent: PathBuf, protected: Vec<PathBuf>) -> Escalations {
+    /// `protected` are Git Sentry's workspace-relative read-only paths,
+    /// `trust` what this run trusts of the workspace's git entries.
+    pub fn new(address: SocketAddr, server: Arc<rustls::ServerConfig>, cgroup_parent: PathBuf, protected: Vec<PathBuf>, trust: Result<WorkspaceTrust, String>) -> Escalations {
         Escalations {
             address,
             server,
@@ -129,6 +135,7 @@ impl Escalations {
             approvals: Mutex::new(DomainApprovals::new()),
             cgroup_parent,
             protected,
+            trust,
         }
     }
 }
@@ -729,14 +736,50 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
             return fail(format!("git's directory {}: {e}", host_dir(d.ctx.workspace.root(), &git_dir).display()));
         }
     }
-    let repository = match protected_repository(root.as_fd(), &git_dir, &esc.protected) {
+    let trust = match &esc.trust {
+        Ok(trust) => trust,
+        Err(e) => return fail(format!("which repositories of the workspace an agent made is unknown ({e}); Lazaret runs no host command")),
+    };
+    let repository = match protected_repository(root.as_fd(), &git_dir, &esc.protected, &trust.untrusted) {
         Ok(worktree) => worktree,
         Err(reason) => return fail(reason),
     };
+    // Git recurses into submodules (running git with each one's own
+    // config) below its repository; a program that runs git itself may
+    // run it anywhere in the workspace. No repository there may be the
+    // agent's: not made during this run, nor by any Domain's agent as the
+    // shared record says now (another profile's Domain may have started,
+    // or ended, since this one did).
+    let scope = if runs_git { repository.clone() } else { PathBuf::new() };
+    let mut entries = match crate::git_trust::entries_beneath(root.as_fd(), &scope) {
+        Ok(entries) => entries,
+        Err(e) => return fail(format!("looking for repositories below {}: {e}", host_dir(d.ctx.workspace.root(), &scope).display())),
+    };
+    let own = repository.join(".git");
+    entries.insert(own.clone());
+    let trust_record = match crate::git_trust::load(&d.ctx.paths.storage_root) {
+        Ok(r) => r,
+        Err(e) => return fail(format!("which repositories of the workspace an agent made is unknown ({e}); Lazaret runs no host command")),
+    };
+    let workspace = d.ctx.workspace.root();
+    let absolute = entries.iter().map(|e| workspace.join(e)).collect();
+    let mut untrusted = trust.untrusted.clone();
+    untrusted.extend(trust_record.untrusted(d.ctx.domain_id.as_str(), &absolute).into_iter().filter_map(|e| e.strip_prefix(workspace).ok().map(Path::to_path_buf)));
+    if untrusted.contains(&own) {
+        if let Err(reason) = protected_repository(root.as_fd(), &git_dir, &esc.protected, &untrusted) {
+            return fail(reason);
+        }
+    }
+    if let Err(reason) = repository::recursion_targets(&entries, Some(&own), &trust.at_start, &untrusted) {
+        return fail(reason);
+    }
     let developer = &d.ctx.developer;
     let user = HostUser { name: &developer.name, home: &developer.home, shell: &developer.shell };
     let rule_env = approved.rule.map(|r| r.env.as_slice()).unwrap_or(&[]);
     let mut env = host_environment(&user, &link.host_env, rule_env);
+    // Every command: the git it runs, or that runs inside it, does not
+    // recurse into submodules by itself (a rule's env never names GIT_*).
+    env.extend(repository::no_recursion_env());
     if runs_git {
         let pinned = repository::pinned_git_env(&host_dir(d.ctx.workspace.root(), &repository));
         env.retain(|(k, _)| !pinned.iter().any(|(p, _)| p == k));
@@ -823,10 +866,10 @@ fn host_dir(root: &Path, rel: &Path) -> PathBuf {
 /// `rel` would run git in, if Git Sentry protects it
 /// ([`repository::protected_repository`]); each `.git` on the way is
 /// looked at fd-relatively, never through a symlink.
-fn protected_repository(root: BorrowedFd<'_>, rel: &Path, protected: &[PathBuf]) -> Result<PathBuf, String> {
+fn protected_repository(root: BorrowedFd<'_>, rel: &Path, protected: &[PathBuf], untrusted: &std::collections::BTreeSet<PathBuf>) -> Result<PathBuf, String> {
     use lazaret_mounts::repo::DotGit;
     use repository::DotGitEntry;
-    repository::protected_repository(rel, protected, |dir| match lazaret_mounts::repo::read_dot_git(root, dir) {
+    repository::protected_repository(rel, protected, untrusted, |dir| match lazaret_mounts::repo::read_dot_git(root, dir) {
         Ok(DotGit::Missing) => DotGitEntry::Missing,
         Ok(DotGit::Directory(_)) => DotGitEntry::Directory,
         Ok(DotGit::GitdirFile(_)) => DotGitEntry::File,

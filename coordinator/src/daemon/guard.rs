@@ -161,6 +161,49 @@ pub(super) fn recover_crashed_run(ctx: &Context) -> Vec<Neutralisation> {
     sweep_crashed(ctx, &run.guarded, since, &marker)
 }
 
+/// Before start-up, for another Domain on the same files whose run crashed
+/// (`run`, from the shared git trust record: `crate::git_trust`): its
+/// restart sweep, which its own next start would do, with its protected
+/// paths, start time, quarantine and developer; Git Sentry would
+/// otherwise protect what its agent left, unswept, as the developer's.
+/// What it neutralised is logged here and listed by `lazaret audit` of
+/// that Domain (its quarantine); its own journal is not written.
+pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry) {
+    let (Some(domain_root), Some((uid, gid)), Some(workspace)) = (&run.domain_root, run.developer, run.roots.first()) else { return };
+    let marker = domain_root.join(RUN_MARKER);
+    let Ok(text) = std::fs::read(&marker) else { return };
+    let (guarded, since) = match serde_json::from_slice::<RunMarker>(&text) {
+        Ok(m) => (m.guarded, UNIX_EPOCH + Duration::from_millis(m.started_ms)),
+        Err(_) => (GuardedPaths::default(), SystemTime::now() - Duration::from_secs(86_400)),
+    };
+    let mut roots = vec![guard::GuardRoot { label: crate::workspace_guard::WORKSPACE_LABEL.into(), path: workspace.clone(), kind: guard::RootKind::Workspace }];
+    for dir in guarded.git_dirs.iter().filter(|d| d.is_dir()) {
+        roots.push(guard::GuardRoot { label: format!("{}{}", crate::workspace_guard::GIT_DIR_LABEL_PREFIX, dir.display()), path: dir.clone(), kind: guard::RootKind::GitDir });
+    }
+    for volume in run.roots.iter().skip(1) {
+        roots.push(guard::GuardRoot { label: format!("{}{}", crate::workspace_guard::VOLUME_LABEL_PREFIX, volume.display()), path: volume.clone(), kind: guard::RootKind::Volume });
+    }
+    let config = GuardConfig {
+        roots,
+        developer: guard::Owner { uid, gid },
+        quarantine_dir: crate::layout::quarantine_dir(domain_root),
+        protected: guarded.protected,
+        changed_since: Some(since),
+        ..GuardConfig::default()
+    };
+    log(&format!("workspace guard: the Domain {} on the same files crashed; sweeping its changes before start-up", run.domain));
+    match guard::sweep(&config) {
+        Ok(report) => {
+            log_sweep(&format!("crash recovery of the Domain {}", run.domain), &report);
+            for n in &report.neutralised {
+                log(&n.summary());
+            }
+            let _ = std::fs::remove_file(&marker);
+        }
+        Err(e) => log(&format!("workspace guard: the crash-recovery sweep of the Domain {} failed: {e}", run.domain)),
+    }
+}
+
 fn sweep_crashed(ctx: &Context, guarded: &GuardedPaths, since: SystemTime, marker: &Path) -> Vec<Neutralisation> {
     let config = crate::workspace_guard::guard_config(ctx, guarded, Some(since));
     match guard::sweep(&config) {

@@ -244,7 +244,7 @@ fn reap_until(coordinator: nix::unistd::Pid, signals: &mut Signals) -> i32 {
 /// address, and the cgroup (the sandbox's parent, `/lazaret/<domain>`, in
 /// the unified hierarchy) under which each host command gets its own. Without it the Domain runs,
 /// and `lazaret-escalate` reports Lazaret unavailable; the log says why.
-fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str, protected: Vec<PathBuf>) -> Option<escalation::Escalations> {
+fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str, protected: Vec<PathBuf>, git_trust: Result<crate::git_trust::WorkspaceTrust, String>) -> Option<escalation::Escalations> {
     let address = match network.escalation.local_addr() {
         Ok(a) => a,
         Err(e) => {
@@ -269,7 +269,40 @@ fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network:
     let parent = std::path::Path::new(cgroups_path).parent().unwrap_or(std::path::Path::new("/lazaret"));
     let cgroup_parent = unified.join(parent.strip_prefix("/").unwrap_or(parent));
     log(&format!("escalation: listening on {address} for the profile {}", ctx.profile.name));
-    Some(escalation::Escalations::new(address, server, cgroup_parent, protected))
+    Some(escalation::Escalations::new(address, server, cgroup_parent, protected, git_trust))
+}
+
+/// Registers this run in the workspace's git trust record
+/// (`crate::git_trust`); a failure leaves escalation refusing every host
+/// command ([`log_git_trust`] says so once the log is the Domain's).
+fn begin_git_trust(ctx: &Context) -> Result<crate::git_trust::WorkspaceTrust, String> {
+    crate::git_trust::begin_run(ctx, guard::sweep_other_crashed_run).map_err(|e| e.to_string())
+}
+
+/// The coordinator's log lines for what [`begin_git_trust`] found.
+fn log_git_trust(trust: &Result<crate::git_trust::WorkspaceTrust, String>) {
+    match trust {
+        Ok(trust) => {
+            for entry in &trust.untrusted {
+                log(&format!("git trust: {} was made by an agent (in an earlier run, or in another profile's Domain on this workspace): host commands do not run in it", lazaret_protocol::display::escaped(entry)));
+            }
+        }
+        Err(e) => log(&format!("git trust: {e}: no host command will run in this Domain")),
+    }
+}
+
+/// Records this run's end in the workspace's git trust record; a failure
+/// is logged (the registration stays, as after a crash: what it covers
+/// stays untrusted).
+fn end_git_trust(ctx: &Context) {
+    match crate::git_trust::end_run(ctx) {
+        Ok(made) => {
+            for entry in made {
+                log(&format!("git trust: {} appeared during this run: recorded as the agent's", lazaret_protocol::display::escaped(&entry)));
+            }
+        }
+        Err(e) => log(&format!("git trust: recording the run's end: {e}")),
+    }
 }
 
 /// Opens the Domain's journal for this run and computes the fingerprint the
@@ -304,6 +337,9 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     };
     // A crashed run's leftovers, before Git Sentry looks at the workspace.
     let recovered = guard::recover_crashed_run(&ctx);
+    // The workspace's git trust state, shared by every Domain: this run is
+    // registered with the git entries it finds, before its sandbox exists.
+    let git_trust = begin_git_trust(&ctx);
     let ctx = Arc::new(ctx);
     let mut fx = HostEffects::new(ctx.clone(), dir.clone(), args.reset_anchor, container, stderr);
     // Setup progress goes to the launcher (a close-on-exec duplicate of its
@@ -315,10 +351,12 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
         Err(failed) => {
             fx.stderr_to_log();
             log(&format!("start-up failed at stage {}", failed.stage));
+            end_git_trust(&ctx);
             return status.fail(&failed);
         }
     };
     fx.stderr_to_log();
+    log_git_trust(&git_trust);
     // The Workspace Guard, before any session runs: without it the Domain
     // does not run.
     let mut workspace_guard = match guard::DomainGuard::start(&ctx, &started.sandbox.cgroups_path, &started.run_dir.sandbox_pid(), fx.guarded_paths(), begun, recovered) {
@@ -338,6 +376,7 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
             for failure in stack.unwind(&mut fx, &mut journal) {
                 log(&format!("teardown: {failure}"));
             }
+            end_git_trust(&ctx);
             return status.fail(&e);
         }
     };
@@ -348,7 +387,7 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     // Git Sentry's workspace-relative read-only paths: host commands run
     // only in repositories they protect.
     let protected = fx.guarded_paths().protected.into_iter().filter(|p| p.is_relative()).collect();
-    let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path, protected);
+    let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path, protected, git_trust);
     let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
     let guard_link = workspace_guard.link();
     let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone(), guard_link));
@@ -364,6 +403,9 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
 
     crash_point(TEARDOWN);
     domain.tear_down(|journal| stack.unwind(&mut fx, journal));
+    // With the sandbox gone, what it made is recorded for every Domain on
+    // its roots.
+    end_git_trust(&domain.ctx);
     log("Domain down");
     0
 }

@@ -13,7 +13,16 @@
 //! and a command that is `git` itself gets that repository pinned
 //! (`GIT_DIR`, `GIT_WORK_TREE`): a `.git` the agent creates nearer to the
 //! directory after the check is never discovered.
+//!
+//! Pinning covers the repository git starts in, not the submodules it
+//! recurses into (running git again in each, with that one's config):
+//! [`recursion_targets`] refuses a command while any repository git could
+//! enter is not the developer's, and [`NO_SUBMODULE_RECURSION`] turns
+//! git's own recursion off in every host command's environment. Which
+//! repositories are the developer's is shared by every Domain on the same
+//! files (`crate::git_trust`).
 
+use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
@@ -36,15 +45,21 @@ pub enum DotGitEntry {
 /// the work tree (workspace-relative) of the nearest `.git` at or above
 /// `cwd`, which must be one Git Sentry protects (`protected`: its
 /// workspace-relative read-only paths; a git dir by its `config`, a
-/// `gitdir:` file by itself). `dot_git` tells what `DIR/.git` is for a
+/// `gitdir:` file by itself) and no Domain's agent made (`untrusted`, see
+/// `crate::git_trust`). `dot_git` tells what `DIR/.git` is for a
 /// workspace-relative DIR. The error is the reason, one line.
-pub fn protected_repository(cwd: &Path, protected: &[PathBuf], dot_git: impl Fn(&Path) -> DotGitEntry) -> Result<PathBuf, String> {
+pub fn protected_repository(cwd: &Path, protected: &[PathBuf], untrusted: &BTreeSet<PathBuf>, dot_git: impl Fn(&Path) -> DotGitEntry) -> Result<PathBuf, String> {
     let is_protected = |p: &Path| protected.iter().any(|q| q == p);
     for dir in cwd.ancestors() {
         let entry = dir.join(".git");
         let shown = lazaret_protocol::display::escaped(&entry);
         match dot_git(dir) {
             DotGitEntry::Missing => continue,
+            DotGitEntry::Directory | DotGitEntry::File if untrusted.contains(&entry) => {
+                return Err(format!(
+                    "the working directory is in the repository {shown}, which an agent made in an earlier run or in another profile's Domain on this workspace: its git configuration is the agent's, so Lazaret runs no host command there (run it yourself, or from a repository of your own)"
+                ));
+            }
             DotGitEntry::Directory if is_protected(&entry.join("config")) => return Ok(dir.to_path_buf()),
             DotGitEntry::File if is_protected(&entry) => return Ok(dir.to_path_buf()),
             DotGitEntry::Directory | DotGitEntry::File => {
@@ -115,6 +130,58 @@ pub fn pinned_git_env(worktree: &Path) -> Vec<(String, String)> {
     ]
 }
 
+/// Configuration every host command's git gets (`GIT_CONFIG_COUNT`,
+/// `GIT_CONFIG_KEY_n`, `GIT_CONFIG_VALUE_n`: command-line scope, above the
+/// repository's own config, and passed on by git to the git it runs in a
+/// submodule): git does not recurse into submodules by itself. Measured
+/// with git 2.47: without them a `.gitmodules` entry the agent writes
+/// (`fetchRecurseSubmodules = true`) makes a plain `git fetch` run git in
+/// the agent's submodule; with them `git fetch` and `git pull` stay out.
+/// They do not stop everything: a `.gitmodules` `ignore = none` overrides
+/// `diff.ignoreSubmodules` for `git status` and `git diff`, and the
+/// plumbing (`git diff-files`, `git describe --dirty`, `git add -u`) looks
+/// into a populated submodule whatever the configuration; that is what
+/// [`recursion_targets`] refuses. The environment is inherited, so a
+/// program that runs git itself (a shell, `make`) gets the same.
+pub const NO_SUBMODULE_RECURSION: &[(&str, &str)] = &[
+    ("submodule.recurse", "false"),
+    ("fetch.recurseSubmodules", "false"),
+    ("push.recurseSubmodules", "no"),
+    ("diff.ignoreSubmodules", "all"),
+    ("diff.submodule", "short"),
+    ("status.submoduleSummary", "false"),
+];
+
+/// [`NO_SUBMODULE_RECURSION`] as environment variables.
+pub fn no_recursion_env() -> Vec<(String, String)> {
+    let mut env = vec![("GIT_CONFIG_COUNT".to_string(), NO_SUBMODULE_RECURSION.len().to_string())];
+    for (i, (key, value)) in NO_SUBMODULE_RECURSION.iter().enumerate() {
+        env.push((format!("GIT_CONFIG_KEY_{i}"), key.to_string()));
+        env.push((format!("GIT_CONFIG_VALUE_{i}"), value.to_string()));
+    }
+    env
+}
+
+/// The first git entry among `entries` (workspace-relative: `.git`
+/// directories and `gitdir:` files, submodule git directories under a
+/// `.git/modules`, as `crate::git_trust::entries_beneath` finds them
+/// below the directory a host command's git may recurse from) that is not
+/// the developer's, as the reason to refuse. `own` is the repository's own
+/// `.git` (already checked by [`protected_repository`]). An entry is the
+/// developer's when it existed at this Domain's start (`at_start`) and no
+/// Domain's agent made it (`untrusted`).
+pub fn recursion_targets(entries: &BTreeSet<PathBuf>, own: Option<&Path>, at_start: &BTreeSet<PathBuf>, untrusted: &BTreeSet<PathBuf>) -> Result<(), String> {
+    let foreign = entries.iter().filter(|e| Some(e.as_path()) != own).find(|e| !at_start.contains(*e) || untrusted.contains(*e));
+    match foreign {
+        None => Ok(()),
+        Some(entry) => Err(format!(
+            "git could enter the repository {} below the working directory (a submodule or nested repository), which an agent made{}: its git configuration is the agent's, so Lazaret runs no host command here while it exists (remove it, or run the command yourself)",
+            lazaret_protocol::display::escaped(entry),
+            if at_start.contains(entry) { " in an earlier run or another profile's Domain on this workspace" } else { " during this run" },
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,20 +199,57 @@ mod tests {
     fn the_nearest_git_decides_and_must_be_protected() {
         let protected = paths(&[".git/config", ".git/hooks", "lib/.git", "old/.git/config"]);
         let ws = layout(&[("", DotGitEntry::Directory), ("lib", DotGitEntry::File), ("old", DotGitEntry::Directory), ("new", DotGitEntry::Directory), ("link", DotGitEntry::Unusable)]);
-        assert_eq!(protected_repository(Path::new(""), &protected, &ws), Ok(PathBuf::new()));
-        assert_eq!(protected_repository(Path::new("src/deep"), &protected, &ws), Ok(PathBuf::new()));
-        assert_eq!(protected_repository(Path::new("lib/src"), &protected, &ws), Ok(PathBuf::from("lib")));
-        assert_eq!(protected_repository(Path::new("old"), &protected, &ws), Ok(PathBuf::from("old")));
-        let made = protected_repository(Path::new("new/src"), &protected, &ws).expect_err("a repository made in the run");
+        assert_eq!(protected_repository(Path::new(""), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::new()));
+        assert_eq!(protected_repository(Path::new("src/deep"), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::new()));
+        assert_eq!(protected_repository(Path::new("lib/src"), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::from("lib")));
+        assert_eq!(protected_repository(Path::new("old"), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::from("old")));
+        let made = protected_repository(Path::new("new/src"), &protected, &BTreeSet::new(), &ws).expect_err("a repository made in the run");
         assert!(made.contains("new/.git") && made.contains("made during this run"), "{made}");
-        assert!(protected_repository(Path::new("link/x"), &protected, &ws).expect_err("symlink").contains("symlink"));
+        assert!(protected_repository(Path::new("link/x"), &protected, &BTreeSet::new(), &ws).expect_err("symlink").contains("symlink"));
+    }
+
+    #[test]
+    fn a_repository_an_agent_made_in_another_run_is_refused_though_protected() {
+        let protected = paths(&[".git/config", "lib/.git", "old/.git/config"]);
+        let ws = layout(&[("", DotGitEntry::Directory), ("lib", DotGitEntry::File), ("old", DotGitEntry::Directory)]);
+        let untrusted: BTreeSet<PathBuf> = paths(&["old/.git", "lib/.git"]).into_iter().collect();
+        for dir in ["old/src", "lib"] {
+            let reason = protected_repository(Path::new(dir), &protected, &untrusted, &ws).expect_err("made by an agent");
+            assert!(reason.contains("another profile"), "{reason}");
+        }
+        assert_eq!(protected_repository(Path::new("src"), &protected, &untrusted, &ws), Ok(PathBuf::new()));
+    }
+
+    #[test]
+    fn git_may_recurse_only_into_repositories_of_the_developer() {
+        let set = |l: &[&str]| l.iter().map(PathBuf::from).collect::<BTreeSet<PathBuf>>();
+        let at_start = set(&[".git", "lib/.git", ".git/modules/lib"]);
+        let own = Some(Path::new(".git"));
+        assert_eq!(recursion_targets(&set(&[".git", "lib/.git", ".git/modules/lib"]), own, &at_start, &BTreeSet::new()), Ok(()));
+        let made = recursion_targets(&set(&[".git", "lib/.git", "sub/.git"]), own, &at_start, &BTreeSet::new()).expect_err("made in the run");
+        assert!(made.contains("sub/.git") && made.contains("during this run"), "{made}");
+        let module = recursion_targets(&set(&[".git", ".git/modules/evil"]), own, &at_start, &BTreeSet::new()).expect_err("a module gitdir made in the run");
+        assert!(module.contains(".git/modules/evil"), "{module}");
+        let other = recursion_targets(&set(&[".git", "lib/.git"]), own, &at_start, &set(&["lib/.git"])).expect_err("made by another Domain's agent");
+        assert!(other.contains("another profile"), "{other}");
+        // The repository's own entry is judged by protected_repository.
+        assert_eq!(recursion_targets(&set(&["made/.git"]), Some(Path::new("made/.git")), &at_start, &BTreeSet::new()), Ok(()));
+    }
+
+    #[test]
+    fn the_recursion_settings_reach_git_as_command_line_configuration() {
+        let env = no_recursion_env();
+        assert_eq!(env[0], ("GIT_CONFIG_COUNT".to_string(), NO_SUBMODULE_RECURSION.len().to_string()));
+        assert_eq!(env.len(), 1 + 2 * NO_SUBMODULE_RECURSION.len());
+        assert!(env.contains(&("GIT_CONFIG_KEY_1".to_string(), "fetch.recurseSubmodules".to_string())));
+        assert!(env.contains(&("GIT_CONFIG_VALUE_1".to_string(), "false".to_string())));
     }
 
     #[test]
     fn an_unprotected_git_file_or_a_workspace_without_one_is_refused() {
         let ws = layout(&[("", DotGitEntry::Directory), ("wt", DotGitEntry::File)]);
-        assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &ws).is_err(), "a gitdir file made in the run");
-        assert!(protected_repository(Path::new("a"), &[], layout(&[])).is_err());
+        assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &BTreeSet::new(), &ws).is_err(), "a gitdir file made in the run");
+        assert!(protected_repository(Path::new("a"), &[], &BTreeSet::new(), layout(&[])).is_err());
     }
 
     #[test]
