@@ -63,6 +63,24 @@ if [ "$test_tools" -eq 1 ] && command -v systemctl >/dev/null 2>&1 && [ -d /run/
   systemctl disable --now docker-registry >/dev/null 2>&1 || true
 fi
 
+# The style checks of scripts/test.sh need rustfmt and clippy: a rustup
+# toolchain usually has both; Debian's cargo-web has them as packages of
+# their own.
+if [ "$test_tools" -eq 1 ]; then
+  style=()
+  cargo fmt --version >/dev/null 2>&1 || style+=(rustfmt-web)
+  cargo clippy --version >/dev/null 2>&1 || style+=(rust-web-clippy)
+  if [ ${#style[@]} -gt 0 ]; then
+    if command -v rustup >/dev/null 2>&1; then
+      echo "setup: this rustup toolchain lacks ${style[*]}: run 'rustup component add rustfmt clippy'" >&2
+      exit 1
+    fi
+    echo "setup: installing ${style[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${style[@]}" >&2
+  fi
+fi
+
 # The fuzz smoke (scripts/fuzz.sh) needs cargo-fuzz, from crates.io, into
 # ~/.cargo/bin (kept there for later runs).
 if [ "$test_tools" -eq 1 ] && ! command -v cargo-fuzz >/dev/null 2>&1 && [ ! -x "$HOME/.cargo/bin/cargo-fuzz" ]; then

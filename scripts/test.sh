@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One command: set up what the tests need, then run the whole suite (unit
-# tests, privileged end-to-end tests in tests/, and the TLA+ check).
+# One command: set up what the tests need, then run the whole suite (style:
+# rustfmt and clippy; unit tests, privileged end-to-end tests in tests/, and
+# the TLA+ check).
 # Expensive artefacts (the debootstrapped test rootfs, the runsc package) are
 # cached in /var/cache/lazaret, outside the repository.
 set -euo pipefail
@@ -46,6 +47,10 @@ install -D -m 0755 "$(dirname "$LAZARET_ESCALATE_STATIC_BIN")/lazaret-session-in
 # every test binary), so one CI run reports every failure; the status says
 # whether any did.
 failed=()
+# Style first: formatting (rustfmt.toml) and every clippy warning, the
+# workspace lints included (undocumented unsafe blocks are errors).
+cargo fmt --all -- --check >&2 || failed+=("cargo fmt --check (run: cargo fmt --all)")
+cargo clippy --locked --workspace --all-targets --features lazaret-protocol/client -- -D warnings || failed+=("cargo clippy")
 cargo test --locked --no-fail-fast --workspace --features lazaret-protocol/client -- --test-threads=2 || failed+=("cargo test")
 # Every fuzz target briefly (docs/fuzzing.md; `scripts/fuzz.sh long` for real runs).
 FUZZ_SMOKE_SECONDS=${FUZZ_SMOKE_SECONDS:-10} bash "$here/fuzz.sh" smoke || failed+=("fuzz smoke")
