@@ -88,7 +88,18 @@ if [ "${1:-}" = "__cell" ]; then
     fi
     mkdir -m 1777 "$mnt/tmp"
     mkdir -m 0700 "$mnt/storage"
+    # A clone under /tmp (the README's commands work from a clone anywhere)
+    # must stay where cargo and the tests look for it: it is bound again at
+    # its own path inside the cell's /tmp.
+    keep=
+    case "$repo/" in
+      /tmp/*) keep="$mnt/.repo"; mkdir "$keep"; mount --bind "$repo" "$keep" ;;
+    esac
     mount --bind "$mnt/tmp" /tmp
+    if [ -n "$keep" ]; then
+      mkdir -p "$repo"
+      mount --move "$keep" "$repo"
+    fi
     mkdir -p /var/cache/lazaret/test-storage
     mount --bind "$mnt/storage" /var/cache/lazaret/test-storage
   fi
