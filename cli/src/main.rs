@@ -21,8 +21,9 @@ use lazaret_coordinator::identity::Developer;
 use lazaret_coordinator::daemon::provision::SetupMode;
 use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 
-/// Exit status for Lazaret's own failures (as docker and podman do).
-const LAZARET_FAILED: u8 = 125;
+/// Exit status for Lazaret's own failures (as docker and podman do): the
+/// coordinator's [`lazaret_coordinator::LAZARET_FAILED`], as an exit code.
+const LAZARET_FAILED: u8 = lazaret_coordinator::LAZARET_FAILED as u8;
 
 /// The exit status table and the environment, at the end of `--help` and
 /// in the man page.
@@ -787,19 +788,8 @@ fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Optio
 
 /// `SECONDS` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
 fn humantime_utc(seconds: u64) -> String {
-    let days = seconds / 86_400;
-    let rest = seconds % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days as i64 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}", rest / 3600, rest % 3600 / 60, rest % 60)
+    let t = lazaret_protocol::utc::Utc::from_unix(seconds);
+    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}", t.year, t.month, t.day, t.hour, t.minute, t.second)
 }
 
 #[cfg(test)]
