@@ -648,3 +648,49 @@ fn a_refused_name_never_leaves_by_any_other_door() {
     check(&problems);
     stop(&net, domain, resolver, before);
 }
+
+/// Names the agent controls (a wildcard below its own zone) answering each
+/// query with 32 fresh addresses: the name sets stop growing at their bound
+/// (4096 addresses; the answer that would pass it gets SERVFAIL), so the
+/// agent cannot grow the kernel's sets without end.
+#[test]
+fn the_name_sets_stop_growing_at_their_bound() {
+    const BOUND: usize = 4096;
+    let net = FakeInternet::new();
+    let _upstream = HostileUpstream::start(
+        &net.world,
+        Arc::new(|query: &[u8]| {
+            let (_, q) = dnswire::parse_query(query).ok()?;
+            // nN.many.example: 32 addresses of 11.N.0.0/24, N < 256.
+            let n: u8 = q.name.strip_prefix('n')?.split('.').next()?.parse().ok()?;
+            let records: Vec<Vec<u8>> = (1..=32u8).map(|i| a(&q.name, Ipv4Addr::new(11, n, 0, i))).collect();
+            hostile_reply(query, if q.qtype == TYPE_A { &records } else { &[] }, &[], &[])
+        }),
+    );
+    let before = net.host_snapshot();
+    let (domain, resolver) = start(&net, &locked_input(&["*.many.example"], false));
+    let sandbox = domain.sandbox_netns().expect("sandbox netns");
+    let server = SocketAddr::V4(domain.resolver_address());
+    let mut answered = 0;
+    let mut refused_at = None;
+    for n in 0..=(BOUND / 32) as u8 {
+        let query = dnswire::query(u16::from(n), &format!("n{n}.many.example"), TYPE_A).expect("query");
+        match exchange(sandbox, server, &query, true).map(|r| seen(&r)) {
+            Some(reply) if reply.rcode == 0 && reply.addresses.len() == 32 => answered += 1,
+            Some(reply) if reply.rcode == dnswire::Rcode::ServFail as u8 => {
+                refused_at.get_or_insert(n);
+            }
+            other => panic!("n{n}.many.example: {other:?}"),
+        }
+    }
+    let open = opened(&domain).len();
+    let mut problems = Vec::new();
+    if open > BOUND {
+        problems.push(format!("the name sets hold {open} addresses, more than {BOUND}"));
+    }
+    if answered != BOUND / 32 || refused_at != Some((BOUND / 32) as u8) {
+        problems.push(format!("{answered} answers opened their addresses; the first refused: {refused_at:?}"));
+    }
+    check(&problems);
+    stop(&net, domain, resolver, before);
+}
