@@ -694,3 +694,42 @@ fn the_name_sets_stop_growing_at_their_bound() {
     check(&problems);
     stop(&net, domain, resolver, before);
 }
+
+/// The host gains an address while the Domain runs (a VPN coming up, say)
+/// and the host watcher's refresh denies it; an allowed name answering with
+/// it afterwards must not hand it out or open it: the resolver judges by
+/// the policy installed now, not by the one it started with.
+#[test]
+fn an_address_the_host_gains_later_is_never_handed_out() {
+    const GAINED: Ipv4Addr = Ipv4Addr::new(11, 44, 0, 1);
+    let net = FakeInternet::new();
+    ip_in(&net.world, &["addr", "add", "11.6.6.6/32", "dev", "lo"]);
+    let _upstream = HostileUpstream::start(
+        &net.world,
+        Arc::new(|query: &[u8]| {
+            let (_, q) = dnswire::parse_query(query).ok()?;
+            let records = if q.qtype == TYPE_A { vec![a(&q.name, GAINED), a(&q.name, Ipv4Addr::new(11, 6, 6, 6))] } else { vec![] };
+            hostile_reply(query, &records, &[], &[])
+        }),
+    );
+    let before = net.host_snapshot();
+    let (domain, resolver) = start(&net, &locked_input(&["host.example"], false));
+    let sandbox = domain.sandbox_netns().expect("sandbox netns");
+    let server = SocketAddr::V4(domain.resolver_address());
+    ip_in(&net.host, &["addr", "add", &format!("{GAINED}/32"), "dev", "wan0"]);
+    let update = domain.refresh_host().expect("refresh");
+    assert!(!update.is_empty(), "the refresh saw no new address");
+    let query = dnswire::query(0x6666, "host.example", TYPE_A).expect("query");
+    let reply = exchange(sandbox, server, &query, false).map(|r| seen(&r));
+    let open = opened(&domain);
+    let mut problems = Vec::new();
+    if !reply.as_ref().is_some_and(|r| r.rcode == 0 && r.addresses == vec![IpAddr::V4(Ipv4Addr::new(11, 6, 6, 6))]) {
+        problems.push(format!("the sandbox got {reply:?}, not just the public address"));
+    }
+    if open.contains(&IpAddr::V4(GAINED)) {
+        problems.push(format!("the name sets hold the host's new address: {open:?}"));
+    }
+    ip_in(&net.host, &["addr", "del", &format!("{GAINED}/32"), "dev", "wan0"]);
+    check(&problems);
+    stop(&net, domain, resolver, before);
+}
