@@ -1,8 +1,10 @@
 //! netpolicy/src/dnswire.rs and resolver.rs: any bytes as a query from the
 //! sandbox and as an upstream answer. Nothing panics; a refusal is always a
 //! well-formed response to the query (its ID, at most its question); a
-//! forwarded query's name is one a rule allows; answers open only
-//! addresses of A/AAAA records, for a lifetime inside the clamp.
+//! forwarded query's name is one a rule allows, of an address type, and
+//! goes upstream as that bare question; answers open only addresses of
+//! A/AAAA records that the filter accepts, at most MAX_ADDRESSES per port,
+//! for a lifetime inside the clamp; the rebuilt reply parses.
 #![no_main]
 
 use lazaret_netpolicy::dnswire::{self, Header};
@@ -29,14 +31,26 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(&reply[..2], &data[..2]);
             assert!(header.qdcount <= 1 && header.ancount == 0);
         }
-        QueryDecision::Forward { header, question } => {
+        QueryDecision::Forward { question, .. } => {
             assert!(names.decide(&question.name).allowed(), "{}", question.name);
-            // ...and as the upstream's answer to it.
-            if let Some(response) = resolver::matching_response(&header, &question, data) {
-                for opening in resolver::openings(&names, &question, &response, clamp) {
+            assert!(resolver::FORWARDED_TYPES.contains(&question.qtype));
+            // Upstream gets the bare question...
+            let sent = resolver::upstream_query(0x4242, &question).expect("an allowed name encodes");
+            assert_eq!(dnswire::parse_query(&sent).map(|(_, q)| (q.name, q.qtype)), Ok((question.name.clone(), question.qtype)));
+            // ...and the same bytes, with the ID of the query sent, as its answer.
+            let mut reply = data.to_vec();
+            reply[..2].copy_from_slice(&0x4242u16.to_be_bytes());
+            if let Some(response) = resolver::matching_response(0x4242, &question, &reply) {
+                let rebuilt = resolver::rebuild(&names, &question, &response, clamp, |a| !a.is_loopback());
+                for opening in &rebuilt.openings {
                     assert!(opening.lifetime >= clamp.min && opening.lifetime <= clamp.max);
+                    assert!(!opening.address.is_loopback());
                     assert!(response.answers.iter().any(|r| r.address() == Some(opening.address)));
                 }
+                assert!(rebuilt.openings.len() <= resolver::MAX_ADDRESSES);
+                // What the sandbox gets is a well-formed reply to its query.
+                let sandbox_reply = dnswire::answer(data, dnswire::Rcode::NoError, &rebuilt.records).expect("encodable");
+                assert_eq!(dnswire::parse_response(&sandbox_reply).map(|r| r.answers.len()), Ok(rebuilt.records.len()));
             }
         }
         QueryDecision::Ignore => {}

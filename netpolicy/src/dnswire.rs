@@ -112,6 +112,11 @@ impl Header {
     pub fn rcode(&self) -> u8 {
         (self.flags & 0xf) as u8
     }
+
+    /// Whether the message was truncated (TC set).
+    pub fn truncated(&self) -> bool {
+        self.flags & 0x0200 != 0
+    }
 }
 
 /// The question of a message.
@@ -250,13 +255,23 @@ fn read_question(bytes: &[u8]) -> Result<Question, WireError> {
 }
 
 /// Reads a query: its header and its one question (what follows, such as
-/// an EDNS OPT record, is not looked at).
+/// an EDNS OPT record, is not looked at). The question's name must be
+/// written out, without compression: nothing before it could be pointed
+/// at but the header, whose bytes differ in the reply that echoes it.
 pub fn parse_query(bytes: &[u8]) -> Result<(Header, Question), WireError> {
     let header = Header::parse(bytes)?;
     if header.qdcount != 1 {
         return Err(WireError::QuestionCount);
     }
-    Ok((header, read_question(bytes)?))
+    let question = read_question(bytes)?;
+    let mut at = HEADER_LEN;
+    while let Some(length) = bytes.get(at).copied().filter(|length| *length != 0) {
+        if length & 0xc0 != 0 {
+            return Err(WireError::BadPointer);
+        }
+        at += 1 + usize::from(length);
+    }
+    Ok((header, question))
 }
 
 /// Reads a response: header, its one question and the answer section.
@@ -356,8 +371,22 @@ pub struct AnswerRecord {
     pub data: RecordData,
 }
 
+/// The largest reply sent over UDP to a client that did not offer a larger
+/// size; the resolver does not read the sandbox's EDNS, so to every client.
+pub const UDP_REPLY_MAX: usize = 512;
+
+/// [`refusal`] with TC set: what a UDP client gets instead of a reply
+/// longer than [`UDP_REPLY_MAX`], so that it asks again over TCP.
+pub fn truncated(query: &[u8], question_end: usize, rcode: Rcode) -> Vec<u8> {
+    let mut out = refusal(query, Some(question_end), rcode);
+    out[2] |= 0x02;
+    out
+}
+
 /// A response to `query` (a message [`parse_query`] accepts) with these
-/// answers, uncompressed: what the tests' fake upstream resolver sends.
+/// answers, uncompressed: the query's ID and question, QR and RA set, RD
+/// copied, no other section. What the locked resolver sends the sandbox
+/// (and the tests' fake upstream resolvers send).
 pub fn answer(query: &[u8], rcode: Rcode, records: &[AnswerRecord]) -> Option<Vec<u8>> {
     let (_, question) = parse_query(query).ok()?;
     let mut out = refusal(query, Some(question.end), rcode);
@@ -477,6 +506,20 @@ mod tests {
         bad[n - 5] = 5;
         bad.push(0);
         assert_eq!(parse_response(&bad), Err(WireError::BadRecord));
+    }
+
+    #[test]
+    fn a_compressed_question_is_no_query() {
+        // The question's name points into the header.
+        let mut bytes = vec![0, 1, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+        bytes.extend([1, b'a', 0xc0, 4, 0, 1, 0, 1]);
+        assert_eq!(parse_query(&bytes), Err(WireError::BadPointer));
+        let q = query(1, "a.example", TYPE_A).expect("encodable");
+        let (_, question) = parse_query(&q).expect("parses");
+        let cut = truncated(&q, question.end, Rcode::NoError);
+        let header = Header::parse(&cut).expect("header");
+        assert!(header.truncated() && header.is_response() && header.ancount == 0);
+        assert!(!Header::parse(&q).expect("header").truncated());
     }
 
     #[test]

@@ -14,7 +14,14 @@
 //! * A name is decided by every rule that matches it: the ports are the
 //!   union (one rule without a port opens all of them).
 //! * The name allowed is the one the sandbox asks: the addresses at the end
-//!   of its CNAME chain are opened, whatever the chain's names are.
+//!   of its CNAME chain are opened, whatever the chain's names are, but
+//!   only those the Domain's policy routes and none of Lazaret's own (see
+//!   [`crate::resolver`]).
+//! * A wildcard lets the sandbox choose every label below the suffix: the
+//!   name it asks reaches the upstream resolvers and, through them, the
+//!   suffix's authoritative servers. Whoever runs those can read what the
+//!   sandbox puts in the labels; allow a wildcard only below a suffix whose
+//!   servers are trusted with that.
 
 use std::collections::BTreeSet;
 use std::fmt;

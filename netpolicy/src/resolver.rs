@@ -1,23 +1,45 @@
 //! What the locked-mode resolver decides, without any I/O: which queries
-//! are answered at once (refused, malformed), which are forwarded, and
-//! which addresses an upstream answer opens for how long.
+//! are answered at once (refused, malformed), what is asked upstream,
+//! which records of the upstream's answer reach the sandbox and which
+//! addresses they open for how long.
 //!
 //! * A refused name is answered REFUSED by the resolver itself: nothing of
 //!   it reaches the upstream resolvers, so a name cannot carry data out.
-//! * An allowed name's answer opens the A and AAAA addresses at the end of
-//!   its CNAME chain (starting from the name asked, so the chain's names
-//!   need no rule of their own), for the smallest TTL along the chain,
+//!   Only address lookups (A, AAAA, and CNAME) of allowed names are
+//!   forwarded: other types (TXT, NULL, ANY, SRV, ...) are refused too,
+//!   since nothing in locked mode needs them and their records could not
+//!   be checked.
+//! * Upstream gets a query the resolver writes itself ([`upstream_query`]):
+//!   a fresh ID, recursion desired, the one question in lower case, no
+//!   other section and no EDNS (so no client subnet or other option of the
+//!   sandbox's). Nothing the sandbox wrote but the name and the type leaves.
+//! * The sandbox gets an answer rebuilt from scratch ([`rebuild`]): its own
+//!   question, the CNAME chain that starts at the name it asked (one link
+//!   per name, at most [`MAX_CHAIN`]), and the records of the asked type
+//!   owned by the chain's last name, each address only if the Domain's
+//!   policy would let the sandbox reach it ([`may_open`]: not a denied
+//!   block, not one of the host's addresses, not the Lazaret pool, not an
+//!   upstream resolver), at most [`MAX_ADDRESSES`]. Records of other names,
+//!   the authority and additional sections, EDNS: all dropped.
+//! * The chain's names need no rule of their own (a CDN's names rarely
+//!   could have one): the allowed name's owner could put any address in it
+//!   directly, so a CNAME gives them nothing more. The resolver never asks
+//!   upstream for a chain name; the sandbox's own lookup of one is decided
+//!   like any other name.
+//! * The addresses kept are opened for the smallest TTL along the chain,
 //!   clamped to [`TtlClamp`] (default 30 s .. 1 h): a 0-second TTL must not
 //!   close the address before the sandbox connects, a week-long one must
-//!   not keep it open for a week.
+//!   not keep it open for a week. The sandbox is told that lifetime as the
+//!   TTL, so its cache does not outlive the opening.
 //! * The answer must be the upstream's reply to this very query (ID,
 //!   question name, type and class), else it is dropped.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use crate::dnswire::{self, CLASS_IN, Header, Question, Rcode, RecordData, Response, TYPE_CNAME};
+use crate::dnswire::{self, AnswerRecord, CLASS_IN, Header, Question, Rcode, RecordData, Response, TYPE_A, TYPE_AAAA, TYPE_CNAME};
 use crate::names::{NamePolicy, Ports};
+use crate::policy::{Action, CompiledPolicy, RuleOrigin};
 
 /// The range an answer's TTL is clamped to before it becomes the lifetime
 /// of the addresses it opens.
@@ -84,7 +106,21 @@ pub fn decide_query(names: &NamePolicy, query: &[u8]) -> QueryDecision {
         let refused = Some(question.name.clone());
         return QueryDecision::Reply { reply: reply(Some(question.end), Rcode::Refused), refused };
     }
+    if !FORWARDED_TYPES.contains(&question.qtype) {
+        // No rule is missing: `policy log` would only mislead.
+        return QueryDecision::Reply { reply: reply(Some(question.end), Rcode::Refused), refused: None };
+    }
     QueryDecision::Forward { header, question }
+}
+
+/// The query types forwarded for an allowed name: addresses and the chain to them.
+pub const FORWARDED_TYPES: [u16; 3] = [TYPE_A, TYPE_AAAA, TYPE_CNAME];
+
+/// The query sent upstream for `question` (a forwarded one): ID `id`,
+/// recursion desired, the question alone, no EDNS. `None` only for a name
+/// that is no plain name (never one a rule allows).
+pub fn upstream_query(id: u16, question: &Question) -> Option<Vec<u8>> {
+    dnswire::query(id, &question.name, question.qtype)
 }
 
 /// One address an answer opens.
@@ -98,12 +134,13 @@ pub struct Opening {
     pub lifetime: Duration,
 }
 
-/// Reads the upstream's `response` to (`header`, `question`): `None` if it
-/// is no reply to that query.
-pub fn matching_response(header: &Header, question: &Question, response: &[u8]) -> Option<Response> {
+/// Reads the upstream's `response` to the query with ID `id` for
+/// `question`: `None` if it is no reply to that query.
+pub fn matching_response(id: u16, question: &Question, response: &[u8]) -> Option<Response> {
     let parsed = dnswire::parse_response(response).ok()?;
     let same = parsed.header.is_response()
-        && parsed.header.id == header.id
+        && parsed.header.opcode() == 0
+        && parsed.header.id == id
         && parsed.question.name == question.name
         && parsed.question.qtype == question.qtype
         && parsed.question.qclass == question.qclass;
@@ -111,52 +148,112 @@ pub fn matching_response(header: &Header, question: &Question, response: &[u8]) 
 }
 
 /// At most this many CNAME links are followed.
-const MAX_CHAIN: usize = 16;
+pub const MAX_CHAIN: usize = 16;
+/// At most this many addresses of one answer reach the sandbox and open:
+/// a name the agent controls must not fill the sets with one answer.
+pub const MAX_ADDRESSES: usize = 32;
 
-/// The addresses `response` (a reply to `question`) opens under `names`.
-pub fn openings(names: &NamePolicy, question: &Question, response: &Response, clamp: TtlClamp) -> Vec<Opening> {
-    let verdict = names.decide(&question.name);
-    if !verdict.allowed() || response.header.rcode() != Rcode::NoError as u8 {
-        return Vec::new();
-    }
-    // The chain from the name asked: (name, smallest TTL on the way to it).
-    let mut chain: Vec<(String, u32)> = vec![(question.name.clone(), u32::MAX)];
-    let mut index = 0;
-    while index < chain.len() && chain.len() <= MAX_CHAIN {
-        let (owner, ttl) = chain[index].clone();
-        for record in response.answers.iter().filter(|r| r.rtype == TYPE_CNAME && r.name == owner) {
-            if let RecordData::Cname(target) = &record.data {
-                if !chain.iter().any(|(name, _)| name == target) {
-                    chain.push((target.clone(), ttl.min(record.ttl)));
-                }
-            }
+/// Whether an answer may hand `address` to the sandbox and open it: the
+/// Domain's routes would let the sandbox reach it (a public address, or
+/// one inside an `allow_egress` prefix), and it is none of `plumbing` (the
+/// upstream resolvers, the Domain's own addresses), also when embedded in
+/// an IPv4-mapped or NAT64 (`64:ff9b::/96`) IPv6 address. In locked mode
+/// the policy says `Locked` for what the routes allow without a config
+/// rule; a resolver's own rule is such a rule, hence the explicit list.
+pub fn may_open(policy: &CompiledPolicy, plumbing: &[IpAddr], address: IpAddr) -> bool {
+    let verdict = policy.decide(address);
+    let routed = verdict.action == Action::Allow || verdict.rule.origin == RuleOrigin::Locked;
+    let embedded = match address {
+        IpAddr::V6(v6) => {
+            let [a, b, c, d, e, f, _, _] = v6.segments();
+            let nat64 = [a, b, c, d, e, f] == [0x64, 0xff9b, 0, 0, 0, 0];
+            v6.to_ipv4_mapped().or_else(|| nat64.then(|| std::net::Ipv4Addr::from(v6.to_bits() as u32))).map(IpAddr::V4)
         }
-        index += 1;
+        IpAddr::V4(_) => None,
+    };
+    routed && !plumbing.contains(&address) && !embedded.is_some_and(|inner| plumbing.contains(&inner))
+}
+
+/// An upstream answer rebuilt for the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Rebuilt {
+    /// The records the sandbox gets: the CNAME chain from the name asked,
+    /// then the kept records of the asked type at its end.
+    pub records: Vec<AnswerRecord>,
+    /// The addresses to open before the sandbox gets them.
+    pub openings: Vec<Opening>,
+    /// Addresses of the chain's end that were dropped (refused by
+    /// `may_open`, or beyond [`MAX_ADDRESSES`]).
+    pub dropped: usize,
+}
+
+/// Rebuilds `response` (a reply to `question`, see [`matching_response`])
+/// for the sandbox under `names`, keeping only addresses `may_open`
+/// accepts. A failed or refused answer keeps nothing.
+pub fn rebuild(names: &NamePolicy, question: &Question, response: &Response, clamp: TtlClamp, may_open: impl Fn(IpAddr) -> bool) -> Rebuilt {
+    let verdict = names.decide(&question.name);
+    let rcode = response.header.rcode();
+    if !verdict.allowed() || (rcode != Rcode::NoError as u8 && rcode != Rcode::NxDomain as u8) {
+        return Rebuilt::default();
+    }
+    let longest = u32::try_from(clamp.max.as_secs()).unwrap_or(u32::MAX);
+    let mut rebuilt = Rebuilt::default();
+    // The chain: at most one CNAME per name (the first), no name twice.
+    let mut owner = question.name.clone();
+    let mut chain_ttl = u32::MAX;
+    let mut visited = vec![owner.clone()];
+    while rebuilt.records.len() < MAX_CHAIN {
+        let link = response.answers.iter().find_map(|record| match &record.data {
+            RecordData::Cname(target) if record.rtype == TYPE_CNAME && record.name == owner => Some((target.clone(), record.ttl)),
+            _ => None,
+        });
+        let Some((target, ttl)) = link else { break };
+        // A name the sandbox could not be sent (odd bytes) ends the chain too.
+        if visited.contains(&target) || dnswire::encode_name(&target).is_none() {
+            break;
+        }
+        chain_ttl = chain_ttl.min(ttl);
+        rebuilt.records.push(AnswerRecord { name: owner.clone(), ttl: ttl.min(longest), data: RecordData::Cname(target.clone()) });
+        visited.push(target.clone());
+        owner = target;
+        if question.qtype == TYPE_CNAME {
+            // The one record asked for.
+            return rebuilt;
+        }
     }
     let ports: Vec<Option<u16>> = match verdict.ports {
         Ports::All => vec![None],
         Ports::Only(ports) => ports.into_iter().map(Some).collect(),
     };
-    let mut found: Vec<Opening> = Vec::new();
-    for record in &response.answers {
-        let (Some(address), Some((_, chain_ttl))) = (record.address(), chain.iter().find(|(name, _)| *name == record.name)) else {
+    let mut kept: Vec<IpAddr> = Vec::new();
+    for record in response.answers.iter().filter(|r| r.rtype == question.qtype && r.class == CLASS_IN && r.name == owner) {
+        let Some(address) = record.address() else { continue };
+        if kept.contains(&address) {
             continue;
-        };
-        let lifetime = clamp.apply(record.ttl.min(*chain_ttl));
-        for port in &ports {
-            match found.iter_mut().find(|o| o.address == address && o.port == *port) {
-                Some(existing) => existing.lifetime = existing.lifetime.max(lifetime),
-                None => found.push(Opening { address, port: *port, lifetime }),
-            }
         }
+        if kept.len() >= MAX_ADDRESSES || !may_open(address) {
+            rebuilt.dropped += 1;
+            continue;
+        }
+        kept.push(address);
+        let lifetime = clamp.apply(record.ttl.min(chain_ttl));
+        let data = match address {
+            IpAddr::V4(v4) => RecordData::A(v4),
+            IpAddr::V6(v6) => RecordData::Aaaa(v6),
+        };
+        let told = u32::try_from(lifetime.as_secs()).unwrap_or(u32::MAX);
+        rebuilt.records.push(AnswerRecord { name: owner.clone(), ttl: told, data });
+        rebuilt.openings.extend(ports.iter().map(|port| Opening { address, port: *port, lifetime }));
     }
-    found
+    rebuilt
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dnswire::{AnswerRecord, TYPE_A, TYPE_AAAA, answer, query};
+    use crate::dnswire::{answer, query};
+    use crate::policy::{PolicyInput, compile};
+    use crate::prefix::Prefix;
     use crate::names::{NameRule, parse_name_rule};
 
     fn policy(rules: &[&str]) -> NamePolicy {
@@ -221,39 +318,112 @@ mod tests {
         assert_eq!(rcode(&chaos), Rcode::Refused as u8);
     }
 
+    fn everything(_: IpAddr) -> bool {
+        true
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().expect("valid test input")
+    }
+
+    /// The forwarded question for `name`/`qtype` and the upstream's reply with `records`.
+    fn exchange(names: &NamePolicy, name: &str, qtype: u16, rcode: Rcode, records: &[AnswerRecord]) -> (Question, Response) {
+        let q = query(9, name, qtype).expect("encodable");
+        let (_, question) = forwarded(names, &q);
+        let upstream = upstream_query(0x7777, &question).expect("encodable");
+        let bytes = answer(&upstream, rcode, records).expect("encodable");
+        let response = matching_response(0x7777, &question, &bytes).expect("matches");
+        (question, response)
+    }
+
     #[test]
-    fn cname_chains_open_their_end_addresses() {
+    fn only_address_types_are_forwarded_and_upstream_gets_a_bare_question() {
         let names = policy(&["www.example.org"]);
-        let q = query(9, "www.example.org", TYPE_A).expect("encodable");
-        let (header, question) = forwarded(&names, &q);
-        let bytes = answer(&q, Rcode::NoError, &[
+        for qtype in [16, 10, 255, 33, 65, 99] {
+            match decide_query(&names, &query(1, "www.example.org", qtype).expect("encodable")) {
+                QueryDecision::Reply { reply, refused } => {
+                    assert_eq!(Header::parse(&reply).expect("header").rcode(), Rcode::Refused as u8, "type {qtype}");
+                    assert_eq!(refused, None, "no rule is missing for type {qtype}");
+                }
+                other => panic!("type {qtype}: {other:?}"),
+            }
+        }
+        // The sandbox's query with EDNS, odd bits and odd case: upstream gets only the question.
+        let mut q = query(0xbeef, "WWW.Example.ORG", TYPE_AAAA).expect("encodable");
+        q[3] = 0x70;
+        q[11] = 1;
+        q.extend([0, 0, 41, 16, 0, 0, 0, 0, 0, 0, 6, 0, 8, 0, 2, 0, 1]);
+        let (_, question) = forwarded(&names, &q);
+        assert_eq!(upstream_query(0x1234, &question), query(0x1234, "www.example.org", TYPE_AAAA));
+    }
+
+    #[test]
+    fn cname_chains_open_their_end_addresses_only() {
+        let names = policy(&["www.example.org"]);
+        let (question, response) = exchange(&names, "www.example.org", TYPE_A, Rcode::NoError, &[
             record("www.example.org", 600, "edge.cdn.example"),
+            // Not allowed beside a CNAME (RFC 1034 3.6.2): ignored.
+            record("www.example.org", 600, "198.51.100.1"),
             record("edge.cdn.example", 120, "e1.cdn.example"),
             record("e1.cdn.example", 3000, "203.0.113.10"),
+            // Not the type asked, not on the chain: ignored.
             record("e1.cdn.example", 3000, "2001:db8::10"),
-            // Not on the chain: ignored.
             record("other.example", 3000, "198.51.100.66"),
-        ])
-        .expect("encodable");
-        let response = matching_response(&header, &question, &bytes).expect("matches");
-        let opened = openings(&names, &question, &response, TtlClamp::default());
-        assert_eq!(opened, vec![
-            Opening { address: "203.0.113.10".parse().expect("ip"), port: None, lifetime: Duration::from_secs(120) },
-            Opening { address: "2001:db8::10".parse().expect("ip"), port: None, lifetime: Duration::from_secs(120) },
+            // A second CNAME of the same name: only the first link counts.
+            record("www.example.org", 600, "evil.example"),
+            record("evil.example", 600, "198.51.100.77"),
         ]);
+        let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
+        assert_eq!(rebuilt.records, vec![
+            record("www.example.org", 600, "edge.cdn.example"),
+            record("edge.cdn.example", 120, "e1.cdn.example"),
+            record("e1.cdn.example", 120, "203.0.113.10"),
+        ]);
+        assert_eq!(rebuilt.openings, vec![Opening { address: ip("203.0.113.10"), port: None, lifetime: Duration::from_secs(120) }]);
+        // A CNAME query gets the one link.
+        let (question, response) = exchange(&names, "www.example.org", TYPE_CNAME, Rcode::NoError, &[
+            record("www.example.org", 600, "edge.cdn.example"),
+            record("edge.cdn.example", 120, "203.0.113.10"),
+        ]);
+        let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
+        assert_eq!((rebuilt.records.len(), rebuilt.openings.len()), (1, 0));
+        // A loop ends; a long chain stops at MAX_CHAIN.
+        let (question, response) = exchange(&names, "www.example.org", TYPE_A, Rcode::NoError, &[
+            record("www.example.org", 60, "a.example"),
+            record("a.example", 60, "www.example.org"),
+        ]);
+        // The link back to a name already on the chain is dropped.
+        assert_eq!(rebuild(&names, &question, &response, TtlClamp::default(), everything).records.len(), 1);
+        let mut long = vec![record("www.example.org", 60, "l0.example")];
+        long.extend((0..40).map(|i| record(&format!("l{i}.example"), 60, &format!("l{}.example", i + 1))));
+        let (question, response) = exchange(&names, "www.example.org", TYPE_A, Rcode::NoError, &long);
+        assert_eq!(rebuild(&names, &question, &response, TtlClamp::default(), everything).records.len(), MAX_CHAIN);
+    }
+
+    #[test]
+    fn addresses_are_filtered_and_bounded() {
+        let names = policy(&["many.example.org"]);
+        let mut records: Vec<AnswerRecord> = (0..100).map(|i| record("many.example.org", 60, &format!("11.0.0.{i}"))).collect();
+        records.push(record("many.example.org", 60, "11.0.0.1"));
+        let (question, response) = exchange(&names, "many.example.org", TYPE_A, Rcode::NoError, &records);
+        let odd_only = |address: IpAddr| matches!(address, IpAddr::V4(v4) if v4.octets()[3] % 2 == 1);
+        let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), odd_only);
+        assert_eq!(rebuilt.openings.len(), MAX_ADDRESSES);
+        assert!(rebuilt.openings.iter().all(|o| odd_only(o.address)));
+        assert_eq!(rebuilt.dropped, 100 - MAX_ADDRESSES);
     }
 
     #[test]
     fn ports_and_clamps() {
         let names = policy(&["github.com:22", "github.com:443"]);
-        let q = query(1, "github.com", TYPE_A).expect("encodable");
-        let (header, question) = forwarded(&names, &q);
-        let bytes = answer(&q, Rcode::NoError, &[record("github.com", 0, "192.0.2.1"), record("github.com", 99999, "192.0.2.2")]).expect("encodable");
-        let response = matching_response(&header, &question, &bytes).expect("matches");
-        let opened = openings(&names, &question, &response, TtlClamp::default());
+        let (question, response) = exchange(&names, "github.com", TYPE_A, Rcode::NoError, &[record("github.com", 0, "192.0.2.1"), record("github.com", 99999, "192.0.2.2")]);
+        let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
+        let opened = rebuilt.openings;
         assert_eq!(opened.len(), 4);
         assert_eq!((opened[0].port, opened[0].lifetime), (Some(22), Duration::from_secs(30)));
         assert_eq!((opened[3].port, opened[3].lifetime), (Some(443), Duration::from_secs(3600)));
+        // The sandbox is told the lifetime, not the upstream's TTL.
+        assert_eq!(rebuilt.records.iter().map(|r| r.ttl).collect::<Vec<_>>(), vec![30, 3600]);
         let short = TtlClamp { min: Duration::from_secs(1), max: Duration::from_secs(3600) };
         assert_eq!(short.apply(2), Duration::from_secs(2));
         assert_eq!(short.apply(0), Duration::from_secs(1));
@@ -263,17 +433,54 @@ mod tests {
     fn foreign_or_failed_answers_open_nothing() {
         let names = policy(&["a.example.org"]);
         let q = query(1, "a.example.org", TYPE_A).expect("encodable");
-        let (header, question) = forwarded(&names, &q);
-        let other = query(2, "a.example.org", TYPE_A).expect("encodable");
-        let wrong_id = answer(&other, Rcode::NoError, &[record("a.example.org", 60, "192.0.2.1")]).expect("encodable");
-        assert!(matching_response(&header, &question, &wrong_id).is_none());
-        let other = query(1, "b.example.org", TYPE_A).expect("encodable");
+        let (_, question) = forwarded(&names, &q);
+        let sent = upstream_query(7, &question).expect("encodable");
+        let reply = answer(&sent, Rcode::NoError, &[record("a.example.org", 60, "192.0.2.1")]).expect("encodable");
+        assert!(matching_response(7, &question, &reply).is_some());
+        assert!(matching_response(8, &question, &reply).is_none(), "wrong ID");
+        let other = query(7, "b.example.org", TYPE_A).expect("encodable");
         let wrong_name = answer(&other, Rcode::NoError, &[record("b.example.org", 60, "192.0.2.1")]).expect("encodable");
-        assert!(matching_response(&header, &question, &wrong_name).is_none());
-        let failed = answer(&q, Rcode::ServFail, &[record("a.example.org", 60, "192.0.2.1")]).expect("encodable");
-        let response = matching_response(&header, &question, &failed).expect("matches");
-        assert!(openings(&names, &question, &response, TtlClamp::default()).is_empty());
+        assert!(matching_response(7, &question, &wrong_name).is_none());
+        let other_type = query(7, "a.example.org", TYPE_AAAA).expect("encodable");
+        assert!(matching_response(7, &question, &answer(&other_type, Rcode::NoError, &[]).expect("encodable")).is_none());
+        for rcode in [Rcode::ServFail, Rcode::Refused, Rcode::FormErr] {
+            let failed = answer(&sent, rcode, &[record("a.example.org", 60, "192.0.2.1")]).expect("encodable");
+            let response = matching_response(7, &question, &failed).expect("matches");
+            assert_eq!(rebuild(&names, &question, &response, TtlClamp::default(), everything), Rebuilt::default());
+        }
         // The query itself is no response.
-        assert!(matching_response(&header, &question, &q).is_none());
+        assert!(matching_response(7, &question, &sent).is_none());
+    }
+
+    #[test]
+    fn may_open_only_what_the_routes_allow_and_no_plumbing() {
+        let locked = |ipv6: bool| {
+            compile(&PolicyInput {
+                locked: true,
+                ipv6,
+                dns: vec![ip("10.0.2.3"), ip("9.9.9.9")],
+                allow: vec![(Prefix::host(ip("10.5.0.1")), "c:1:1".into())],
+                host_addresses: vec![ip("11.0.0.2")],
+                own_addresses: vec!["100.96.0.0/30".parse().expect("prefix")],
+                ..PolicyInput::default()
+            })
+            .expect("compiles")
+        };
+        let policy = locked(true);
+        let plumbing = [ip("10.0.2.3"), ip("9.9.9.9"), ip("100.96.0.1")];
+        let open = |text: &str| may_open(&policy, &plumbing, ip(text));
+        for allowed in ["8.8.8.8", "10.5.0.1", "2a00:1450::1", "64:ff9b::808:808"] {
+            assert!(open(allowed), "{allowed}");
+        }
+        for denied in [
+            "10.0.2.3", "9.9.9.9", "10.1.1.1", "127.0.0.1", "0.0.0.0", "0.1.2.3", "169.254.169.254", "100.64.0.1", "224.0.0.251", "255.255.255.255",
+            "100.96.0.1", "100.96.0.2", "11.0.0.2", "::1", "::", "fe80::1", "fd00::1", "ff02::1", "::ffff:8.8.8.8", "::ffff:10.0.2.3",
+            "64:ff9b::a00:203", "64:ff9b::909:909", "64:ff9b::7f00:1", "2001:db8::1",
+        ] {
+            assert!(!open(denied), "{denied}");
+        }
+        // IPv6 disabled: no IPv6 address at all.
+        let v4_only = locked(false);
+        assert!(!may_open(&v4_only, &plumbing, ip("2a00:1450::1")));
     }
 }

@@ -492,3 +492,42 @@ fn locked_egress_opens_an_allowed_names_ipv6_address_for_its_ttl_and_no_other() 
     assert_lab_clean(&lab, &[&env]);
     let _ = std::fs::remove_file(&dns_log);
 }
+
+/// Locked egress against its own resolver (issue 32, property 7), through
+/// a real sandbox: the Domain's upstream resolver is hostile (or the agent
+/// owns the allowed name) and answers the allowed name with the upstream
+/// resolver's own address. The agent resolves it, then asks the upstream
+/// resolver directly, over UDP and TCP, for a refused name that carries
+/// data. The sandbox must not be handed the resolver's address, and the
+/// refused name must never reach the resolver.
+#[test]
+fn locked_egress_answers_open_no_path_to_the_upstream_resolver() {
+    const UPSTREAM: &str = "10.53.0.54";
+    let mut lab = NetLab::new();
+    lab.world_ip(&["addr", "add", &format!("{UPSTREAM}/32"), "dev", "lo"]);
+    let dns_log = std::path::PathBuf::from(format!("{}.pivot", lab.log.display()));
+    // Every A query is answered with the upstream resolver's own address.
+    lab.start_world_server(&["dns", UPSTREAM, UPSTREAM, "60", &dns_log.display().to_string()]);
+    let mut env = TestEnv::with_profile(&format!("user = \"root\"\ndns = [\"{UPSTREAM}\"]\negress = \"locked\"\nallow_egress = [\"pivot.test\"]\n"));
+    env.netns = Some(lab.host.clone());
+    let secret = "leak-5ec7e7.refused.test";
+    let out = probe(&env, &["lookup", "pivot.test", "--", "dns-ask", UPSTREAM, secret]);
+    assert_probe(&out);
+    let stderr = text(&out.stderr);
+    let asked = std::fs::read_to_string(&dns_log).unwrap_or_default();
+    let mut problems = Vec::new();
+    if !asked.contains("dns pivot.test") {
+        problems.push(format!("the allowed name was not forwarded: {asked}"));
+    }
+    if stderr.contains(&format!("lookup pivot.test: [{UPSTREAM}]")) {
+        problems.push("the sandbox was handed the upstream resolver's address".to_string());
+    }
+    if asked.contains("leak-5ec7e7") {
+        problems.push(format!("the refused name reached the upstream resolver: {asked}"));
+    }
+    assert!(problems.is_empty(), "the attack got through:\n  {}\nprobe: {stderr}", problems.join("\n  "));
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+    assert_lab_clean(&lab, &[&env]);
+    let _ = std::fs::remove_file(&dns_log);
+}

@@ -9,10 +9,18 @@
 //!   gets a fresh socket (a random source port) there: the sidecar's own
 //!   addresses are no source the host forwards.
 //! * Decisions are [`crate::resolver`]'s: refused names are answered at
-//!   once and never leave; an allowed name's answer first goes into the
-//!   name sets of `inet lazaret-locked` (through a worker thread inside the
-//!   sidecar namespace, acknowledged by the kernel) and only then to the
+//!   once and never leave; for an allowed name the resolver asks upstream
+//!   a query it writes itself (the question alone), rebuilds the answer
+//!   from the CNAME chain of the name asked and the addresses at its end
+//!   that the Domain's current policy lets the sandbox reach and that are
+//!   none of Lazaret's own (the upstream resolvers, the Domain's
+//!   addresses), puts those addresses into the name sets of
+//!   `inet lazaret-locked` (through a worker thread inside the sidecar
+//!   namespace, acknowledged by the kernel) and only then answers the
 //!   sandbox, so the sandbox cannot connect before the address is open.
+//!   Nothing of the upstream's message reaches the sandbox verbatim.
+//! * At most [`MAX_OPENED`] (set, address) pairs are open at once; an
+//!   answer that would open more gets SERVFAIL.
 //! * An address several names (or answers) opened keeps the latest expiry.
 //! * Dropping the [`LockedResolver`] stops and joins every thread (within
 //!   about [`POLL`]); the sockets close with them.
@@ -29,8 +37,9 @@ use std::time::{Duration, Instant};
 
 use super::nftset::{SetElement, put_elements};
 use super::{DNS_PORT, DomainNetwork, Netns, TopologyError, nft};
-use crate::dnswire::{self, Header, Question, Rcode};
+use crate::dnswire::{self, Question, Rcode, Response};
 use crate::names::NamePolicy;
+use crate::policy::CompiledPolicy;
 use crate::resolver::{self, QueryDecision, TtlClamp};
 
 /// How often idle threads look at the stop flag.
@@ -45,6 +54,9 @@ const TCP_IDLE: Duration = Duration::from_secs(5);
 const UDP_MAX: usize = 4096;
 /// At most this many distinct refused names are remembered.
 const MAX_LOGGED: usize = 1024;
+/// At most this many (set, address) pairs are open at once: names the
+/// agent controls must not grow the kernel's sets without bound.
+pub const MAX_OPENED: usize = 4096;
 
 /// How the resolver runs.
 #[derive(Debug, Clone)]
@@ -91,6 +103,14 @@ type SetJob = (Vec<SetElement>, mpsc::Sender<Result<(), TopologyError>>);
 
 struct Shared {
     names: NamePolicy,
+    /// The Domain's installed policy (the host watcher replaces it).
+    policy: Arc<Mutex<CompiledPolicy>>,
+    /// Addresses no answer may hand out or open: the upstream resolvers
+    /// and the Domain's own addresses.
+    plumbing: Vec<IpAddr>,
+    /// Keys and counter of the upstream queries' IDs.
+    id_keys: std::collections::hash_map::RandomState,
+    next_id: std::sync::atomic::AtomicU64,
     settings: ResolverSettings,
     stop: AtomicBool,
     in_flight: AtomicUsize,
@@ -156,8 +176,17 @@ impl DomainNetwork {
         tcp.set_nonblocking(true).map_err(|source| TopologyError::Io { action: "resolver listener non-blocking".into(), source })?;
 
         let (requests, jobs) = mpsc::channel::<SetJob>();
+        let addresses = self.addresses;
+        let mut plumbing: Vec<IpAddr> = policy.resolvers().to_vec();
+        plumbing.extend(settings.upstream.iter().copied());
+        plumbing.extend([addresses.sandbox, addresses.sidecar_inner, addresses.sidecar_uplink, addresses.host_uplink].map(IpAddr::V4));
+        plumbing.extend([addresses.v6.sandbox, addresses.v6.sidecar_inner, addresses.v6.sidecar_uplink, addresses.v6.host_uplink].map(IpAddr::V6));
         let shared = Arc::new(Shared {
             names: policy.names().clone(),
+            policy: self.shared_policy(),
+            plumbing,
+            id_keys: std::collections::hash_map::RandomState::new(),
+            next_id: std::sync::atomic::AtomicU64::new(0),
             settings,
             stop: AtomicBool::new(false),
             in_flight: AtomicUsize::new(0),
@@ -287,6 +316,15 @@ fn note_refused(shared: &Shared, name: String) {
     }
 }
 
+/// A fresh ID for an upstream query: a keyed hash of a counter, so that
+/// nothing outside this process can predict it.
+fn fresh_id(shared: &Shared) -> u16 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = shared.id_keys.build_hasher();
+    hasher.write_u64(shared.next_id.fetch_add(1, Ordering::Relaxed));
+    hasher.finish() as u16
+}
+
 /// Answers one query (UDP or TCP): the reply to send back, if any.
 fn answer(shared: &Shared, query: &[u8], tcp: bool) -> Option<Vec<u8>> {
     match resolver::decide_query(&shared.names, query) {
@@ -297,26 +335,44 @@ fn answer(shared: &Shared, query: &[u8], tcp: bool) -> Option<Vec<u8>> {
             }
             Some(reply)
         }
-        QueryDecision::Forward { header, question } => {
+        QueryDecision::Forward { question, .. } => {
             let servfail = || dnswire::refusal(query, Some(question.end), Rcode::ServFail);
-            let Some(response) = ask_upstream(shared, query, &header, &question, tcp) else {
+            let id = fresh_id(shared);
+            let Some(upstream_query) = resolver::upstream_query(id, &question) else {
                 return Some(servfail());
             };
-            let Some(parsed) = resolver::matching_response(&header, &question, &response) else {
+            let Some(response) = ask_upstream(shared, &upstream_query, id, &question, tcp) else {
                 return Some(servfail());
             };
-            let openings = resolver::openings(&shared.names, &question, &parsed, shared.settings.clamp);
-            if open(shared, &openings).is_err() {
+            let rcode = match response.header.rcode() {
+                0 => Rcode::NoError,
+                3 => Rcode::NxDomain,
+                _ => return Some(servfail()),
+            };
+            let rebuilt = {
+                let policy = lock(&shared.policy);
+                resolver::rebuild(&shared.names, &question, &response, shared.settings.clamp, |address| {
+                    resolver::may_open(&policy, &shared.plumbing, address)
+                })
+            };
+            let Some(reply) = dnswire::answer(query, rcode, &rebuilt.records) else {
+                return Some(servfail());
+            };
+            if open(shared, &rebuilt.openings).is_err() {
                 // Not opened, so not answered: the sandbox could not connect anyway.
                 return Some(servfail());
             }
-            Some(response)
+            if !tcp && reply.len() > dnswire::UDP_REPLY_MAX {
+                return Some(dnswire::truncated(query, question.end, rcode));
+            }
+            Some(reply)
         }
     }
 }
 
 /// Adds the openings to the sets (keeping a later expiry already there) and
-/// waits for the kernel's acknowledgement.
+/// waits for the kernel's acknowledgement. Refused, opening nothing, if
+/// more than [`MAX_OPENED`] pairs would be open.
 fn open(shared: &Shared, openings: &[resolver::Opening]) -> Result<(), TopologyError> {
     if openings.is_empty() {
         return Ok(());
@@ -326,10 +382,16 @@ fn open(shared: &Shared, openings: &[resolver::Opening]) -> Result<(), TopologyE
     {
         let mut opened = lock(&shared.opened);
         opened.retain(|_, expiry| *expiry > now);
-        for opening in openings {
-            let set = nft::locked_set_name(opening.address.is_ipv4(), opening.port);
+        let keys: Vec<(String, IpAddr)> =
+            openings.iter().map(|opening| (nft::locked_set_name(opening.address.is_ipv4(), opening.port), opening.address)).collect();
+        let new = keys.iter().filter(|key| !opened.contains_key(*key)).count();
+        if opened.len() + new > MAX_OPENED {
+            return Err(TopologyError::Io { action: "resolver: open an answer's addresses".into(), source: std::io::Error::other("too many addresses open") });
+        }
+        for (key, opening) in keys.into_iter().zip(openings) {
+            let set = key.0.clone();
             let expiry = now + opening.lifetime;
-            let entry = opened.entry((set.clone(), opening.address)).or_insert(expiry);
+            let entry = opened.entry(key).or_insert(expiry);
             if *entry < expiry {
                 *entry = expiry;
             }
@@ -343,13 +405,19 @@ fn open(shared: &Shared, openings: &[resolver::Opening]) -> Result<(), TopologyE
     result.recv().map_err(|_| TopologyError::Io { action: "resolver: nftables worker".into(), source: std::io::Error::other("stopped") })?
 }
 
-/// The upstreams' answer to `query`, tried in order (this thread is in the host namespace).
-fn ask_upstream(shared: &Shared, query: &[u8], header: &Header, question: &Question, tcp: bool) -> Option<Vec<u8>> {
+/// The upstreams' answer to `query` (ID `id`, for `question`), tried in
+/// order (this thread is in the host namespace). Over UDP, a truncated
+/// answer is asked again over TCP.
+fn ask_upstream(shared: &Shared, query: &[u8], id: u16, question: &Question, tcp: bool) -> Option<Response> {
     let timeout = shared.settings.upstream_timeout;
     for upstream in &shared.settings.upstream {
         let server = SocketAddr::new(*upstream, DNS_PORT);
-        let response = if tcp { ask_tcp(server, query, timeout) } else { ask_udp(server, query, timeout) };
-        if let Some(response) = response.filter(|r| resolver::matching_response(header, question, r).is_some()) {
+        let matching = |bytes: Option<Vec<u8>>| bytes.and_then(|bytes| resolver::matching_response(id, question, &bytes));
+        let mut response = matching(if tcp { ask_tcp(server, query, timeout) } else { ask_udp(server, query, timeout) });
+        if !tcp && response.as_ref().is_some_and(|r| r.header.truncated()) {
+            response = matching(ask_tcp(server, query, timeout));
+        }
+        if let Some(response) = response.filter(|r| !r.header.truncated()) {
             return Some(response);
         }
     }

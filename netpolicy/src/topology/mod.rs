@@ -82,7 +82,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, TcpListener
 use std::os::fd::{AsFd, AsRawFd};
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::AddressFamily;
@@ -1176,8 +1176,9 @@ pub struct DomainNetwork {
     addresses: DomainAddresses,
     /// The installed policy; [`DomainNetwork::refresh_host`] replaces it
     /// (under this lock, which also keeps a verification from seeing an
-    /// update half done).
-    policy: Mutex<CompiledPolicy>,
+    /// update half done). Shared with the locked resolver, which checks
+    /// every answered address against the current policy.
+    policy: Arc<Mutex<CompiledPolicy>>,
     /// What the policy is recompiled from when the host's addresses change.
     input: PolicyInput,
     config: TopologyConfig,
@@ -1288,7 +1289,7 @@ impl DomainNetwork {
             sidecar: Some(sidecar),
             sandbox: Some(sandbox),
             addresses,
-            policy: Mutex::new(policy),
+            policy: Arc::new(Mutex::new(policy)),
             input: input.clone(),
             config: config.clone(),
             state_file: config.forwarding_state_file.clone(),
@@ -1316,6 +1317,11 @@ impl DomainNetwork {
     /// the policy itself is only ever replaced whole).
     fn locked_policy(&self) -> MutexGuard<'_, CompiledPolicy> {
         self.policy.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// The installed policy itself, for the locked resolver's threads.
+    pub(crate) fn shared_policy(&self) -> Arc<Mutex<CompiledPolicy>> {
+        self.policy.clone()
     }
 
     fn build_sidecar(&self) -> Result<(), TopologyError> {

@@ -166,6 +166,49 @@ fn run(check: &[String]) -> Result<(), String> {
                 Err(_) => Ok(()),
             }
         }
+        // Resolves NAME (through /etc/resolv.conf) and reports the outcome
+        // on stderr as `lookup NAME: [ADDRESSES]` or `lookup NAME: failed`,
+        // whatever it is: the test judges it.
+        "lookup" => {
+            let [name] = rest else { return Err("lookup NAME".into()) };
+            use std::net::ToSocketAddrs;
+            match (name.as_str(), 80).to_socket_addrs() {
+                Ok(addrs) => eprintln!("probe: lookup {name}: {:?}", addrs.map(|a| a.ip()).collect::<Vec<_>>()),
+                Err(e) => eprintln!("probe: lookup {name}: failed ({e})"),
+            }
+            Ok(())
+        }
+        // Sends a DNS query (type A) for NAME straight to SERVER:53, over
+        // UDP and over TCP, as an agent bypassing its resolver would, and
+        // reports on stderr whether an answer came; the test checks what
+        // reached the server.
+        "dns-ask" => {
+            let [server, name] = rest else { return Err("dns-ask SERVER NAME".into()) };
+            let server = SocketAddr::new(server.parse().map_err(|_| format!("bad address {server}"))?, 53);
+            let mut query = vec![0x51, 0x7e, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0];
+            for label in name.split('.') {
+                query.push(u8::try_from(label.len()).map_err(|_| "label too long")?);
+                query.extend(label.as_bytes());
+            }
+            query.extend([0, 0, 1, 0, 1]);
+            let udp = std::net::UdpSocket::bind("0.0.0.0:0").and_then(|s| {
+                s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                s.send_to(&query, server)?;
+                let mut buf = [0u8; 1500];
+                s.recv_from(&mut buf).map(|(n, _)| n)
+            });
+            let tcp = std::net::TcpStream::connect_timeout(&server, Duration::from_secs(3)).and_then(|mut s| {
+                use std::io::Write;
+                s.set_read_timeout(Some(Duration::from_secs(3)))?;
+                let length = u16::try_from(query.len()).map_err(std::io::Error::other)?;
+                s.write_all(&[&length.to_be_bytes()[..], &query].concat())?;
+                let mut length = [0u8; 2];
+                s.read_exact(&mut length)?;
+                Ok(u16::from_be_bytes(length))
+            });
+            eprintln!("probe: dns-ask {server} {name}: udp {udp:?}, tcp {tcp:?}");
+            Ok(())
+        }
         // Waits MS milliseconds (for an answer's TTL to run out).
         "sleep" => {
             let [ms] = rest else { return Err("sleep MS".into()) };
