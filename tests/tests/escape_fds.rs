@@ -6,7 +6,8 @@
 //! background job's) is listed and read, the agent writes a marker to
 //! every descriptor it holds beyond stdio, and the host paths of the file,
 //! the runtime directory and the coordinator socket are looked up. Nothing
-//! inside may refer to a host file, the client's terminal or a socket, and
+//! inside may refer to a host file, the client's terminal or a socket (but
+//! the one each session's broker listens on, `@lazaret-escalate/…`), and
 //! on the host the file, the socket and the terminal must have received
 //! nothing.
 
@@ -63,7 +64,7 @@ must_fail runtime-dir-visible test -e {runtime}
 must_fail coordinator-socket-findable sh -c 'find /run /var/run /tmp /dev -name coordinator.sock 2>/dev/null | grep -q .'
 if test -t 0 && test -t 1 && test -t 2; then echo 'case stdio-on-terminal: yes'; else echo 'case stdio-on-terminal: no'; fi
 must_fail client-terminal-master-held sh -c 'for f in /proc/[0-9]*/fd/*; do [ "$(readlink $f)" = /dev/ptmx ] && exit 0; done; exit 1'
-must_fail socket-held-inside sh -c 'for f in /proc/[0-9]*/fd/*; do case "$(readlink $f)" in socket:*) echo "$f"; exit 0;; esac; done; exit 1'
+must_fail socket-held-inside sh -c 'for f in /proc/[0-9]*/fd/*; do l=$(readlink $f); case "$l" in socket:*) i=${{l#socket:[}}; i=${{i%]}}; grep -q " $i @lazaret-escalate/" /proc/net/unix && continue; echo "$f $l"; exit 0;; esac; done; exit 1'
 must_fail terminal-beyond-stdio sh -c 'for f in /proc/[0-9]*/fd/*; do case "${{f##*/}}" in 0|1|2) continue;; esac; case "$(readlink $f)" in /dev/pts/*|/dev/tty*|/dev/console) echo "$f"; exit 0;; esac; done; exit 1'
 kill %1
 "#,
@@ -107,7 +108,8 @@ kill %1
         &shown,
     );
     assert_eq!(results.get("stdio-on-terminal").map(String::as_str), Some("yes"), "the agent is not on a terminal: the session does not test the client's terminal\n{shown}");
-    // Every descriptor inside names something of the sandbox's own. gVisor
+    // Every descriptor inside names something of the sandbox's own, and no
+    // socket but the session broker's. gVisor
     // shows a descriptor donated from the host as `host:[N]`: only the
     // standard streams may be such (the session's PTY, the sandbox init's
     // stdio from runsc), nothing beyond them.
@@ -120,7 +122,13 @@ kill %1
             let mut words = l.split_whitespace().skip(3);
             let fd = words.next().unwrap_or_default();
             let target = l.split(" -> ").nth(1).unwrap_or_default();
-            host_names.iter().any(|n| target.contains(n.as_str())) || target.starts_with("socket:") || (target.starts_with("host:") && !["0", "1", "2"].contains(&fd))
+            // A socket of the sandbox's own is allowed only as the one the
+            // session's init listens on, its escalation broker (the script
+            // checked it by its name in /proc/net/unix).
+            let broker = l.split_whitespace().nth(2) == Some("lazaret-session");
+            host_names.iter().any(|n| target.contains(n.as_str()))
+                || (target.starts_with("socket:") && !broker)
+                || (target.starts_with("host:") && !["0", "1", "2"].contains(&fd))
         })
         .collect();
     assert!(bad.is_empty(), "descriptors inside refer to host files, sockets or host descriptors beyond stdio: {bad:?}");
