@@ -137,8 +137,18 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
         quarantine_dir: layout::quarantine_dir(&domain_root),
         protected: guarded.protected.clone(),
         changed_since,
+        host_hooks_paths: developer_hooks_paths(ctx),
         ..GuardConfig::default()
     }
+}
+
+/// The `core.hooksPath` values of the developer's system and global git
+/// configuration (read as their git reads it: their home, the
+/// coordinator's `XDG_CONFIG_HOME`): a relative one makes git look for
+/// hooks in every repository the sandbox makes. Includes are not followed.
+fn developer_hooks_paths(ctx: &Context) -> Vec<String> {
+    let settings = lazaret_mounts::ignore_eval::HostGitSettings::for_home(Some(ctx.developer.home.clone()));
+    settings.global_config().get_readings("core", "hooksPath").into_iter().map(str::to_owned).collect()
 }
 
 /// One neutralisation as `lazaret audit` shows it.

@@ -677,6 +677,9 @@ fn ordinary_git_work_inside_survives_the_guard() {
     let ws = fx.ws();
     let scratch = fx.base().join("scratch");
     std::fs::create_dir(&scratch).expect("mkdir");
+    // The upstream below is the "developer's" once the guard chowned it:
+    // every git here (submodule clones too) must accept it.
+    std::fs::write(scratch.join(".gitconfig"), "[safe]\n\tdirectory = *\n").expect("write");
     let git = |cwd: &Path, args: &[&str]| {
         let out = Command::new("git")
             .current_dir(cwd)
@@ -690,10 +693,14 @@ fn ordinary_git_work_inside_survives_the_guard() {
         assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    git(&scratch, &["init", "-q", "lib"]);
-    std::fs::write(scratch.join("lib/f"), b"lib").expect("write");
-    git(&scratch.join("lib"), &["add", "f"]);
-    git(&scratch.join("lib"), &["commit", "-qm", "lib"]);
+    // The upstream is in the workspace: a remote outside it is a place the
+    // guard drops (a host path or a network URL the agent named).
+    let upstream = ws.join("up");
+    std::fs::create_dir(&upstream).expect("mkdir");
+    git(&upstream, &["init", "-q", "lib"]);
+    std::fs::write(upstream.join("lib/f"), b"lib").expect("write");
+    git(&upstream.join("lib"), &["add", "f"]);
+    git(&upstream.join("lib"), &["commit", "-qm", "lib"]);
     let proj = ws.join("proj");
     git(&ws, &["init", "-q", "proj"]);
     std::fs::write(proj.join("f"), b"one\n").expect("write");
@@ -709,11 +716,11 @@ fn ordinary_git_work_inside_survives_the_guard() {
     git(&proj, &["add", "g"]);
     git(&proj, &["commit", "-qm", "side"]);
     git(&proj, &["rebase", "-q", "main"]);
-    git(&proj, &["submodule", "add", "-q", s(&scratch.join("lib")), "lib"]);
+    git(&proj, &["submodule", "add", "-q", s(&upstream.join("lib")), "lib"]);
     git(&proj, &["commit", "-qm", "sub"]);
     git(&proj, &["submodule", "update", "--init", "-q"]);
     git(&proj, &["worktree", "add", "-q", s(&ws.join("wt")), "main"]);
-    git(&ws, &["clone", "-q", s(&scratch.join("lib")), "nested-clone"]);
+    git(&ws, &["clone", "-q", s(&upstream.join("lib")), "nested-clone"]);
     fx.settle();
     git(&proj, &["status", "--short"]);
     git(&ws.join("wt"), &["status", "--short"]);

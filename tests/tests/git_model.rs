@@ -68,6 +68,22 @@ fn agent(env: &TestEnv, script: &str) -> String {
     stdout
 }
 
+/// The paths of the Domain's journalled neutralisations, each with its kind.
+fn journalled(env: &TestEnv) -> Vec<(String, String)> {
+    env.journal_entries()
+        .into_iter()
+        .filter(|e| e["action"] == "NeutraliseSandboxWrite")
+        .map(|e| (e["path"].as_str().unwrap_or_default().to_owned(), e["kind"].as_str().unwrap_or_default().to_owned()))
+        .collect()
+}
+
+/// Asserts that each of `paths` was neutralised (journalled).
+fn assert_neutralised(env: &TestEnv, paths: &[&str]) {
+    let done = journalled(env);
+    let missing: Vec<&&str> = paths.iter().filter(|p| !done.iter().any(|(path, _)| path == *p)).collect();
+    assert!(missing.is_empty(), "not neutralised: {missing:?}; journalled: {done:#?}");
+}
+
 /// Lines `route NAME=ok` the script printed for each of `routes`.
 fn assert_planted(stdout: &str, routes: &[&str]) {
     let missing: Vec<&&str> = routes.iter().filter(|r| !stdout.contains(&format!("route {r}=ok"))).collect();
@@ -117,6 +133,7 @@ fn git_dirs_git_would_discover_are_guarded_however_they_are_built() {
     }
     let ran = markers(&m);
     assert!(ran.is_empty(), "the host's git ran what the agent planted in a git dir of its own making: {ran:?}");
+    assert_neutralised(&env, &["c1/common/config", "c1/common/hooks/pre-commit", "b1/bare/config"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
@@ -159,6 +176,7 @@ fn operation_state_the_agent_leaves_runs_nothing_when_the_developer_resumes_it()
     println!("rebase --continue: {}{}", text(&out.stdout), text(&out.stderr));
     let ran = markers(&m);
     assert!(ran.is_empty(), "resuming the agent's operation ran what it chose: {ran:?}");
+    assert_neutralised(&env, &[".git/sequencer/opts", "r/.git/rebase-merge/strategy"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
@@ -181,9 +199,8 @@ fn hooks_found_through_the_developers_global_hooks_path_run_nothing() {
     env.env.push(("XDG_CONFIG_HOME".into(), xdg.to_string_lossy().into_owned()));
     let script = format!(
         "set -u; M={m}; W={w}; \
-         (set -e; git init -q -b main $W/n; mkdir -p $W/n/.githooks $W/n/deep/er; \
-          for h in pre-commit post-commit post-checkout; do printf '#!/bin/sh\\ntouch %s/%s\\n' $M $h > $W/n/.githooks/$h; chmod +x $W/n/.githooks/$h; done; \
-          echo 'route n=ok'); \
+         (set -e; git init -q -b main $W/n; mkdir -p $W/n/.githooks $W/n/deep/er; echo 'route n=ok'); \
+         for h in pre-commit post-commit post-checkout; do printf '#!/bin/sh\\ntouch %s/%s\\n' $M $h > $W/n/.githooks/$h; chmod +x $W/n/.githooks/$h 2>/dev/null; done; \
          echo done=yes",
         m = m.display(),
         w = ws.display()
@@ -214,6 +231,7 @@ fn hooks_found_through_the_developers_global_hooks_path_run_nothing() {
     }
     let ran = markers(&m);
     assert!(ran.is_empty(), "the developer's own hooksPath ran hooks the agent planted: {ran:?}");
+    assert_neutralised(&env, &["n/.githooks/pre-commit", "n/.githooks/post-commit", "n/.githooks/post-checkout"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
@@ -283,6 +301,7 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
         reached.push("p2: the developer's push went to the agent's place".into());
     }
     assert!(reached.is_empty(), "the developer's git reached where the agent chose: {reached:#?}");
+    assert_neutralised(&env, &["p1/.git/config", "p2/.git/config", "p3/.git/config", "p4/.git/objects/info/alternates"]);
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }

@@ -66,7 +66,7 @@ const METADATA_VERSION: u8 = 3;
 
 /// Names whose in-place modification (an fd kept open, no close) matters:
 /// `FAN_MODIFY` events of other names are dropped unread.
-const MODIFY_NAMES: [&[u8]; 5] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes"];
+const MODIFY_NAMES: [&[u8]; 6] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes", b"alternates"];
 
 /// Size of one read of the event queue (one batch at most): about 15,000
 /// events of a workspace path.
@@ -373,6 +373,9 @@ impl LoopState {
         self.engine.fix_entry(root, rel, parent, name, &st, cause, out);
         if git_control {
             self.engine.check_git_event(root, rel, cause, out);
+            if safe_path::kind_of(&st) == FileKind::Symlink {
+                self.engine.check_symlink_in_git_dir(root, rel, cause, out);
+            }
         }
         if safe_path::kind_of(&st) == FileKind::Directory && mask & libc::FAN_MOVED_TO != 0 {
             walk(&self.engine, root, rel, true, out);
