@@ -305,3 +305,54 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
+
+/// Property 2, a route nobody listed: a git dir's `objects` replaced by a
+/// symlink to the developer's private repository's objects (git follows
+/// it, as it would an alternate). Shown first with the guard off (the
+/// coordinator's test hook): `git reset --hard` checks the private file
+/// out into the workspace; with the guard on, the symlink is quarantined.
+#[test]
+fn a_git_dir_symlinked_to_a_host_repository_reads_nothing_of_it() {
+    let env = developer_env();
+    let ws = env.workspace.clone();
+    let (uid, gid) = test_user();
+    let private = env.scratch.join("private");
+    fs::create_dir_all(&private).expect("private");
+    setup_git(&private, &["init", "-q", "-b", "main"]);
+    fs::write(private.join("secret.txt"), "host secret\n").expect("secret");
+    setup_git(&private, &["add", "secret.txt"]);
+    setup_git(&private, &["commit", "-qm", "private"]);
+    let secret = setup_git(&private, &["rev-parse", "HEAD"]).trim().to_owned();
+    chown_tree(&private, uid, gid);
+    // A fresh repository each run: the one of the first run is the
+    // developer's (Git Sentry's) at the second start.
+    for (guard_on, repo) in [(false, "p5-off"), (true, "p5")] {
+        let script = format!(
+            "set -u; W={w}; P={p}; \
+             (set -e; git init -q -b main $W/{repo}; cd $W/{repo}; rm -rf .git/objects; ln -s $P/.git/objects .git/objects; echo {secret} > .git/refs/heads/main; echo 'route objects-symlink=ok'); \
+             echo done=yes",
+            w = ws.display(),
+            p = private.display(),
+        );
+        let mut run = env.lazaret(["run", "test", "--", "sh", "-c", &script]);
+        if !guard_on {
+            run.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_GUARD", "off");
+        }
+        let out = run.output().expect("lazaret run");
+        let stdout = text(&out.stdout);
+        println!("guard {guard_on}: {stdout}{}", text(&out.stderr));
+        assert_planted(&stdout, &["objects-symlink"]);
+        assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+        let out = developer_git(&ws.join(repo), &["reset", "-q", "--hard"]);
+        println!("host git reset --hard: {}{}", text(&out.stdout), text(&out.stderr));
+        let leaked = ws.join(repo).join("secret.txt").exists();
+        if guard_on {
+            assert!(!leaked, "the developer's git read the host repository the agent's symlink named");
+        } else {
+            assert!(leaked, "with the guard off the private file was not checked out: the test could not see an attack");
+        }
+    }
+    assert_neutralised(&env, &["p5/.git/objects"]);
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
