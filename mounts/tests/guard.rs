@@ -561,6 +561,66 @@ fn a_rebase_left_in_progress_loses_its_exec_steps_at_the_sweep() {
 }
 
 #[test]
+fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
+    // Issue 32: what git itself takes for a git dir, a hook or a place.
+    let mut fx = Fixture::new();
+    fx.config.host_hooks_paths = vec![".githooks".into()];
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fx.config.changed_since = Some(std::time::SystemTime::now());
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    let fsmonitor = "[core]\\n\\tfsmonitor = touch /tmp/evil\\n";
+    // A bare repository whose objects and refs are symlinks.
+    for dir in ["b1/store/objects", "b1/store/refs", "b1/bare"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["symlink", "../store/objects", s(&ws.join("b1/bare/objects"))]);
+    sb.run(&["symlink", "../store/refs", s(&ws.join("b1/bare/refs"))]);
+    sb.run(&["write", s(&ws.join("b1/bare/config")), fsmonitor]);
+    // A common dir without HEAD behind a linked worktree's gitdir.
+    for dir in ["c1/common/worktrees/w", "c1/common/objects", "c1/common/refs", "c1/common/hooks"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("c1/common/worktrees/w/HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&ws.join("c1/common/worktrees/w/commondir")), "../..\\n"]);
+    sb.run(&["write", s(&ws.join("c1/common/config")), fsmonitor]);
+    sb.run(&["write", s(&ws.join("c1/common/hooks/pre-commit")), "#!/bin/sh\\n"]);
+    // Alternates: outside (quarantined), inside (kept); a symlink out.
+    for dir in ["p/.git/objects/info", "p/.git/refs", "q/.git/objects/info", "q/.git/refs"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("p/.git/objects/info/alternates")), "/home/dev/private/.git/objects\\n"]);
+    sb.run(&["write", s(&ws.join("q/.git/objects/info/alternates")), "../../../p/.git/objects\\n"]);
+    sb.run(&["symlink", "/home/dev/private/.git/refs", s(&ws.join("q/.git/packed-refs"))]);
+    // Hooks at the developer's own relative core.hooksPath.
+    sb.run(&["mkdir", s(&ws.join("n/.githooks"))]);
+    sb.run(&["write", s(&ws.join("n/.githooks/pre-commit")), "#!/bin/sh\\n"]);
+    sb.run(&["write", s(&ws.join("n/.githooks/README")), "notes\\n"]);
+    // A cherry-pick left in progress with a strategy that is a path.
+    for dir in ["r/.git/objects", "r/.git/refs", "r/.git/sequencer"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("r/.git/sequencer/opts")), "[options]\\n\\tsignoff = true\\n\\tstrategy = ../../x\\n"]);
+    fx.settle();
+    for config in ["b1/bare/config", "c1/common/config"] {
+        assert!(!std::fs::read_to_string(ws.join(config)).expect("config").contains("fsmonitor"), "{config} kept core.fsmonitor");
+    }
+    for gone in ["c1/common/hooks/pre-commit", "p/.git/objects/info/alternates", "q/.git/packed-refs", "n/.githooks/pre-commit"] {
+        assert!(std::fs::symlink_metadata(ws.join(gone)).is_err(), "{gone} is still there");
+    }
+    for kept in ["q/.git/objects/info/alternates", "n/.githooks/README"] {
+        assert!(ws.join(kept).exists(), "{kept} was taken away");
+    }
+    let opts = ws.join("r/.git/sequencer/opts");
+    assert!(std::fs::read_to_string(&opts).expect("opts").contains("strategy"), "events leave the sandbox's own operation alone");
+    let report = guard::sweep(&fx.config).expect("sweep");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(std::fs::read_to_string(&opts).expect("opts"), "[options]\n\tsignoff = true\n");
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();

@@ -656,6 +656,11 @@ impl Engine {
         let parent = match self.open_dir(root, rel.parent().unwrap_or(Path::new(""))) {
             Ok(fd) => fd,
             Err(MountError::Syscall { errno: Errno::ENOENT | Errno::ENOTDIR, .. }) => return None,
+            // A symlink on the way (`objects -> ../store/objects`): what git
+            // reaches through it is judged at its own path in the root, and
+            // a symlink in a git dir leading out of the root is quarantined
+            // itself; the guard never follows one.
+            Err(MountError::Refused { .. }) => return None,
             Err(e) => {
                 self.error(root, rel, e, out);
                 return None;
