@@ -327,8 +327,13 @@ impl Engine {
                 continue;
             }
             let Ok(fd) = safe_path::open_beneath(self.roots[root].fd.as_fd(), &dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else { continue };
-            for name in list_names(fd) {
-                self.check_symlink_in_git_dir(root, &dir.join(name), cause, out);
+            let Ok(listing) = nix::fcntl::openat(&fd, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) else { continue };
+            for name in list_names(listing) {
+                let symlink = nix::sys::stat::fstatat(&fd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| safe_path::kind_of(&st) == FileKind::Symlink);
+                if symlink {
+                    self.check_symlink_in_git_dir(root, &dir.join(name), cause, out);
+                }
             }
         }
     }
