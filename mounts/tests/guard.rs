@@ -565,6 +565,10 @@ fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
     // Issue 32: what git itself takes for a git dir, a hook or a place.
     let mut fx = Fixture::new();
     fx.config.host_hooks_paths = vec![".githooks".into()];
+    // The developer's own repository borrowing objects from outside.
+    std::fs::create_dir_all(fx.ws().join("mine/.git/objects/info")).expect("mkdir");
+    std::fs::create_dir_all(fx.ws().join("mine/.git/refs")).expect("mkdir");
+    std::fs::write(fx.ws().join("mine/.git/objects/info/alternates"), b"/srv/cache/objects\n").expect("write");
     std::thread::sleep(std::time::Duration::from_millis(20));
     fx.config.changed_since = Some(std::time::SystemTime::now());
     fx.start();
@@ -617,6 +621,7 @@ fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
     let report = guard::sweep(&fx.config).expect("sweep");
     assert!(report.errors.is_empty(), "{:?}", report.errors);
     assert_eq!(std::fs::read_to_string(&opts).expect("opts"), "[options]\n\tsignoff = true\n");
+    assert!(ws.join("mine/.git/objects/info/alternates").exists(), "the developer's own alternates (older than the run) stay");
     assert!(fx.errors().is_empty(), "{:?}", fx.errors());
 }
 

@@ -490,6 +490,10 @@ impl Engine {
             }
             (_, FileKind::Directory) => {}
             (ControlFile::Hook, _) => self.quarantine(root, rel, parent, name, &st, "a git hook the sandbox planted", cause, out),
+            // Alternates are judged wherever they are (by name), so a sweep
+            // judges only those changed during the run: the developer's own
+            // (`git clone --reference /elsewhere`) stay.
+            (ControlFile::Alternates | ControlFile::HttpAlternates, _) if cause.pid.is_none() && !self.changed_in_run(&st) => {}
             (ControlFile::HttpAlternates, _) => {
                 self.quarantine(root, rel, parent, name, &st, "objects/info/http-alternates: URLs git would fetch objects from", cause, out)
             }
