@@ -64,6 +64,9 @@ pub(crate) struct Engine {
 #[derive(Clone, Copy)]
 pub(crate) struct Cause {
     pub(crate) pid: Option<u32>,
+    /// A walk of a directory renamed in: its entries keep the ctimes they
+    /// had, so "changed during the run" says nothing about them.
+    pub(crate) every_file: bool,
 }
 
 impl Engine {
@@ -102,6 +105,14 @@ impl Engine {
         let since = since.duration_since(UNIX_EPOCH).unwrap_or_default();
         let ctime = (st.st_ctime, st.st_ctime_nsec);
         ctime >= (since.as_secs() as i64, i64::from(since.subsec_nanos()))
+    }
+
+    /// Whether an entry judged by name (a host hook, alternates, a symlink)
+    /// is judged now: after an event, in a walk of a directory renamed in,
+    /// or in a sweep when it changed during the run (older ones are the
+    /// developer's, or were judged by the run that wrote them).
+    fn judged_now(&self, st: &FileStat, cause: Cause) -> bool {
+        cause.pid.is_some() || cause.every_file || self.changed_in_run(st)
     }
 
     fn record(&self, root: usize, rel: &Path, action: Action, reason: impl Into<String>, quarantine_id: Option<String>, cause: Cause, out: &mut Out) {
@@ -353,7 +364,7 @@ impl Engine {
         if host_hook {
             let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
             if safe_path::kind_of(&st) == FileKind::Directory
-                || (cause.pid.is_none() && !self.changed_in_run(&st))
+                || !self.judged_now(&st, cause)
                 || self.restored.iter().any(|m| m.matches(&self.roots[root].label, rel, &st))
             {
                 return;
@@ -376,7 +387,7 @@ impl Engine {
             return;
         }
         let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
-        if safe_path::kind_of(&st) != FileKind::Symlink || (cause.pid.is_none() && !self.changed_in_run(&st)) {
+        if safe_path::kind_of(&st) != FileKind::Symlink || !self.judged_now(&st, cause) {
             return;
         }
         let in_git_dir = self.is_git_dir(root, parent_rel) || parent_rel.parent().is_some_and(|g| self.is_git_dir(root, g));
@@ -493,7 +504,7 @@ impl Engine {
             // Alternates are judged wherever they are (by name), so a sweep
             // judges only those changed during the run: the developer's own
             // (`git clone --reference /elsewhere`) stay.
-            (ControlFile::Alternates | ControlFile::HttpAlternates, _) if cause.pid.is_none() && !self.changed_in_run(&st) => {}
+            (ControlFile::Alternates | ControlFile::HttpAlternates, _) if !self.judged_now(&st, cause) => {}
             (ControlFile::HttpAlternates, _) => {
                 self.quarantine(root, rel, parent, name, &st, "objects/info/http-alternates: URLs git would fetch objects from", cause, out)
             }

@@ -338,7 +338,7 @@ impl LoopState {
     /// Handles one entry of the sandbox (its events merged; see the module
     /// documentation) in the verified directory `dir` (`dir_rel` in `root`).
     fn handle(&self, event: &RawEvent<'_>, root: usize, dir_rel: &Path, dir: BorrowedFd<'_>, out: &mut Out) {
-        let cause = Cause { pid: Some(event.pid) };
+        let cause = Cause { pid: Some(event.pid), every_file: false };
         if event.name.is_empty() || event.name == b"." {
             // An event on the directory itself.
             let Some(name) = dir_rel.file_name().map(OsStr::to_os_string) else { return };
