@@ -137,8 +137,52 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
         quarantine_dir: layout::quarantine_dir(&domain_root),
         protected: guarded.protected.clone(),
         changed_since,
+        host_hooks_paths: developer_hooks_paths(ctx),
         ..GuardConfig::default()
     }
+}
+
+/// Every `core.hooksPath` value of the developer's system and global git
+/// configuration, read as their git reads it (their home, the
+/// coordinator's `XDG_CONFIG_HOME`), with every file they include (any
+/// `includeIf` condition may hold in some repository), to git's include
+/// depth: a relative one makes git look for hooks in every repository
+/// the sandbox makes.
+fn developer_hooks_paths(ctx: &Context) -> Vec<String> {
+    let settings = lazaret_mounts::ignore_eval::HostGitSettings::for_home(Some(ctx.developer.home.clone()));
+    let xdg = settings.xdg_config_home.clone().or_else(|| settings.home.as_ref().map(|h| h.join(".config")));
+    let mut pending: Vec<(PathBuf, usize)> = Vec::new();
+    pending.extend(settings.system_config.iter().map(|f| (f.clone(), 0)));
+    pending.extend(xdg.map(|d| (d.join("git/config"), 0)));
+    pending.extend(settings.home.as_ref().map(|h| (h.join(".gitconfig"), 0)));
+    hooks_paths_in(pending, settings.home.as_deref())
+}
+
+/// The `core.hooksPath` values of the config files `pending` (each with
+/// its include depth) and of every file they include.
+fn hooks_paths_in(mut pending: Vec<(PathBuf, usize)>, home: Option<&Path>) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut values = Vec::new();
+    while let Some((file, depth)) = pending.pop() {
+        if depth > lazaret_mounts::git_sentry::MAX_INCLUDE_DEPTH || !seen.insert(file.clone()) {
+            continue;
+        }
+        let Ok(text) = std::fs::read(&file) else { continue };
+        let config = lazaret_mounts::gitconfig::GitConfig::parse(&text);
+        for entry in config.entries().filter(|e| e.section == "core" && e.subsection.is_none() && e.key == "hookspath") {
+            values.push(entry.value.to_owned());
+            values.extend(entry.older_git_value.map(str::to_owned));
+        }
+        for include in config.includes() {
+            let path = match include.path.strip_prefix("~/") {
+                Some(rest) => home.map(|h| h.join(rest)),
+                None if include.path.starts_with('~') => None,
+                None => Some(file.parent().unwrap_or(Path::new("/")).join(&include.path)),
+            };
+            pending.extend(path.map(|p| (p, depth + 1)));
+        }
+    }
+    values
 }
 
 /// One neutralisation as `lazaret audit` shows it.
@@ -299,6 +343,19 @@ pub fn format_utc(time_ms: u64) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_developers_hooks_paths_come_from_every_file_they_include() {
+        let home = tempfile::tempdir().expect("tempdir");
+        let h = home.path();
+        std::fs::write(h.join(".gitconfig"), "[core]\n\thooksPath = /abs/hooks\n[includeIf \"gitdir:~/work/\"]\n\tpath = ~/work.inc\n").expect("write");
+        std::fs::write(h.join("work.inc"), "[include]\n\tpath = deeper.inc\n[CORE]\n\tHooksPath = .githooks\n").expect("write");
+        std::fs::write(h.join("deeper.inc"), "[core]\n\thookspath = ../shared-hooks\n[include]\n\tpath = work.inc\n").expect("write");
+        let mut found = hooks_paths_in(vec![(h.join(".gitconfig"), 0), (h.join("missing"), 0)], Some(h));
+        found.sort();
+        assert_eq!(found, ["../shared-hooks", ".githooks", "/abs/hooks"]);
+    }
+
     use super::*;
 
     #[test]

@@ -561,6 +561,71 @@ fn a_rebase_left_in_progress_loses_its_exec_steps_at_the_sweep() {
 }
 
 #[test]
+fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
+    // Issue 32: what git itself takes for a git dir, a hook or a place.
+    let mut fx = Fixture::new();
+    fx.config.host_hooks_paths = vec![".githooks".into()];
+    // The developer's own repository borrowing objects from outside.
+    std::fs::create_dir_all(fx.ws().join("mine/.git/objects/info")).expect("mkdir");
+    std::fs::create_dir_all(fx.ws().join("mine/.git/refs")).expect("mkdir");
+    std::fs::write(fx.ws().join("mine/.git/objects/info/alternates"), b"/srv/cache/objects\n").expect("write");
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    fx.config.changed_since = Some(std::time::SystemTime::now());
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    let fsmonitor = "[core]\\n\\tfsmonitor = touch /tmp/evil\\n";
+    // A bare repository whose objects and refs are symlinks.
+    for dir in ["b1/store/objects", "b1/store/refs", "b1/bare"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["symlink", "../store/objects", s(&ws.join("b1/bare/objects"))]);
+    sb.run(&["symlink", "../store/refs", s(&ws.join("b1/bare/refs"))]);
+    sb.run(&["write", s(&ws.join("b1/bare/config")), fsmonitor]);
+    // A common dir without HEAD behind a linked worktree's gitdir.
+    for dir in ["c1/common/worktrees/w", "c1/common/objects", "c1/common/refs", "c1/common/hooks"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("c1/common/worktrees/w/HEAD")), "ref: refs/heads/main\\n"]);
+    sb.run(&["write", s(&ws.join("c1/common/worktrees/w/commondir")), "../..\\n"]);
+    sb.run(&["write", s(&ws.join("c1/common/config")), fsmonitor]);
+    sb.run(&["write", s(&ws.join("c1/common/hooks/pre-commit")), "#!/bin/sh\\n"]);
+    // Alternates: outside (quarantined), inside (kept); a symlink out.
+    for dir in ["p/.git/objects/info", "p/.git/refs", "q/.git/objects/info", "q/.git/refs"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("p/.git/objects/info/alternates")), "/home/dev/private/.git/objects\\n"]);
+    sb.run(&["write", s(&ws.join("q/.git/objects/info/alternates")), "../../../p/.git/objects\\n"]);
+    sb.run(&["symlink", "/home/dev/private/.git/refs", s(&ws.join("q/.git/packed-refs"))]);
+    // Hooks at the developer's own relative core.hooksPath.
+    sb.run(&["mkdir", s(&ws.join("n/.githooks"))]);
+    sb.run(&["write", s(&ws.join("n/.githooks/pre-commit")), "#!/bin/sh\\n"]);
+    sb.run(&["write", s(&ws.join("n/.githooks/README")), "notes\\n"]);
+    // A cherry-pick left in progress with a strategy that is a path.
+    for dir in ["r/.git/objects", "r/.git/refs", "r/.git/sequencer"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("r/.git/sequencer/opts")), "[options]\\n\\tsignoff = true\\n\\tstrategy = ../../x\\n"]);
+    fx.settle();
+    for config in ["b1/bare/config", "c1/common/config"] {
+        assert!(!std::fs::read_to_string(ws.join(config)).expect("config").contains("fsmonitor"), "{config} kept core.fsmonitor");
+    }
+    for gone in ["c1/common/hooks/pre-commit", "p/.git/objects/info/alternates", "q/.git/packed-refs", "n/.githooks/pre-commit"] {
+        assert!(std::fs::symlink_metadata(ws.join(gone)).is_err(), "{gone} is still there");
+    }
+    for kept in ["q/.git/objects/info/alternates", "n/.githooks/README"] {
+        assert!(ws.join(kept).exists(), "{kept} was taken away");
+    }
+    let opts = ws.join("r/.git/sequencer/opts");
+    assert!(std::fs::read_to_string(&opts).expect("opts").contains("strategy"), "events leave the sandbox's own operation alone");
+    let report = guard::sweep(&fx.config).expect("sweep");
+    assert!(report.errors.is_empty(), "{:?}", report.errors);
+    assert_eq!(std::fs::read_to_string(&opts).expect("opts"), "[options]\n\tsignoff = true\n");
+    assert!(ws.join("mine/.git/objects/info/alternates").exists(), "the developer's own alternates (older than the run) stay");
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();
@@ -677,6 +742,9 @@ fn ordinary_git_work_inside_survives_the_guard() {
     let ws = fx.ws();
     let scratch = fx.base().join("scratch");
     std::fs::create_dir(&scratch).expect("mkdir");
+    // The upstream below is the "developer's" once the guard chowned it:
+    // every git here (submodule clones too) must accept it.
+    std::fs::write(scratch.join(".gitconfig"), "[safe]\n\tdirectory = *\n").expect("write");
     let git = |cwd: &Path, args: &[&str]| {
         let out = Command::new("git")
             .current_dir(cwd)
@@ -690,10 +758,14 @@ fn ordinary_git_work_inside_survives_the_guard() {
         assert!(out.status.success(), "git {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    git(&scratch, &["init", "-q", "lib"]);
-    std::fs::write(scratch.join("lib/f"), b"lib").expect("write");
-    git(&scratch.join("lib"), &["add", "f"]);
-    git(&scratch.join("lib"), &["commit", "-qm", "lib"]);
+    // The upstream is in the workspace: a remote outside it is a place the
+    // guard drops (a host path or a network URL the agent named).
+    let upstream = ws.join("up");
+    std::fs::create_dir(&upstream).expect("mkdir");
+    git(&upstream, &["init", "-q", "lib"]);
+    std::fs::write(upstream.join("lib/f"), b"lib").expect("write");
+    git(&upstream.join("lib"), &["add", "f"]);
+    git(&upstream.join("lib"), &["commit", "-qm", "lib"]);
     let proj = ws.join("proj");
     git(&ws, &["init", "-q", "proj"]);
     std::fs::write(proj.join("f"), b"one\n").expect("write");
@@ -709,11 +781,11 @@ fn ordinary_git_work_inside_survives_the_guard() {
     git(&proj, &["add", "g"]);
     git(&proj, &["commit", "-qm", "side"]);
     git(&proj, &["rebase", "-q", "main"]);
-    git(&proj, &["submodule", "add", "-q", s(&scratch.join("lib")), "lib"]);
+    git(&proj, &["submodule", "add", "-q", s(&upstream.join("lib")), "lib"]);
     git(&proj, &["commit", "-qm", "sub"]);
     git(&proj, &["submodule", "update", "--init", "-q"]);
     git(&proj, &["worktree", "add", "-q", s(&ws.join("wt")), "main"]);
-    git(&ws, &["clone", "-q", s(&scratch.join("lib")), "nested-clone"]);
+    git(&ws, &["clone", "-q", s(&upstream.join("lib")), "nested-clone"]);
     fx.settle();
     git(&proj, &["status", "--short"]);
     git(&ws.join("wt"), &["status", "--short"]);

@@ -4,43 +4,20 @@
 //! rule, applied on disk), because a path alone cannot tell
 //! `.git/modules/a/b/config` (module `a/b`) from a ref named `config`.
 //!
-//! A git directory is a directory named `.git`, or one holding a `HEAD`
-//! entry (linked-worktree and submodule gitdirs, the target of a `gitdir:`
-//! file, a bare repository git would discover when the developer `cd`s into
-//! it). Its control files are `config`, `config.worktree`, `commondir`,
-//! `gitdir`, everything in `hooks/` but `*.sample` files (git never runs
-//! those), `info/attributes`, and the `hooks` and `info` entries themselves
-//! (a symlink there would redirect git).
+//! What a git directory is and which of its files matter is the model's
+//! ([`super::git_model`]); this module only reads paths: the parent as git
+//! dir (`config`, `config.worktree`, `commondir`, `gitdir`, `hooks`,
+//! `info`), the grandparent (`hooks/<x>` but `*.sample`, `info/attributes`,
+//! the operation files `rebase-merge/…`, `rebase-apply/…`, `sequencer/…`)
+//! and the great-grandparent (`objects/info/alternates`,
+//! `objects/info/http-alternates`).
 
 use std::ffi::OsStr;
 use std::path::{Component, Path, PathBuf};
 
-/// The kinds of git control files.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum ControlFile {
-    /// `config`: filtered to the allowlist.
-    Config,
-    /// `config.worktree`: filtered to the allowlist.
-    ConfigWorktree,
-    /// `commondir`: kept only in `worktrees/<name>/` pointing at `../..`.
-    Commondir,
-    /// `gitdir` (a linked worktree's back-link): kept when inside.
-    Gitdir,
-    /// An entry of `hooks/` (other than `*.sample`): quarantined.
-    Hook,
-    /// `info/attributes`: quarantined.
-    InfoAttributes,
-    /// The `hooks` entry itself: a symlink is quarantined, a directory
-    /// has its hooks checked.
-    HooksDir,
-    /// The `info` entry itself: as `hooks`.
-    InfoDir,
-    /// `rebase-merge/git-rebase-todo`, an interactive rebase's remaining
-    /// steps: its `exec` lines would run when the developer continues the
-    /// rebase on the host. Checked by sweeps only (the sandbox's own
-    /// rebase runs them inside).
-    RebaseTodo,
-}
+use super::git_model;
+
+pub use super::git_model::{ControlFile, OperationFile};
 
 /// One candidate reading of a path as a control file.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,34 +58,33 @@ pub fn control_candidates(rel: &Path) -> Vec<Candidate> {
     if let Some((dir, grandparents)) = parents.split_last() {
         let git_dir: PathBuf = grandparents.iter().collect();
         match dir.as_encoded_bytes() {
-            b"hooks" if !hook_is_inert(last) => out.push(Candidate { git_dir, kind: ControlFile::Hook }),
-            b"info" if last == b"attributes" => out.push(Candidate { git_dir, kind: ControlFile::InfoAttributes }),
-            b"rebase-merge" if last == b"git-rebase-todo" => out.push(Candidate { git_dir, kind: ControlFile::RebaseTodo }),
+            b"hooks" if !hook_is_inert(last) => out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::Hook }),
+            b"info" if last == b"attributes" => out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::InfoAttributes }),
             _ => {}
+        }
+        for (state_dir, file, kind) in git_model::OPERATION_FILES {
+            if dir.as_encoded_bytes() == state_dir.as_bytes() && last == file.as_bytes() {
+                out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::OperationState(*kind) });
+            }
+        }
+        if let Some((objects, rest)) = grandparents.split_last() {
+            if objects.as_encoded_bytes() == b"objects" && dir.as_encoded_bytes() == b"info" {
+                let git_dir: PathBuf = rest.iter().collect();
+                match last {
+                    b"alternates" => out.push(Candidate { git_dir, kind: ControlFile::Alternates }),
+                    b"http-alternates" => out.push(Candidate { git_dir, kind: ControlFile::HttpAlternates }),
+                    _ => {}
+                }
+            }
         }
     }
     out
 }
 
-/// An interactive rebase's remaining steps, in the git dir.
-pub const REBASE_TODO: &str = "rebase-merge/git-rebase-todo";
-
-/// A rebase todo list with its `exec` steps (`exec CMD`, `x CMD`) turned
-/// into comments, and those steps' commands; `None` when it has none. Git
-/// reads a todo line's first word as the command, after leading blanks.
+/// A rebase todo list with its `exec` steps turned into comments
+/// ([`git_model::disable_exec_steps`]).
 pub fn disable_rebase_exec(todo: &[u8]) -> Option<(Vec<u8>, Vec<String>)> {
-    let mut out = Vec::with_capacity(todo.len() + 64);
-    let mut commands = Vec::new();
-    for line in todo.split_inclusive(|b| *b == b'\n') {
-        let body = line.trim_ascii_start();
-        let word_end = body.iter().position(|b| b.is_ascii_whitespace()).unwrap_or(body.len());
-        if matches!(&body[..word_end], b"exec" | b"x") {
-            commands.push(String::from_utf8_lossy(body[word_end..].trim_ascii()).into_owned());
-            out.extend_from_slice(b"# disabled by Lazaret (an exec step the sandbox left): ");
-        }
-        out.extend_from_slice(line);
-    }
-    (!commands.is_empty()).then_some((out, commands))
+    git_model::disable_exec_steps(todo)
 }
 
 /// Whether a hook file name is one git never runs (`*.sample`, as `git
@@ -216,8 +192,8 @@ mod tests {
 
     #[test]
     fn rebase_exec_steps_are_commented_out_and_named() {
-        assert_eq!(kinds(".git/rebase-merge/git-rebase-todo"), vec![(".git".into(), ControlFile::RebaseTodo)]);
-        assert_eq!(kinds(".git/worktrees/w/rebase-merge/git-rebase-todo"), vec![(".git/worktrees/w".into(), ControlFile::RebaseTodo)]);
+        assert_eq!(kinds(".git/rebase-merge/git-rebase-todo"), vec![(".git".into(), ControlFile::OperationState(OperationFile::Todo))]);
+        assert_eq!(kinds(".git/worktrees/w/rebase-merge/git-rebase-todo"), vec![(".git/worktrees/w".into(), ControlFile::OperationState(OperationFile::Todo))]);
         assert!(kinds(".git/rebase-merge/done").is_empty());
         let todo = b"pick 1234 one\n  exec make test\nx touch /tmp/p\n# exec in a comment\nexecute-not 1\npick 5678 two";
         let (text, commands) = disable_rebase_exec(todo).expect("exec steps");

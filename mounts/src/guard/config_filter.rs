@@ -12,13 +12,18 @@
 //!   (a submodule's gitdir has it) only when it stays inside the workspace
 //!   (checked lexically here, for symlinks by the caller);
 //! * `extensions.`: objectformat, worktreeconfig, refstorage,
-//!   preciousobjects, partialclone, noop;
-//! * `remote.<name>.`: url and pushurl (no `-` start, no `<helper>::`
-//!   transport such as `ext::`/`fd::`), fetch, push, mirror, tagopt, prune,
-//!   prunetags, promisor, partialclonefilter, skipdefaultupdate,
-//!   skipfetchall;
-//! * `branch.<name>.`: remote, pushremote, merge, rebase, description;
-//! * `submodule.<name>.`: url (same check), active, path, branch, ignore,
+//!   preciousobjects, noop, and partialclone when it names a remote (or a
+//!   place as below);
+//! * `remote.<name>.`: url and pushurl only when they name a place inside
+//!   the workspace (a local path or `file://` that stays inside, no
+//!   symlink on the way: [`git_model::url_place`]; network URLs, host
+//!   paths outside, `<helper>::` transports and option look-alikes are
+//!   dropped), fetch, push, mirror, tagopt, prune, prunetags, promisor,
+//!   partialclonefilter, skipdefaultupdate, skipfetchall;
+//! * `branch.<name>.`: remote and pushremote when a remote's name (or a
+//!   place as above: git takes any other value as a URL), merge, rebase,
+//!   description;
+//! * `submodule.<name>.`: url (same check as remotes), active, path, branch, ignore,
 //!   fetchrecursesubmodules, shallow, and `update` only as
 //!   checkout/rebase/merge/none (`!command` runs a command);
 //!   `submodule.`: active, recurse, fetchjobs;
@@ -38,6 +43,7 @@
 
 use std::path::{Component, Path, PathBuf};
 
+use super::git_model;
 use crate::gitconfig::{ConfigEntry, GitConfig};
 
 /// What [`filter_config`] made of a config.
@@ -146,12 +152,14 @@ fn entry_allowed(
                     | "bigfilethreshold"
             ),
         },
-        ("extensions", None) => matches!(
-            key,
-            "objectformat" | "worktreeconfig" | "refstorage" | "preciousobjects" | "partialclone" | "noop"
-        ),
+        ("extensions", None) => match key {
+            // Names the promisor remote; a value that is no remote's name
+            // is taken as a URL (`remote.c`: `valid_remote_nick`).
+            "partialclone" => git_model::is_remote_name(value) || place_ok(value, location, path_ok),
+            _ => matches!(key, "objectformat" | "worktreeconfig" | "refstorage" | "preciousobjects" | "noop"),
+        },
         ("remote", Some(_)) => match key {
-            "url" | "pushurl" => url_ok(value),
+            "url" | "pushurl" => place_ok(value, location, path_ok),
             _ => matches!(
                 key,
                 "fetch"
@@ -166,9 +174,12 @@ fn entry_allowed(
                     | "skipfetchall"
             ),
         },
-        ("branch", Some(_)) => matches!(key, "remote" | "pushremote" | "merge" | "rebase" | "description"),
+        ("branch", Some(_)) => match key {
+            "remote" | "pushremote" => git_model::is_remote_name(value) || place_ok(value, location, path_ok),
+            _ => matches!(key, "merge" | "rebase" | "description"),
+        },
         ("submodule", Some(_)) => match key {
-            "url" => url_ok(value),
+            "url" => place_ok(value, location, path_ok),
             "update" => matches!(value, "checkout" | "rebase" | "merge" | "none"),
             _ => matches!(key, "active" | "path" | "branch" | "ignore" | "fetchrecursesubmodules" | "shallow"),
         },
@@ -190,17 +201,24 @@ fn entry_allowed(
 /// look-alike, no `<helper>::address` (transport helpers `ext::`, `fd::`,
 /// or any `git-remote-<helper>` program), no control characters.
 pub fn url_ok(url: &str) -> bool {
-    let url = url.trim();
-    if url.is_empty() || url.starts_with('-') || url.chars().any(char::is_control) {
-        return false;
+    git_model::url_place(url) != git_model::UrlPlace::Refused
+}
+
+/// Whether a URL names a place inside the root the repository is in
+/// ([`git_model::url_place`]): a local path (or `file://`) that stays
+/// inside lexically, from the git dir and from its parent (the work tree
+/// git runs a fetch in), with no symlink on the way. Network URLs and
+/// places outside are dropped: the host's git would fetch from or push to
+/// them, past the Domain's egress policy, or copy host data into the
+/// workspace.
+fn place_ok(value: &str, location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> bool {
+    let git_dir = location.git_dir;
+    let work_tree = git_dir.parent().unwrap_or(Path::new(""));
+    match git_model::url_place(value) {
+        git_model::UrlPlace::Local(path) => git_model::local_place_inside(&path, location.workspace_abs, &[git_dir, work_tree])
+            .is_some_and(|paths| paths.iter().all(|p| path_ok(p))),
+        git_model::UrlPlace::Network | git_model::UrlPlace::Refused => false,
     }
-    if let Some(at) = url.find("::") {
-        let helper = &url[..at];
-        if helper.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '.' | '-')) {
-            return false;
-        }
-    }
-    true
 }
 
 /// Whether a path value (relative to the git dir, or absolute) stays in
@@ -286,7 +304,7 @@ mod tests {
     fn git_init_and_clone_configs_come_out_unchanged() {
         let init = "[core]\n\trepositoryformatversion = 0\n\tfilemode = true\n\tbare = false\n\tlogallrefupdates = true\n";
         let clone = format!(
-            "{init}[remote \"origin\"]\n\turl = https://example.com/x.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+            "{init}[remote \"origin\"]\n\turl = /ws/upstream.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
              [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n"
         );
         for text in [init.to_owned(), clone] {
@@ -327,6 +345,24 @@ mod tests {
         assert_eq!(refused.dropped, vec!["core.worktree"], "the caller's symlink check is honoured");
         assert_eq!(workspace_relative("../../../sub", location()), Some(PathBuf::from("sub")));
         assert_eq!(workspace_relative("~/x", location()), None);
+    }
+
+    #[test]
+    fn only_places_inside_the_workspace_are_kept() {
+        let text = "[remote \"net\"]\n\turl = https://example.com/x.git\n\tpushurl = git@example.com:x.git\n\
+                    [remote \"host\"]\n\turl = /home/dev/private\n[remote \"file\"]\n\turl = file:///home/dev/private\n\
+                    [remote \"up\"]\n\turl = ../../../../../etc\n[remote \"in\"]\n\turl = /ws/lib\n\
+                    [branch \"main\"]\n\tremote = /home/dev/private\n\tpushremote = origin\n\
+                    [extensions]\n\tpartialclone = file:///home/dev/private\n[submodule \"s\"]\n\turl = https://example.com/s\n";
+        let out = filter(text);
+        assert_eq!(
+            out.dropped,
+            ["remote.net.url", "remote.net.pushurl", "remote.host.url", "remote.file.url", "remote.up.url", "branch.main.remote", "extensions.partialclone", "submodule.s.url"]
+        );
+        let kept = String::from_utf8_lossy(&out.text).into_owned();
+        assert_eq!(kept, "[remote \"in\"]\n\turl = /ws/lib\n[branch \"main\"]\n\tpushremote = origin\n");
+        let through_symlink = filter_config(b"[remote \"o\"]\n\turl = /ws/link/x\n", location(), &|p| !p.starts_with("link"));
+        assert_eq!(through_symlink.dropped, ["remote.o.url"]);
     }
 
     #[test]

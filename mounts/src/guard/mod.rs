@@ -14,8 +14,14 @@
 //!   file, created or renamed in) gets its config reduced to an allowlist
 //!   ([`config_filter`]), its hooks and unexpected control files moved into
 //!   the quarantine ([`classify`] decides what is unexpected);
-//! * a rebase left in progress: a sweep turns the `exec` steps of its todo
-//!   list into comments (continuing it on the host would run them);
+//! * an operation left in progress (rebase, am, cherry-pick, revert): a
+//!   sweep neutralises what continuing it on the host would run
+//!   ([`git_model::operation_verdict`]);
+//! * places: remote URLs, alternates and symlinks of a git dir that lead
+//!   out of the workspace are dropped or quarantined ([`git_model`]).
+//!
+//! What a git directory is and which of its files matter is one model,
+//! [`git_model`], checked against git's source.
 //! * quarantine: [`quarantine`] keeps what was removed, with a JSON record,
 //!   under the Domain Root, and puts it back on explicit request.
 //!
@@ -32,6 +38,7 @@
 
 pub mod classify;
 pub mod config_filter;
+pub mod git_model;
 pub mod quarantine;
 mod neutralise;
 mod sweep;
@@ -133,6 +140,12 @@ pub struct GuardConfig {
     /// an outside repository): a new `gitdir:` file pointing below one of
     /// them is accepted. They are not watched themselves.
     pub outside_git_dirs: Vec<PathBuf>,
+    /// The `core.hooksPath` values of the developer's own (system and
+    /// global) git configuration, as written. A relative one names a
+    /// hooks directory in every repository, including those the sandbox
+    /// makes: hooks there are quarantined
+    /// ([`git_model::host_hook_dirs`]).
+    pub host_hooks_paths: Vec<String>,
 }
 
 /// Decides whether a pid belongs to the sandbox (for the coordinator: "is

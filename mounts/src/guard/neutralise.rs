@@ -22,6 +22,7 @@ use nix::unistd::{Gid, Uid};
 
 use super::classify::{self, ControlFile};
 use super::config_filter::{self, ConfigLocation};
+use super::git_model::{self, GitDirMarks, OperationFile, Verdict};
 use super::quarantine::{Quarantine, RestoredMark};
 use super::{Action, GuardConfig, GuardError, Neutralisation, RootKind};
 use crate::error::MountError;
@@ -54,12 +55,18 @@ pub(crate) struct Engine {
     pub(crate) roots: Vec<OpenRoot>,
     quarantine: Quarantine,
     restored: Vec<RestoredMark>,
+    /// Where the developer's own `core.hooksPath` puts hooks in any
+    /// repository ([`git_model::host_hook_dirs`]).
+    host_hook_dirs: Vec<PathBuf>,
 }
 
 /// Who caused what is being handled: an event's pid, or a sweep.
 #[derive(Clone, Copy)]
 pub(crate) struct Cause {
     pub(crate) pid: Option<u32>,
+    /// A walk of a directory renamed in: its entries keep the ctimes they
+    /// had, so "changed during the run" says nothing about them.
+    pub(crate) every_file: bool,
 }
 
 impl Engine {
@@ -83,7 +90,8 @@ impl Engine {
         }
         let quarantine = Quarantine::open(&config.quarantine_dir, config.quarantine_limits)?;
         let restored = quarantine.restored_marks();
-        Ok(Engine { config, roots, quarantine, restored })
+        let host_hook_dirs = git_model::host_hook_dirs(config.host_hooks_paths.iter().map(String::as_str));
+        Ok(Engine { config, roots, quarantine, restored, host_hook_dirs })
     }
 
     /// Re-reads the restore log (after a restore while the guard runs).
@@ -97,6 +105,14 @@ impl Engine {
         let since = since.duration_since(UNIX_EPOCH).unwrap_or_default();
         let ctime = (st.st_ctime, st.st_ctime_nsec);
         ctime >= (since.as_secs() as i64, i64::from(since.subsec_nanos()))
+    }
+
+    /// Whether an entry judged by name (a host hook, alternates, a symlink)
+    /// is judged now: after an event, in a walk of a directory renamed in,
+    /// or in a sweep when it changed during the run (older ones are the
+    /// developer's, or were judged by the run that wrote them).
+    fn judged_now(&self, st: &FileStat, cause: Cause) -> bool {
+        cause.pid.is_some() || cause.every_file || self.changed_in_run(st)
     }
 
     fn record(&self, root: usize, rel: &Path, action: Action, reason: impl Into<String>, quarantine_id: Option<String>, cause: Cause, out: &mut Out) {
@@ -265,17 +281,21 @@ impl Engine {
         safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
     }
 
-    /// Whether `rel` (in a root with git control) is a git directory by git's own
-    /// test: named `.git`, or holding `HEAD` and either `commondir` or
-    /// `objects/` and `refs/`.
+    /// Whether `rel` (in a root with git control) is a git directory by the
+    /// model ([`GitDirMarks`]: named `.git`, or `HEAD` and `commondir`, or
+    /// `objects` and `refs`, entries of any type).
     pub(crate) fn is_git_dir(&self, root: usize, rel: &Path) -> bool {
         let Ok(dir) = self.open_dir(root, rel) else { return false };
         if classify::is_dot_git(rel) {
             return true;
         }
-        let exists = |name: &str| nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
-        let is_dir = |st: Option<FileStat>| st.is_some_and(|st| safe_path::kind_of(&st) == FileKind::Directory);
-        exists("HEAD").is_some() && (exists("commondir").is_some() || (is_dir(exists("objects")) && is_dir(exists("refs"))))
+        let mut marks = GitDirMarks::default();
+        for name in ["HEAD", "commondir", "objects", "refs"] {
+            if nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+                marks.note(name.as_bytes());
+            }
+        }
+        marks.is_git_dir()
     }
 
     /// Whether a sweep leaves this git control entry alone: in a volume
@@ -287,19 +307,99 @@ impl Engine {
         cause.pid.is_none() && self.roots[root].kind == RootKind::Volume && safe_path::kind_of(st) != FileKind::Directory && !self.changed_in_run(st)
     }
 
-    /// Checks every control file of the git directory `git_dir`.
+    /// Checks every control file of the git directory `git_dir`
+    /// ([`git_model::control_files`]), its symlinks, and the common
+    /// directory its `commondir` names (git reads config and hooks there,
+    /// whether or not that directory has a `HEAD` of its own).
     pub(crate) fn check_git_dir(&self, root: usize, git_dir: &Path, cause: Cause, out: &mut Out) {
-        for (name, kind) in [
-            ("config", ControlFile::Config),
-            ("config.worktree", ControlFile::ConfigWorktree),
-            ("commondir", ControlFile::Commondir),
-            ("gitdir", ControlFile::Gitdir),
-            ("hooks", ControlFile::HooksDir),
-            ("info", ControlFile::InfoDir),
-            (classify::REBASE_TODO, ControlFile::RebaseTodo),
-        ] {
+        self.check_git_dir_once(root, git_dir, cause, out);
+        let commondir = git_dir.join("commondir");
+        let Some((parent, name, _)) = self.lstat(root, &commondir, out) else { return };
+        let Ok(Some(contents)) = read_regular(parent.as_fd(), name, MAX_CONTROL_FILE) else { return };
+        let value = String::from_utf8_lossy(&contents);
+        // A commondir the check kept is a linked worktree's `../..`; git
+        // reads it one level only.
+        if classify::commondir_ok(git_dir, &value) {
+            if let Some(common) = classify::lexical_join(git_dir, Path::new(value.trim_end_matches(['\n', '\r']))) {
+                self.check_git_dir_once(root, &common, cause, out);
+            }
+        }
+    }
+
+    fn check_git_dir_once(&self, root: usize, git_dir: &Path, cause: Cause, out: &mut Out) {
+        for (name, kind) in git_model::control_files() {
             self.check_control(root, git_dir, &git_dir.join(name), kind, cause, out);
         }
+        // Symlinks in the git dir itself and in `objects/` (an `objects`
+        // or `objects/pack` leading to a host repository makes git read
+        // its objects, as an alternate would).
+        for dir in [git_dir.to_path_buf(), git_dir.join("objects")] {
+            if self.protected(root, &dir) {
+                continue;
+            }
+            let Ok(fd) = safe_path::open_beneath(self.roots[root].fd.as_fd(), &dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else { continue };
+            let Ok(listing) = nix::fcntl::openat(&fd, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) else { continue };
+            for name in list_names(listing) {
+                let symlink = nix::sys::stat::fstatat(&fd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
+                    .is_ok_and(|st| safe_path::kind_of(&st) == FileKind::Symlink);
+                if symlink {
+                    self.check_symlink_in_git_dir(root, &dir.join(name), cause, out);
+                }
+            }
+        }
+    }
+
+    /// Checks made by name, wherever the entry is (it need not be in a
+    /// recognised git dir): a hook at the developer's own relative
+    /// `core.hooksPath`, an `info/alternates` list (`objects` may be a
+    /// symlink, so the objects directory can have any name). A sweep
+    /// judges host hooks only when they changed during the run.
+    pub(crate) fn check_by_name(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
+        if self.protected(root, rel) {
+            return;
+        }
+        let host_hook = git_model::host_hook(rel, &self.host_hook_dirs);
+        let alternates = rel.parent().is_some_and(|p| p.file_name() == Some(OsStr::new("info")))
+            && matches!(rel.file_name().map(OsStr::as_bytes), Some(b"alternates" | b"http-alternates"));
+        if host_hook {
+            let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
+            if safe_path::kind_of(&st) == FileKind::Directory
+                || !self.judged_now(&st, cause)
+                || self.restored.iter().any(|m| m.matches(&self.roots[root].label, rel, &st))
+            {
+                return;
+            }
+            return self.quarantine(root, rel, parent.as_fd(), name, &st, "a hook where the developer's own core.hooksPath makes git look for hooks", cause, out);
+        }
+        if alternates {
+            let objects_dir = rel.parent().and_then(Path::parent).unwrap_or(Path::new(""));
+            let kind = if rel.file_name() == Some(OsStr::new("alternates")) { ControlFile::Alternates } else { ControlFile::HttpAlternates };
+            self.check_control(root, objects_dir, rel, kind, cause, out);
+        }
+    }
+
+    /// A symlink whose parent (or the parent's parent: `objects/pack`) is
+    /// a git dir, leading out of the root: git would read (objects, refs,
+    /// packs) from the host place it names. Quarantined.
+    pub(crate) fn check_symlink_in_git_dir(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
+        let Some(parent_rel) = rel.parent() else { return };
+        if self.protected(root, rel) {
+            return;
+        }
+        let Some((parent, name, st)) = self.lstat(root, rel, out) else { return };
+        if safe_path::kind_of(&st) != FileKind::Symlink || !self.judged_now(&st, cause) {
+            return;
+        }
+        let in_git_dir = self.is_git_dir(root, parent_rel) || parent_rel.parent().is_some_and(|g| self.is_git_dir(root, g));
+        if !in_git_dir {
+            return;
+        }
+        let Ok(target) = nix::fcntl::readlinkat(parent.as_fd(), name) else { return };
+        let target = target.to_string_lossy();
+        if git_model::local_place_inside(&target, &self.roots[root].path, &[parent_rel]).is_some() {
+            return;
+        }
+        self.quarantine(root, rel, parent.as_fd(), name, &st, "a symlink in a git dir leading out of the workspace (git would read what it names)", cause, out)
     }
 
     /// For an event on `rel` in a root with git control: the repository it makes (a
@@ -310,17 +410,21 @@ impl Engine {
             self.check_dot_git(root, rel, cause, out);
         }
         let name = rel.file_name().map(OsStr::as_bytes).unwrap_or_default();
-        if matches!(name, b"HEAD" | b"objects" | b"refs" | b"commondir") {
+        if GitDirMarks::is_mark(name) {
             let parent = rel.parent().unwrap_or(Path::new(""));
             if !classify::is_dot_git(parent) && self.is_git_dir(root, parent) {
                 self.check_git_dir(root, parent, cause, out);
             }
         }
         for candidate in classify::control_candidates(rel) {
+            if matches!(candidate.kind, ControlFile::Alternates | ControlFile::HttpAlternates) {
+                continue; // judged by name below, git dir or not
+            }
             if self.is_git_dir(root, &candidate.git_dir) {
                 self.check_control(root, &candidate.git_dir, rel, candidate.kind, cause, out);
             }
         }
+        self.check_by_name(root, rel, cause, out);
     }
 
     /// A `.git` entry: a directory is checked as a git directory, a
@@ -397,12 +501,35 @@ impl Engine {
             }
             (_, FileKind::Directory) => {}
             (ControlFile::Hook, _) => self.quarantine(root, rel, parent, name, &st, "a git hook the sandbox planted", cause, out),
+            // Alternates are judged wherever they are (by name), so a sweep
+            // judges only those changed during the run: the developer's own
+            // (`git clone --reference /elsewhere`) stay.
+            (ControlFile::Alternates | ControlFile::HttpAlternates, _) if !self.judged_now(&st, cause) => {}
+            (ControlFile::HttpAlternates, _) => {
+                self.quarantine(root, rel, parent, name, &st, "objects/info/http-alternates: URLs git would fetch objects from", cause, out)
+            }
+            (ControlFile::Alternates, FileKind::Other) => self.quarantine(root, rel, parent, name, &st, "an alternates list that is a special file", cause, out),
+            (ControlFile::Alternates, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
+                Ok(Some(contents)) => {
+                    // `git_dir` is the objects directory's parent; entries
+                    // are relative to the objects directory.
+                    let objects_dir = rel.parent().and_then(Path::parent).unwrap_or(Path::new(""));
+                    let inside = git_model::alternates_inside(&contents, &self.roots[root].path, objects_dir);
+                    if !inside.is_some_and(|paths| paths.iter().all(|p| self.path_ok(root, p))) {
+                        self.quarantine(root, rel, parent, name, &st, "an alternates list naming objects outside the workspace (git would read them)", cause, out)
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => self.error(root, rel, e, out),
+            },
             (ControlFile::InfoAttributes, _) => {
                 self.quarantine(root, rel, parent, name, &st, "info/attributes in a repository the sandbox made or changed", cause, out)
             }
             (ControlFile::Config | ControlFile::ConfigWorktree, _) => self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out),
-            (ControlFile::RebaseTodo, FileKind::Other) => self.quarantine(root, rel, parent, name, &st, "a rebase todo list that is a special file", cause, out),
-            (ControlFile::RebaseTodo, _) => self.disable_rebase_exec(root, rel, parent, name, &st, cause, out),
+            (ControlFile::OperationState(_), FileKind::Other) => {
+                self.quarantine(root, rel, parent, name, &st, "operation state that is a special file", cause, out)
+            }
+            (ControlFile::OperationState(file), _) => self.neutralise_operation_file(root, rel, file, parent, name, &st, cause, out),
             // An empty commondir or gitdir is one git has created and not
             // yet written (git's write_file: create, then one write): judged
             // by the write's own event, or by the next sweep. Empty, neither
@@ -484,33 +611,47 @@ impl Engine {
         }
     }
 
-    /// A sweep turns the `exec` steps of a rebase todo list that changed
-    /// during the run into comments (the original goes to the quarantine):
-    /// a developer continuing that rebase on the host would run them.
-    /// Events leave it alone: the sandbox's own rebase runs its steps
-    /// inside, and the list only matters once the host's git reads it.
-    #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
-    fn disable_rebase_exec(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+    /// A sweep judges a file of an operation git resumes
+    /// ([`git_model::operation_verdict`]) when it changed during the run:
+    /// `exec` steps become comments, a strategy or signing key that is not
+    /// harmless goes to the quarantine, `sequencer/opts` is filtered (the
+    /// original kept in the quarantine). Events leave it alone: the
+    /// sandbox's own operation runs inside, and the state only matters
+    /// once the host's git resumes it.
+    fn neutralise_operation_file(&self, root: usize, rel: &Path, file: OperationFile, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
         if cause.pid.is_some() || !self.changed_in_run(st) {
             return;
         }
         let (contents, version) = match read_regular_versioned(parent, name, MAX_CONTROL_FILE) {
             Ok(Some(read)) => read,
             Ok(None) => return,
-            Err(MountError::Refused { .. }) => return self.quarantine(root, rel, parent, name, st, "a rebase todo list too large to check", cause, out),
+            Err(MountError::Refused { .. }) => return self.quarantine(root, rel, parent, name, st, "operation state too large to check", cause, out),
             Err(e) => return self.error(root, rel, e, out),
         };
-        let Some((text, commands)) = classify::disable_rebase_exec(&contents) else { return };
-        let temp = format!(".lazaret-guard-{}-todo", std::process::id());
+        let (text, removed) = match git_model::operation_verdict(file, &contents) {
+            Verdict::Keep => return,
+            Verdict::Quarantine(reason) => return self.quarantine(root, rel, parent, name, st, reason, cause, out),
+            Verdict::Rewrite { text, removed } => (text, removed),
+        };
+        let temp = format!(".lazaret-guard-{}-state", std::process::id());
         match replace_with(self.config.developer, rel, parent, name, &temp, &text, Some(&version)) {
             Ok(true) => {}
             Ok(false) => return self.error(root, rel, "changed while it was checked; the next sweep checks it again", out),
             Err(e) => return self.error(root, rel, e, out),
         }
-        let reason = "exec steps of a rebase the sandbox left in progress: continuing it on the host would run them";
+        let (action, reason) = match file {
+            OperationFile::Todo => (
+                Action::DisabledRebaseExec { commands: removed },
+                "exec steps of a rebase the sandbox left in progress: continuing it on the host would run them",
+            ),
+            _ => (
+                Action::FilteredGitConfig { dropped_keys: removed },
+                "options of a cherry-pick/revert the sandbox left in progress: continuing it on the host would run them",
+            ),
+        };
         match self.quarantine.keep_copy(&self.roots[root].label, rel, st, &contents, reason) {
-            Ok(id) => self.record(root, rel, Action::DisabledRebaseExec { commands }, reason, Some(id), cause, out),
-            Err(e) => self.error(root, rel, format!("disabled, but the original could not be kept: {e}"), out),
+            Ok(id) => self.record(root, rel, action, reason, Some(id), cause, out),
+            Err(e) => self.error(root, rel, format!("neutralised, but the original could not be kept: {e}"), out),
         }
     }
 
@@ -535,6 +676,11 @@ impl Engine {
         let parent = match self.open_dir(root, rel.parent().unwrap_or(Path::new(""))) {
             Ok(fd) => fd,
             Err(MountError::Syscall { errno: Errno::ENOENT | Errno::ENOTDIR, .. }) => return None,
+            // A symlink on the way (`objects -> ../store/objects`): what git
+            // reaches through it is judged at its own path in the root, and
+            // a symlink in a git dir leading out of the root is quarantined
+            // itself; the guard never follows one.
+            Err(MountError::Refused { .. }) => return None,
             Err(e) => {
                 self.error(root, rel, e, out);
                 return None;

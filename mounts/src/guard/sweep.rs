@@ -10,6 +10,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::sys::stat::Mode;
 
+use super::git_model::GitDirMarks;
 use super::neutralise::{Cause, Engine, Out, list_names};
 use super::{GuardConfig, GuardError, SweepReport};
 use crate::safe_path::{self, FileKind};
@@ -46,7 +47,7 @@ pub(crate) fn sweep_engine(engine: &Engine) -> SweepReport {
 /// of entries seen. `every_file` ignores [`GuardConfig::changed_since`] (a
 /// directory renamed in keeps its entries' old ctimes).
 pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool, out: &mut Out) -> u64 {
-    let cause = Cause { pid: None };
+    let cause = Cause { pid: None, every_file };
     let git_control = engine.roots[root].kind.has_git_control();
     let mut seen = 0;
     // Paths, not fds, wait on the stack (a wide tree would exhaust fds);
@@ -71,18 +72,14 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
                 continue;
             }
         };
-        let mut git_markers = (false, false, false, false); // HEAD, commondir, objects/, refs/
+        let mut marks = GitDirMarks::default();
         for name in &names {
             seen += 1;
             let child = rel.join(name);
-            // Marks of a git dir by name count even when Git Sentry protects
-            // the entry (a registered worktree's gitdir has its `commondir`
-            // protected).
-            match name.as_encoded_bytes() {
-                b"HEAD" => git_markers.0 = true,
-                b"commondir" => git_markers.1 = true,
-                _ => {}
-            }
+            // Marks of a git dir by name, of any type (git only `access`es
+            // them), count even when Git Sentry protects the entry (a
+            // registered worktree's gitdir has its `commondir` protected).
+            marks.note(name.as_encoded_bytes());
             if engine.protected(root, &child) {
                 continue;
             }
@@ -98,11 +95,14 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
             if every_file || engine.changed_in_run(&st) {
                 engine.fix_entry(root, &child, dir.as_fd(), name, &st, cause, out);
             }
-            match name.as_encoded_bytes() {
-                b"objects" => git_markers.2 = kind == FileKind::Directory,
-                b"refs" => git_markers.3 = kind == FileKind::Directory,
-                b".git" if git_control && kind != FileKind::Directory => engine.check_dot_git(root, &child, cause, out),
-                _ => {}
+            if git_control && name.as_encoded_bytes() == b".git" && kind != FileKind::Directory {
+                engine.check_dot_git(root, &child, cause, out);
+            }
+            if git_control && kind != FileKind::Directory {
+                engine.check_by_name(root, &child, cause, out);
+            }
+            if git_control && kind == FileKind::Symlink {
+                engine.check_symlink_in_git_dir(root, &child, cause, out);
             }
             if kind == FileKind::Directory {
                 if depth + 1 > MAX_DEPTH {
@@ -112,8 +112,7 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
                 stack.push((child, depth + 1));
             }
         }
-        let (head, commondir, objects, refs) = git_markers;
-        if git_control && (crate::guard::classify::is_dot_git(&rel) || (head && (commondir || (objects && refs)))) {
+        if git_control && (crate::guard::classify::is_dot_git(&rel) || marks.is_git_dir()) {
             engine.check_git_dir(root, &rel, cause, out);
         }
     }

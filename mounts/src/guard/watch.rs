@@ -66,7 +66,7 @@ const METADATA_VERSION: u8 = 3;
 
 /// Names whose in-place modification (an fd kept open, no close) matters:
 /// `FAN_MODIFY` events of other names are dropped unread.
-const MODIFY_NAMES: [&[u8]; 5] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes"];
+const MODIFY_NAMES: [&[u8]; 6] = [b"config", b"config.worktree", b"commondir", b"gitdir", b"attributes", b"alternates"];
 
 /// Size of one read of the event queue (one batch at most): about 15,000
 /// events of a workspace path.
@@ -338,7 +338,7 @@ impl LoopState {
     /// Handles one entry of the sandbox (its events merged; see the module
     /// documentation) in the verified directory `dir` (`dir_rel` in `root`).
     fn handle(&self, event: &RawEvent<'_>, root: usize, dir_rel: &Path, dir: BorrowedFd<'_>, out: &mut Out) {
-        let cause = Cause { pid: Some(event.pid) };
+        let cause = Cause { pid: Some(event.pid), every_file: false };
         if event.name.is_empty() || event.name == b"." {
             // An event on the directory itself.
             let Some(name) = dir_rel.file_name().map(OsStr::to_os_string) else { return };
@@ -373,6 +373,9 @@ impl LoopState {
         self.engine.fix_entry(root, rel, parent, name, &st, cause, out);
         if git_control {
             self.engine.check_git_event(root, rel, cause, out);
+            if safe_path::kind_of(&st) == FileKind::Symlink {
+                self.engine.check_symlink_in_git_dir(root, rel, cause, out);
+            }
         }
         if safe_path::kind_of(&st) == FileKind::Directory && mask & libc::FAN_MOVED_TO != 0 {
             walk(&self.engine, root, rel, true, out);
