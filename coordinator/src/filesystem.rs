@@ -106,7 +106,8 @@ fn ensure_profile_state_parents(ctx_paths: &crate::identity::StatePaths, store: 
 }
 
 /// The profile's `profile_state` for this Domain: takes the shared lock,
-/// makes each entry's directory (the agent's, 0700) in the store and
+/// makes each entry's directory (the agent's, or for a root agent the
+/// developer's; 0700) in the store and
 /// returns the binds, one per entry at its place in the agent's home.
 /// `None` for a profile without `profile_state`.
 pub fn prepare_profile_state(ctx: &Context) -> Result<Option<(ProfileStateLock, Vec<BindMount>)>, FilesystemError> {
@@ -121,7 +122,13 @@ pub fn prepare_profile_state(ctx: &Context) -> Result<Option<(ProfileStateLock, 
         return Err(FilesystemError::ProfileStateInUse { profile: ctx.profile.name.clone() });
     };
     crate::identity::ensure_private_dir(&store, 0, 0).map_err(ContextError::from)?;
-    let (uid, gid) = ctx.agent_ids();
+    // A root agent's files are the developer's (the Workspace Guard gives
+    // them over), so is the directory they are in: its group is what a
+    // file made there inherits.
+    let (uid, gid) = match ctx.agent_ids() {
+        (0, _) => (ctx.developer.uid, ctx.developer.gid),
+        ids => ids,
+    };
     let entries: Vec<_> = states.iter().map(|s| s.entry.value.clone()).collect();
     let hosts = lazaret_mounts::profile_state::prepare(&store, &entries, uid, gid)?;
     let binds = states.into_iter().zip(hosts).map(|(s, host)| BindMount { source: host, destination: s.sandbox, readonly: false }).collect();
