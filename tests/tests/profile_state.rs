@@ -146,14 +146,16 @@ fn what_a_root_agent_leaves_in_the_state_is_followed_by_nothing_on_the_host_and_
     let (uid, gid) = test_user();
     let env = checkout("user = \"root\"\n");
     assert_eq!(reset(&env).0, 0, "starting from a reset");
-    // A host directory the agent cannot see, with something to lose.
+    // A host directory the agent cannot see, with something to lose. The
+    // links point only there: were the host ever to follow them, the test
+    // loses its own scratch files, never the machine's.
     let host = env.scratch.join("host-precious");
     fs::create_dir(&host).expect("host dir");
     fs::write(host.join("keep"), "keep").expect("host file");
     let host_s = host.display().to_string();
     let script = format!(
         "set -e; cd ~/.fakecli; cp /bin/true suid; chmod 4755 suid; echo x > sgid; chmod 2755 sgid; \
-         ln -s {host_s} to-host; ln -s {host_s}/keep to-host-file; ln -s / to-root; mkdir -p deep/er; ln -s {host_s} deep/er/to-host; \
+         ln -s {host_s} to-host; ln -s {host_s}/keep to-host-file; mkdir -p deep/er; ln -s {host_s} deep/er/to-host; \
          sleep 1; stat -c '%n %a' suid"
     );
     let out = ok_sh(&env, &script);
