@@ -331,7 +331,7 @@ impl Context {
 
     /// The environment of the agent: the image's, then Lazaret's defaults,
     /// then the profile's (`env:NAME` values taken from `host_env`; a missing
-    /// one is an error naming it).
+    /// one is an error naming it; a literal `~/X` is `X` in the agent's home).
     ///
     /// This is where secrets live: the values exist only in the
     /// coordinator's memory and in the agent's environment. The spec that
@@ -362,8 +362,15 @@ impl Context {
             let term = host_env("TERM").map(|t| t.to_string_lossy().into_owned()).unwrap_or_else(|| "xterm".into());
             set("TERM", term);
         }
+        let home = self.agent_home();
         for (name, value) in &self.profile.env {
             match value.resolve(host_env) {
+                // "~/X" written in the profile is X in the agent's home, as
+                // on a volume's sandbox side (CLAUDE_CONFIG_DIR = "~/.claude").
+                Some(v) if matches!(value, config::EnvValue::Literal(l) if l.starts_with("~/")) => {
+                    let rest = v.to_string_lossy().trim_start_matches("~/").to_string();
+                    set(name, home.join(rest).to_string_lossy().into_owned())
+                }
                 Some(v) => set(name, v.to_string_lossy().into_owned()),
                 None => {
                     let host = match value {
@@ -579,6 +586,18 @@ mod tests {
         assert!(text.contains("TOKEN = \"env:MY_TOKEN\", but MY_TOKEN is not set"), "{text}");
         assert!(text.contains("sudo --preserve-env=MY_TOKEN"), "{text}");
         assert!(text.starts_with(&format!("{}:1:1: profile \"a\"", dir.path().join("config.toml").display())), "{text}");
+    }
+
+    #[test]
+    fn a_literal_below_tilde_is_in_the_agents_home() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = "env = { CLAUDE_CONFIG_DIR = \"~/.claude\", RAW = \"a~/b\", HOSTED = \"env:H\" }\n";
+        let host = |name: &str| (name == "H").then(|| OsString::from("~/from-host"));
+        let ctx = test_context(dir.path(), test_developer(), env);
+        let vars = ctx.agent_env(&image(), &host, false).expect("env");
+        assert_eq!((value(&vars, "CLAUDE_CONFIG_DIR"), value(&vars, "RAW"), value(&vars, "HOSTED")), (Some("/home/alice/.claude"), Some("a~/b"), Some("~/from-host")));
+        let root = test_context(dir.path(), test_developer(), &format!("user = \"root\"\n{env}"));
+        assert_eq!(value(&root.agent_env(&image(), &host, false).expect("env"), "CLAUDE_CONFIG_DIR"), Some("/root/.claude"));
     }
 
     #[test]
