@@ -194,3 +194,30 @@ fn profile_state_over_the_workspace_or_a_volume_is_refused_with_its_place() {
     assert!(stderr.contains(&format!("{}:", env.config.display())), "no FILE:LINE:COL: {stderr}");
     env.assert_nothing_left();
 }
+
+#[test]
+fn a_symlink_the_agent_left_where_the_state_appears_leads_nowhere_on_the_host() {
+    let _turn = serial();
+    let mut env = TestEnv::with_profile("");
+    make_developer(&mut env);
+    assert_eq!(reset(&env).0, 0, "starting from a reset");
+    // Without profile_state, the agent leaves ~/.fakecli in its Domain's
+    // home as a symlink to a host path (the test's own scratch directory).
+    let host = env.scratch.join("host-target");
+    fs::create_dir(&host).expect("host dir");
+    let (uid, gid) = test_user();
+    nix::unistd::chown(&host, Some(uid.into()), Some(gid.into())).expect("chown");
+    ok_sh(&env, &format!("ln -s {} ~/.fakecli", host.display()));
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    // With it, the state is bound there. runsc resolves the destination
+    // inside the sandbox (the link's target there, which the state then
+    // covers); nothing on the host follows the link.
+    env.write_config(STATE);
+    let out = ok_sh(&env, "echo t > ~/.fakecli/token && cat ~/.fakecli/token");
+    assert_eq!(out.trim(), "t");
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
+    assert_eq!(fs::read_dir(&host).expect("host dir").count(), 0, "written through the agent's link on the host");
+    assert_eq!(fs::read_to_string(store(&env).join("home/.fakecli/token")).expect("in the store"), "t\n");
+    assert_eq!(reset(&env).0, 0);
+    env.assert_nothing_left();
+}
