@@ -127,6 +127,13 @@ fn two_domains_of_a_profile_run_at_once_and_a_reset_waits_for_both_to_stop() {
     assert!(stderr.contains("a Domain of profile \"test\" is running") && stderr.contains("lazaret stop test"), "{stderr}");
     assert!(from_a.exists(), "the refused reset removed state");
 
+    // A session of A's checkout with other profile_state cannot join A.
+    a.write_config("profile_state = [\"~/.fakecli\", \"~/.other\"]\n");
+    let (code, _, stderr) = run_sh(&a, "true");
+    assert_ne!(code, 0, "joined with other settings: {stderr}");
+    assert!(stderr.contains("settings that differ: profiles.test.profile_state"), "{stderr}");
+    a.write_config(STATE);
+
     ok_sh(&b, "touch ~/.fakecli/stop");
     let out = wait_output(long);
     assert_eq!((out.status.code(), text(&out.stdout)), (Some(0), "from-b\n".to_string()), "A: {}", text(&out.stderr));
