@@ -313,6 +313,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn any_number_of_domains_share_the_profile_state_and_a_reset_waits_for_none() {
+        use nix::fcntl::FlockArg::{LockExclusiveNonblock, LockShared};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("test");
+        let first = profile_state_lock(&store, LockShared).expect("lock").expect("shared");
+        let second = profile_state_lock(&store, LockShared).expect("lock").expect("shared twice");
+        assert!(profile_state_lock(&store, LockExclusiveNonblock).expect("lock").is_err(), "a reset while Domains hold it");
+        drop(first);
+        assert!(profile_state_lock(&store, LockExclusiveNonblock).expect("lock").is_err(), "one still holds it");
+        drop(second);
+        let reset = profile_state_lock(&store, LockExclusiveNonblock).expect("lock").expect("free");
+        drop(reset);
+        assert!(dir.path().join("test.lock").is_file(), "the lock lives beside the store, which a reset removes");
+    }
+
+    #[test]
     fn volumes_of_an_agents_own_state_are_named() {
         let home = Path::new("/home/dev");
         let tool = |p: &str| agent_state_dir(Path::new(p), home);
