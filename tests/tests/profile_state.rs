@@ -200,6 +200,17 @@ fn profile_state_over_the_workspace_or_a_volume_is_refused_with_its_place() {
     assert!(stderr.contains("profile state ~/.fakecli is /home/") && stderr.contains("where volume \"/usr/share:~/.fakecli/share:ro\""), "{stderr}");
     assert!(stderr.contains(&format!("{}:", env.config.display())), "no FILE:LINE:COL: {stderr}");
     env.assert_nothing_left();
+
+    // A workspace below the developer's home, inside a state directory.
+    let mut env = TestEnv::below(&host_home(), "src/project", "");
+    make_developer(&mut env);
+    let scratch = env.scratch.file_name().expect("name").to_string_lossy().into_owned();
+    env.write_config(&format!("profile_state = [\"~/{scratch}/src\"]\n"));
+    let (code, stdout, stderr) = run_sh(&env, "echo started");
+    assert_ne!(code, 0, "{stdout}");
+    assert!(stderr.contains(&format!("profile state ~/{scratch}/src is /home/{TEST_USER}/{scratch}/src, and the workspace is {}", env.workspace.display())), "{stderr}");
+    assert!(stderr.contains("hint: keep the workspace out of the agent's state directories"), "{stderr}");
+    env.assert_nothing_left();
 }
 
 #[test]
