@@ -322,9 +322,13 @@ impl Context {
             }
         }
         let agent_home = self.agent_home();
-        let inner: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter_map(Path::parent).filter(|p| !p.as_os_str().is_empty()).collect();
+        let below: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter(|p| !p.as_os_str().is_empty()).collect();
+        let inner: Vec<&Path> = below.iter().filter_map(|p| p.parent()).filter(|p| !p.as_os_str().is_empty()).collect();
         if !inner.is_empty() {
             home_mount_parents(&home, &inner, uid, gid).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
+        }
+        if !below.is_empty() {
+            remove_symlinked_mount_points(&home, &below).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
         }
         Ok(Some(BindMount { source: home, destination: agent_home, readonly: false }))
     }
@@ -490,6 +494,34 @@ fn home_mount_parents(home: &Path, parents: &[&Path], uid: u32, gid: u32) -> std
                 nix::unistd::fchownat(&above, name, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
                     .map_err(|errno| std::io::Error::other(format!("chown {}: {errno}", walked.display())))?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Removes each of `points` (relative to the agent's persistent `home`)
+/// that is a symlink: one the agent left where a volume or its profile
+/// state is bound would make runsc mount there at the link's target inside
+/// the sandbox instead. The link itself is unlinked, never followed (its
+/// parents were made symlink-free by [`home_mount_parents`]).
+fn remove_symlinked_mount_points(home: &Path, points: &[&Path]) -> std::io::Result<()> {
+    use lazaret_mounts::safe_path;
+    let mount_error = |e: lazaret_mounts::MountError| std::io::Error::other(e.to_string());
+    let root = safe_path::open_root_dir(home).map_err(mount_error)?;
+    for point in points {
+        let (Some(parent), Some(name)) = (point.parent(), point.file_name()) else { continue };
+        let dir = match safe_path::open_dir_beneath(root.as_fd(), parent) {
+            Ok(dir) => dir,
+            // A missing parent holds no link; runsc makes it.
+            Err(lazaret_mounts::MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => continue,
+            Err(e) => return Err(mount_error(e)),
+        };
+        match nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir).map_err(|errno| std::io::Error::other(format!("removing the symlink {}: {errno}", point.display())))?;
+            }
+            Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(errno) => return Err(std::io::Error::other(format!("stat {}: {errno}", point.display()))),
         }
     }
     Ok(())

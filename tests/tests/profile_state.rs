@@ -69,7 +69,8 @@ fn a_login_written_in_one_checkout_is_in_the_others_and_not_in_the_hosts_home() 
     let host_own = host_home().join(".fakecli");
     assert!(!host_own.exists(), "{} exists before the test: remove it", host_own.display());
 
-    let out = ok_sh(&a, "echo token-of-a > ~/.fakecli/token && echo home=$HOME && stat -c 'owner=%U mode=%a' ~/.fakecli");
+    // Written as CLIs write their files: a temporary file renamed over it.
+    let out = ok_sh(&a, "echo token-of-a > ~/.fakecli/token.tmp && mv ~/.fakecli/token.tmp ~/.fakecli/token && stat -c 'owner=%U mode=%a' ~/.fakecli");
     assert!(out.contains("owner=lazaret-test mode=700") || out.contains(&format!("owner={TEST_USER} mode=700")), "{out}");
     assert_eq!(a.wait_domains_unlocked(), Vec::<String>::new());
     // Another checkout: another Domain (another persistent home), same state.
@@ -214,7 +215,7 @@ fn profile_state_over_the_workspace_or_a_volume_is_refused_with_its_place() {
 }
 
 #[test]
-fn a_symlink_the_agent_left_where_the_state_appears_leads_nowhere_on_the_host() {
+fn a_symlink_the_agent_left_where_the_state_appears_is_removed_and_leads_nowhere_on_the_host() {
     let _turn = serial();
     let mut env = TestEnv::with_profile("");
     make_developer(&mut env);
@@ -227,12 +228,11 @@ fn a_symlink_the_agent_left_where_the_state_appears_leads_nowhere_on_the_host() 
     nix::unistd::chown(&host, Some(uid.into()), Some(gid.into())).expect("chown");
     ok_sh(&env, &format!("ln -s {} ~/.fakecli", host.display()));
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
-    // With it, the state is bound there. runsc resolves the destination
-    // inside the sandbox (the link's target there, which the state then
-    // covers); nothing on the host follows the link.
+    // With it, the state is bound there: the link is removed, not followed
+    // (runsc would otherwise mount the state at its target inside).
     env.write_config(STATE);
-    let out = ok_sh(&env, "echo t > ~/.fakecli/token && cat ~/.fakecli/token");
-    assert_eq!(out.trim(), "t");
+    let out = ok_sh(&env, "echo t > ~/.fakecli/token && test ! -L ~/.fakecli && echo bound");
+    assert_eq!(out.trim(), "bound");
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
     assert_eq!(fs::read_dir(&host).expect("host dir").count(), 0, "written through the agent's link on the host");
     assert_eq!(fs::read_to_string(store(&env).join("home/.fakecli/token")).expect("in the store"), "t\n");
