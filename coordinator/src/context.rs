@@ -83,7 +83,7 @@ pub enum ContextError {
         /// What it collides with.
         reason: String,
         /// The fix.
-        hint: String,
+        hint: &'static str,
     },
     /// An `env:NAME` value names a variable the launching environment lacks.
     #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
@@ -181,12 +181,12 @@ impl Context {
         let meets = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
         let volumes = self.volumes();
         for state in self.profile_state() {
-            let refuse = |reason: String, hint: &str| ContextError::ProfileStateTarget {
+            let refuse = |reason: String, hint: &'static str| ContextError::ProfileStateTarget {
                 origin: state.entry.origin.clone(),
                 written: state.entry.to_string(),
                 sandbox: state.sandbox.clone(),
                 reason,
-                hint: hint.to_string(),
+                hint,
             };
             if meets(&state.sandbox, self.workspace.root()) {
                 return Err(refuse(format!("and the workspace is {}", escaped(self.workspace.root())), "keep the workspace out of the agent's state directories (name a directory beside it)"));
