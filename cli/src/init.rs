@@ -7,7 +7,9 @@
 //! directory it creates are theirs, permission checks are theirs, and a
 //! symlink in their home can lead nowhere they could not write themselves.
 //! An existing file is never replaced without `--force`, which keeps it as
-//! `FILE.bak`. The agents' own state directories on the host (`~/.claude`,
+//! `FILE.bak`. Each agent profile keeps the agent's own state directory per
+//! profile (`profile_state`), so one login serves every checkout. The
+//! agents' own state directories on the host (`~/.claude`,
 //! ...) are not shared with their sandboxes: the template's `volumes` lines
 //! that would share them are comments (an agent that can write them can make
 //! the developer's unsandboxed CLI run its commands).
@@ -179,6 +181,7 @@ mod tests {
             assert!(p.setup.iter().any(|s| s.contains(&"nodejs".to_string()) && s.contains(&"npm".to_string())), "{name}");
             assert!(p.env.values().any(|v| v.to_string().starts_with("env:")), "{name}: an API key from the environment");
             assert!(p.volumes.is_empty(), "{name}: the developer's own state directory is not shared unless they say so");
+            assert!(!p.profile_state.is_empty(), "{name}: the agent's state is kept per profile");
         }
         // Uncommented, each agent profile's volumes line shares exactly the
         // agent's state directory, at the same place below both homes.
@@ -192,6 +195,15 @@ mod tests {
                 assert_eq!(v.host.strip_prefix("/home/alice").ok(), Some(rel.as_path()), "{name}: the same state directory on both sides");
             }
         }
+        // Each agent's state directory is kept per profile, where the
+        // commented volumes line would bind the host's.
+        for (name, _) in packages {
+            let state: Vec<String> = config.profiles[name].profile_state.iter().map(ToString::to_string).collect();
+            let volumes: Vec<String> = shared.profiles[name].volumes.iter().map(|v| v.written.split(':').nth(1).unwrap_or_default().to_string()).collect();
+            assert_eq!(state, volumes, "{name}");
+        }
+        assert_eq!(config.profiles["claude"].env.get("CLAUDE_CONFIG_DIR").map(ToString::to_string).as_deref(), Some("~/.claude"));
+        assert!(config.profiles["shell"].profile_state.is_empty());
         assert_eq!(config.profiles["codex"].command, ["codex", "--sandbox", "danger-full-access"]);
         assert_eq!(config.profiles["gemini"].env.get("GEMINI_CLI_TRUST_WORKSPACE").map(ToString::to_string).as_deref(), Some("true"));
         assert_eq!(config.default_profile.as_deref(), Some("shell"));
@@ -230,6 +242,7 @@ mod tests {
             assert_eq!(e.env, t.env, "profile {name}");
             let vols = |p: &lazaret_coordinator::config::Profile| p.volumes.iter().map(|v| v.written.clone()).collect::<Vec<_>>();
             assert_eq!(vols(e), vols(t), "profile {name}");
+            assert_eq!(e.profile_state, t.profile_state, "profile {name}");
         }
     }
 }

@@ -151,6 +151,14 @@ enum Command {
         #[arg(short = 'C', value_name = "DIR")]
         dir: Option<PathBuf>,
     },
+    /// Forget a profile's `profile_state` (agent logins and settings kept per profile) in every checkout; no Domain of the profile may be running.
+    ResetProfileState {
+        /// The profile whose state to forget.
+        profile: String,
+        /// As JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// List running Domains: profile, workspace, state, sessions, uptime, sandbox and sidecar IDs.
     Ls {
         /// As JSON.
@@ -420,6 +428,17 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 RecordReset::Absent => println!("nothing to reset: no isolated paths are recorded ({record})"),
                 RecordReset::Forgotten(n) => println!("forgot {n} recorded isolated path(s) ({record} deleted); from the next start only the current ignore rules apply"),
                 RecordReset::Unreadable => println!("deleted the unreadable {record}; from the next start only the current ignore rules apply"),
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::ResetProfileState { profile, json } => {
+            let reset = lazaret_coordinator::filesystem::reset_profile_state(config.as_deref(), &profile)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&reset)?);
+            } else if reset.removed {
+                println!("forgot the profile state of {:?} ({} removed); its Domains start with empty state directories", reset.profile, reset.store.display());
+            } else {
+                println!("nothing to reset: profile {:?} keeps no state ({} does not exist)", reset.profile, reset.store.display());
             }
             Ok(ExitCode::SUCCESS)
         }

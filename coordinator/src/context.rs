@@ -70,6 +70,21 @@ pub enum ContextError {
         /// The fix.
         hint: String,
     },
+    /// A `profile_state` entry, resolved below the agent's home, lands on
+    /// or around another mount.
+    #[error("{origin}: profile state {written} is {}, {reason}\n  hint: {hint}", escaped(.sandbox))]
+    ProfileStateTarget {
+        /// Where the entry is written, `FILE:LINE:COLUMN`.
+        origin: String,
+        /// The entry as written.
+        written: String,
+        /// Its sandbox path.
+        sandbox: PathBuf,
+        /// What it collides with.
+        reason: String,
+        /// The fix.
+        hint: &'static str,
+    },
     /// An `env:NAME` value names a variable the launching environment lacks.
     #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
     MissingHostEnv {
@@ -139,7 +154,51 @@ impl Context {
         }
         let ctx = Context { developer, config, profile, workspace, domain_id, paths };
         ctx.check_volume_targets()?;
+        ctx.check_profile_state_targets()?;
         Ok(ctx)
+    }
+
+    /// The (developer, profile) directory of the profile's state:
+    /// `STORAGE_ROOT/profiles/<developer uid>/<profile>`.
+    pub fn profile_state_store(&self) -> PathBuf {
+        profile_state_store(&self.paths.storage_root, self.developer.uid, &self.profile.name)
+    }
+
+    /// The profile's `profile_state` entries as this agent gets them: each
+    /// with its sandbox path (below [`Context::agent_home`]) and its host
+    /// directory in [`Context::profile_state_store`].
+    pub fn profile_state(&self) -> Vec<ProfileStateMount> {
+        let home = self.agent_home();
+        let store = self.profile_state_store();
+        self.profile.profile_state.iter().map(|e| ProfileStateMount { sandbox: e.in_home(&home), host: e.storage(&store), entry: e.clone() }).collect()
+    }
+
+    /// A `profile_state` entry may not be the workspace or hold it or lie in
+    /// it, nor meet a volume or a `persistent_dirs` entry that way: each of
+    /// those is a mount of its own, and a copy kept per Domain (or the
+    /// workspace) would take its place or be hidden by it.
+    fn check_profile_state_targets(&self) -> Result<(), ContextError> {
+        let meets = |a: &Path, b: &Path| a.starts_with(b) || b.starts_with(a);
+        let volumes = self.volumes();
+        for state in self.profile_state() {
+            let refuse = |reason: String, hint: &'static str| ContextError::ProfileStateTarget {
+                origin: state.entry.origin.clone(),
+                written: state.entry.to_string(),
+                sandbox: state.sandbox.clone(),
+                reason,
+                hint,
+            };
+            if meets(&state.sandbox, self.workspace.root()) {
+                return Err(refuse(format!("and the workspace is {}", escaped(self.workspace.root())), "keep the workspace out of the agent's state directories (name a directory beside it)"));
+            }
+            if let Some(v) = volumes.iter().find(|v| meets(&state.sandbox, &v.sandbox)) {
+                return Err(refuse(format!("where volume {:?} ({}) mounts at {}", v.written, v.origin, escaped(&v.sandbox)), "keep a directory either per profile or as a volume, not both"));
+            }
+            if let Some(dir) = self.profile.persistent_dirs.iter().find(|d| meets(&state.sandbox, d)) {
+                return Err(refuse(format!("and persistent_dirs keeps {} per Domain", escaped(dir)), "keep a directory either per profile or in persistent_dirs, not both (a persistent /root holds a root agent's home)"));
+            }
+        }
+        Ok(())
     }
 
     /// The profile's volumes as this agent gets them, in the profile's
@@ -263,16 +322,20 @@ impl Context {
             }
         }
         let agent_home = self.agent_home();
-        let inner: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter_map(Path::parent).filter(|p| !p.as_os_str().is_empty()).collect();
+        let below: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter(|p| !p.as_os_str().is_empty()).collect();
+        let inner: Vec<&Path> = below.iter().filter_map(|p| p.parent()).filter(|p| !p.as_os_str().is_empty()).collect();
         if !inner.is_empty() {
             home_mount_parents(&home, &inner, uid, gid).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
+        }
+        if !below.is_empty() {
+            remove_symlinked_mount_points(&home, &below).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
         }
         Ok(Some(BindMount { source: home, destination: agent_home, readonly: false }))
     }
 
     /// The environment of the agent: the image's, then Lazaret's defaults,
     /// then the profile's (`env:NAME` values taken from `host_env`; a missing
-    /// one is an error naming it).
+    /// one is an error naming it; a literal `~/X` is `X` in the agent's home).
     ///
     /// This is where secrets live: the values exist only in the
     /// coordinator's memory and in the agent's environment. The spec that
@@ -303,8 +366,15 @@ impl Context {
             let term = host_env("TERM").map(|t| t.to_string_lossy().into_owned()).unwrap_or_else(|| "xterm".into());
             set("TERM", term);
         }
+        let home = self.agent_home();
         for (name, value) in &self.profile.env {
             match value.resolve(host_env) {
+                // "~/X" written in the profile is X in the agent's home, as
+                // on a volume's sandbox side (CLAUDE_CONFIG_DIR = "~/.claude").
+                Some(v) if matches!(value, config::EnvValue::Literal(l) if l.starts_with("~/")) => {
+                    let rest = v.to_string_lossy().trim_start_matches("~/").to_string();
+                    set(name, home.join(rest).to_string_lossy().into_owned())
+                }
                 Some(v) => set(name, v.to_string_lossy().into_owned()),
                 None => {
                     let host = match value {
@@ -362,6 +432,23 @@ impl Context {
     }
 }
 
+/// One `profile_state` entry of a Domain.
+#[derive(Debug, Clone)]
+pub struct ProfileStateMount {
+    /// The entry as written, with where.
+    pub entry: Located<config::StateEntry>,
+    /// Where it appears in the sandbox.
+    pub sandbox: PathBuf,
+    /// Its directory on the host (in the Storage Root).
+    pub host: PathBuf,
+}
+
+/// `STORAGE_ROOT/profiles/<uid>/<profile>`: where the `profile_state` of
+/// the developer `uid`'s `profile` is kept.
+pub fn profile_state_store(storage_root: &Path, uid: u32, profile: &str) -> PathBuf {
+    storage_root.join("profiles").join(uid.to_string()).join(profile)
+}
+
 /// The mount (label, canonical host path) that would expose `path` (a
 /// directory that may not exist yet: its nearest existing ancestor is
 /// resolved) inside the sandbox, if any.
@@ -407,6 +494,34 @@ fn home_mount_parents(home: &Path, parents: &[&Path], uid: u32, gid: u32) -> std
                 nix::unistd::fchownat(&above, name, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
                     .map_err(|errno| std::io::Error::other(format!("chown {}: {errno}", walked.display())))?;
             }
+        }
+    }
+    Ok(())
+}
+
+/// Removes each of `points` (relative to the agent's persistent `home`)
+/// that is a symlink: one the agent left where a volume or its profile
+/// state is bound would make runsc mount there at the link's target inside
+/// the sandbox instead. The link itself is unlinked, never followed (its
+/// parents were made symlink-free by [`home_mount_parents`]).
+fn remove_symlinked_mount_points(home: &Path, points: &[&Path]) -> std::io::Result<()> {
+    use lazaret_mounts::safe_path;
+    let mount_error = |e: lazaret_mounts::MountError| std::io::Error::other(e.to_string());
+    let root = safe_path::open_root_dir(home).map_err(mount_error)?;
+    for point in points {
+        let (Some(parent), Some(name)) = (point.parent(), point.file_name()) else { continue };
+        let dir = match safe_path::open_dir_beneath(root.as_fd(), parent) {
+            Ok(dir) => dir,
+            // A missing parent holds no link; runsc makes it.
+            Err(lazaret_mounts::MountError::Syscall { errno: nix::errno::Errno::ENOENT, .. }) => continue,
+            Err(e) => return Err(mount_error(e)),
+        };
+        match nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
+                nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir).map_err(|errno| std::io::Error::other(format!("removing the symlink {}: {errno}", point.display())))?;
+            }
+            Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
+            Err(errno) => return Err(std::io::Error::other(format!("stat {}: {errno}", point.display()))),
         }
     }
     Ok(())
@@ -506,6 +621,18 @@ mod tests {
     }
 
     #[test]
+    fn a_literal_below_tilde_is_in_the_agents_home() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let env = "env = { CLAUDE_CONFIG_DIR = \"~/.claude\", RAW = \"a~/b\", HOSTED = \"env:H\" }\n";
+        let host = |name: &str| (name == "H").then(|| OsString::from("~/from-host"));
+        let ctx = test_context(dir.path(), test_developer(), env);
+        let vars = ctx.agent_env(&image(), &host, false).expect("env");
+        assert_eq!((value(&vars, "CLAUDE_CONFIG_DIR"), value(&vars, "RAW"), value(&vars, "HOSTED")), (Some("/home/alice/.claude"), Some("a~/b"), Some("~/from-host")));
+        let root = test_context(dir.path(), test_developer(), &format!("user = \"root\"\n{env}"));
+        assert_eq!(value(&root.agent_env(&image(), &host, false).expect("env"), "CLAUDE_CONFIG_DIR"), Some("/root/.claude"));
+    }
+
+    #[test]
     fn the_init_process_gets_no_profile_environment() {
         let dir = tempfile::tempdir().expect("tempdir");
         let ctx = test_context(dir.path(), test_developer(), "env = { TOKEN = \"literal-secret\" }\n");
@@ -573,6 +700,27 @@ mod tests {
         // different paths for the default agent are fine.
         test_context(dir.path(), test_developer(), "user = \"root\"\nvolumes = [\"/srv/a:~\"]\n").check_volume_targets().expect("root's home");
         test_context(dir.path(), test_developer(), "volumes = [\"/srv/a:/root/.x\", \"/srv/b:~/.x\"]\n").check_volume_targets().expect("different places");
+    }
+
+    #[test]
+    fn profile_state_lands_in_the_agents_home_and_not_on_another_mount() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ctx = test_context(dir.path(), test_developer(), "profile_state = [\"~/.fakecli\", \"~/.config/tool\"]\n");
+        ctx.check_profile_state_targets().expect("no collision");
+        let state = ctx.profile_state();
+        let store = PathBuf::from(crate::config::DEFAULT_STORAGE_ROOT).join("profiles/1000/a");
+        assert_eq!(ctx.profile_state_store(), store);
+        assert_eq!((state[0].sandbox.as_path(), state[0].host.as_path()), (Path::new("/home/alice/.fakecli"), store.join("home/.fakecli").as_path()));
+        assert_eq!(state[1].host, store.join("home/.config/tool"));
+        let root = test_context(dir.path(), test_developer(), "user = \"root\"\nprofile_state = [\"~/.fakecli\"]\n");
+        assert_eq!(root.profile_state()[0].sandbox, PathBuf::from("/root/.fakecli"));
+        assert_eq!(root.profile_state_store(), store, "per developer and profile, whoever the agent is");
+        let refused = |extra: &str| test_context(dir.path(), test_developer(), extra).check_profile_state_targets().expect_err(extra).to_string();
+        let text = refused("profile_state = [\"~/.tool\"]\nvolumes = [\"/srv/t:~/.tool/sub\"]\n");
+        assert!(text.contains("profile state ~/.tool is /home/alice/.tool, where volume \"/srv/t:~/.tool/sub\""), "{text}");
+        assert!(text.contains("config.toml:3:18"), "{text}");
+        let text = refused("user = \"root\"\npersistent_dirs = [\"/root\"]\nprofile_state = [\"~/.claude\"]\n");
+        assert!(text.contains("and persistent_dirs keeps /root per Domain"), "{text}");
     }
 
     #[test]

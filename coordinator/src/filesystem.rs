@@ -34,6 +34,20 @@ pub enum FilesystemError {
     /// The Domain lock could not be taken for a reset.
     #[error(transparent)]
     Lock(LockError),
+    /// `lazaret reset-profile-state` while a Domain of the profile runs (or starts).
+    #[error("a Domain of profile {profile:?} is running (or starting) and uses its profile state; it can only be reset while no Domain of the profile runs\n  hint: `lazaret ls` lists the running Domains; stop each with `lazaret stop {profile}` in its checkout (or `lazaret stop --all`), then run this again")]
+    ProfileStateInUse {
+        /// The profile.
+        profile: String,
+    },
+    /// The profile state's lock file could not be opened or locked.
+    #[error("profile state lock {path}: {source}")]
+    ProfileStateLock {
+        /// The lock file.
+        path: PathBuf,
+        /// The error.
+        source: std::io::Error,
+    },
     /// A directory for mountpoints could not be made.
     #[error("creating {path}: {source}")]
     Io {
@@ -49,6 +63,107 @@ fn make_dir(path: PathBuf) -> Result<PathBuf, FilesystemError> {
         Ok(()) => Ok(path),
         Err(source) => Err(FilesystemError::Io { path, source }),
     }
+}
+
+/// A Domain's hold on its profile's state: a shared flock on
+/// `STORAGE_ROOT/profiles/<uid>/<profile>.lock`, kept while the Domain's
+/// filesystem is mounted. Any number of Domains of the profile hold it at
+/// once; `lazaret reset-profile-state` needs it exclusively. The kernel
+/// drops it when the coordinator dies.
+pub struct ProfileStateLock {
+    _lock: nix::fcntl::Flock<std::fs::File>,
+}
+
+fn profile_state_lock(store: &Path, arg: nix::fcntl::FlockArg) -> Result<Result<ProfileStateLock, ()>, FilesystemError> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut path = store.as_os_str().to_owned();
+    path.push(".lock");
+    let path = PathBuf::from(path);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&path)
+        .map_err(|source| FilesystemError::ProfileStateLock { path: path.clone(), source })?;
+    match nix::fcntl::Flock::lock(file, arg) {
+        Ok(lock) => Ok(Ok(ProfileStateLock { _lock: lock })),
+        Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(Err(())),
+        Err((_, errno)) => Err(FilesystemError::ProfileStateLock { path, source: errno.into() }),
+    }
+}
+
+/// Makes `STORAGE_ROOT/profiles/<uid>` (root's, 0700) if it is missing.
+fn ensure_profile_state_parents(ctx_paths: &crate::identity::StatePaths, store: &Path) -> Result<(), FilesystemError> {
+    ctx_paths.ensure_storage().map_err(ContextError::from)?;
+    let developer_dir = store.parent().unwrap_or(store);
+    for dir in [developer_dir.parent().unwrap_or(developer_dir), developer_dir] {
+        crate::identity::ensure_private_dir(dir, 0, 0).map_err(ContextError::from)?;
+    }
+    Ok(())
+}
+
+/// The profile's `profile_state` for this Domain: takes the shared lock,
+/// makes each entry's directory (the agent's, or for a root agent the
+/// developer's; 0700) in the store and
+/// returns the binds, one per entry at its place in the agent's home.
+/// `None` for a profile without `profile_state`.
+pub fn prepare_profile_state(ctx: &Context) -> Result<Option<(ProfileStateLock, Vec<BindMount>)>, FilesystemError> {
+    let states = ctx.profile_state();
+    if states.is_empty() {
+        return Ok(None);
+    }
+    let store = ctx.profile_state_store();
+    ensure_profile_state_parents(&ctx.paths, &store)?;
+    // Waits for a reset in progress (it holds the lock for its removal only).
+    let Ok(lock) = profile_state_lock(&store, nix::fcntl::FlockArg::LockShared)? else {
+        return Err(FilesystemError::ProfileStateInUse { profile: ctx.profile.name.clone() });
+    };
+    crate::identity::ensure_private_dir(&store, 0, 0).map_err(ContextError::from)?;
+    // A root agent's files are the developer's (the Workspace Guard gives
+    // them over), so is the directory they are in: its group is what a
+    // file made there inherits.
+    let (uid, gid) = match ctx.agent_ids() {
+        (0, _) => (ctx.developer.uid, ctx.developer.gid),
+        ids => ids,
+    };
+    let entries: Vec<_> = states.iter().map(|s| s.entry.value.clone()).collect();
+    let hosts = lazaret_mounts::profile_state::prepare(&store, &entries, uid, gid)?;
+    let binds = states.into_iter().zip(hosts).map(|(s, host)| BindMount { source: host, destination: s.sandbox, readonly: false }).collect();
+    Ok(Some((lock, binds)))
+}
+
+/// What [`reset_profile_state`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ProfileStateReset {
+    /// The profile.
+    pub profile: String,
+    /// Its state directory (removed, or found absent).
+    pub store: PathBuf,
+    /// Whether there was anything to remove.
+    pub removed: bool,
+}
+
+/// `lazaret reset-profile-state PROFILE`: forgets the developer's
+/// `profile_state` of `profile` in every checkout (logins, settings). Holds
+/// the profile state's lock exclusively meanwhile, so it refuses while any
+/// Domain of the profile runs or starts. Nothing the agent left there is
+/// followed: the removal never follows a symlink.
+pub fn reset_profile_state(config: Option<&Path>, profile: &str) -> Result<ProfileStateReset, FilesystemError> {
+    require_root()?;
+    let developer = crate::identity::Developer::from_process().map_err(ContextError::from)?;
+    let config = crate::context::load_config(config, &developer).map_err(ContextError::from)?;
+    let profile = config.profile(profile).map_err(ContextError::from)?.name.clone();
+    let paths = crate::identity::StatePaths::new(config.storage_root.clone(), config.runtime_dir(&developer));
+    let store = crate::context::profile_state_store(&paths.storage_root, developer.uid, &profile);
+    ensure_profile_state_parents(&paths, &store)?;
+    let Ok(_lock) = profile_state_lock(&store, nix::fcntl::FlockArg::LockExclusiveNonblock)? else {
+        return Err(FilesystemError::ProfileStateInUse { profile });
+    };
+    let removed = lazaret_mounts::profile_state::remove(&store)?;
+    Ok(ProfileStateReset { profile, store, removed })
 }
 
 /// Mounts what the sandbox needs on the host side and returns the binds for
@@ -196,6 +311,22 @@ pub fn reset_isolation(config: Option<&Path>, profile: Option<&str>, dir: &Path)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn any_number_of_domains_share_the_profile_state_and_a_reset_waits_for_none() {
+        use nix::fcntl::FlockArg::{LockExclusiveNonblock, LockShared};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = dir.path().join("test");
+        let first = profile_state_lock(&store, LockShared).expect("lock").expect("shared");
+        let second = profile_state_lock(&store, LockShared).expect("lock").expect("shared twice");
+        assert!(profile_state_lock(&store, LockExclusiveNonblock).expect("lock").is_err(), "a reset while Domains hold it");
+        drop(first);
+        assert!(profile_state_lock(&store, LockExclusiveNonblock).expect("lock").is_err(), "one still holds it");
+        drop(second);
+        let reset = profile_state_lock(&store, LockExclusiveNonblock).expect("lock").expect("free");
+        drop(reset);
+        assert!(dir.path().join("test.lock").is_file(), "the lock lives beside the store, which a reset removes");
+    }
 
     #[test]
     fn volumes_of_an_agents_own_state_are_named() {

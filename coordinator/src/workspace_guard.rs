@@ -26,6 +26,8 @@ pub const WORKSPACE_LABEL: &str = "workspace";
 pub const IGNORED_LABEL: &str = "ignored";
 /// The prefix of a volume root's label (`volume:/sandbox/path`).
 pub const VOLUME_LABEL_PREFIX: &str = "volume:";
+/// The prefix of a `profile_state` entry's label (`profile-state:/sandbox/path`).
+pub const PROFILE_STATE_LABEL_PREFIX: &str = "profile-state:";
 /// The prefix of an outside git directory's label (`git-dir:/host/path`).
 pub const GIT_DIR_LABEL_PREFIX: &str = "git-dir:";
 
@@ -104,8 +106,8 @@ pub enum AuditError {
 }
 
 /// The guard's configuration for `ctx`'s Domain: the workspace, the Ignored
-/// Workspace State storage (when isolation is on and it exists) and every
-/// writable volume; the developer as the owner of what the sandbox makes;
+/// Workspace State storage (when isolation is on and it exists), every
+/// writable volume and every `profile_state` directory; the developer as the owner of what the sandbox makes;
 /// the quarantine in the Domain Root; and `guarded.git_dirs`, git
 /// directories outside the workspace that the sandbox can write.
 /// `guarded.protected` are the paths the sandbox sees read-only (Git
@@ -130,6 +132,12 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
             continue;
         }
         roots.push(GuardRoot { label, path, kind: RootKind::Volume });
+    }
+    // The profile's state: guarded like Ignored Workspace State (privilege
+    // bits cleared, a root agent's files given to the developer); nothing
+    // on the host reads it, so no git control checks.
+    for state in ctx.profile_state().into_iter().filter(|s| s.host.is_dir()) {
+        roots.push(GuardRoot { label: format!("{PROFILE_STATE_LABEL_PREFIX}{}", state.sandbox.display()), path: state.host, kind: RootKind::IgnoredState });
     }
     GuardConfig {
         roots,

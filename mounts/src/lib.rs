@@ -12,6 +12,7 @@
 //! * [`guard`]: the run-time Workspace Guard (events + sweep + quarantine).
 //! * [`ignored_state`]: Domain storage for ignored paths.
 //! * [`anchor`]: State Anchor overlays for `persistent_dirs`.
+//! * [`profile_state`]: agent state kept per (developer, profile).
 //! * [`plan`]: [`plan::plan_workspace`] and [`plan::assemble`], which produce
 //!   the ordered OCI bind list.
 //! * [`volumes`]: `HOST:SANDBOX[:ro]` parsing and confinement checks.
@@ -29,6 +30,7 @@ pub mod guard;
 pub mod ignore_eval;
 pub mod ignored_state;
 pub mod plan;
+pub mod profile_state;
 pub mod repo;
 pub mod safe_path;
 #[allow(unsafe_code)]

@@ -65,6 +65,9 @@ struct Canonical<'a> {
     dns: &'a [IpAddr],
     env: &'a std::collections::BTreeMap<String, super::EnvValue>,
     volumes: &'a [Located<super::Volume>],
+    /// Only when set, so profiles without it keep older fingerprints.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    profile_state: Vec<&'a Located<super::StateEntry>>,
     user: super::UserChoice,
     hostname: Option<&'a str>,
     memory_limit: Option<u64>,
@@ -101,6 +104,7 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         dns: profile.effective_dns(config),
         env: &profile.env,
         volumes: &profile.volumes,
+        profile_state: sorted(&profile.profile_state),
         user: profile.user,
         hostname: profile.hostname.as_deref(),
         memory_limit: profile.memory_limit,

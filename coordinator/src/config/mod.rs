@@ -11,7 +11,7 @@
 //!
 //! Order of list elements: `command`, `volumes` and `dns` keep their order
 //! (argv order, mount order and resolver preference mean something);
-//! `persistent_dirs`, `allow_egress` and `deny_egress` are sets (duplicates are
+//! `persistent_dirs`, `profile_state`, `allow_egress` and `deny_egress` are sets (duplicates are
 //! rejected, order does not change the [`Fingerprint`]). Escalation rules keep
 //! their order (the first matching rule applies); a rule's `env` is a set.
 //! `setup` steps keep their order (they run in it).
@@ -49,6 +49,9 @@ pub use located::Located;
 /// One `volumes` entry (the mounts crate's type and parser), its sandbox
 /// side as written, and the entry resolved for one agent.
 pub use lazaret_mounts::volumes::{SandboxPath, Volume, VolumeMount};
+/// One `profile_state` entry: a directory of the agent's home kept per
+/// (developer, profile).
+pub use lazaret_mounts::profile_state::StateEntry;
 /// The gVisor platform of `[runsc] platform` (runsc's own type).
 pub use lazaret_runtime::Platform;
 
@@ -288,6 +291,10 @@ pub struct Profile {
     pub env: BTreeMap<String, EnvValue>,
     /// Extra host directories bound into the sandbox, in mount order.
     pub volumes: Vec<Located<Volume>>,
+    /// Directories of the agent's home kept per (developer, profile) in the
+    /// Storage Root and bound into every Domain of the profile (a set).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub profile_state: Vec<Located<StateEntry>>,
     /// Which user the agent runs as.
     pub user: UserChoice,
     /// Sandbox hostname; `None` lets the launcher choose.

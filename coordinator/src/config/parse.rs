@@ -17,7 +17,7 @@ use super::{
     Config, DEFAULT_COMMAND, DEFAULT_ESCALATION_TIMEOUT, DEFAULT_PROMPT_TIMEOUT,
     DEFAULT_STORAGE_ROOT, ESCALATION_TIMEOUT_RANGE, EnvValue, EscalationOverrides,
     AllowName, EgressMode, EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
-    Platform, Profile, Rule, RunscSettings, SETUP_LIMITS, UserChoice, net,
+    Platform, Profile, Rule, RunscSettings, SETUP_LIMITS, StateEntry, UserChoice, net,
 };
 use crate::escalation::rules::{HOST_COMMAND_PATH, RelativeDirProblem, refused_env, workspace_relative};
 
@@ -49,6 +49,7 @@ const PROFILE_KEYS: &[&str] = &[
     "dns",
     "env",
     "volumes",
+    "profile_state",
     "user",
     "hostname",
     "memory_limit",
@@ -871,6 +872,10 @@ impl<'a> Walker<'a> {
             Some(v) => self.volumes(v),
             None => Some(Vec::new()),
         };
+        let profile_state = match keys.get("profile_state") {
+            Some(v) => self.profile_state(v),
+            None => Some(Vec::new()),
+        };
         if let Some(v) = keys.get("user") {
             self.origins.insert(format!("profiles.{name_text}.user"), self.map.origin(&v.span()));
         }
@@ -915,6 +920,7 @@ impl<'a> Walker<'a> {
             dns: dns?,
             env: env?,
             volumes: volumes?,
+            profile_state: profile_state?,
             user: user?,
             hostname: hostname?,
             memory_limit: memory_limit?,
@@ -1233,6 +1239,45 @@ impl<'a> Walker<'a> {
             env.insert(name_text.to_string(), parsed);
         }
         ok.then_some(env)
+    }
+
+    /// A profile's `profile_state`: directories of the agent's home (`~/X`),
+    /// none holding another. Where they land against the workspace,
+    /// volumes and `persistent_dirs` is checked once the agent's home is
+    /// known (`Context::resolve`).
+    fn profile_state(&mut self, value: &Value<'_>) -> Option<Vec<Located<StateEntry>>> {
+        use lazaret_mounts::profile_state::EntryError;
+        let example = "[\"~/.claude\", \"~/.codex\"]";
+        let items = self.strings(value, "profile_state", example)?;
+        let mut ok = items.len() == self.array(value, "profile_state", example).map_or(0, |a| a.len());
+        let mut entries: Vec<(Located<StateEntry>, Range<usize>)> = Vec::new();
+        for (text, span) in items {
+            let entry = match StateEntry::parse(text) {
+                Ok(entry) => entry,
+                Err(error) => {
+                    let hint = match error {
+                        EntryError::LooksLikeFile(_) => "name the directory that holds it: a single file is replaced by rename, which a bound file does not survive; for Claude Code keep \"~/.claude\" and set env CLAUDE_CONFIG_DIR to that directory (then its .claude.json lives there)",
+                        _ => "write a directory of the agent's home as ~/PATH, e.g. \"~/.claude\"",
+                    };
+                    self.error(&span, format!("`profile_state`: {error}"), hint);
+                    ok = false;
+                    continue;
+                }
+            };
+            if let Some((first, first_span)) = entries.iter().find(|(e, _)| e.overlaps(&entry)) {
+                let first_origin = short_origin(&self.map.origin(first_span));
+                let message = if first.value == entry {
+                    format!("profile state {entry} is listed twice")
+                } else {
+                    format!("profile state entries {} and {entry} overlap", first.value)
+                };
+                self.error(&span, message, format!("keep only the outer directory; the other entry is at {first_origin}"));
+                ok = false;
+                continue;
+            }
+            entries.push((Located::new(entry, self.map.origin(&span)), span));
+        }
+        ok.then(|| entries.into_iter().map(|(e, _)| e).collect())
     }
 
     fn volumes(&mut self, value: &Value<'_>) -> Option<Vec<Located<Volume>>> {
@@ -1583,6 +1628,43 @@ mod tests {
         assert_ne!(without, one);
         assert_ne!(one, fp(&format!("{DIRS}setup = [[\"apt-get\", \"update\"], [\"true\"]]\n")), "a changed list is another configuration");
         assert_ne!(one, fp(&format!("{DIRS}setup = [[\"apt-get update\"]]\n")), "argv boundaries count");
+    }
+
+    #[test]
+    fn profile_state_is_a_set_of_home_directories() {
+        let config = parse_profile("profile_state = [\"~/.codex\", \"~/.config//opencode/\"]\n").expect("valid");
+        let state = &config.profiles["claude"].profile_state;
+        let written: Vec<String> = state.iter().map(ToString::to_string).collect();
+        assert_eq!(written, ["~/.codex", "~/.config/opencode"]);
+        assert!(state[1].origin.ends_with("c.toml:3:30"), "{}", state[1].origin);
+        let toml = config.render_toml().expect("toml");
+        assert!(toml.contains("profile_state = [\"~/.codex\", \"~/.config/opencode\"]") || toml.contains("\"~/.config/opencode\""), "{toml}");
+        assert!(!parse_profile("").expect("valid").render_toml().expect("toml").contains("profile_state"), "not shown when unset");
+        // Order does not matter, content does; an unset list keeps older fingerprints.
+        let fp = |keys: &str| parse_profile(keys).expect("valid").fingerprint("claude").expect("fingerprint");
+        assert_eq!(fp(""), fp("profile_state = []\n"));
+        let two = fp("profile_state = [\"~/.a\", \"~/.b\"]\n");
+        assert_eq!(two, fp("profile_state = [\"~/.b\", \"~/.a\"]\n"));
+        assert_ne!(two, fp("profile_state = [\"~/.a\"]\n"));
+        assert_ne!(fp(""), fp("profile_state = [\"~/.a\"]\n"));
+    }
+
+    #[test]
+    fn profile_state_errors_name_the_place_and_the_fix() {
+        let text = errors("profile_state = [\"/root/.claude\"]\n");
+        assert!(text.contains("/c.toml:3:18: `profile_state`: \"/root/.claude\" is not in the agent's home: write it as ~/PATH"), "{text}");
+        assert!(text.contains("hint: write a directory of the agent's home as ~/PATH"), "{text}");
+        let text = errors("profile_state = [\"~/.claude.json\"]\n");
+        assert!(text.contains("looks like a file; profile state entries are directories"), "{text}");
+        assert!(text.contains("CLAUDE_CONFIG_DIR"), "{text}");
+        assert!(errors("profile_state = [\"~/\"]\n").contains("names the agent's home itself"));
+        assert!(errors("profile_state = [\"~/a/../..\"]\n").contains("contains `..`"));
+        let text = errors("profile_state = [\"~/.config/opencode\", \"~/.config\"]\n");
+        assert!(text.contains("3:40: profile state entries ~/.config/opencode and ~/.config overlap"), "{text}");
+        assert!(text.contains("the other entry is at line 3 column 18"), "{text}");
+        assert!(errors("profile_state = [\"~/.a\", \"~/./.a\"]\n").contains("profile state ~/.a is listed twice"));
+        assert!(errors("profile_state = \"~/.a\"\n").contains("profile_state"));
+        assert!(errors("profile_state = [1]\n").contains("profile_state"));
     }
 
     #[test]

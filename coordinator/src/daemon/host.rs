@@ -48,6 +48,9 @@ struct Mounted {
     mountpoints: Vec<PathBuf>,
     /// The sandbox's binds, in order (nesting order is the bundle's job).
     binds: Vec<BindMount>,
+    /// The Domain's shared hold on its profile's state (`profile_state`),
+    /// released with the filesystem.
+    _profile_state: Option<filesystem::ProfileStateLock>,
 }
 
 /// The sidecar network and the file recording its Sidecar ID.
@@ -337,6 +340,7 @@ impl Effects for HostEffects {
     /// volumes and the agent's home.
     fn mount_filesystem(&mut self, prepared: &Prepared, run: &RunDir) -> Result<Filesystem, StartError> {
         let mut mountpoints = Vec::new();
+        let mut profile_state = None;
         let assembled = (|| -> Result<(Vec<BindMount>, Vec<PathBuf>), StartError> {
             for d in [run.rootfs(), run.upper(), run.work()] {
                 make_dir(&d, 0o755)?;
@@ -344,6 +348,10 @@ impl Effects for HostEffects {
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
             let (mut binds, outside_git_dirs) = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
+            if let Some((lock, state_binds)) = filesystem::prepare_profile_state(&self.ctx)? {
+                profile_state = Some(lock);
+                binds.extend(state_binds);
+            }
             let mount_points: Vec<PathBuf> = binds.iter().map(|b| b.destination.clone()).collect();
             if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid, &mount_points)? {
                 binds.push(home);
@@ -353,7 +361,7 @@ impl Effects for HostEffects {
         match assembled {
             Ok((binds, outside_git_dirs)) => {
                 self.guarded = crate::workspace_guard::GuardedPaths::from_binds(self.ctx.workspace.root(), &binds, outside_git_dirs);
-                Ok(Filesystem(Arc::new(Mounted { mountpoints, binds })))
+                Ok(Filesystem(Arc::new(Mounted { mountpoints, binds, _profile_state: profile_state })))
             }
             Err(e) => {
                 if let Err(u) = unmount_all(&mountpoints) {
