@@ -41,7 +41,8 @@ pub fn init(config: Option<PathBuf>, path: Option<PathBuf>, force: bool) -> Resu
     let text = TEMPLATE;
     // The text must be a configuration Lazaret accepts (the checks of a
     // real run that need the filesystem come later, at `lazaret run`).
-    let parsed = Config::parse(text, &target, &developer.home).map_err(|e| anyhow::anyhow!("the built-in template does not parse (a bug): {e}"))?;
+    let parsed =
+        Config::parse(text, &target, &developer.home).map_err(|e| anyhow::anyhow!("the built-in template does not parse (a bug): {e}"))?;
     let _as_developer = FsIds::switch_to(&developer)?;
     let backup = write_new(&target, text.as_bytes(), force)?;
     drop(_as_developer);
@@ -49,7 +50,10 @@ pub fn init(config: Option<PathBuf>, path: Option<PathBuf>, force: bool) -> Resu
     if let Some(b) = backup {
         println!("kept the previous file as {}", b.display());
     }
-    println!("check it with `lazaret config check`; start with `lazaret run` (profile {}) or `lazaret run claude`", parsed.default_profile.as_deref().unwrap_or("shell"));
+    println!(
+        "check it with `lazaret config check`; start with `lazaret run` (profile {}) or `lazaret run claude`",
+        parsed.default_profile.as_deref().unwrap_or("shell")
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -62,7 +66,11 @@ fn write_new(target: &Path, bytes: &[u8], force: bool) -> Result<Option<PathBuf>
     create_dirs(parent)?;
     let mut backup = None;
     match std::fs::symlink_metadata(target) {
-        Ok(_) if !force => bail!("{} exists; not overwriting it\n  hint: `lazaret init --force` replaces it (keeping it as {}.bak), or `lazaret init OTHER_PATH` writes elsewhere", target.display(), target.display()),
+        Ok(_) if !force => bail!(
+            "{} exists; not overwriting it\n  hint: `lazaret init --force` replaces it (keeping it as {}.bak), or `lazaret init OTHER_PATH` writes elsewhere",
+            target.display(),
+            target.display()
+        ),
         Ok(_) => {
             let mut b = target.as_os_str().to_owned();
             b.push(".bak");
@@ -130,7 +138,10 @@ impl FsIds {
             return Ok(FsIds { restore: None });
         }
         if uid != 0 {
-            bail!("lazaret init writes the configuration of uid {}, but runs as uid {uid}; run it as that user (or with sudo from their account)", developer.uid);
+            bail!(
+                "lazaret init writes the configuration of uid {}, but runs as uid {uid}; run it as that user (or with sudo from their account)",
+                developer.uid
+            );
         }
         // gid first: once the fsuid is not 0, changing the fsgid is refused.
         nix::unistd::setfsgid(nix::unistd::Gid::from_raw(developer.gid));
@@ -162,17 +173,27 @@ mod tests {
     fn with_shared_state() -> String {
         TEMPLATE
             .lines()
-            .map(|l| l.strip_prefix("# volumes = ").map_or(l.to_string(), |rest| format!("volumes = {}", rest.split("   #").next().unwrap_or(rest))))
+            .map(|l| {
+                l.strip_prefix("# volumes = ")
+                    .map_or(l.to_string(), |rest| format!("volumes = {}", rest.split("   #").next().unwrap_or(rest)))
+            })
             .collect::<Vec<_>>()
             .join("\n")
     }
 
     #[test]
     fn the_template_parses_with_every_agent_profile_installing_its_cli() {
-        let config = Config::parse(TEMPLATE, Path::new("/home/alice/.config/lazaret/config.toml"), Path::new("/home/alice")).expect("the template parses");
+        let config = Config::parse(TEMPLATE, Path::new("/home/alice/.config/lazaret/config.toml"), Path::new("/home/alice"))
+            .expect("the template parses");
         let names: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
         assert_eq!(names, ["claude", "codex", "gemini", "grok", "opencode", "shell"]);
-        let packages = [("claude", "@anthropic-ai/claude-code"), ("codex", "@openai/codex"), ("gemini", "@google/gemini-cli"), ("grok", "@vibe-kit/grok-cli"), ("opencode", "opencode-ai")];
+        let packages = [
+            ("claude", "@anthropic-ai/claude-code"),
+            ("codex", "@openai/codex"),
+            ("gemini", "@google/gemini-cli"),
+            ("grok", "@vibe-kit/grok-cli"),
+            ("opencode", "opencode-ai"),
+        ];
         for (name, package) in packages {
             let p = &config.profiles[name];
             assert_eq!(p.image, "docker.io/library/debian:trixie", "{name}");
@@ -199,7 +220,8 @@ mod tests {
         // commented volumes line would bind the host's.
         for (name, _) in packages {
             let state: Vec<String> = config.profiles[name].profile_state.iter().map(ToString::to_string).collect();
-            let volumes: Vec<String> = shared.profiles[name].volumes.iter().map(|v| v.written.split(':').nth(1).unwrap_or_default().to_string()).collect();
+            let volumes: Vec<String> =
+                shared.profiles[name].volumes.iter().map(|v| v.written.split(':').nth(1).unwrap_or_default().to_string()).collect();
             assert_eq!(state, volumes, "{name}");
         }
         assert_eq!(config.profiles["claude"].env.get("CLAUDE_CONFIG_DIR").map(ToString::to_string).as_deref(), Some("~/.claude"));
@@ -224,7 +246,11 @@ mod tests {
             let sandbox = |p: &lazaret_coordinator::config::Profile| p.volumes.iter().map(|v| v.sandbox.clone()).collect::<Vec<_>>();
             assert_eq!(sandbox(a), sandbox(b), "{name}");
             for v in &a.volumes {
-                assert_eq!(v.resolve(Path::new("/root")).sandbox, Path::new("/root").join(v.host.strip_prefix("/home/alice").expect("below home")), "{name}");
+                assert_eq!(
+                    v.resolve(Path::new("/root")).sandbox,
+                    Path::new("/root").join(v.host.strip_prefix("/home/alice").expect("below home")),
+                    "{name}"
+                );
             }
         }
     }
@@ -238,7 +264,11 @@ mod tests {
         let template = Config::parse(TEMPLATE, Path::new("/x.toml"), home).expect("template");
         for (name, t) in &template.profiles {
             let e = example.profiles.get(name).unwrap_or_else(|| panic!("docs/config.example.toml lacks profile {name}"));
-            assert_eq!((&e.image, &e.command, &e.setup, &e.persistent_dirs, e.isolate_gitignored), (&t.image, &t.command, &t.setup, &t.persistent_dirs, t.isolate_gitignored), "profile {name}");
+            assert_eq!(
+                (&e.image, &e.command, &e.setup, &e.persistent_dirs, e.isolate_gitignored),
+                (&t.image, &t.command, &t.setup, &t.persistent_dirs, t.isolate_gitignored),
+                "profile {name}"
+            );
             assert_eq!(e.env, t.env, "profile {name}");
             let vols = |p: &lazaret_coordinator::config::Profile| p.volumes.iter().map(|v| v.written.clone()).collect::<Vec<_>>();
             assert_eq!(vols(e), vols(t), "profile {name}");

@@ -247,9 +247,11 @@ mod tests {
 
     #[test]
     fn shapes_have_their_documented_field_names() {
-        let image = serde_json::to_value(Image { name: "test", digest: "sha256:ab", size: 3, created: "2026-01-01T00:00:00Z" }).expect("json");
+        let image =
+            serde_json::to_value(Image { name: "test", digest: "sha256:ab", size: 3, created: "2026-01-01T00:00:00Z" }).expect("json");
         assert_eq!(image, serde_json::json!({"name": "test", "digest": "sha256:ab", "size": 3, "created": "2026-01-01T00:00:00Z"}));
-        let check = serde_json::to_value(Check { name: "runsc", ok: false, detail: "missing", fix: Some("install it"), warning: None }).expect("json");
+        let check = serde_json::to_value(Check { name: "runsc", ok: false, detail: "missing", fix: Some("install it"), warning: None })
+            .expect("json");
         assert_eq!(check, serde_json::json!({"name": "runsc", "ok": false, "detail": "missing", "fix": "install it", "warning": null}));
         let rule = Rule { prefix: "0.0.0.0/0".into(), action: "allow".into(), origin: "public IPv4".into() };
         let verdict = serde_json::to_value(Verdict { address: "1.1.1.1".into(), action: "allow".into(), rule }).expect("json");

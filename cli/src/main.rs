@@ -16,9 +16,9 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, Parser, Subcommand};
-use lazaret_coordinator::context::{load_config, require_root, Context};
-use lazaret_coordinator::identity::Developer;
+use lazaret_coordinator::context::{Context, load_config, require_root};
 use lazaret_coordinator::daemon::provision::SetupMode;
+use lazaret_coordinator::identity::Developer;
 use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do): the
@@ -361,14 +361,17 @@ fn main() -> ExitCode {
     let verbosity = cli.verbosity();
     let Some(command) = cli.command else { return report(anyhow::anyhow!("no command")) };
     match command {
-        Command::Run { profile, dir, reset_anchor, no_setup, reprovision, args } => run(cli.config, verbosity, profile, dir, reset_anchor, setup_mode(no_setup, reprovision), args),
+        Command::Run { profile, dir, reset_anchor, no_setup, reprovision, args } => {
+            run(cli.config, verbosity, profile, dir, reset_anchor, setup_mode(no_setup, reprovision), args)
+        }
         Command::Init { force, path } => match init::init(cli.config, path, force) {
             Ok(code) => code,
             Err(e) => report(e),
         },
         Command::Coordinator { domain_dir, session, profile, dir, reset_anchor, no_setup, reprovision } => {
             let setup = setup_mode(no_setup, reprovision);
-            let args = lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, setup, domain_dir };
+            let args =
+                lazaret_coordinator::daemon::CoordinatorArgs { config: cli.config, profile, dir, session, reset_anchor, setup, domain_dir };
             ExitCode::from(u8::try_from(lazaret_coordinator::daemon::coordinator_main(&args) & 0xff).unwrap_or(LAZARET_FAILED))
         }
         other => match dispatch(cli.config, verbosity, other) {
@@ -392,7 +395,15 @@ fn setup_mode(no_setup: bool, reprovision: bool) -> SetupMode {
     }
 }
 
-fn run(config: Option<PathBuf>, verbosity: client::Verbosity, profile: Option<String>, dir: Option<PathBuf>, reset_anchor: bool, setup: SetupMode, args: Vec<String>) -> ExitCode {
+fn run(
+    config: Option<PathBuf>,
+    verbosity: client::Verbosity,
+    profile: Option<String>,
+    dir: Option<PathBuf>,
+    reset_anchor: bool,
+    setup: SetupMode,
+    args: Vec<String>,
+) -> ExitCode {
     let dir = match dir.map(Ok).unwrap_or_else(std::env::current_dir) {
         Ok(d) => d,
         Err(e) => return report(anyhow::Error::new(e).context("reading the current directory")),
@@ -426,8 +437,12 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             let record = reset.record_file.display();
             match reset.outcome {
                 RecordReset::Absent => println!("nothing to reset: no isolated paths are recorded ({record})"),
-                RecordReset::Forgotten(n) => println!("forgot {n} recorded isolated path(s) ({record} deleted); from the next start only the current ignore rules apply"),
-                RecordReset::Unreadable => println!("deleted the unreadable {record}; from the next start only the current ignore rules apply"),
+                RecordReset::Forgotten(n) => println!(
+                    "forgot {n} recorded isolated path(s) ({record} deleted); from the next start only the current ignore rules apply"
+                ),
+                RecordReset::Unreadable => {
+                    println!("deleted the unreadable {record}; from the next start only the current ignore rules apply")
+                }
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -436,7 +451,11 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             if json {
                 println!("{}", serde_json::to_string_pretty(&reset)?);
             } else if reset.removed {
-                println!("forgot the profile state of {:?} ({} removed); its Domains start with empty state directories", reset.profile, reset.store.display());
+                println!(
+                    "forgot the profile state of {:?} ({} removed); its Domains start with empty state directories",
+                    reset.profile,
+                    reset.store.display()
+                );
             } else {
                 println!("nothing to reset: profile {:?} keeps no state ({} does not exist)", reset.profile, reset.store.display());
             }
@@ -447,7 +466,10 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             if json {
                 println!("{}", serde_json::to_string_pretty(&domains)?);
             } else {
-                println!("{:<18} {:<12} {:<9} {:>8} {:>8}  {:<24} {:<10} WORKSPACE", "DOMAIN", "PROFILE", "STATE", "SESSIONS", "UPTIME", "SANDBOX", "SIDECAR");
+                println!(
+                    "{:<18} {:<12} {:<9} {:>8} {:>8}  {:<24} {:<10} WORKSPACE",
+                    "DOMAIN", "PROFILE", "STATE", "SESSIONS", "UPTIME", "SANDBOX", "SIDECAR"
+                );
                 for d in domains {
                     println!(
                         "{:<18} {:<12} {:<9} {:>8} {:>7}s  {:<24} {:<10} {}",
@@ -463,7 +485,14 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                     // Agent-controlled argv: shell-quoted and made inert.
                     for p in &d.pending {
                         let command = lazaret_protocol::display::inert(&lazaret_protocol::shell::quote_argv(&p.argv), 200);
-                        println!("  request {} of session {}: {} for {}s: {}", &p.request[..p.request.len().min(12)], p.session, p.state, p.age_secs, command);
+                        println!(
+                            "  request {} of session {}: {} for {}s: {}",
+                            &p.request[..p.request.len().min(12)],
+                            p.session,
+                            p.state,
+                            p.age_secs,
+                            command
+                        );
                     }
                 }
             }
@@ -479,7 +508,18 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
         Command::Doctor { json } => {
             let checks = doctor::run_checks(config.as_deref(), &current_dir(None)?);
             if json {
-                json::print(&checks.iter().map(|c| json::Check { name: &c.name, ok: c.ok, detail: &c.detail, fix: c.fix.as_deref(), warning: c.warning.as_deref() }).collect::<Vec<_>>())?;
+                json::print(
+                    &checks
+                        .iter()
+                        .map(|c| json::Check {
+                            name: &c.name,
+                            ok: c.ok,
+                            detail: &c.detail,
+                            fix: c.fix.as_deref(),
+                            warning: c.warning.as_deref(),
+                        })
+                        .collect::<Vec<_>>(),
+                )?;
             } else {
                 for c in &checks {
                     println!("{c}");
@@ -539,17 +579,31 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                         println!("no destinations refused in the last hour");
                     } else {
                         let width = destinations.iter().map(|d| d.address.len()).max().unwrap_or(11).max(11);
-                        println!("{:>7}  {:<width$}  {:<6}  {:>5}  {:<19}  REFUSED BY", "PACKETS", "DESTINATION", "PROTO", "PORT", "LAST (UTC)");
+                        println!(
+                            "{:>7}  {:<width$}  {:<6}  {:>5}  {:<19}  REFUSED BY",
+                            "PACKETS", "DESTINATION", "PROTO", "PORT", "LAST (UTC)"
+                        );
                         for d in &destinations {
                             let port = d.port.map(|p| p.to_string()).unwrap_or_else(|| "-".into());
                             let why = rule_of(&d.address).map_or_else(|| "?".to_string(), |r| format!("{} ({})", r.prefix, r.origin));
-                            println!("{:>7}  {:<width$}  {:<6}  {:>5}  {}  {why}", d.packets, d.address, d.protocol, port, humantime_utc(now.saturating_sub(d.last_secs)));
+                            println!(
+                                "{:>7}  {:<width$}  {:<6}  {:>5}  {}  {why}",
+                                d.packets,
+                                d.address,
+                                d.protocol,
+                                port,
+                                humantime_utc(now.saturating_sub(d.last_secs))
+                            );
                         }
-                        println!("(to open one: an allow_egress entry covering it in profile {profile:?}; `lazaret policy explain {profile} ADDRESS` shows the deciding rule)");
+                        println!(
+                            "(to open one: an allow_egress entry covering it in profile {profile:?}; `lazaret policy explain {profile} ADDRESS` shows the deciding rule)"
+                        );
                     }
                     println!();
                     match names {
-                        None => println!("profile {profile:?} has open egress: its Domain has no resolver of its own, so no names are refused (set egress = \"locked\")"),
+                        None => println!(
+                            "profile {profile:?} has open egress: its Domain has no resolver of its own, so no names are refused (set egress = \"locked\")"
+                        ),
                         Some(names) if names.is_empty() => println!("no names refused"),
                         Some(names) => {
                             let width = names.iter().map(|n| n.name.len()).max().unwrap_or(4).max(4);
@@ -567,7 +621,10 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             // A name (not an address): the name rules decide.
             if let Some(name) = target.filter(|t| t.parse::<std::net::IpAddr>().is_err()) {
                 if !policy.locked() {
-                    anyhow::bail!("{name:?} is not an IP address, and profile {:?} has open egress, where names are not policed (every public address is allowed); explain an address instead, or set egress = \"locked\"", profile.name);
+                    anyhow::bail!(
+                        "{name:?} is not an IP address, and profile {:?} has open egress, where names are not policed (every public address is allowed); explain an address instead, or set egress = \"locked\"",
+                        profile.name
+                    );
                 }
                 let verdict = policy.names().decide(name);
                 if as_json {
@@ -593,11 +650,20 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                     resolvers: policy.resolvers().iter().map(ToString::to_string).collect(),
                     ipv6: policy.ipv6_enabled(),
                     egress: if policy.locked() { "locked" } else { "open" }.to_string(),
-                    names: policy.names().rules().iter().map(|r| json::NameRule { rule: r.to_string(), origin: r.origin.clone() }).collect(),
+                    names: policy
+                        .names()
+                        .rules()
+                        .iter()
+                        .map(|r| json::NameRule { rule: r.to_string(), origin: r.origin.clone() })
+                        .collect(),
                 })?,
                 (Some(a), true) => {
                     let verdict = policy.decide(a);
-                    json::print(&json::Verdict { address: a.to_string(), action: verdict.action.to_string(), rule: json::Rule::from(&verdict.rule) })?
+                    json::print(&json::Verdict {
+                        address: a.to_string(),
+                        action: verdict.action.to_string(),
+                        rule: json::Rule::from(&verdict.rule),
+                    })?
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -612,12 +678,21 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                         println!("  profile {name}: fingerprint {}", cfg.fingerprint(name)?);
                         // The steps are the configuration's own text, made inert all the same.
                         for (i, step) in profile.setup.iter().enumerate() {
-                            println!("    setup {}/{}: {}", i + 1, profile.setup.len(), lazaret_protocol::display::inert(&lazaret_protocol::shell::quote_argv(step), 400));
+                            println!(
+                                "    setup {}/{}: {}",
+                                i + 1,
+                                profile.setup.len(),
+                                lazaret_protocol::display::inert(&lazaret_protocol::shell::quote_argv(step), 400)
+                            );
                         }
                     }
                 }
                 ConfigAction::Check { json: true } => {
-                    let profiles = cfg.profiles.keys().map(|name| Ok(json::ProfileFingerprint { name: name.clone(), fingerprint: cfg.fingerprint(name)?.to_string() })).collect::<Result<_>>()?;
+                    let profiles = cfg
+                        .profiles
+                        .keys()
+                        .map(|name| Ok(json::ProfileFingerprint { name: name.clone(), fingerprint: cfg.fingerprint(name)?.to_string() }))
+                        .collect::<Result<_>>()?;
                     json::print(&json::ConfigCheck { file: cfg.file.display().to_string(), profiles })?;
                 }
                 ConfigAction::Show { json } => {
@@ -644,10 +719,13 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 }
                 ImageAction::Login { registry, username, password_stdin, authfile } => {
                     if !password_stdin {
-                        anyhow::bail!("pass the password on standard input with --password-stdin (it is never taken from the command line)");
+                        anyhow::bail!(
+                            "pass the password on standard input with --password-stdin (it is never taken from the command line)"
+                        );
                     }
                     let mut password = String::new();
-                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut password).context("reading the password from standard input")?;
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut password)
+                        .context("reading the password from standard input")?;
                     let password = password.trim_end_matches(['\n', '\r']).to_string();
                     if password.is_empty() {
                         anyhow::bail!("the password read from standard input is empty");
@@ -663,7 +741,12 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 }
                 ImageAction::Ls { json: true } => {
                     let records = Context::image_store(&cfg)?.list()?;
-                    json::print(&records.iter().map(|r| json::Image { name: &r.name, digest: &r.digest, size: r.size, created: &r.created }).collect::<Vec<_>>())?;
+                    json::print(
+                        &records
+                            .iter()
+                            .map(|r| json::Image { name: &r.name, digest: &r.digest, size: r.size, created: &r.created })
+                            .collect::<Vec<_>>(),
+                    )?;
                 }
                 ImageAction::Ls { json: false } => {
                     let store = Context::image_store(&cfg)?;
@@ -702,7 +785,13 @@ fn current_dir(dir: Option<PathBuf>) -> Result<PathBuf> {
 }
 
 /// `lazaret audit`: the Workspace Guard's neutralisations, or a restore.
-fn audit(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, restore: Option<String>, as_json: bool) -> Result<ExitCode> {
+fn audit(
+    config: Option<&std::path::Path>,
+    profile: Option<String>,
+    dir: Option<PathBuf>,
+    restore: Option<String>,
+    as_json: bool,
+) -> Result<ExitCode> {
     use lazaret_coordinator::workspace_guard;
     let dir = current_dir(dir)?;
     if let Some(id) = restore {
@@ -734,24 +823,43 @@ fn audit(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<
         };
         // Journal text names agent-chosen paths: shown inert.
         let what = lazaret_protocol::display::inert(e.summary.strip_prefix("workspace guard: ").unwrap_or(&e.summary), 400);
-        println!("{:<19}  {:<24}  {:<10}  {what}", workspace_guard::format_utc(e.time_ms), e.quarantine_id.as_deref().map(|i| lazaret_protocol::display::inert(i, 40)).unwrap_or_else(|| "-".into()), state);
+        println!(
+            "{:<19}  {:<24}  {:<10}  {what}",
+            workspace_guard::format_utc(e.time_ms),
+            e.quarantine_id.as_deref().map(|i| lazaret_protocol::display::inert(i, 40)).unwrap_or_else(|| "-".into()),
+            state
+        );
     }
     let kept = report.entries.iter().filter(|e| e.in_quarantine).count();
     if kept > 0 {
-        println!("{kept} file(s) kept in {}; `lazaret audit {} --restore ID` puts one back", report.quarantine_dir.display(), profile.as_deref().unwrap_or("PROFILE"));
+        println!(
+            "{kept} file(s) kept in {}; `lazaret audit {} --restore ID` puts one back",
+            report.quarantine_dir.display(),
+            profile.as_deref().unwrap_or("PROFILE")
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `lazaret journal`: print, follow or check a Domain's journal.
-fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Option<PathBuf>, follow: bool, check: bool, file: Option<PathBuf>, as_json: bool) -> Result<ExitCode> {
+fn journal(
+    config: Option<&std::path::Path>,
+    profile: Option<String>,
+    dir: Option<PathBuf>,
+    follow: bool,
+    check: bool,
+    file: Option<PathBuf>,
+    as_json: bool,
+) -> Result<ExitCode> {
     use std::io::{BufRead, Read, Seek, Write};
     if check {
         let checked = match &file {
             Some(f) => {
                 let reader = std::io::BufReader::new(std::fs::File::open(f).with_context(|| format!("opening {}", f.display()))?);
-                let machine = lazaret_protocol::replay_reader(reader).map_err(|e| anyhow::anyhow!("{}: does not conform to the protocol model: {e}", f.display()))?;
-                let entries = std::io::BufReader::new(std::fs::File::open(f)?).lines().map_while(Result::ok).filter(|l| !l.trim().is_empty()).count();
+                let machine = lazaret_protocol::replay_reader(reader)
+                    .map_err(|e| anyhow::anyhow!("{}: does not conform to the protocol model: {e}", f.display()))?;
+                let entries =
+                    std::io::BufReader::new(std::fs::File::open(f)?).lines().map_while(Result::ok).filter(|l| !l.trim().is_empty()).count();
                 let complete = machine.state().domains.iter().all(|d| d.phase == lazaret_protocol::model::DomainPhase::Absent);
                 vec![domain_journal::CheckedJournal { path: f.clone(), entries, complete }]
             }
@@ -765,7 +873,12 @@ fn journal(config: Option<&std::path::Path>, profile: Option<String>, dir: Optio
             anyhow::bail!("no journal found: the Domain has never run");
         }
         if as_json {
-            json::print(&checked.iter().map(|c| json::JournalCheck { path: c.path.display().to_string(), entries: c.entries, complete: c.complete }).collect::<Vec<_>>())?;
+            json::print(
+                &checked
+                    .iter()
+                    .map(|c| json::JournalCheck { path: c.path.display().to_string(), entries: c.entries, complete: c.complete })
+                    .collect::<Vec<_>>(),
+            )?;
             return Ok(ExitCode::SUCCESS);
         }
         for c in checked {

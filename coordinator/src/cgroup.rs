@@ -73,7 +73,6 @@ pub fn remove_children(parent: &str, prefix: &str) {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::removable_levels;

@@ -86,7 +86,9 @@ pub enum ContextError {
         hint: &'static str,
     },
     /// An `env:NAME` value names a variable the launching environment lacks.
-    #[error("{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env")]
+    #[error(
+        "{origin}: profile {profile:?} sets {name} = \"env:{host}\", but {host} is not set in the environment lazaret was started from\n  hint: set it (`export {host}=...`), and under sudo, which drops most variables, run `sudo --preserve-env={host} lazaret ...`; or remove {name} from the profile's env"
+    )]
     MissingHostEnv {
         /// Where the profile is written, `FILE:LINE:COLUMN`.
         origin: String,
@@ -170,7 +172,11 @@ impl Context {
     pub fn profile_state(&self) -> Vec<ProfileStateMount> {
         let home = self.agent_home();
         let store = self.profile_state_store();
-        self.profile.profile_state.iter().map(|e| ProfileStateMount { sandbox: e.in_home(&home), host: e.storage(&store), entry: e.clone() }).collect()
+        self.profile
+            .profile_state
+            .iter()
+            .map(|e| ProfileStateMount { sandbox: e.in_home(&home), host: e.storage(&store), entry: e.clone() })
+            .collect()
     }
 
     /// A `profile_state` entry may not be the workspace or hold it or lie in
@@ -189,13 +195,22 @@ impl Context {
                 hint,
             };
             if meets(&state.sandbox, self.workspace.root()) {
-                return Err(refuse(format!("and the workspace is {}", escaped(self.workspace.root())), "keep the workspace out of the agent's state directories (name a directory beside it)"));
+                return Err(refuse(
+                    format!("and the workspace is {}", escaped(self.workspace.root())),
+                    "keep the workspace out of the agent's state directories (name a directory beside it)",
+                ));
             }
             if let Some(v) = volumes.iter().find(|v| meets(&state.sandbox, &v.sandbox)) {
-                return Err(refuse(format!("where volume {:?} ({}) mounts at {}", v.written, v.origin, escaped(&v.sandbox)), "keep a directory either per profile or as a volume, not both"));
+                return Err(refuse(
+                    format!("where volume {:?} ({}) mounts at {}", v.written, v.origin, escaped(&v.sandbox)),
+                    "keep a directory either per profile or as a volume, not both",
+                ));
             }
             if let Some(dir) = self.profile.persistent_dirs.iter().find(|d| meets(&state.sandbox, d)) {
-                return Err(refuse(format!("and persistent_dirs keeps {} per Domain", escaped(dir)), "keep a directory either per profile or in persistent_dirs, not both (a persistent /root holds a root agent's home)"));
+                return Err(refuse(
+                    format!("and persistent_dirs keeps {} per Domain", escaped(dir)),
+                    "keep a directory either per profile or in persistent_dirs, not both (a persistent /root holds a root agent's home)",
+                ));
             }
         }
         Ok(())
@@ -234,7 +249,11 @@ impl Context {
                 ));
             }
             if v.sandbox == self.workspace.root() {
-                return Err(refuse(v, "the workspace, which Lazaret mounts there".into(), "mount the volume at another sandbox path (a path below the workspace is fine)".into()));
+                return Err(refuse(
+                    v,
+                    "the workspace, which Lazaret mounts there".into(),
+                    "mount the volume at another sandbox path (a path below the workspace is fine)".into(),
+                ));
             }
             if home_is_bound && v.sandbox == home {
                 return Err(refuse(
@@ -272,11 +291,7 @@ impl Context {
     /// (root, or an explicit `uid:gid`).
     pub fn agent_groups(&self) -> Vec<HostGroup> {
         let (uid, gid) = self.agent_ids();
-        if uid != 0 && (uid, gid) == (self.developer.uid, self.developer.gid) {
-            self.developer.groups.clone()
-        } else {
-            Vec::new()
-        }
+        if uid != 0 && (uid, gid) == (self.developer.uid, self.developer.gid) { self.developer.groups.clone() } else { Vec::new() }
     }
 
     /// The agent's working directory: where the developer stands if that is
@@ -314,21 +329,28 @@ impl Context {
                 return Err(ContextError::Io {
                     context: format!("{} is not a directory owned by uid {uid}", home.display()),
                     source: std::io::Error::other("remove it to get a fresh home"),
-                })
+                });
             }
             Err(_) => {
-                std::fs::DirBuilder::new().mode(0o700).create(&home).map_err(|source| ContextError::Io { context: format!("creating {}", home.display()), source })?;
-                nix::unistd::chown(&home, Some(uid.into()), Some(gid.into())).map_err(|e| ContextError::Io { context: format!("chown {}", home.display()), source: e.into() })?;
+                std::fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&home)
+                    .map_err(|source| ContextError::Io { context: format!("creating {}", home.display()), source })?;
+                nix::unistd::chown(&home, Some(uid.into()), Some(gid.into()))
+                    .map_err(|e| ContextError::Io { context: format!("chown {}", home.display()), source: e.into() })?;
             }
         }
         let agent_home = self.agent_home();
-        let below: Vec<&Path> = mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter(|p| !p.as_os_str().is_empty()).collect();
+        let below: Vec<&Path> =
+            mount_points.iter().filter_map(|d| d.strip_prefix(&agent_home).ok()).filter(|p| !p.as_os_str().is_empty()).collect();
         let inner: Vec<&Path> = below.iter().filter_map(|p| p.parent()).filter(|p| !p.as_os_str().is_empty()).collect();
         if !inner.is_empty() {
-            home_mount_parents(&home, &inner, uid, gid).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
+            home_mount_parents(&home, &inner, uid, gid)
+                .map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
         }
         if !below.is_empty() {
-            remove_symlinked_mount_points(&home, &below).map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
+            remove_symlinked_mount_points(&home, &below)
+                .map_err(|source| ContextError::Io { context: format!("preparing the mount points in {}", home.display()), source })?;
         }
         Ok(Some(BindMount { source: home, destination: agent_home, readonly: false }))
     }
@@ -342,7 +364,12 @@ impl Context {
     /// carries them to runsc is never written to disk (see
     /// `lazaret_runtime::Runsc::exec`), and the container's first
     /// process gets none of them ([`Context::init_bundle_spec`]).
-    pub fn agent_env(&self, image: &ImageRecord, host_env: &dyn Fn(&str) -> Option<OsString>, tty: bool) -> Result<Vec<(String, String)>, ContextError> {
+    pub fn agent_env(
+        &self,
+        image: &ImageRecord,
+        host_env: &dyn Fn(&str) -> Option<OsString>,
+        tty: bool,
+    ) -> Result<Vec<(String, String)>, ContextError> {
         let mut env: Vec<(String, String)> = Vec::new();
         let mut set = |k: &str, v: String| {
             env.retain(|(key, _)| key != k);
@@ -381,7 +408,12 @@ impl Context {
                         config::EnvValue::FromHost(host) => host.clone(),
                         config::EnvValue::Literal(_) => name.clone(),
                     };
-                    return Err(ContextError::MissingHostEnv { origin: self.profile.origin.clone(), profile: self.profile.name.clone(), name: name.clone(), host });
+                    return Err(ContextError::MissingHostEnv {
+                        origin: self.profile.origin.clone(),
+                        profile: self.profile.name.clone(),
+                        name: name.clone(),
+                        host,
+                    });
                 }
             }
         }
@@ -407,7 +439,11 @@ impl Context {
     fn spec_with_env(&self, args: &[String], tty: bool, env: Vec<(String, String)>) -> Result<BundleSpec, ContextError> {
         let (uid, gid) = self.agent_ids();
         let argv = if args.is_empty() { self.profile.command.clone() } else { args.to_vec() };
-        let mut mounts = vec![BindMount { source: self.workspace.root().to_path_buf(), destination: self.workspace.root().to_path_buf(), readonly: false }];
+        let mut mounts = vec![BindMount {
+            source: self.workspace.root().to_path_buf(),
+            destination: self.workspace.root().to_path_buf(),
+            readonly: false,
+        }];
         for v in self.volumes() {
             mounts.push(BindMount { source: v.value.host, destination: v.value.sandbox, readonly: v.value.readonly });
         }
@@ -474,7 +510,6 @@ pub fn load_config(cli: Option<&Path>, developer: &Developer) -> Result<Config, 
     Config::discover(cli, &lookup, developer)
 }
 
-
 /// Makes each of `parents` (relative to the agent's persistent `home`)
 /// exist as a directory owned by the agent, component by component, without
 /// following a symlink (the home is the agent's to change). A component an
@@ -518,7 +553,8 @@ fn remove_symlinked_mount_points(home: &Path, points: &[&Path]) -> std::io::Resu
         };
         match nix::sys::stat::fstatat(&dir, name, nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if st.st_mode & libc::S_IFMT == libc::S_IFLNK => {
-                nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir).map_err(|errno| std::io::Error::other(format!("removing the symlink {}: {errno}", point.display())))?;
+                nix::unistd::unlinkat(&dir, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
+                    .map_err(|errno| std::io::Error::other(format!("removing the symlink {}: {errno}", point.display())))?;
             }
             Ok(_) | Err(nix::errno::Errno::ENOENT) => {}
             Err(errno) => return Err(std::io::Error::other(format!("stat {}: {errno}", point.display()))),
@@ -600,7 +636,10 @@ mod tests {
         let root = test_context(dir.path(), test_developer(), "user = \"root\"\n");
         let spec = root.bundle_spec(&image(), &["sh".into()], false).expect("spec");
         assert_eq!((spec.uid, spec.gid, spec.additional_gids.as_slice()), (0, 0, &[][..]));
-        assert_eq!((value(&spec.env, "USER"), value(&spec.env, "LOGNAME"), value(&spec.env, "HOME")), (Some("root"), Some("root"), Some("/root")));
+        assert_eq!(
+            (value(&spec.env, "USER"), value(&spec.env, "LOGNAME"), value(&spec.env, "HOME")),
+            (Some("root"), Some("root"), Some("/root"))
+        );
         let other = test_context(dir.path(), test_developer(), "user = \"2000:2000\"\n");
         let spec = other.bundle_spec(&image(), &["sh".into()], false).expect("spec");
         assert_eq!((spec.uid, spec.additional_gids.as_slice()), (2000, &[][..]));
@@ -627,7 +666,10 @@ mod tests {
         let host = |name: &str| (name == "H").then(|| OsString::from("~/from-host"));
         let ctx = test_context(dir.path(), test_developer(), env);
         let vars = ctx.agent_env(&image(), &host, false).expect("env");
-        assert_eq!((value(&vars, "CLAUDE_CONFIG_DIR"), value(&vars, "RAW"), value(&vars, "HOSTED")), (Some("/home/alice/.claude"), Some("a~/b"), Some("~/from-host")));
+        assert_eq!(
+            (value(&vars, "CLAUDE_CONFIG_DIR"), value(&vars, "RAW"), value(&vars, "HOSTED")),
+            (Some("/home/alice/.claude"), Some("a~/b"), Some("~/from-host"))
+        );
         let root = test_context(dir.path(), test_developer(), &format!("user = \"root\"\n{env}"));
         assert_eq!(value(&root.agent_env(&image(), &host, false).expect("env"), "CLAUDE_CONFIG_DIR"), Some("/root/.claude"));
     }
@@ -670,7 +712,8 @@ mod tests {
         let host = dir.path().join("tool");
         std::fs::create_dir(&host).expect("host dir");
         let guarded = test_context(dir.path(), test_developer(), &format!("volumes = [\"{}:~/.tool\"]\n", host.display()));
-        let labels: Vec<String> = crate::workspace_guard::guard_config(&guarded, &Default::default(), None).roots.iter().map(|r| r.label.clone()).collect();
+        let labels: Vec<String> =
+            crate::workspace_guard::guard_config(&guarded, &Default::default(), None).roots.iter().map(|r| r.label.clone()).collect();
         assert!(labels.contains(&"volume:/home/alice/.tool".to_string()), "{labels:?}");
     }
 
@@ -683,7 +726,10 @@ mod tests {
         };
         // Written differently, the same place once resolved.
         let text = refused("", "\"/srv/a:~/.tool\", \"/srv/b:/home/alice/.tool\"");
-        assert!(text.contains("volume \"/srv/b:/home/alice/.tool\" mounts at /home/alice/.tool, where volume \"/srv/a:~/.tool\" ("), "{text}");
+        assert!(
+            text.contains("volume \"/srv/b:/home/alice/.tool\" mounts at /home/alice/.tool, where volume \"/srv/a:~/.tool\" ("),
+            "{text}"
+        );
         assert!(text.contains("config.toml:3:"), "{text}");
         assert!(text.contains("hint: give each volume its own sandbox path (~/ is /home/alice"), "{text}");
         let text = refused("user = \"root\"\n", "\"/srv/a:/root/.x\", \"/srv/b:~/.x\"");
@@ -698,8 +744,12 @@ mod tests {
         assert!(text.contains("the workspace, which Lazaret mounts there"), "{text}");
         // A root agent's home is the image's /root: a volume may cover it;
         // different paths for the default agent are fine.
-        test_context(dir.path(), test_developer(), "user = \"root\"\nvolumes = [\"/srv/a:~\"]\n").check_volume_targets().expect("root's home");
-        test_context(dir.path(), test_developer(), "volumes = [\"/srv/a:/root/.x\", \"/srv/b:~/.x\"]\n").check_volume_targets().expect("different places");
+        test_context(dir.path(), test_developer(), "user = \"root\"\nvolumes = [\"/srv/a:~\"]\n")
+            .check_volume_targets()
+            .expect("root's home");
+        test_context(dir.path(), test_developer(), "volumes = [\"/srv/a:/root/.x\", \"/srv/b:~/.x\"]\n")
+            .check_volume_targets()
+            .expect("different places");
     }
 
     #[test]
@@ -710,12 +760,16 @@ mod tests {
         let state = ctx.profile_state();
         let store = PathBuf::from(crate::config::DEFAULT_STORAGE_ROOT).join("profiles/1000/a");
         assert_eq!(ctx.profile_state_store(), store);
-        assert_eq!((state[0].sandbox.as_path(), state[0].host.as_path()), (Path::new("/home/alice/.fakecli"), store.join("home/.fakecli").as_path()));
+        assert_eq!(
+            (state[0].sandbox.as_path(), state[0].host.as_path()),
+            (Path::new("/home/alice/.fakecli"), store.join("home/.fakecli").as_path())
+        );
         assert_eq!(state[1].host, store.join("home/.config/tool"));
         let root = test_context(dir.path(), test_developer(), "user = \"root\"\nprofile_state = [\"~/.fakecli\"]\n");
         assert_eq!(root.profile_state()[0].sandbox, PathBuf::from("/root/.fakecli"));
         assert_eq!(root.profile_state_store(), store, "per developer and profile, whoever the agent is");
-        let refused = |extra: &str| test_context(dir.path(), test_developer(), extra).check_profile_state_targets().expect_err(extra).to_string();
+        let refused =
+            |extra: &str| test_context(dir.path(), test_developer(), extra).check_profile_state_targets().expect_err(extra).to_string();
         let text = refused("profile_state = [\"~/.tool\"]\nvolumes = [\"/srv/t:~/.tool/sub\"]\n");
         assert!(text.contains("profile state ~/.tool is /home/alice/.tool, where volume \"/srv/t:~/.tool/sub\""), "{text}");
         assert!(text.contains("config.toml:3:18"), "{text}");

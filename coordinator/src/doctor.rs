@@ -9,8 +9,8 @@
 use std::path::Path;
 
 use lazaret_netpolicy::topology::{self, Netns};
-use lazaret_runtime::runsc::{kernel_major, Platform, MIN_RELEASE};
 use lazaret_runtime::Runsc;
+use lazaret_runtime::runsc::{MIN_RELEASE, Platform, kernel_major};
 
 use crate::context::load_config;
 use crate::identity::{self, Developer, Workspace};
@@ -140,14 +140,22 @@ pub fn classify_kernel(release: &str) -> Support {
     };
     if version < MIN_KERNEL {
         return Support::Broken {
-            reason: format!("older than {}.{}, which brought the mount API Lazaret uses (open_tree, mount_setattr, move_mount)", MIN_KERNEL.0, MIN_KERNEL.1),
+            reason: format!(
+                "older than {}.{}, which brought the mount API Lazaret uses (open_tree, mount_setattr, move_mount)",
+                MIN_KERNEL.0, MIN_KERNEL.1
+            ),
             fix: format!("use a kernel of {} (tested) or at least {}.{}", tested_kernels(), MIN_KERNEL.0, MIN_KERNEL.1),
         };
     }
     if TESTED_KERNELS.contains(&version) {
         return Support::Supported;
     }
-    let mut reason = format!("Linux {}.{} is not in the tested matrix (the security suite ran on {}); run scripts/matrix.sh on it", version.0, version.1, tested_kernels());
+    let mut reason = format!(
+        "Linux {}.{} is not in the tested matrix (the security suite ran on {}); run scripts/matrix.sh on it",
+        version.0,
+        version.1,
+        tested_kernels()
+    );
     if version < IPV6_KERNEL {
         reason.push_str(&format!("; before {}.{} sandboxes get no IPv6 (no per-interface force_forwarding)", IPV6_KERNEL.0, IPV6_KERNEL.1));
     }
@@ -164,7 +172,9 @@ pub fn classify_runsc(release: u32) -> Support {
         return Support::Supported;
     }
     let tested = TESTED_RUNSC_RELEASES.iter().map(u32::to_string).collect::<Vec<_>>().join(", ");
-    Support::Unsupported(format!("runsc release {release} is not in the tested matrix (tested: {tested}, which scripts/install-runsc.sh installs); run scripts/matrix.sh with it"))
+    Support::Unsupported(format!(
+        "runsc release {release} is not in the tested matrix (tested: {tested}, which scripts/install-runsc.sh installs); run scripts/matrix.sh with it"
+    ))
 }
 
 /// Where the configured platform stands, given whether `/dev/kvm` exists.
@@ -190,7 +200,11 @@ pub fn classify_filesystem(magic: i64) -> (String, Support) {
     if let Some((_, name)) = SUPPORTED_FILESYSTEMS.iter().find(|(m, _)| *m == magic) {
         return ((*name).to_string(), Support::Supported);
     }
-    let name = OTHER_FILESYSTEMS.iter().find(|(m, _)| *m == magic).map(|(_, name)| (*name).to_string()).unwrap_or_else(|| format!("filesystem 0x{magic:x}"));
+    let name = OTHER_FILESYSTEMS
+        .iter()
+        .find(|(m, _)| *m == magic)
+        .map(|(_, name)| (*name).to_string())
+        .unwrap_or_else(|| format!("filesystem 0x{magic:x}"));
     let supported = SUPPORTED_FILESYSTEMS.iter().map(|(_, name)| *name).collect::<Vec<_>>().join(", ");
     let reason = format!(
         "{name} is not in the tested matrix ({supported}): Git Sentry's read-only binds, the overlays of isolated paths and persistent_dirs and the image store are only tested there"
@@ -347,7 +361,11 @@ pub fn run_checks(config_path: Option<&Path>, dir: &Path) -> Vec<Check> {
 
     if let Some(cfg) = &config {
         let platform = cfg.runsc.platform;
-        checks.push(supported("platform", format!("{} (`[runsc] platform`)", platform.as_flag()), classify_platform(platform, Path::new("/dev/kvm").exists())));
+        checks.push(supported(
+            "platform",
+            format!("{} (`[runsc] platform`)", platform.as_flag()),
+            classify_platform(platform, Path::new("/dev/kvm").exists()),
+        ));
     }
     checks.push(network_check());
     match Workspace::discover(dir) {

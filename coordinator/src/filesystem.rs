@@ -7,12 +7,12 @@ use std::path::{Path, PathBuf};
 
 use lazaret_mounts::ignore_eval::HostGitSettings;
 use lazaret_mounts::ignored_state::{self, IsolationRecord};
-use lazaret_mounts::{anchor, plan, volumes, WorkspaceOptions};
-use lazaret_oci::bundle::BindMount;
+use lazaret_mounts::{WorkspaceOptions, anchor, plan, volumes};
 use lazaret_oci::ImageRecord;
+use lazaret_oci::bundle::BindMount;
 use lazaret_protocol::display::escaped;
 
-use crate::context::{require_root, Context, ContextError};
+use crate::context::{Context, ContextError, require_root};
 use crate::layout::{DomainDir, RunDir};
 use crate::lock::{DomainLock, LockError};
 
@@ -26,7 +26,9 @@ pub enum FilesystemError {
     #[error(transparent)]
     Mount(#[from] lazaret_mounts::MountError),
     /// `lazaret reset-isolation` while the Domain runs (or starts).
-    #[error("profile {profile:?} is running on this workspace; its isolated paths can only be reset while it is stopped\n  hint: stop it with `lazaret stop {profile}` first")]
+    #[error(
+        "profile {profile:?} is running on this workspace; its isolated paths can only be reset while it is stopped\n  hint: stop it with `lazaret stop {profile}` first"
+    )]
     ResetWhileRunning {
         /// The profile.
         profile: String,
@@ -35,7 +37,9 @@ pub enum FilesystemError {
     #[error(transparent)]
     Lock(LockError),
     /// `lazaret reset-profile-state` while a Domain of the profile runs (or starts).
-    #[error("a Domain of profile {profile:?} is running (or starting) and uses its profile state; it can only be reset while no Domain of the profile runs\n  hint: `lazaret ls` lists the running Domains; stop each with `lazaret stop {profile}` in its checkout (or `lazaret stop --all`), then run this again")]
+    #[error(
+        "a Domain of profile {profile:?} is running (or starting) and uses its profile state; it can only be reset while no Domain of the profile runs\n  hint: `lazaret ls` lists the running Domains; stop each with `lazaret stop {profile}` in its checkout (or `lazaret stop --all`), then run this again"
+    )]
     ProfileStateInUse {
         /// The profile.
         profile: String,
@@ -131,7 +135,8 @@ pub fn prepare_profile_state(ctx: &Context) -> Result<Option<(ProfileStateLock, 
     };
     let entries: Vec<_> = states.iter().map(|s| s.entry.value.clone()).collect();
     let hosts = lazaret_mounts::profile_state::prepare(&store, &entries, uid, gid)?;
-    let binds = states.into_iter().zip(hosts).map(|(s, host)| BindMount { source: host, destination: s.sandbox, readonly: false }).collect();
+    let binds =
+        states.into_iter().zip(hosts).map(|(s, host)| BindMount { source: host, destination: s.sandbox, readonly: false }).collect();
     Ok(Some((lock, binds)))
 }
 
@@ -261,10 +266,16 @@ fn agent_state_dir(host: &Path, home: &Path) -> Option<&'static str> {
 fn log_sticky(report: &ignored_state::StickyReport, profile: &str, log_only: &dyn Fn(&str)) {
     let record = report.record_file.display();
     for path in &report.isolated {
-        log_only(&format!("sticky isolation: {} stays isolated: the current ignore rules no longer isolate it, but an earlier start did (recorded in {record})", escaped(path)));
+        log_only(&format!(
+            "sticky isolation: {} stays isolated: the current ignore rules no longer isolate it, but an earlier start did (recorded in {record})",
+            escaped(path)
+        ));
     }
     for path in &report.absent {
-        log_only(&format!("sticky isolation: {} is recorded as isolated but absent from the workspace; it is isolated again at the first start where it exists", escaped(path)));
+        log_only(&format!(
+            "sticky isolation: {} is recorded as isolated but absent from the workspace; it is isolated again at the first start where it exists",
+            escaped(path)
+        ));
     }
     if report.newly_recorded > 0 {
         log_only(&format!("sticky isolation: {} newly isolated path(s) added to {record}", report.newly_recorded));

@@ -66,7 +66,9 @@ pub enum TrustError {
         source: std::io::Error,
     },
     /// The record is not what this version writes.
-    #[error("{path}: unreadable git trust record ({reason}); remove it only if no Domain runs (every repository then counts as the developer's again)")]
+    #[error(
+        "{path}: unreadable git trust record ({reason}); remove it only if no Domain runs (every repository then counts as the developer's again)"
+    )]
     Corrupt {
         /// The file.
         path: PathBuf,
@@ -123,7 +125,18 @@ impl TrustRecord {
     /// of the same Domain left by a crash is settled first. Returns the
     /// entries of `roots` that are not the developer's.
     pub fn begin(&mut self, domain: &str, roots: &[PathBuf], found: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
-        self.begin_run(RunEntry { domain: domain.into(), roots: roots.to_vec(), found: found.clone(), started_ms: 0, lock: None, domain_root: None, developer: None }, &[])
+        self.begin_run(
+            RunEntry {
+                domain: domain.into(),
+                roots: roots.to_vec(),
+                found: found.clone(),
+                started_ms: 0,
+                lock: None,
+                domain_root: None,
+                developer: None,
+            },
+            &[],
+        )
     }
 
     /// [`TrustRecord::begin`] for `run` (its `found` being what it found),
@@ -133,7 +146,9 @@ impl TrustRecord {
         let found = std::mem::take(&mut run.found);
         let (domain, roots) = (run.domain.clone(), run.roots.clone());
         let (roots, found) = (&roots, &found);
-        let (crashed, others): (Vec<RunEntry>, Vec<RunEntry>) = std::mem::take(&mut self.runs).into_iter().partition(|r| r.domain == domain || crashed.iter().any(|c| c.domain == r.domain && c.started_ms == r.started_ms));
+        let (crashed, others): (Vec<RunEntry>, Vec<RunEntry>) = std::mem::take(&mut self.runs)
+            .into_iter()
+            .partition(|r| r.domain == domain || crashed.iter().any(|c| c.domain == r.domain && c.started_ms == r.started_ms));
         self.runs = others;
         for run in crashed {
             self.settle(&run, found);
@@ -156,7 +171,9 @@ impl TrustRecord {
     pub fn untrusted(&self, domain: &str, entries: &BTreeSet<PathBuf>) -> BTreeSet<PathBuf> {
         entries
             .iter()
-            .filter(|e| self.made.contains(*e) || self.runs.iter().any(|r| r.domain != domain && under(e, &r.roots) && !r.found.contains(*e)))
+            .filter(|e| {
+                self.made.contains(*e) || self.runs.iter().any(|r| r.domain != domain && under(e, &r.roots) && !r.found.contains(*e))
+            })
             .cloned()
             .collect()
     }
@@ -194,14 +211,30 @@ pub fn update<T>(storage_root: &Path, change: impl FnOnce(&mut TrustRecord) -> T
         let path = path.to_path_buf();
         move |source| TrustError::Io { path, source }
     };
-    let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&lock_path).map_err(io(&lock_path))?;
-    let _lock = Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| TrustError::Io { path: lock_path.clone(), source: e.into() })?;
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&lock_path)
+        .map_err(io(&lock_path))?;
+    let _lock =
+        Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| TrustError::Io { path: lock_path.clone(), source: e.into() })?;
     let path = storage_root.join(RECORD_FILE);
     let mut record = load(storage_root)?;
     let out = change(&mut record);
     let json = serde_json::to_vec_pretty(&record).map_err(|e| io(&path)(std::io::Error::other(e)))?;
     let tmp = storage_root.join(format!("{RECORD_FILE}.tmp"));
-    let mut f: File = OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(&tmp).map_err(io(&tmp))?;
+    let mut f: File = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(&tmp)
+        .map_err(io(&tmp))?;
     f.write_all(&json).and_then(|()| f.sync_all()).map_err(io(&tmp))?;
     std::fs::rename(&tmp, &path).map_err(io(&path))?;
     Ok(out)
@@ -343,13 +376,20 @@ pub fn begin_run(ctx: &Context, sweep: impl Fn(&RunEntry)) -> Result<WorkspaceTr
     let dead: Vec<RunEntry> = load(&ctx.paths.storage_root)?
         .runs
         .into_iter()
-        .filter(|r| r.domain != ctx.domain_id.as_str() && r.roots.iter().any(|a| roots.iter().any(|b| a.starts_with(b) || b.starts_with(a))) && crashed(r))
+        .filter(|r| {
+            r.domain != ctx.domain_id.as_str()
+                && r.roots.iter().any(|a| roots.iter().any(|b| a.starts_with(b) || b.starts_with(a)))
+                && crashed(r)
+        })
         .collect();
     for run in &dead {
         sweep(run);
     }
     let found = found_in(&roots)?;
-    let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)).unwrap_or(0);
+    let started_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+        .unwrap_or(0);
     let run = RunEntry {
         domain: ctx.domain_id.as_str().into(),
         roots: roots.clone(),
@@ -462,7 +502,15 @@ mod tests {
         record.begin("a", &ws, &set(&["/w/.git"]));
         let a = record.runs[0].clone();
         let now = set(&["/w/.git", "/w/n/.git"]);
-        let b = RunEntry { domain: "b".into(), roots: ws.clone(), found: now.clone(), started_ms: 5, lock: None, domain_root: None, developer: None };
+        let b = RunEntry {
+            domain: "b".into(),
+            roots: ws.clone(),
+            found: now.clone(),
+            started_ms: 5,
+            lock: None,
+            domain_root: None,
+            developer: None,
+        };
         assert_eq!(record.begin_run(b, std::slice::from_ref(&a)), set(&["/w/n/.git"]));
         assert_eq!(record.made, set(&["/w/n/.git"]), "a's leftovers are recorded");
         assert_eq!(record.runs.iter().map(|r| r.domain.as_str()).collect::<Vec<_>>(), ["b"]);
@@ -518,13 +566,19 @@ mod tests {
         for d in [".git/modules/a/modules/b", ".git/modules/ns/c", ".git/modules/a/logs", "n/.git", "deep/er/x", ".git/objects"] {
             std::fs::create_dir_all(w.join(d)).expect("mkdir");
         }
-        for f in [".git/modules/a/HEAD", ".git/modules/a/modules/b/HEAD", ".git/modules/ns/c/HEAD", ".git/modules/a/logs/HEAD", "n/.git/HEAD"] {
+        for f in
+            [".git/modules/a/HEAD", ".git/modules/a/modules/b/HEAD", ".git/modules/ns/c/HEAD", ".git/modules/a/logs/HEAD", "n/.git/HEAD"]
+        {
             std::fs::write(w.join(f), "ref: refs/heads/main\n").expect("write");
         }
         std::fs::write(w.join("deep/er/x/.git"), "gitdir: ../../../.git/modules/a\n").expect("write");
         std::os::unix::fs::symlink("/etc", w.join("deep/link")).expect("symlink");
         let found = find_entries(w).expect("walk");
-        let want: BTreeSet<PathBuf> = [".git", ".git/modules/a", ".git/modules/a/modules/b", ".git/modules/ns/c", "deep/er/x/.git", "n/.git"].iter().map(|p| w.join(p)).collect();
+        let want: BTreeSet<PathBuf> =
+            [".git", ".git/modules/a", ".git/modules/a/modules/b", ".git/modules/ns/c", "deep/er/x/.git", "n/.git"]
+                .iter()
+                .map(|p| w.join(p))
+                .collect();
         assert_eq!(found, want);
     }
 }

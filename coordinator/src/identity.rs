@@ -22,9 +22,9 @@ use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use lazaret_mounts::MountError;
-use lazaret_protocol::display::escaped;
 use lazaret_mounts::repo::{self, DotGit, DotGitProblem};
 use lazaret_mounts::safe_path;
+use lazaret_protocol::display::escaped;
 use sha2::{Digest, Sha256};
 
 /// Problems establishing who the developer is, where the workspace is, or
@@ -33,7 +33,8 @@ use sha2::{Digest, Sha256};
 pub enum IdentityError {
     /// No `.git` between the start directory and `/`.
     #[error(
-        "not inside a git checkout (searched from {} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR", escaped(start)
+        "not inside a git checkout (searched from {} up to /)\n  hint: run lazaret inside a git repository or pass -C DIR",
+        escaped(start)
     )]
     NotInGitCheckout {
         /// Where the search started (canonical).
@@ -50,9 +51,7 @@ pub enum IdentityError {
         hint: String,
     },
     /// `SUDO_UID` or `SUDO_GID` is not a number.
-    #[error(
-        "${variable} = {value:?} is not a numeric id\n  hint: run lazaret through sudo, or unset {variable}"
-    )]
+    #[error("${variable} = {value:?} is not a numeric id\n  hint: run lazaret through sudo, or unset {variable}")]
     BadSudoId {
         /// `SUDO_UID` or `SUDO_GID`.
         variable: &'static str,
@@ -126,38 +125,22 @@ impl Developer {
     /// real uid 0 under sudo, else the real uid/gid.
     pub fn from_process() -> Result<Developer, IdentityError> {
         let lookup = |name: &str| std::env::var_os(name);
-        Developer::resolve(
-            &lookup,
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-        )
+        Developer::resolve(&lookup, nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw())
     }
 
     /// [`Developer::from_process`] with the environment and real ids given.
     /// `SUDO_*` variables are trusted only when `real_uid` is 0 (anyone can
     /// set them; only sudo running as root makes them meaningful).
-    pub fn resolve(
-        env: &dyn Fn(&str) -> Option<OsString>,
-        real_uid: u32,
-        real_gid: u32,
-    ) -> Result<Developer, IdentityError> {
+    pub fn resolve(env: &dyn Fn(&str) -> Option<OsString>, real_uid: u32, real_gid: u32) -> Result<Developer, IdentityError> {
         let numeric = |variable: &'static str| -> Result<Option<u32>, IdentityError> {
             match env(variable) {
                 None => Ok(None),
                 Some(value) => {
                     let text = value.to_string_lossy().into_owned();
                     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-                        return Err(IdentityError::BadSudoId {
-                            variable,
-                            value: text,
-                        });
+                        return Err(IdentityError::BadSudoId { variable, value: text });
                     }
-                    text.parse()
-                        .map(Some)
-                        .map_err(|_| IdentityError::BadSudoId {
-                            variable,
-                            value: text,
-                        })
+                    text.parse().map(Some).map_err(|_| IdentityError::BadSudoId { variable, value: text })
                 }
             }
         };
@@ -166,22 +149,11 @@ impl Developer {
             _ => (real_uid, Some(real_gid)),
         };
         let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
-            .map_err(|errno| IdentityError::Io {
-                path: PathBuf::from("/etc/passwd"),
-                source: std::io::Error::from(errno),
-            })?
+            .map_err(|errno| IdentityError::Io { path: PathBuf::from("/etc/passwd"), source: std::io::Error::from(errno) })?
             .ok_or(IdentityError::NoPasswdEntry { uid })?;
         let gid = explicit_gid.unwrap_or(user.gid.as_raw());
         let groups = host_groups(&user.name, gid)?;
-        Ok(Developer {
-            uid,
-            gid,
-            group_name: group_name(gid),
-            name: user.name,
-            home: user.dir,
-            shell: user.shell,
-            groups,
-        })
+        Ok(Developer { uid, gid, group_name: group_name(gid), name: user.name, home: user.dir, shell: user.shell, groups })
     }
 }
 
@@ -256,20 +228,12 @@ impl Workspace {
                     return Err(IdentityError::BadGitMarker {
                         path: marker_path,
                         problem: "it does not start with `gitdir:` followed by a path".to_string(),
-                        hint: "remove the stray .git entry or run lazaret from a proper checkout"
-                            .to_string(),
+                        hint: "remove the stray .git entry or run lazaret from a proper checkout".to_string(),
                     });
                 }
             };
-            let subdir = canonical
-                .strip_prefix(directory)
-                .map(Path::to_path_buf)
-                .unwrap_or_default();
-            return Ok(Workspace {
-                root: directory.to_path_buf(),
-                subdir,
-                marker,
-            });
+            let subdir = canonical.strip_prefix(directory).map(Path::to_path_buf).unwrap_or_default();
+            return Ok(Workspace { root: directory.to_path_buf(), subdir, marker });
         }
         Err(IdentityError::NotInGitCheckout { start: canonical })
     }
@@ -295,14 +259,8 @@ impl Workspace {
 /// that path; a refusal (e.g. an oversized `.git` file) is a bad marker.
 fn marker_error(marker_path: &Path, error: MountError) -> IdentityError {
     match error {
-        MountError::Syscall { errno, .. } => IdentityError::Io {
-            path: marker_path.to_path_buf(),
-            source: std::io::Error::from(errno),
-        },
-        MountError::Io { source, .. } => IdentityError::Io {
-            path: marker_path.to_path_buf(),
-            source,
-        },
+        MountError::Syscall { errno, .. } => IdentityError::Io { path: marker_path.to_path_buf(), source: std::io::Error::from(errno) },
+        MountError::Io { source, .. } => IdentityError::Io { path: marker_path.to_path_buf(), source },
         other => IdentityError::BadGitMarker {
             path: marker_path.to_path_buf(),
             problem: other.to_string(),
@@ -339,9 +297,7 @@ impl DomainId {
     /// Accepts a previously printed ID (32 lowercase hex digits), e.g. a
     /// directory name under `domains/`.
     pub fn parse(text: &str) -> Option<DomainId> {
-        (text.len() == DOMAIN_ID_LEN
-            && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')))
-        .then(|| DomainId(text.to_string()))
+        (text.len() == DOMAIN_ID_LEN && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))).then(|| DomainId(text.to_string()))
     }
 
     /// The full ID.
@@ -375,10 +331,7 @@ impl StatePaths {
     /// Paths from the configured Storage Root and runtime directory
     /// (`Config::storage_root`, `Config::runtime_dir(developer)`).
     pub fn new(storage_root: PathBuf, runtime_dir: PathBuf) -> StatePaths {
-        StatePaths {
-            storage_root,
-            runtime_dir,
-        }
+        StatePaths { storage_root, runtime_dir }
     }
 
     /// `STORAGE_ROOT/domains`.
@@ -435,19 +388,13 @@ pub fn ensure_storage_root(path: &Path) -> Result<(), IdentityError> {
         return Err(IdentityError::UnsafeDirectory {
             path: path.to_path_buf(),
             problem: format!("owned by uid {}, not root", metadata.uid()),
-            hint: format!(
-                "the Storage Root must belong to root: check who created it, then `chown root:root {}`",
-                path.display()
-            ),
+            hint: format!("the Storage Root must belong to root: check who created it, then `chown root:root {}`", path.display()),
         });
     }
     if metadata.mode() & 0o022 != 0 {
         return Err(IdentityError::UnsafeDirectory {
             path: path.to_path_buf(),
-            problem: format!(
-                "writable by group or others (mode {:o})",
-                metadata.mode() & 0o7777
-            ),
+            problem: format!("writable by group or others (mode {:o})", metadata.mode() & 0o7777),
             hint: format!("chmod 700 {}", path.display()),
         });
     }
@@ -519,29 +466,19 @@ fn create_if_missing(path: &Path, uid: u32, gid: u32) -> Result<(), IdentityErro
             std::fs::set_permissions(path, Permissions::from_mode(0o700)).map_err(io_error(path))
         }
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(source) => Err(IdentityError::Io {
-            path: path.to_path_buf(),
-            source,
-        }),
+        Err(source) => Err(IdentityError::Io { path: path.to_path_buf(), source }),
     }
 }
 
 /// Creates missing directories down to `path`, root-owned 0755.
 fn create_missing_ancestors(path: &Path) -> Result<(), IdentityError> {
-    let missing: Vec<&Path> = path
-        .ancestors()
-        .take_while(|p| std::fs::symlink_metadata(p).is_err())
-        .collect();
+    let missing: Vec<&Path> = path.ancestors().take_while(|p| std::fs::symlink_metadata(p).is_err()).collect();
     for directory in missing.into_iter().rev() {
         match DirBuilder::new().mode(0o755).create(directory) {
-            Ok(()) => std::fs::set_permissions(directory, Permissions::from_mode(0o755))
-                .map_err(io_error(directory))?,
+            Ok(()) => std::fs::set_permissions(directory, Permissions::from_mode(0o755)).map_err(io_error(directory))?,
             Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(source) => {
-                return Err(IdentityError::Io {
-                    path: directory.to_path_buf(),
-                    source,
-                });
+                return Err(IdentityError::Io { path: directory.to_path_buf(), source });
             }
         }
     }
@@ -554,10 +491,7 @@ fn lstat_dir(path: &Path) -> Result<std::fs::Metadata, IdentityError> {
         return Err(IdentityError::UnsafeDirectory {
             path: path.to_path_buf(),
             problem: "it is a symlink".to_string(),
-            hint: format!(
-                "Lazaret does not follow symlinks for its state; remove it (rm {}) or configure the real path",
-                path.display()
-            ),
+            hint: format!("Lazaret does not follow symlinks for its state; remove it (rm {}) or configure the real path", path.display()),
         });
     }
     if !metadata.is_dir() {
@@ -587,10 +521,7 @@ fn check_trusted_ancestors(path: &Path, owners: &[u32]) -> Result<(), IdentityEr
         if metadata.mode() & 0o022 != 0 && !sticky {
             return Err(IdentityError::UnsafeDirectory {
                 path: directory.to_path_buf(),
-                problem: format!(
-                    "writable by group or others (mode {:o})",
-                    metadata.mode() & 0o7777
-                ),
+                problem: format!("writable by group or others (mode {:o})", metadata.mode() & 0o7777),
                 hint: format!("chmod go-w {}", directory.display()),
             });
         }
@@ -606,10 +537,7 @@ mod tests {
     use std::os::unix::fs::symlink;
 
     fn env_of(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-        let map: HashMap<String, OsString> = pairs
-            .iter()
-            .map(|(k, v)| (k.to_string(), OsString::from(v)))
-            .collect();
+        let map: HashMap<String, OsString> = pairs.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
         move |name: &str| map.get(name).cloned()
     }
 
@@ -632,10 +560,7 @@ mod tests {
         assert_eq!(developer.uid, 65534);
 
         let root = Developer::resolve(&env_of(&[]), 0, 0).unwrap();
-        assert_eq!(
-            (root.uid, root.name.as_str(), root.home.as_path()),
-            (0, "root", Path::new("/root"))
-        );
+        assert_eq!((root.uid, root.name.as_str(), root.home.as_path()), (0, "root", Path::new("/root")));
     }
 
     /// (gid, name, members) of every line of the host's /etc/group.
@@ -675,44 +600,17 @@ mod tests {
     #[test]
     fn bad_sudo_ids_and_unknown_users_are_errors() {
         let error = Developer::resolve(&env_of(&[("SUDO_UID", "12x")]), 0, 0).unwrap_err();
-        assert!(
-            matches!(
-                error,
-                IdentityError::BadSudoId {
-                    variable: "SUDO_UID",
-                    ..
-                }
-            ),
-            "{error}"
-        );
-        let error = Developer::resolve(&env_of(&[("SUDO_UID", "0"), ("SUDO_GID", "-1")]), 0, 0)
-            .unwrap_err();
-        assert!(
-            matches!(
-                error,
-                IdentityError::BadSudoId {
-                    variable: "SUDO_GID",
-                    ..
-                }
-            ),
-            "{error}"
-        );
+        assert!(matches!(error, IdentityError::BadSudoId { variable: "SUDO_UID", .. }), "{error}");
+        let error = Developer::resolve(&env_of(&[("SUDO_UID", "0"), ("SUDO_GID", "-1")]), 0, 0).unwrap_err();
+        assert!(matches!(error, IdentityError::BadSudoId { variable: "SUDO_GID", .. }), "{error}");
         let error = Developer::resolve(&env_of(&[("SUDO_UID", "3999999")]), 0, 0).unwrap_err();
-        assert!(
-            matches!(error, IdentityError::NoPasswdEntry { uid: 3999999 }),
-            "{error}"
-        );
+        assert!(matches!(error, IdentityError::NoPasswdEntry { uid: 3999999 }), "{error}");
     }
 
     #[test]
     fn from_process_matches_resolve() {
         let lookup = |name: &str| std::env::var_os(name);
-        let expected = Developer::resolve(
-            &lookup,
-            nix::unistd::getuid().as_raw(),
-            nix::unistd::getgid().as_raw(),
-        )
-        .unwrap();
+        let expected = Developer::resolve(&lookup, nix::unistd::getuid().as_raw(), nix::unistd::getgid().as_raw()).unwrap();
         assert_eq!(Developer::from_process().unwrap(), expected);
     }
 
@@ -739,14 +637,8 @@ mod tests {
         let via_link = Workspace::discover(&root.join("link/b")).unwrap();
         assert_eq!(via_link.root(), top.root());
         assert_eq!(via_link.subdir(), Path::new("a/b"));
-        assert_eq!(
-            DomainId::new("claude", &deep),
-            DomainId::new("claude", &via_link)
-        );
-        assert_eq!(
-            DomainId::new("claude", &top),
-            DomainId::new("claude", &via_link)
-        );
+        assert_eq!(DomainId::new("claude", &deep), DomainId::new("claude", &via_link));
+        assert_eq!(DomainId::new("claude", &top), DomainId::new("claude", &via_link));
     }
 
     #[test]
@@ -765,10 +657,7 @@ mod tests {
         std::fs::create_dir_all(root.join("repo/bogus")).unwrap();
         std::fs::write(root.join("repo/bogus/.git"), "not a gitdir").unwrap();
         let error = Workspace::discover(&root.join("repo/bogus")).unwrap_err();
-        assert!(
-            error.to_string().contains("does not start with `gitdir:`"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("does not start with `gitdir:`"), "{error}");
 
         std::fs::create_dir_all(root.join("repo/linked")).unwrap();
         symlink(root.join("repo/.git"), root.join("repo/linked/.git")).unwrap();
@@ -782,21 +671,11 @@ mod tests {
         // directories are located (the same reader decides both).
         std::fs::write(root.join("repo/bogus/.git"), "gitdir: \n").unwrap();
         let error = Workspace::discover(&root.join("repo/bogus")).unwrap_err();
-        assert!(
-            error.to_string().contains("does not start with `gitdir:` followed by a path"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("does not start with `gitdir:` followed by a path"), "{error}");
         // A fifo is refused without blocking.
         std::fs::remove_file(root.join("repo/bogus/.git")).unwrap();
-        nix::unistd::mkfifo(
-            &root.join("repo/bogus/.git"),
-            nix::sys::stat::Mode::from_bits_truncate(0o600),
-        )
-        .unwrap();
-        assert!(matches!(
-            Workspace::discover(&root.join("repo/bogus")),
-            Err(IdentityError::BadGitMarker { .. })
-        ));
+        nix::unistd::mkfifo(&root.join("repo/bogus/.git"), nix::sys::stat::Mode::from_bits_truncate(0o600)).unwrap();
+        assert!(matches!(Workspace::discover(&root.join("repo/bogus")), Err(IdentityError::BadGitMarker { .. })));
     }
 
     #[test]
@@ -805,10 +684,7 @@ mod tests {
         let error = Workspace::discover(dir.path()).unwrap_err();
         let text = error.to_string();
         assert!(matches!(error, IdentityError::NotInGitCheckout { .. }));
-        assert!(
-            text.contains("not inside a git checkout (searched from"),
-            "{text}"
-        );
+        assert!(text.contains("not inside a git checkout (searched from"), "{text}");
         assert!(text.contains("up to /"), "{text}");
         assert!(text.contains("pass -C DIR"), "{text}");
         let missing = Workspace::discover(&dir.path().join("nope")).unwrap_err();
@@ -817,11 +693,7 @@ mod tests {
 
     #[test]
     fn domain_ids_are_stable_digests_of_profile_and_path() {
-        let workspace = Workspace {
-            root: PathBuf::from("/home/dev/src/project"),
-            subdir: PathBuf::new(),
-            marker: GitMarker::Directory,
-        };
+        let workspace = Workspace { root: PathBuf::from("/home/dev/src/project"), subdir: PathBuf::new(), marker: GitMarker::Directory };
         let id = DomainId::new("claude", &workspace);
         // printf 'lazaret-domain-v1\0claude\0/home/dev/src/project' | sha256sum | cut -c1-32
         assert_eq!(id.as_str(), "a5bb4f5e0dc0d5a8d69acc5e5095acb6");
@@ -829,10 +701,7 @@ mod tests {
         assert_eq!(id.short(), &id.as_str()[..10]);
         assert_eq!(id.to_string(), id.as_str());
         assert_ne!(DomainId::new("codex", &workspace), id);
-        let other = Workspace {
-            root: PathBuf::from("/home/dev/src/project2"),
-            ..workspace
-        };
+        let other = Workspace { root: PathBuf::from("/home/dev/src/project2"), ..workspace };
         assert_ne!(DomainId::new("claude", &other), id);
         assert_eq!(DomainId::parse(id.as_str()), Some(id.clone()));
         assert_eq!(DomainId::parse("A5BB4F5E0DC0D5A8D69ACC5E5095ACB6"), None);
@@ -880,27 +749,15 @@ mod tests {
         let stolen = parent.join("4321");
         ensure_private_dir(&stolen, 9999, 9999).unwrap();
         let error = ensure_runtime_dir(&stolen, &developer(4321)).unwrap_err();
-        assert!(
-            error
-                .to_string()
-                .contains("owned by uid 9999, expected uid 4321"),
-            "{error}"
-        );
-        assert_eq!(
-            owner(&stolen),
-            9999,
-            "must not chown someone else's directory"
-        );
+        assert!(error.to_string().contains("owned by uid 9999, expected uid 4321"), "{error}");
+        assert_eq!(owner(&stolen), 9999, "must not chown someone else's directory");
 
         let loose = parent.join("5000");
         std::fs::create_dir(&loose).unwrap();
         std::os::unix::fs::lchown(&loose, Some(5000), Some(5000)).unwrap();
         std::fs::set_permissions(&loose, Permissions::from_mode(0o755)).unwrap();
         let error = ensure_runtime_dir(&loose, &developer(5000)).unwrap_err();
-        assert!(
-            error.to_string().contains("mode 755, expected 700"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("mode 755, expected 700"), "{error}");
         assert!(error.to_string().contains("chmod 700"), "{error}");
         assert_eq!(mode(&loose), 0o755, "must not chmod");
 
@@ -924,10 +781,7 @@ mod tests {
         std::fs::create_dir(&writable).unwrap();
         std::fs::set_permissions(&writable, Permissions::from_mode(0o777)).unwrap();
         let error = ensure_runtime_dir(&writable.join("4321"), &developer(4321)).unwrap_err();
-        assert!(
-            error.to_string().contains("writable by group or others"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("writable by group or others"), "{error}");
 
         let foreign = dir.path().join("foreign");
         std::fs::create_dir(&foreign).unwrap();
@@ -950,37 +804,23 @@ mod tests {
         let paths = StatePaths::new(storage.clone(), dir.path().join("run/1000"));
         paths.ensure_storage().unwrap();
         for sub in ["domains", "images"] {
-            assert_eq!(
-                (owner(&storage.join(sub)), mode(&storage.join(sub))),
-                (0, 0o700),
-                "{sub}"
-            );
+            assert_eq!((owner(&storage.join(sub)), mode(&storage.join(sub))), (0, 0o700), "{sub}");
         }
         assert_eq!((owner(&storage), mode(&storage)), (0, 0o700));
-        let workspace = Workspace {
-            root: PathBuf::from("/w"),
-            subdir: PathBuf::new(),
-            marker: GitMarker::Directory,
-        };
+        let workspace = Workspace { root: PathBuf::from("/w"), subdir: PathBuf::new(), marker: GitMarker::Directory };
         let id = DomainId::new("a", &workspace);
         let domain_root = paths.ensure_domain_root(&id).unwrap();
         assert_eq!(domain_root, storage.join("domains").join(id.as_str()));
         assert_eq!((owner(&domain_root), mode(&domain_root)), (0, 0o700));
         assert_eq!(paths.images_dir(), storage.join("images"));
-        assert_eq!(
-            paths.domain_runtime_dir(&id),
-            dir.path().join("run/1000").join(id.as_str())
-        );
+        assert_eq!(paths.domain_runtime_dir(&id), dir.path().join("run/1000").join(id.as_str()));
         // Idempotent.
         paths.ensure_storage().unwrap();
 
         // Refused: storage root owned by someone else, or a symlink.
         std::os::unix::fs::lchown(&storage, Some(9999), None).unwrap();
         let error = ensure_storage_root(&storage).unwrap_err();
-        assert!(
-            error.to_string().contains("owned by uid 9999, not root"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("owned by uid 9999, not root"), "{error}");
         let link = dir.path().join("var/lib/link");
         symlink(&storage, &link).unwrap();
         let error = ensure_storage_root(&link).unwrap_err();

@@ -24,9 +24,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use lazaret_oci::registry::Credentials;
-use lazaret_oci::registry::{
-    self, ImageReference, LayerInfo, Platform, PullOptions, PullProgress, RegistryError,
-};
+use lazaret_oci::registry::{self, ImageReference, LayerInfo, Platform, PullOptions, PullProgress, RegistryError};
 use lazaret_oci::{GcStats, ImageError, ImageRecord};
 
 use crate::config::{Config, Profile};
@@ -110,11 +108,7 @@ pub fn docker_config_file(developer: &Developer) -> PathBuf {
 /// `authfile`, then Lazaret's file, then docker's config. Only files owned by
 /// the developer are read (Lazaret runs as root: a symlink to someone else's
 /// credentials must not lend them to the developer).
-pub fn credentials_for(
-    developer: &Developer,
-    registry: &str,
-    authfile: Option<&Path>,
-) -> Result<Option<Credentials>, ImagesError> {
+pub fn credentials_for(developer: &Developer, registry: &str, authfile: Option<&Path>) -> Result<Option<Credentials>, ImagesError> {
     let mut files: Vec<PathBuf> = authfile.map(Path::to_path_buf).into_iter().collect();
     files.push(lazaret_auth_file(developer));
     files.push(docker_config_file(developer));
@@ -133,10 +127,7 @@ pub fn credentials_for(
 fn read_developer_file(developer: &Developer, file: &Path) -> Result<Option<Vec<u8>>, ImagesError> {
     use std::io::Read;
     use std::os::unix::fs::MetadataExt;
-    let unsafe_path = |reason: String| ImagesError::UnsafePath {
-        path: file.to_path_buf(),
-        reason,
-    };
+    let unsafe_path = |reason: String| ImagesError::UnsafePath { path: file.to_path_buf(), reason };
     let mut opened = match std::fs::File::open(file) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -154,8 +145,7 @@ fn read_developer_file(developer: &Developer, file: &Path) -> Result<Option<Vec<
         )));
     }
     let mut bytes = Vec::new();
-    Read::read_to_end(&mut Read::take(&mut opened, 1 << 20), &mut bytes)
-        .map_err(|e| unsafe_path(e.to_string()))?;
+    Read::read_to_end(&mut Read::take(&mut opened, 1 << 20), &mut bytes).map_err(|e| unsafe_path(e.to_string()))?;
     Ok(Some(bytes))
 }
 
@@ -166,11 +156,7 @@ pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, Image
     let reference = ImageReference::parse(&request.reference)?;
     let mut options = PullOptions {
         insecure: request.insecure,
-        credentials: credentials_for(
-            &developer,
-            reference.registry(),
-            request.authfile.as_deref(),
-        )?,
+        credentials: credentials_for(&developer, reference.registry(), request.authfile.as_deref())?,
         ..PullOptions::default()
     };
     if let Some(platform) = &request.platform {
@@ -185,12 +171,7 @@ pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, Image
     } else {
         Box::new(LineProgress::default())
     };
-    Ok(registry::pull(
-        &store,
-        &reference,
-        &options,
-        progress.as_ref(),
-    )?)
+    Ok(registry::pull(&store, &reference, &options, progress.as_ref())?)
 }
 
 /// The profile's image: from the store if there, else pulled when the profile
@@ -203,10 +184,7 @@ pub fn ensure_image(config: &Config, profile: &Profile) -> Result<ImageRecord, I
     if let Some(found) = store.get(&profile.image)? {
         return Ok(found);
     }
-    let missing = || ImagesError::Missing {
-        profile: profile.name.clone(),
-        image: profile.image.clone(),
-    };
+    let missing = || ImagesError::Missing { profile: profile.name.clone(), image: profile.image.clone() };
     let Ok(reference) = ImageReference::parse(&profile.image) else {
         return Err(missing());
     };
@@ -216,36 +194,21 @@ pub fn ensure_image(config: &Config, profile: &Profile) -> Result<ImageRecord, I
     if !ImageReference::names_registry(&profile.image) {
         return Err(missing());
     }
-    eprintln!(
-        "lazaret: image {} is not in the store; pulling it",
-        reference
-    );
-    pull(
-        config,
-        &PullRequest {
-            reference: profile.image.clone(),
-            ..PullRequest::default()
-        },
-    )
+    eprintln!("lazaret: image {} is not in the store; pulling it", reference);
+    pull(config, &PullRequest { reference: profile.image.clone(), ..PullRequest::default() })
 }
 
 /// Saves credentials for `registry` in `authfile` or Lazaret's own file (mode
 /// 0600, owned by the developer). They are not checked against the registry
 /// here; the next pull uses them. Returns the file written.
-pub fn login(
-    registry_host: &str,
-    credentials: &Credentials,
-    authfile: Option<&Path>,
-) -> Result<PathBuf, ImagesError> {
+pub fn login(registry_host: &str, credentials: &Credentials, authfile: Option<&Path>) -> Result<PathBuf, ImagesError> {
     let developer = Developer::from_process()?;
     // Validate the host the way a reference's registry part is validated.
     let probe = ImageReference::parse(&format!("{registry_host}/probe"))?;
     if probe.registry() != registry_host {
-        return Err(RegistryError::InvalidReference {
-            reference: registry_host.to_string(),
-            reason: "not a registry host[:port]".into(),
-        }
-        .into());
+        return Err(
+            RegistryError::InvalidReference { reference: registry_host.to_string(), reason: "not a registry host[:port]".into() }.into()
+        );
     }
     let file = match authfile {
         Some(f) => {
@@ -260,12 +223,8 @@ pub fn login(
     };
     registry::save_credentials(&file, registry_host, credentials)?;
     // Under sudo the developer owns their credentials file.
-    std::os::unix::fs::chown(&file, Some(developer.uid), Some(developer.gid)).map_err(|e| {
-        ImagesError::UnsafePath {
-            path: file.clone(),
-            reason: format!("cannot hand it to uid {}: {e}", developer.uid),
-        }
-    })?;
+    std::os::unix::fs::chown(&file, Some(developer.uid), Some(developer.gid))
+        .map_err(|e| ImagesError::UnsafePath { path: file.clone(), reason: format!("cannot hand it to uid {}: {e}", developer.uid) })?;
     Ok(file)
 }
 
@@ -273,26 +232,16 @@ pub fn login(
 /// developer's, and an existing file must be theirs and not a symlink.
 fn check_developer_target(developer: &Developer, file: &Path) -> Result<(), ImagesError> {
     use std::os::unix::fs::MetadataExt;
-    let unsafe_path = |reason: String| ImagesError::UnsafePath {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let parent = file
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    let dir = std::fs::symlink_metadata(parent)
-        .map_err(|e| unsafe_path(format!("its directory: {e}")))?;
+    let unsafe_path = |reason: String| ImagesError::UnsafePath { path: file.to_path_buf(), reason };
+    let parent = file.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let dir = std::fs::symlink_metadata(parent).map_err(|e| unsafe_path(format!("its directory: {e}")))?;
     if !dir.is_dir() || dir.uid() != developer.uid {
-        return Err(unsafe_path(format!(
-            "its directory must be a directory you own (uid {})",
-            developer.uid
-        )));
+        return Err(unsafe_path(format!("its directory must be a directory you own (uid {})", developer.uid)));
     }
     match std::fs::symlink_metadata(file) {
-        Ok(meta) if meta.file_type().is_symlink() || meta.uid() != developer.uid => Err(
-            unsafe_path("it exists and is a symbolic link or not yours".into()),
-        ),
+        Ok(meta) if meta.file_type().is_symlink() || meta.uid() != developer.uid => {
+            Err(unsafe_path("it exists and is a symbolic link or not yours".into()))
+        }
         Ok(_) => Ok(()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(unsafe_path(e.to_string())),
@@ -335,39 +284,21 @@ pub fn gc(config: &Config) -> Result<GcStats, ImagesError> {
 }
 
 /// Reads the CA certificates for `registry`: certs.d directories plus `extra`.
-fn ca_certificates(
-    developer: &Developer,
-    registry: &str,
-    extra: &[PathBuf],
-) -> Result<Vec<Vec<u8>>, ImagesError> {
+fn ca_certificates(developer: &Developer, registry: &str, extra: &[PathBuf]) -> Result<Vec<Vec<u8>>, ImagesError> {
     let mut pems = Vec::new();
-    for dir in [
-        PathBuf::from("/etc/docker/certs.d").join(registry),
-        developer
-            .home
-            .join(".config/lazaret/certs.d")
-            .join(registry),
-    ] {
+    for dir in [PathBuf::from("/etc/docker/certs.d").join(registry), developer.home.join(".config/lazaret/certs.d").join(registry)] {
         let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
         };
-        let mut files: Vec<PathBuf> = entries
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "crt"))
-            .collect();
+        let mut files: Vec<PathBuf> =
+            entries.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "crt")).collect();
         files.sort();
         for file in files {
-            pems.push(
-                std::fs::read(&file)
-                    .map_err(|source| ImagesError::CaCert { path: file, source })?,
-            );
+            pems.push(std::fs::read(&file).map_err(|source| ImagesError::CaCert { path: file, source })?);
         }
     }
     for file in extra {
-        pems.push(std::fs::read(file).map_err(|source| ImagesError::CaCert {
-            path: file.clone(),
-            source,
-        })?);
+        pems.push(std::fs::read(file).map_err(|source| ImagesError::CaCert { path: file.clone(), source })?);
     }
     Ok(pems)
 }
@@ -376,13 +307,8 @@ fn ca_certificates(
 /// 0700, owned by the developer), refusing symlinked components so that root
 /// never writes through a link the developer planted.
 fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), ImagesError> {
-    let unsafe_path = |reason: String| ImagesError::UnsafePath {
-        path: file.to_path_buf(),
-        reason,
-    };
-    let relative = file
-        .strip_prefix(&developer.home)
-        .map_err(|_| unsafe_path("not under the developer's home".into()))?;
+    let unsafe_path = |reason: String| ImagesError::UnsafePath { path: file.to_path_buf(), reason };
+    let relative = file.strip_prefix(&developer.home).map_err(|_| unsafe_path("not under the developer's home".into()))?;
     let mut current = developer.home.clone();
     let components: Vec<_> = relative.components().collect();
     for (i, component) in components.iter().enumerate() {
@@ -390,16 +316,10 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
         let last = i + 1 == components.len();
         match std::fs::symlink_metadata(&current) {
             Ok(meta) if meta.file_type().is_symlink() => {
-                return Err(unsafe_path(format!(
-                    "{} is a symbolic link",
-                    current.display()
-                )));
+                return Err(unsafe_path(format!("{} is a symbolic link", current.display())));
             }
             Ok(meta) if !last && !meta.is_dir() => {
-                return Err(unsafe_path(format!(
-                    "{} is not a directory",
-                    current.display()
-                )));
+                return Err(unsafe_path(format!("{} is not a directory", current.display())));
             }
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && !last => {
@@ -408,8 +328,7 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
                     .mode(0o700)
                     .create(&current)
                     .map_err(|e| unsafe_path(format!("creating {}: {e}", current.display())))?;
-                let _ =
-                    std::os::unix::fs::chown(&current, Some(developer.uid), Some(developer.gid));
+                let _ = std::os::unix::fs::chown(&current, Some(developer.uid), Some(developer.gid));
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(unsafe_path(e.to_string())),
@@ -467,11 +386,7 @@ impl PullProgress for LineProgress {
         }
     }
     fn retrying(&self, what: &str, attempt: u32, delay: Duration, reason: &str) {
-        eprintln!(
-            "retry {} (attempt {attempt}) in {:.1}s: {reason}",
-            short(what),
-            delay.as_secs_f64()
-        );
+        eprintln!("retry {} (attempt {attempt}) in {:.1}s: {reason}", short(what), delay.as_secs_f64());
     }
     fn layer_done(&self, digest: &str) {
         eprintln!("layer {}: done", short(digest));
@@ -501,18 +416,10 @@ impl BarProgress {
             let _ = write!(out, "\x1b[{}A", state.drawn);
         }
         for (digest, done, total, finished) in &state.layers {
-            let fraction = if *total == 0 {
-                1.0
-            } else {
-                *done as f64 / *total as f64
-            };
+            let fraction = if *total == 0 { 1.0 } else { *done as f64 / *total as f64 };
             let width = 30usize;
             let filled = ((fraction * width as f64) as usize).min(width);
-            let status = if *finished {
-                "done".to_string()
-            } else {
-                format!("{:5.1}%", fraction * 100.0)
-            };
+            let status = if *finished { "done".to_string() } else { format!("{:5.1}%", fraction * 100.0) };
             let _ = writeln!(
                 out,
                 "\x1b[2K{} [{}{}] {:>8.1}/{:.1} MiB {}",
@@ -532,47 +439,22 @@ impl BarProgress {
 impl PullProgress for BarProgress {
     fn resolved(&self, reference: &str, digest: &str, layers: &[LayerInfo]) {
         eprintln!("pulling {reference} ({digest})");
-        self.state.borrow_mut().layers = layers
-            .iter()
-            .map(|l| {
-                (
-                    l.digest.clone(),
-                    if l.cached { l.size } else { 0 },
-                    l.size,
-                    l.cached,
-                )
-            })
-            .collect();
+        self.state.borrow_mut().layers =
+            layers.iter().map(|l| (l.digest.clone(), if l.cached { l.size } else { 0 }, l.size, l.cached)).collect();
         self.redraw();
     }
     fn layer_progress(&self, digest: &str, done: u64, _total: u64) {
-        if let Some(entry) = self
-            .state
-            .borrow_mut()
-            .layers
-            .iter_mut()
-            .find(|l| l.0 == digest)
-        {
+        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
             entry.1 = done;
         }
         self.redraw();
     }
     fn retrying(&self, what: &str, attempt: u32, delay: Duration, reason: &str) {
         self.state.borrow_mut().drawn = 0;
-        eprintln!(
-            "retry {} (attempt {attempt}) in {:.1}s: {reason}",
-            short(what),
-            delay.as_secs_f64()
-        );
+        eprintln!("retry {} (attempt {attempt}) in {:.1}s: {reason}", short(what), delay.as_secs_f64());
     }
     fn layer_done(&self, digest: &str) {
-        if let Some(entry) = self
-            .state
-            .borrow_mut()
-            .layers
-            .iter_mut()
-            .find(|l| l.0 == digest)
-        {
+        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
             entry.1 = entry.2;
             entry.3 = true;
         }

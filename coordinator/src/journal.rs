@@ -187,10 +187,7 @@ impl DomainJournal {
 
     /// The Domain's protocol phase, as the journal implies it.
     pub fn phase(&self) -> String {
-        self.machine
-            .domain_state(&self.domain)
-            .map(|d| format!("{:?}", d.phase))
-            .unwrap_or_else(|| "Absent".into())
+        self.machine.domain_state(&self.domain).map(|d| format!("{:?}", d.phase)).unwrap_or_else(|| "Absent".into())
     }
 
     /// The model state so far.
@@ -227,7 +224,11 @@ pub fn check_all(domain_root: &Path) -> Result<Vec<CheckedJournal>, JournalError
         .map_err(|source| JournalError::Io { path: domain_root.to_path_buf(), source })?
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n == JOURNAL_FILE || (n.starts_with("journal-") && n.ends_with(".crashed.jsonl"))))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n == JOURNAL_FILE || (n.starts_with("journal-") && n.ends_with(".crashed.jsonl")))
+        })
         .collect();
     files.sort();
     let mut out = Vec::new();
@@ -238,7 +239,8 @@ pub fn check_all(domain_root: &Path) -> Result<Vec<CheckedJournal>, JournalError
             .map_while(Result::ok)
             .filter(|l| !l.trim().is_empty())
             .count();
-        let machine = lazaret_protocol::replay_reader(BufReader::new(f)).map_err(|source| JournalError::Nonconformant { path: path.clone(), source })?;
+        let machine = lazaret_protocol::replay_reader(BufReader::new(f))
+            .map_err(|source| JournalError::Nonconformant { path: path.clone(), source })?;
         let complete = machine.state().domains.iter().all(|d| d.phase == DomainPhase::Absent);
         out.push(CheckedJournal { path, entries, complete });
     }
@@ -257,7 +259,14 @@ mod tests {
     }
 
     fn stop(j: &mut DomainJournal) {
-        for e in [Event::BeginTeardown, Event::StopSandbox, Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
+        for e in [
+            Event::BeginTeardown,
+            Event::StopSandbox,
+            Event::StopSidecar,
+            Event::DestroyTrustAnchor,
+            Event::UnmountStateAnchor,
+            Event::ReleaseDomainLock,
+        ] {
             j.record(e).expect("teardown");
         }
     }
@@ -311,7 +320,10 @@ mod tests {
         sync.sync().expect("sync");
         j.syncer().sync().expect("sync");
         let text = std::fs::read_to_string(dir.path().join(JOURNAL_FILE)).expect("read");
-        let actions: Vec<String> = text.lines().map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["action"].as_str().unwrap_or("").to_string()).collect();
+        let actions: Vec<String> = text
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("json")["action"].as_str().unwrap_or("").to_string())
+            .collect();
         assert_eq!(actions, ["AcquireDomainLock", "MountStateAnchor"]);
         assert_eq!(check_all(dir.path()).expect("conformant")[0].entries, 2);
     }
@@ -319,7 +331,8 @@ mod tests {
     #[test]
     fn a_forged_line_fails_the_check() {
         let dir = tempfile::tempdir().expect("tempdir");
-        std::fs::write(dir.path().join(JOURNAL_FILE), "{\"timestamp_ms\":1,\"domain\":\"d\",\"action\":\"StartSandbox\"}\n").expect("write");
+        std::fs::write(dir.path().join(JOURNAL_FILE), "{\"timestamp_ms\":1,\"domain\":\"d\",\"action\":\"StartSandbox\"}\n")
+            .expect("write");
         assert!(matches!(check_all(dir.path()), Err(JournalError::Nonconformant { .. })));
     }
 }

@@ -8,7 +8,9 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use lazaret_netpolicy::topology::{self, DomainNetwork, HostWatcher, LockedResolver, Netns, ResolverSettings, SidecarId, TopologyConfig, TopologyError};
+use lazaret_netpolicy::topology::{
+    self, DomainNetwork, HostWatcher, LockedResolver, Netns, ResolverSettings, SidecarId, TopologyConfig, TopologyError,
+};
 use lazaret_netpolicy::{CompiledPolicy, NameRule, PolicyError, PolicyInput};
 
 use crate::config::{Config, EgressMode, Profile};
@@ -25,7 +27,9 @@ pub enum NetworkError {
         source: PolicyError,
     },
     /// No usable DNS resolver.
-    #[error("DNS for profile {profile:?}: {source}\n  hint: set `dns = [\"ADDRESS\", ...]` in the profile or at the top of the configuration")]
+    #[error(
+        "DNS for profile {profile:?}: {source}\n  hint: set `dns = [\"ADDRESS\", ...]` in the profile or at the top of the configuration"
+    )]
     Dns {
         /// The profile.
         profile: String,
@@ -33,7 +37,9 @@ pub enum NetworkError {
         source: lazaret_netpolicy::DnsError,
     },
     /// The profile asks for IPv6 on a host that has it switched off.
-    #[error("profile {profile:?} sets `ipv6 = true`, but {why}\n  hint: set `ipv6 = false` in the profile (or leave it out: the default follows the host), or enable IPv6 on the host")]
+    #[error(
+        "profile {profile:?} sets `ipv6 = true`, but {why}\n  hint: set `ipv6 = false` in the profile (or leave it out: the default follows the host), or enable IPv6 on the host"
+    )]
     Ipv6Unavailable {
         /// The profile.
         profile: String,
@@ -77,9 +83,13 @@ fn ipv6_default() -> Result<bool, NetworkError> {
 fn host_ipv6_off(conf: &Path) -> Option<String> {
     let knob = conf.join("default/disable_ipv6");
     match std::fs::read_to_string(&knob) {
-        Ok(v) if v.trim() == "1" => Some("IPv6 is disabled on this host for new interfaces (net.ipv6.conf.default.disable_ipv6 = 1)".to_string()),
+        Ok(v) if v.trim() == "1" => {
+            Some("IPv6 is disabled on this host for new interfaces (net.ipv6.conf.default.disable_ipv6 = 1)".to_string())
+        }
         Ok(_) => None,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("this host's kernel has IPv6 off (no /proc/sys/net/ipv6; booted with ipv6.disable=1?)".to_string()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Some("this host's kernel has IPv6 off (no /proc/sys/net/ipv6; booted with ipv6.disable=1?)".to_string())
+        }
         // Unreadable: let the topology say what fails.
         Err(_) => None,
     }
@@ -168,7 +178,8 @@ pub fn bring_up(config: &Config, profile: &Profile, record: &Path) -> Result<Dom
         Err(source) => return Err(NetworkError::Record { path: record.to_path_buf(), source }),
     }
     let network = DomainNetwork::create(&host, &topo, &input).map_err(|e| for_profile(profile, e))?;
-    std::fs::write(record, format!("{}\n", network.sidecar_id())).map_err(|source| NetworkError::Record { path: record.to_path_buf(), source })?;
+    std::fs::write(record, format!("{}\n", network.sidecar_id()))
+        .map_err(|source| NetworkError::Record { path: record.to_path_buf(), source })?;
     Ok(network)
 }
 

@@ -151,7 +151,12 @@ pub fn passwd_with(image: &str, account: &Account) -> Result<String, PasswdError
         if let Some((name, uid)) = passwd_name_uid(line) {
             if uid == Some(0) {
                 if name == account.name {
-                    return Err(PasswdError::BadField { file: "passwd", what: "user name", value: account.name.clone(), reason: "it is the name of uid 0 in the image" });
+                    return Err(PasswdError::BadField {
+                        file: "passwd",
+                        what: "user name",
+                        value: account.name.clone(),
+                        reason: "it is the name of uid 0 in the image",
+                    });
                 }
             } else if name == account.name || uid == Some(account.uid) {
                 continue;
@@ -168,7 +173,8 @@ pub fn passwd_with(image: &str, account: &Account) -> Result<String, PasswdError
 pub fn group_with(image: &str, account: &Account) -> Result<String, PasswdError> {
     check_name("group", "user name", &account.name)?;
     // The groups wanted, primary first, each gid once.
-    let mut wanted: Vec<Wanted> = vec![Wanted { gid: account.gid, name: account.group_name.clone(), primary: true, found: false, members: Vec::new() }];
+    let mut wanted: Vec<Wanted> =
+        vec![Wanted { gid: account.gid, name: account.group_name.clone(), primary: true, found: false, members: Vec::new() }];
     for g in &account.groups {
         if !wanted.iter().any(|w| w.gid == g.gid) {
             wanted.push(Wanted { gid: g.gid, name: g.name.clone(), primary: false, found: false, members: Vec::new() });
@@ -342,9 +348,7 @@ fn open_image_root(rootfs: &Path) -> Result<std::fs::File, PasswdError> {
 
 /// Resolves `rel` inside the image as if it were `/`.
 fn open_in_image(image: &std::fs::File, rel: &str, flags: OFlag) -> nix::Result<std::os::fd::OwnedFd> {
-    let how = OpenHow::new()
-        .flags(flags | OFlag::O_CLOEXEC)
-        .resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
+    let how = OpenHow::new().flags(flags | OFlag::O_CLOEXEC).resolve(ResolveFlag::RESOLVE_IN_ROOT | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     nix::fcntl::openat2(image.as_fd(), rel, how)
 }
 
@@ -429,7 +433,10 @@ mod tests {
         assert_eq!(lines(&out), expected);
         assert!(out.ends_with('\n'));
         // Without a trailing newline, or an image without the file at all.
-        assert_eq!(passwd_with("root:x:0:0:root:/root:/bin/sh", &dev()).expect("passwd"), "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/bash\n");
+        assert_eq!(
+            passwd_with("root:x:0:0:root:/root:/bin/sh", &dev()).expect("passwd"),
+            "root:x:0:0:root:/root:/bin/sh\nalice:x:1000:1000::/home/alice:/bin/bash\n"
+        );
         assert_eq!(passwd_with("", &dev()).expect("passwd"), "alice:x:1000:1000::/home/alice:/bin/bash\n");
     }
 
@@ -439,7 +446,13 @@ mod tests {
         let out = passwd_with(image, &dev()).expect("passwd");
         assert_eq!(
             lines(&out),
-            ["root:x:0:0:root:/root:/bin/bash", "bob:x:1002:1002::/home/bob:/bin/sh", "+nis", "broken line", "alice:x:1000:1000::/home/alice:/bin/bash"]
+            [
+                "root:x:0:0:root:/root:/bin/bash",
+                "bob:x:1002:1002::/home/bob:/bin/sh",
+                "+nis",
+                "broken line",
+                "alice:x:1000:1000::/home/alice:/bin/bash"
+            ]
         );
     }
 
@@ -526,7 +539,11 @@ mod tests {
     #[test]
     fn gid_zero_is_never_removed_and_duplicates_collapse() {
         let mut account = dev();
-        account.groups = vec![HostGroup { gid: 0, name: Some("wheel".into()) }, HostGroup { gid: 27, name: Some("sudo".into()) }, HostGroup { gid: 27, name: Some("sudo".into()) }];
+        account.groups = vec![
+            HostGroup { gid: 0, name: Some("wheel".into()) },
+            HostGroup { gid: 27, name: Some("sudo".into()) },
+            HostGroup { gid: 27, name: Some("sudo".into()) },
+        ];
         let image = "root:x:0:\nwheel:x:10:\nsudo:x:27:\nsudo:x:27:\n";
         let out = group_with(image, &account).expect("group");
         assert_eq!(lines(&out), ["root:x:0:", "sudo:x:27:alice", "alice:x:1000:alice", "wheel:x:0:alice"]);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use lazaret_protocol::wire::{self, FrameError};
 use lazaret_runtime::fdpass;
-use serde::{de::DeserializeOwned, Serialize};
+use serde::{Serialize, de::DeserializeOwned};
 
 /// How long a one-shot request waits for its answer.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);

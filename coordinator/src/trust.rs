@@ -27,9 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
+use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 use rustls::crypto::CryptoProvider;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, UnixTime};
 use rustls::server::{NoServerSessionStorage, WebPkiClientVerifier};
@@ -305,11 +303,19 @@ impl TimedStream for UnixStream {
 /// (one from [`TrustAnchor::server_config`]); name its session with
 /// [`TrustAnchor::session_of`]. The socket is returned without timeouts:
 /// the caller sets its own for what follows.
-pub fn accept(config: &Arc<ServerConfig>, tcp: TcpStream, timeout: Duration) -> Result<StreamOwned<ServerConnection, TcpStream>, TrustError> {
+pub fn accept(
+    config: &Arc<ServerConfig>,
+    tcp: TcpStream,
+    timeout: Duration,
+) -> Result<StreamOwned<ServerConnection, TcpStream>, TrustError> {
     handshake(config, tcp, timeout)
 }
 
-fn handshake<S: TimedStream>(config: &Arc<ServerConfig>, mut stream: S, timeout: Duration) -> Result<StreamOwned<ServerConnection, S>, TrustError> {
+fn handshake<S: TimedStream>(
+    config: &Arc<ServerConfig>,
+    mut stream: S,
+    timeout: Duration,
+) -> Result<StreamOwned<ServerConnection, S>, TrustError> {
     let deadline = Instant::now() + timeout;
     let mut connection = ServerConnection::new(config.clone())?;
     let arm = |stream: &S| {
@@ -366,7 +372,11 @@ mod tests {
         (dir, ca)
     }
 
-    fn client_config(ca_pem: &str, credentials: Option<&SessionCredentials>, version: &'static rustls::SupportedProtocolVersion) -> Arc<ClientConfig> {
+    fn client_config(
+        ca_pem: &str,
+        credentials: Option<&SessionCredentials>,
+        version: &'static rustls::SupportedProtocolVersion,
+    ) -> Arc<ClientConfig> {
         let mut roots = RootCertStore::empty();
         roots.add(CertificateDer::from_pem_slice(ca_pem.as_bytes()).expect("CA PEM")).expect("root");
         let builder = ClientConfig::builder_with_provider(provider())
@@ -517,7 +527,8 @@ mod tests {
         let ca_key_pem = ca.issuer.key().serialize_pem();
         let ca_key_body: String = ca_key_pem.lines().filter(|line| !line.starts_with("-----")).collect();
         let credentials = ca.issue_session("s-1").expect("issue");
-        for text in [&credentials.cert_pem, &credentials.key_pem, &ca.ca_pem().to_string(), &format!("{credentials:?}"), &format!("{ca:?}")] {
+        for text in [&credentials.cert_pem, &credentials.key_pem, &ca.ca_pem().to_string(), &format!("{credentials:?}"), &format!("{ca:?}")]
+        {
             let flat: String = text.lines().collect();
             assert!(!flat.contains(&ca_key_body), "the CA key is in {text}");
         }
@@ -550,10 +561,7 @@ mod tests {
         let server_cert = webpki::EndEntityCert::try_from(&chain[0]).expect("parse");
         let ca_cert = webpki::EndEntityCert::try_from(&ca.cert_der).expect("parse");
         assert_ne!(server_cert.subject_public_key_info(), ca_cert.subject_public_key_info());
-        assert!(
-            matches!(ca.session_of(&chain), Err(TrustError::NotThisDomainsCa(_))),
-            "a serverAuth certificate is no session's"
-        );
+        assert!(matches!(ca.session_of(&chain), Err(TrustError::NotThisDomainsCa(_))), "a serverAuth certificate is no session's");
     }
 
     #[test]

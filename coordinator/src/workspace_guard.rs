@@ -17,7 +17,7 @@ use lazaret_mounts::guard::{GuardConfig, GuardError, GuardRoot, Owner, RootKind}
 pub use lazaret_mounts::guard::{QuarantineRecord, RestoredFile};
 use lazaret_protocol::journal::{Event, JournalEntry};
 
-use crate::context::{require_root, Context, ContextError};
+use crate::context::{Context, ContextError, require_root};
 use crate::layout;
 
 /// The label of the workspace root in guard records.
@@ -137,7 +137,11 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
     // bits cleared, a root agent's files given to the developer); nothing
     // on the host reads it, so no git control checks.
     for state in ctx.profile_state().into_iter().filter(|s| s.host.is_dir()) {
-        roots.push(GuardRoot { label: format!("{PROFILE_STATE_LABEL_PREFIX}{}", state.sandbox.display()), path: state.host, kind: RootKind::IgnoredState });
+        roots.push(GuardRoot {
+            label: format!("{PROFILE_STATE_LABEL_PREFIX}{}", state.sandbox.display()),
+            path: state.host,
+            kind: RootKind::IgnoredState,
+        });
     }
     GuardConfig {
         roots,
@@ -306,9 +310,18 @@ fn audit_entry(line: &str) -> Option<AuditEntry> {
     }
     let entry: JournalEntry = serde_json::from_str(line).ok()?;
     match entry.event {
-        Event::NeutraliseSandboxWrite { root, path, kind, summary, reason, quarantine_id, found_by } => {
-            Some(AuditEntry { time_ms: entry.timestamp_ms, root, path, kind, summary, reason, found_by, quarantine_id, in_quarantine: false, quarantined: None })
-        }
+        Event::NeutraliseSandboxWrite { root, path, kind, summary, reason, quarantine_id, found_by } => Some(AuditEntry {
+            time_ms: entry.timestamp_ms,
+            root,
+            path,
+            kind,
+            summary,
+            reason,
+            found_by,
+            quarantine_id,
+            in_quarantine: false,
+            quarantined: None,
+        }),
         _ => None,
     }
 }
@@ -327,7 +340,12 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
                 entries.push(AuditEntry {
                     time_ms: record.time.saturating_mul(1000),
                     root: record.root.clone(),
-                    summary: format!("{}:{}: quarantined: {}", record.root, lazaret_protocol::display::escaped(&record.path), record.reason),
+                    summary: format!(
+                        "{}:{}: quarantined: {}",
+                        record.root,
+                        lazaret_protocol::display::escaped(&record.path),
+                        record.reason
+                    ),
                     path,
                     kind: "quarantined".into(),
                     reason: record.reason.clone(),
@@ -356,7 +374,8 @@ mod tests {
     fn the_developers_hooks_paths_come_from_every_file_they_include() {
         let home = tempfile::tempdir().expect("tempdir");
         let h = home.path();
-        std::fs::write(h.join(".gitconfig"), "[core]\n\thooksPath = /abs/hooks\n[includeIf \"gitdir:~/work/\"]\n\tpath = ~/work.inc\n").expect("write");
+        std::fs::write(h.join(".gitconfig"), "[core]\n\thooksPath = /abs/hooks\n[includeIf \"gitdir:~/work/\"]\n\tpath = ~/work.inc\n")
+            .expect("write");
         std::fs::write(h.join("work.inc"), "[include]\n\tpath = deeper.inc\n[CORE]\n\tHooksPath = .githooks\n").expect("write");
         std::fs::write(h.join("deeper.inc"), "[core]\n\thookspath = ../shared-hooks\n[include]\n\tpath = work.inc\n").expect("write");
         let mut found = hooks_paths_in(vec![(h.join(".gitconfig"), 0), (h.join("missing"), 0)], Some(h));
@@ -368,7 +387,11 @@ mod tests {
 
     #[test]
     fn guarded_paths_come_from_the_read_only_binds_of_the_workspace_and_the_outside_git_dirs() {
-        let bind = |dest: &str, readonly: bool| lazaret_oci::bundle::BindMount { source: PathBuf::from(dest), destination: PathBuf::from(dest), readonly };
+        let bind = |dest: &str, readonly: bool| lazaret_oci::bundle::BindMount {
+            source: PathBuf::from(dest),
+            destination: PathBuf::from(dest),
+            readonly,
+        };
         let binds = [
             bind("/home/d/wt", false),
             bind("/home/d/wt/.git", true),
@@ -379,7 +402,8 @@ mod tests {
             bind("/home/d/main/.gitx", true),
         ];
         let guarded = GuardedPaths::from_binds(Path::new("/home/d/wt"), &binds, vec![PathBuf::from("/home/d/main/.git")]);
-        let expected: Vec<PathBuf> = [".git", "/home/d/main/.git/config", "/home/d/main/.git/worktrees/wt/commondir"].iter().map(PathBuf::from).collect();
+        let expected: Vec<PathBuf> =
+            [".git", "/home/d/main/.git/config", "/home/d/main/.git/worktrees/wt/commondir"].iter().map(PathBuf::from).collect();
         assert_eq!(guarded.protected, expected);
         assert_eq!(guarded.git_dirs, [PathBuf::from("/home/d/main/.git")]);
         // A crash-recovery marker of an older build has no git_dirs.
@@ -401,7 +425,19 @@ mod tests {
     }
 
     fn record(id: &str, path: &str, time: u64) -> QuarantineRecord {
-        QuarantineRecord { id: id.into(), root: "workspace".into(), path: path.into(), reason: "hook".into(), time, mode: 0o755, owner: Owner { uid: 1, gid: 1 }, symlink_target: None, size: 3, content_kept: true, dropped: None }
+        QuarantineRecord {
+            id: id.into(),
+            root: "workspace".into(),
+            path: path.into(),
+            reason: "hook".into(),
+            time,
+            mode: 0o755,
+            owner: Owner { uid: 1, gid: 1 },
+            symlink_target: None,
+            size: 3,
+            content_kept: true,
+            dropped: None,
+        }
     }
 
     #[test]
@@ -409,10 +445,21 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let journal = dir.path().join("journal.jsonl");
         let start = JournalEntry { timestamp_ms: 1, domain: "d".into(), event: Event::MountStateAnchor }.to_json_line().expect("json");
-        std::fs::write(&journal, format!("{start}\n{}\nnot json NeutraliseSandboxWrite\n{}\n", line("a/.git/hooks/pre-commit", Some("q1"), 5), line("tool", None, 7))).expect("write");
+        std::fs::write(
+            &journal,
+            format!(
+                "{start}\n{}\nnot json NeutraliseSandboxWrite\n{}\n",
+                line("a/.git/hooks/pre-commit", Some("q1"), 5),
+                line("tool", None, 7)
+            ),
+        )
+        .expect("write");
         let found = neutralisations_in(&journal).expect("read");
         assert_eq!(found.len(), 2);
-        assert_eq!((found[0].path.as_str(), found[0].quarantine_id.as_deref(), found[0].time_ms), ("a/.git/hooks/pre-commit", Some("q1"), 5));
+        assert_eq!(
+            (found[0].path.as_str(), found[0].quarantine_id.as_deref(), found[0].time_ms),
+            ("a/.git/hooks/pre-commit", Some("q1"), 5)
+        );
         assert_eq!(found[1].kind, "cleared_privilege_bits");
     }
 
@@ -430,8 +477,14 @@ mod tests {
         assert_eq!(joined[0].quarantined.as_ref().map(|r| r.size), Some(3));
         // A dropped copy (the quarantine over its bounds): its record stays, the content is not kept.
         let dropped = QuarantineRecord { dropped: Some(9), content_kept: false, ..record("q1", "x/.git/config", 2) };
-        let joined = join_quarantine(vec![audit_entry(&line("x/.git/config", Some("q1"), 2_000)).expect("entry")], vec![dropped, QuarantineRecord { dropped: Some(9), ..record("q4", "w/.git/config", 1) }]);
-        assert_eq!(joined.iter().map(|e| (e.quarantine_id.as_deref(), e.in_quarantine)).collect::<Vec<_>>(), [(Some("q4"), false), (Some("q1"), false)]);
+        let joined = join_quarantine(
+            vec![audit_entry(&line("x/.git/config", Some("q1"), 2_000)).expect("entry")],
+            vec![dropped, QuarantineRecord { dropped: Some(9), ..record("q4", "w/.git/config", 1) }],
+        );
+        assert_eq!(
+            joined.iter().map(|e| (e.quarantine_id.as_deref(), e.in_quarantine)).collect::<Vec<_>>(),
+            [(Some("q4"), false), (Some("q1"), false)]
+        );
         assert!(joined.iter().all(|e| e.quarantined.as_ref().is_some_and(|r| r.dropped == Some(9))));
     }
 
@@ -441,7 +494,11 @@ mod tests {
         for name in ["journal.jsonl", "journal-200.crashed.jsonl", "journal-100.crashed.jsonl", "isolated-paths.json"] {
             std::fs::write(dir.path().join(name), "").expect("write");
         }
-        let names: Vec<String> = journal_files(dir.path()).expect("list").iter().filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned())).collect();
+        let names: Vec<String> = journal_files(dir.path())
+            .expect("list")
+            .iter()
+            .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
         assert_eq!(names, ["journal-100.crashed.jsonl", "journal-200.crashed.jsonl", "journal.jsonl"]);
         assert!(journal_files(&dir.path().join("missing")).expect("absent").is_empty());
     }

@@ -30,9 +30,7 @@ fn labelled(label: &str, path: PathBuf) -> (String, PathBuf) {
 
 fn inside(result: Result<(), ConfinementError>) -> (String, PathBuf) {
     match result {
-        Err(ConfinementError::Inside {
-            mount, mount_path, ..
-        }) => (mount, mount_path),
+        Err(ConfinementError::Inside { mount, mount_path, .. }) => (mount, mount_path),
         other => panic!("expected Inside, got {other:?}"),
     }
 }
@@ -54,19 +52,13 @@ fn config_outside_every_mount_is_accepted() {
 #[test]
 fn config_inside_the_workspace_is_refused_naming_the_mount() {
     let t = tree();
-    let mounts = [
-        labelled("volume /data", t.root.join("data")),
-        labelled("workspace", t.root.join("workspace")),
-    ];
+    let mounts = [labelled("volume /data", t.root.join("data")), labelled("workspace", t.root.join("workspace"))];
     let error = check_confinement(&t.root.join("workspace/lazaret.toml"), &mounts).unwrap_err();
     let text = error.to_string();
     let (label, path) = inside(Err(error));
     assert_eq!(label, "workspace");
     assert_eq!(path, t.root.join("workspace"));
-    assert!(
-        text.contains("inside the workspace mounted into the sandbox"),
-        "{text}"
-    );
+    assert!(text.contains("inside the workspace mounted into the sandbox"), "{text}");
     assert!(text.contains("hint: move the configuration"), "{text}");
 }
 
@@ -74,15 +66,9 @@ fn config_inside_the_workspace_is_refused_naming_the_mount() {
 fn a_volume_of_the_home_or_of_the_file_itself_is_refused() {
     let t = tree();
     let config = t.root.join("home/.config/lazaret/config.toml");
-    let (label, _) = inside(check_confinement(
-        &config,
-        &[labelled("volume ~:/home/me", t.root.join("home"))],
-    ));
+    let (label, _) = inside(check_confinement(&config, &[labelled("volume ~:/home/me", t.root.join("home"))]));
     assert_eq!(label, "volume ~:/home/me");
-    let (label, _) = inside(check_confinement(
-        &config,
-        &[labelled("volume cfg", config.clone())],
-    ));
+    let (label, _) = inside(check_confinement(&config, &[labelled("volume cfg", config.clone())]));
     assert_eq!(label, "volume cfg");
 }
 
@@ -91,29 +77,16 @@ fn symlinks_are_resolved_on_both_sides() {
     let t = tree();
     // The workspace reached through a symlink.
     symlink(t.root.join("workspace"), t.root.join("ws-link")).unwrap();
-    let (label, path) = inside(check_confinement(
-        &t.root.join("workspace/lazaret.toml"),
-        &[labelled("workspace", t.root.join("ws-link"))],
-    ));
+    let (label, path) = inside(check_confinement(&t.root.join("workspace/lazaret.toml"), &[labelled("workspace", t.root.join("ws-link"))]));
     assert_eq!(label, "workspace");
     assert_eq!(path, t.root.join("workspace"));
     // The configuration file named through a symlink that points into the workspace.
-    symlink(
-        t.root.join("workspace/lazaret.toml"),
-        t.root.join("home/cfg-link.toml"),
-    )
-    .unwrap();
-    inside(check_confinement(
-        &t.root.join("home/cfg-link.toml"),
-        &[labelled("workspace", t.root.join("workspace"))],
-    ));
+    symlink(t.root.join("workspace/lazaret.toml"), t.root.join("home/cfg-link.toml")).unwrap();
+    inside(check_confinement(&t.root.join("home/cfg-link.toml"), &[labelled("workspace", t.root.join("workspace"))]));
     // A symlinked directory on the configuration's path.
     symlink(t.root.join("workspace/src"), t.root.join("home/src-link")).unwrap();
     std::fs::write(t.root.join("workspace/src/c.toml"), "").unwrap();
-    inside(check_confinement(
-        &t.root.join("home/src-link/c.toml"),
-        &[labelled("workspace", t.root.join("workspace"))],
-    ));
+    inside(check_confinement(&t.root.join("home/src-link/c.toml"), &[labelled("workspace", t.root.join("workspace"))]));
 }
 
 #[test]
@@ -127,22 +100,8 @@ fn a_bind_mounted_alias_of_a_parent_directory_is_refused() {
     let result = std::thread::spawn(move || {
         use nix::mount::{MsFlags, mount};
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS).unwrap();
-        mount(
-            None::<&str>,
-            "/",
-            None::<&str>,
-            MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-            None::<&str>,
-        )
-        .unwrap();
-        mount(
-            Some(&home),
-            &alias,
-            None::<&str>,
-            MsFlags::MS_BIND,
-            None::<&str>,
-        )
-        .unwrap();
+        mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>).unwrap();
+        mount(Some(&home), &alias, None::<&str>, MsFlags::MS_BIND, None::<&str>).unwrap();
         check_confinement(&config, &[labelled("volume /data", alias.clone())])
     })
     .join()
@@ -155,10 +114,7 @@ fn a_bind_mounted_alias_of_a_parent_directory_is_refused() {
 fn missing_config_file_is_an_io_error() {
     let t = tree();
     let result = check_confinement(&t.root.join("nope.toml"), &[]);
-    assert!(
-        matches!(result, Err(ConfinementError::Io { .. })),
-        "{result:?}"
-    );
+    assert!(matches!(result, Err(ConfinementError::Io { .. })), "{result:?}");
 }
 
 #[test]
@@ -166,25 +122,10 @@ fn profile_host_mounts_feed_the_check() {
     let t = tree();
     let text = "[profiles.a]\nimage = \"i\"\nvolumes = [\"~/.config:/root/.config:ro\"]\n";
     let config = Config::parse(text, Path::new("c.toml"), &t.root.join("home")).unwrap();
-    let mounts = config
-        .profile("a")
-        .unwrap()
-        .host_mounts(&t.root.join("workspace"));
-    assert_eq!(
-        mounts[0],
-        ("workspace".to_string(), t.root.join("workspace"))
-    );
+    let mounts = config.profile("a").unwrap().host_mounts(&t.root.join("workspace"));
+    assert_eq!(mounts[0], ("workspace".to_string(), t.root.join("workspace")));
     assert_eq!(mounts[1].1, t.root.join("home/.config"));
-    assert!(
-        mounts[1]
-            .0
-            .starts_with("volume ~/.config:/root/.config:ro (c.toml:3:12)"),
-        "{}",
-        mounts[1].0
-    );
-    let (label, _) = inside(check_confinement(
-        &t.root.join("home/.config/lazaret/config.toml"),
-        &mounts,
-    ));
+    assert!(mounts[1].0.starts_with("volume ~/.config:/root/.config:ro (c.toml:3:12)"), "{}", mounts[1].0);
+    let (label, _) = inside(check_confinement(&t.root.join("home/.config/lazaret/config.toml"), &mounts));
     assert_eq!(label, mounts[1].0);
 }

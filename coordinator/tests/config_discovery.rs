@@ -6,9 +6,7 @@ use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use lazaret_coordinator::config::{
-    Config, ConfigError, ConfigPathSource, config_path, config_path_with_source,
-};
+use lazaret_coordinator::config::{Config, ConfigError, ConfigPathSource, config_path, config_path_with_source};
 use lazaret_coordinator::identity::Developer;
 
 fn developer(home: &Path) -> Developer {
@@ -24,66 +22,36 @@ fn developer(home: &Path) -> Developer {
 }
 
 fn environment(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<OsString> {
-    let map: HashMap<String, OsString> = pairs
-        .iter()
-        .map(|(k, v)| (k.to_string(), OsString::from(v)))
-        .collect();
+    let map: HashMap<String, OsString> = pairs.iter().map(|(k, v)| (k.to_string(), OsString::from(v))).collect();
     move |name: &str| map.get(name).cloned()
 }
 
 #[test]
 fn precedence_is_cli_then_env_then_xdg_then_home() {
     let dev = developer(Path::new("/home/dev"));
-    let all = environment(&[
-        ("LAZARET_CONFIG", "/etc/lazaret.toml"),
-        ("XDG_CONFIG_HOME", "/xdg"),
-    ]);
+    let all = environment(&[("LAZARET_CONFIG", "/etc/lazaret.toml"), ("XDG_CONFIG_HOME", "/xdg")]);
     assert_eq!(
         config_path_with_source(Some(Path::new("/cli.toml")), &all, &dev),
         (PathBuf::from("/cli.toml"), ConfigPathSource::CommandLine)
     );
-    assert_eq!(
-        config_path_with_source(None, &all, &dev),
-        (
-            PathBuf::from("/etc/lazaret.toml"),
-            ConfigPathSource::Environment
-        )
-    );
+    assert_eq!(config_path_with_source(None, &all, &dev), (PathBuf::from("/etc/lazaret.toml"), ConfigPathSource::Environment));
     let xdg = environment(&[("XDG_CONFIG_HOME", "/xdg")]);
-    assert_eq!(
-        config_path_with_source(None, &xdg, &dev),
-        (
-            PathBuf::from("/xdg/lazaret/config.toml"),
-            ConfigPathSource::XdgConfigHome
-        )
-    );
+    assert_eq!(config_path_with_source(None, &xdg, &dev), (PathBuf::from("/xdg/lazaret/config.toml"), ConfigPathSource::XdgConfigHome));
     let none = environment(&[]);
     assert_eq!(
         config_path_with_source(None, &none, &dev),
-        (
-            PathBuf::from("/home/dev/.config/lazaret/config.toml"),
-            ConfigPathSource::DeveloperHome
-        )
+        (PathBuf::from("/home/dev/.config/lazaret/config.toml"), ConfigPathSource::DeveloperHome)
     );
-    assert_eq!(
-        config_path(None, &none, &dev),
-        PathBuf::from("/home/dev/.config/lazaret/config.toml")
-    );
+    assert_eq!(config_path(None, &none, &dev), PathBuf::from("/home/dev/.config/lazaret/config.toml"));
 }
 
 #[test]
 fn empty_and_relative_variables_are_ignored() {
     let dev = developer(Path::new("/home/dev"));
     let env = environment(&[("LAZARET_CONFIG", ""), ("XDG_CONFIG_HOME", "relative/dir")]);
-    assert_eq!(
-        config_path(None, &env, &dev),
-        PathBuf::from("/home/dev/.config/lazaret/config.toml")
-    );
+    assert_eq!(config_path(None, &env, &dev), PathBuf::from("/home/dev/.config/lazaret/config.toml"));
     let env = environment(&[("XDG_CONFIG_HOME", "")]);
-    assert_eq!(
-        config_path(None, &env, &dev),
-        PathBuf::from("/home/dev/.config/lazaret/config.toml")
-    );
+    assert_eq!(config_path(None, &env, &dev), PathBuf::from("/home/dev/.config/lazaret/config.toml"));
 }
 
 #[test]
@@ -94,24 +62,11 @@ fn missing_file_names_the_path_and_how_to_create_one() {
     assert!(matches!(error, ConfigError::NotFound { .. }));
     let text = error.to_string();
     let expected_path = home.path().join(".config/lazaret/config.toml");
-    assert!(
-        text.contains(&expected_path.display().to_string()),
-        "{text}"
-    );
+    assert!(text.contains(&expected_path.display().to_string()), "{text}");
     assert!(text.contains("the developer's ~/.config"), "{text}");
     assert!(text.contains("copy docs/config.example.toml"), "{text}");
-    let error = Config::discover(
-        None,
-        &environment(&[("LAZARET_CONFIG", "/nonexistent/l.toml")]),
-        &dev,
-    )
-    .unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .contains("/nonexistent/l.toml (found via $LAZARET_CONFIG)"),
-        "{error}"
-    );
+    let error = Config::discover(None, &environment(&[("LAZARET_CONFIG", "/nonexistent/l.toml")]), &dev).unwrap_err();
+    assert!(error.to_string().contains("/nonexistent/l.toml (found via $LAZARET_CONFIG)"), "{error}");
 }
 
 fn write_config(dir: &Path, text: &str) -> PathBuf {
@@ -126,17 +81,11 @@ fn write_config(dir: &Path, text: &str) -> PathBuf {
 #[test]
 fn loads_a_valid_file_with_home_of_the_developer() {
     let dir = tempfile::tempdir().unwrap();
-    let path = write_config(
-        dir.path(),
-        "[profiles.a]\nimage = \"i\"\nvolumes = [\"~/.a:/root/.a\"]\n",
-    );
+    let path = write_config(dir.path(), "[profiles.a]\nimage = \"i\"\nvolumes = [\"~/.a:/root/.a\"]\n");
     let dev = developer(Path::new("/home/someone"));
     let config = Config::discover(Some(&path), &environment(&[]), &dev).unwrap();
     assert_eq!(config.file, path);
-    assert_eq!(
-        config.profile("a").unwrap().volumes[0].host,
-        PathBuf::from("/home/someone/.a")
-    );
+    assert_eq!(config.profile("a").unwrap().volumes[0].host, PathBuf::from("/home/someone/.a"));
     // Owned by the developer is fine too.
     std::os::unix::fs::chown(&path, Some(dev.uid), Some(dev.gid)).unwrap();
     assert!(Config::load(&path, &dev).is_ok());
@@ -173,12 +122,7 @@ fn invalid_file_reports_its_path_in_locations() {
     let dir = tempfile::tempdir().unwrap();
     let path = write_config(dir.path(), "[profiles.a]\nimage = \"i\"\nbogus = 1\n");
     let error = Config::load(&path, &developer(Path::new("/h"))).unwrap_err();
-    assert!(
-        error
-            .to_string()
-            .starts_with(&format!("{}:3:1: unknown key `bogus`", path.display())),
-        "{error}"
-    );
+    assert!(error.to_string().starts_with(&format!("{}:3:1: unknown key `bogus`", path.display())), "{error}");
 }
 
 #[test]

@@ -18,22 +18,10 @@ fn diagnostics(text: &str) -> Vec<Diagnostic> {
 fn expect(text: &str, expected: &[(usize, usize, &str)]) -> Vec<Diagnostic> {
     let found = diagnostics(text);
     let summary: Vec<String> = found.iter().map(ToString::to_string).collect();
-    assert_eq!(
-        found.len(),
-        expected.len(),
-        "diagnostics:\n{}",
-        summary.join("\n")
-    );
+    assert_eq!(found.len(), expected.len(), "diagnostics:\n{}", summary.join("\n"));
     for (diagnostic, (line, column, fragment)) in found.iter().zip(expected) {
-        assert_eq!(
-            (diagnostic.line, diagnostic.column),
-            (*line, *column),
-            "{diagnostic}"
-        );
-        assert!(
-            diagnostic.message.contains(fragment),
-            "expected {fragment:?} in {diagnostic}"
-        );
+        assert_eq!((diagnostic.line, diagnostic.column), (*line, *column), "{diagnostic}");
+        assert!(diagnostic.message.contains(fragment), "expected {fragment:?} in {diagnostic}");
         assert!(diagnostic.hint.is_some(), "no hint: {diagnostic}");
         assert_eq!(diagnostic.file, "cfg.toml");
     }
@@ -60,91 +48,38 @@ fn fixture_with_many_mistakes_reports_all_of_them() {
             (11, 51, "may not be `/`"),
             (12, 17, "10.222.0.1/16 has host bits set"),
             (12, 48, "10.0.0.0/8 is listed twice in `allow_egress`"),
-            (
-                13,
-                16,
-                "10.0.0.0/8 is both allowed (allow_egress at line 12 column 34) and denied (deny_egress at line 13 column 16)",
-            ),
+            (13, 16, "10.0.0.0/8 is both allowed (allow_egress at line 12 column 34) and denied (deny_egress at line 13 column 16)"),
             (13, 30, "IPv6 prefix fd00::/8 given while `ipv6 = false`"),
-            (
-                14,
-                9,
-                "\"BAD-NAME\" is not a valid environment variable name",
-            ),
+            (14, 9, "\"BAD-NAME\" is not a valid environment variable name"),
             (14, 34, "\"\" is not a valid environment variable name"),
-            (
-                15,
-                12,
-                "`volumes (host side)`: \"relative\" is a relative path",
-            ),
-            (
-                15,
-                27,
-                "`volumes (sandbox side)`: \"rel\" is a relative path",
-            ),
+            (15, 12, "`volumes (host side)`: \"relative\" is a relative path"),
+            (15, 27, "`volumes (sandbox side)`: \"rel\" is a relative path"),
             (15, 39, "unknown option \"rx\""),
             (16, 8, "`user` = \"nobody\" is not valid"),
-            (
-                17,
-                22,
-                "`isolate_gitignored` must be true or false, found string",
-            ),
+            (17, 22, "`isolate_gitignored` must be true or false, found string"),
             (18, 11, "`command` is empty"),
         ],
     );
-    assert!(
-        found[5]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("did you mean `image`?")
-    );
-    assert!(
-        found[9]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("\"10.222.0.0/16\"")
-    );
-    assert!(
-        found[0]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("use an absolute path")
-    );
+    assert!(found[5].hint.as_deref().unwrap().contains("did you mean `image`?"));
+    assert!(found[9].hint.as_deref().unwrap().contains("\"10.222.0.0/16\""));
+    assert!(found[0].hint.as_deref().unwrap().contains("use an absolute path"));
 }
 
 #[test]
 fn display_is_file_line_column_message_then_hint() {
-    let error =
-        Config::parse("colour = 1\n", Path::new("/etc/x.toml"), Path::new("/h")).unwrap_err();
+    let error = Config::parse("colour = 1\n", Path::new("/etc/x.toml"), Path::new("/h")).unwrap_err();
     let text = error.to_string();
     let mut lines = text.lines();
-    assert_eq!(
-        lines.next(),
-        Some("/etc/x.toml:1:1: unknown key `colour` in the top level")
-    );
-    assert!(
-        lines
-            .next()
-            .unwrap()
-            .starts_with("  hint: valid keys: storage_root,")
-    );
-    assert_eq!(
-        lines.next(),
-        Some("/etc/x.toml:1:1: the configuration defines no profile")
-    );
+    assert_eq!(lines.next(), Some("/etc/x.toml:1:1: unknown key `colour` in the top level"));
+    assert!(lines.next().unwrap().starts_with("  hint: valid keys: storage_root,"));
+    assert_eq!(lines.next(), Some("/etc/x.toml:1:1: the configuration defines no profile"));
     assert!(text.ends_with("2 errors in configuration"), "{text}");
 }
 
 #[test]
 fn syntax_errors_are_located() {
     // An unterminated string is reported where the line ends.
-    expect(
-        "[profiles.a]\nimage = \"i\nuser = 3\n",
-        &[(2, 11, "TOML syntax error")],
-    );
+    expect("[profiles.a]\nimage = \"i\nuser = 3\n", &[(2, 11, "TOML syntax error")]);
     let found = diagnostics("[profiles.a]\nimage = \"i\"\nimage = \"j\"\n");
     assert_eq!(found[0].line, 3, "{}", found[0]);
     assert!(found[0].message.contains("TOML syntax error"));
@@ -152,25 +87,15 @@ fn syntax_errors_are_located() {
 
 #[test]
 fn wrong_types_point_at_the_value() {
-    expect(
-        "profiles = 3\n",
-        &[(1, 12, "`profiles` must be a table, found integer")],
-    );
+    expect("profiles = 3\n", &[(1, 12, "`profiles` must be a table, found integer")]);
     expect(
         &format!("storage_root = [\"/x\"]\n[runsc]\npath = 5\n{PROFILE}"),
-        &[
-            (1, 16, "`storage_root` must be a string, found array"),
-            (3, 8, "`runsc.path` must be a string, found integer"),
-        ],
+        &[(1, 16, "`storage_root` must be a string, found array"), (3, 8, "`runsc.path` must be a string, found integer")],
     );
     expect(
         "[profiles.a]\nimage = \"i\"\ncommand = [\"ok\", 3]\npersistent_dirs = \"/root\"\nenv = { A = 1 }\n",
         &[
-            (
-                3,
-                18,
-                "elements of `command` must be strings, found integer",
-            ),
+            (3, 18, "elements of `command` must be strings, found integer"),
             (4, 19, "`persistent_dirs` must be an array, found string"),
             (5, 13, "`env.A` must be a string, found integer"),
         ],
@@ -186,11 +111,7 @@ fn prefix_conflicts_and_families() {
     let found = expect(
         "[profiles.a]\nimage = \"i\"\nallow_egress = [\"192.168.1.0/24\"]\ndeny_egress = [\"192.168.1.0/24\", \"10.0.0.1\"]\n",
         &[
-            (
-                4,
-                16,
-                "192.168.1.0/24 is both allowed (allow_egress at line 3 column 17) and denied (deny_egress at line 4 column 16)",
-            ),
+            (4, 16, "192.168.1.0/24 is both allowed (allow_egress at line 3 column 17) and denied (deny_egress at line 4 column 16)"),
             (4, 34, "\"10.0.0.1\" has no prefix length"),
         ],
     );
@@ -212,10 +133,7 @@ fn prefix_conflicts_and_families() {
 fn paths_and_volumes() {
     expect(
         "[profiles.a]\nimage = \"i\"\npersistent_dirs = [\"/usr\", \"/usr/local\", \"/opt\", \"/opt/\"]\n",
-        &[
-            (3, 28, "persistent directories /usr and /usr/local overlap"),
-            (3, 50, "persistent directory /opt is listed twice"),
-        ],
+        &[(3, 28, "persistent directories /usr and /usr/local overlap"), (3, 50, "persistent directory /opt is listed twice")],
     );
     expect(
         "[profiles.a]\nimage = \"i\"\nvolumes = [\"/a:/x\", \"/b:/x/\", \"~bob/x:/y\", \"/c\", \"~/../etc:/z\", \"/:/host\"]\n",
@@ -248,7 +166,11 @@ fn sandbox_side_home_paths() {
         ],
     );
     let hints: Vec<&str> = found.iter().map(|d| d.hint.as_deref().unwrap()).collect();
-    assert!(hints[0].contains("the home of the agent the profile runs") && hints[0].contains("/root for `user = \"root\"`"), "{}", hints[0]);
+    assert!(
+        hints[0].contains("the home of the agent the profile runs") && hints[0].contains("/root for `user = \"root\"`"),
+        "{}",
+        hints[0]
+    );
     assert!(hints[1].contains("SANDBOX absolute or starting with ~/ (the agent's home inside the sandbox)"), "{}", hints[1]);
     assert!(hints[2].contains("~/... for a path in the agent's home inside the sandbox"), "{}", hints[2]);
     // Accepted: `~`, `~/...`, both sides.
@@ -284,36 +206,17 @@ fn escalation_rules() {
              [[escalation.rules]]\ncommand = []\ncwd = \"/srv\"\n{PROFILE}"
         ),
         &[
-            (
-                4,
-                1,
-                "unknown key `allow_extra_arg` in an [[escalation.rules]] entry",
-            ),
+            (4, 1, "unknown key `allow_extra_arg` in an [[escalation.rules]] entry"),
             (5, 1, "escalation rule name \"push\" is used twice"),
             (8, 1, "escalation rule has no `name`"),
             (9, 11, "`command` is empty"),
             (10, 7, "\"/srv\" is an absolute path"),
         ],
     );
-    assert!(
-        found[0]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("did you mean `allow_extra_args`?")
-    );
-    assert!(
-        found[1]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("line 1 column 1")
-    );
+    assert!(found[0].hint.as_deref().unwrap().contains("did you mean `allow_extra_args`?"));
+    assert!(found[1].hint.as_deref().unwrap().contains("line 1 column 1"));
     assert!(found[4].hint.as_deref().unwrap().contains("relative to the workspace root"));
-    expect(
-        &format!("escalation = {{ rule = [] }}\n{PROFILE}"),
-        &[(1, 16, "unknown key `rule` in [escalation]")],
-    );
+    expect(&format!("escalation = {{ rule = [] }}\n{PROFILE}"), &[(1, 16, "unknown key `rule` in [escalation]")]);
 }
 
 #[test]
@@ -427,23 +330,10 @@ fn profile_escalation_rules_join_the_global_ones() {
 fn default_profile_must_exist_and_profiles_must_be_present() {
     let found = expect(
         "default_profile = \"claud\"\n[profiles.claude]\nimage = \"i\"\n",
-        &[(
-            1,
-            19,
-            "`default_profile` names \"claud\", which is not defined",
-        )],
+        &[(1, 19, "`default_profile` names \"claud\", which is not defined")],
     );
-    assert!(
-        found[0]
-            .hint
-            .as_deref()
-            .unwrap()
-            .contains("did you mean \"claude\"?")
-    );
-    expect(
-        "storage_root = \"/x\"\n",
-        &[(1, 1, "the configuration defines no profile")],
-    );
+    assert!(found[0].hint.as_deref().unwrap().contains("did you mean \"claude\"?"));
+    expect("storage_root = \"/x\"\n", &[(1, 1, "the configuration defines no profile")]);
     expect("[profiles]\n", &[(1, 1, "`profiles` defines no profile")]);
 }
 

@@ -11,9 +11,7 @@ use lazaret_coordinator::config::{Config, ConfigError, EnvValue, Platform, UserC
 use lazaret_coordinator::identity::Developer;
 
 fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/config")
-        .join(name)
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/config").join(name)
 }
 
 fn parse_file(path: &Path) -> Config {
@@ -39,21 +37,12 @@ fn ip(text: &str) -> IpAddr {
 fn full_fixture_parses_into_typed_values() {
     let config = parse_file(&fixture("full.toml"));
     assert_eq!(config.storage_root, PathBuf::from("/srv/lazaret"));
-    assert_eq!(
-        config.runtime_dir,
-        Some(PathBuf::from("/run/lazaret-test/1000"))
-    );
+    assert_eq!(config.runtime_dir, Some(PathBuf::from("/run/lazaret-test/1000")));
     assert_eq!(config.default_profile.as_deref(), Some("claude"));
     assert_eq!(config.dns, vec![ip("1.1.1.1"), ip("2606:4700:4700::1111")]);
-    assert_eq!(
-        config.runsc.path,
-        Some(PathBuf::from("/usr/local/bin/runsc"))
-    );
+    assert_eq!(config.runsc.path, Some(PathBuf::from("/usr/local/bin/runsc")));
     assert_eq!(config.runsc.platform, Platform::Ptrace);
-    assert_eq!(
-        config.runsc.debug_log_dir,
-        Some(PathBuf::from("/var/log/lazaret"))
-    );
+    assert_eq!(config.runsc.debug_log_dir, Some(PathBuf::from("/var/log/lazaret")));
 
     let global = &config.escalation;
     assert_eq!(global.prompt_timeout, Duration::from_secs(45));
@@ -67,11 +56,7 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(rules[0].cwd, None);
     assert_eq!(rules[0].timeout, None);
     assert!(rules[0].env.is_empty());
-    assert!(
-        rules[0].origin.ends_with("full.toml:17:1"),
-        "{}",
-        rules[0].origin
-    );
+    assert!(rules[0].origin.ends_with("full.toml:17:1"), "{}", rules[0].origin);
     assert!(rules[1].allow_extra_args);
     assert_eq!(rules[1].cwd, Some(PathBuf::from("src")));
     assert_eq!(rules[1].timeout, Some(Duration::from_secs(900)));
@@ -86,10 +71,7 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(claude.prompt_timeout, Duration::from_secs(30));
     assert_eq!(claude.timeout, Duration::from_secs(300));
     assert_eq!(claude.output_limit, 16 << 20);
-    assert_eq!(
-        claude.host_env_names(),
-        vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "AWS_PROFILE", "GH_TOKEN"]
-    );
+    assert_eq!(claude.host_env_names(), vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "AWS_PROFILE", "GH_TOKEN"]);
     // shell: the global settings as they are.
     assert_eq!(&config.profile("shell").unwrap().escalation, global);
 
@@ -98,36 +80,18 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(claude.image, "docker.io/library/debian:trixie");
     assert_eq!(claude.command, vec!["claude", "--verbose"]);
     assert!(!claude.isolate_gitignored);
-    assert_eq!(
-        claude.persistent_dirs,
-        vec![
-            PathBuf::from("/root"),
-            PathBuf::from("/usr"),
-            PathBuf::from("/var")
-        ]
-    );
-    let allow: Vec<String> = claude
-        .allow_egress
-        .iter()
-        .map(ToString::to_string)
-        .collect();
+    assert_eq!(claude.persistent_dirs, vec![PathBuf::from("/root"), PathBuf::from("/usr"), PathBuf::from("/var")]);
+    let allow: Vec<String> = claude.allow_egress.iter().map(ToString::to_string).collect();
     assert_eq!(allow, vec!["10.222.0.0/16", "fd00:1::/64"]);
     assert_eq!(claude.allow_egress[0].prefix_len(), 16);
     assert_eq!(claude.allow_egress[0].network(), ip("10.222.0.0"));
-    assert!(
-        claude.allow_egress[0].origin.ends_with("full.toml:35:17"),
-        "{}",
-        claude.allow_egress[0].origin
-    );
+    assert!(claude.allow_egress[0].origin.ends_with("full.toml:35:17"), "{}", claude.allow_egress[0].origin);
     assert_eq!(claude.deny_egress[0].to_string(), "10.222.13.0/24");
     assert_eq!(claude.ipv6, Some(true));
     assert_eq!(claude.dns, Some(vec![ip("10.222.0.53")]));
     assert_eq!(claude.effective_dns(&config), &[ip("10.222.0.53")]);
     let mut env = BTreeMap::new();
-    env.insert(
-        "ANTHROPIC_API_KEY".to_string(),
-        EnvValue::FromHost("ANTHROPIC_API_KEY".into()),
-    );
+    env.insert("ANTHROPIC_API_KEY".to_string(), EnvValue::FromHost("ANTHROPIC_API_KEY".into()));
     env.insert("EDITOR".to_string(), EnvValue::Literal("vi".into()));
     assert_eq!(claude.env, env);
     assert_eq!(claude.volumes.len(), 2);
@@ -137,13 +101,7 @@ fn full_fixture_parses_into_typed_values() {
     assert_eq!(claude.volumes[0].written, "~/.claude:/root/.claude");
     assert_eq!(claude.volumes[1].host, PathBuf::from("/srv/data"));
     assert!(claude.volumes[1].readonly);
-    assert_eq!(
-        claude.user,
-        UserChoice::Id {
-            uid: 1000,
-            gid: 1000
-        }
-    );
+    assert_eq!(claude.user, UserChoice::Id { uid: 1000, gid: 1000 });
     assert_eq!(claude.hostname.as_deref(), Some("claude-box"));
     assert_eq!(claude.memory_limit, Some(4 << 30));
     assert_eq!(claude.pids_limit, Some(2048));
@@ -176,10 +134,7 @@ fn defaults_are_filled_in() {
     assert_eq!(shell.pids_limit, None);
     assert_eq!(shell.escalation, config.escalation);
     assert!(shell.escalation_overrides.is_empty());
-    assert_eq!(
-        shell.escalation.host_env_names(),
-        vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES"]
-    );
+    assert_eq!(shell.escalation.host_env_names(), vec!["SSH_AUTH_SOCK", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES"]);
     assert!(shell.origin.ends_with("test.toml:1:1"), "{}", shell.origin);
 }
 
@@ -188,10 +143,7 @@ fn example_config_in_docs_is_valid() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/config.example.toml");
     let config = parse_file(&path);
     let names: Vec<&str> = config.profiles.keys().map(String::as_str).collect();
-    assert_eq!(
-        names,
-        vec!["claude", "codex", "gemini", "grok", "opencode", "shell"]
-    );
+    assert_eq!(names, vec!["claude", "codex", "gemini", "grok", "opencode", "shell"]);
     for agent in ["claude", "codex", "gemini", "grok", "opencode"] {
         let profile = config.profile(agent).unwrap();
         assert_eq!(profile.command[0], agent, "{agent} starts its own CLI");
@@ -203,14 +155,7 @@ fn example_config_in_docs_is_valid() {
     assert_eq!(config.profile("shell").unwrap().image, "debian-bookworm");
     // opencode needs one provider key; an unset `env:` variable is an error.
     assert_eq!(config.profile("opencode").unwrap().env.len(), 1);
-    assert_eq!(
-        config
-            .profile("claude")
-            .unwrap()
-            .env
-            .get("ANTHROPIC_API_KEY"),
-        Some(&EnvValue::FromHost("ANTHROPIC_API_KEY".into()))
-    );
+    assert_eq!(config.profile("claude").unwrap().env.get("ANTHROPIC_API_KEY"), Some(&EnvValue::FromHost("ANTHROPIC_API_KEY".into())));
     assert_eq!(config.default_profile.as_deref(), Some("claude"));
     let global: Vec<&str> = config.escalation.rules.iter().map(|r| r.name.as_str()).collect();
     assert_eq!(global, vec!["git-fetch", "git-push-origin"]);
@@ -220,10 +165,7 @@ fn example_config_in_docs_is_valid() {
     assert_eq!(claude.prompt_timeout, Duration::from_secs(60));
     assert!(claude.host_env_names().contains(&"GH_TOKEN".to_string()));
     let push = ["git", "push", "origin", "fix-123"].map(String::from);
-    assert_eq!(
-        claude.matching_rule(&push, Path::new(".")).map(|r| r.name.as_str()),
-        Some("git-push-origin")
-    );
+    assert_eq!(claude.matching_rule(&push, Path::new(".")).map(|r| r.name.as_str()), Some("git-push-origin"));
     assert_eq!(claude.timeout_for(claude.matching_rule(&push, Path::new("."))), Duration::from_secs(300));
     assert_eq!(claude.timeout_for(None), Duration::from_secs(600));
     let shell = &config.profile("shell").unwrap().escalation;
@@ -265,17 +207,13 @@ fn rendered_toml_parses_back_to_the_same_configuration() {
         let again = parse(&rendered);
         // The JSON rendering leaves out locations; compare everything else.
         let json = |c: &Config| {
-            let mut value: serde_json::Value =
-                serde_json::from_str(&c.render_json().unwrap()).unwrap();
+            let mut value: serde_json::Value = serde_json::from_str(&c.render_json().unwrap()).unwrap();
             value.as_object_mut().unwrap().remove("file");
             value
         };
         assert_eq!(json(&again), json(&config));
         for profile in config.profiles.keys() {
-            assert_eq!(
-                again.fingerprint(profile).unwrap(),
-                config.fingerprint(profile).unwrap()
-            );
+            assert_eq!(again.fingerprint(profile).unwrap(), config.fingerprint(profile).unwrap());
         }
     }
 }
@@ -301,38 +239,24 @@ fn json_shows_env_references_not_host_values() {
     assert_eq!(env["ANTHROPIC_API_KEY"], "env:ANTHROPIC_API_KEY");
     assert_eq!(env["EDITOR"], "vi");
     assert_eq!(json["profiles"]["claude"]["user"], "1000:1000");
-    assert_eq!(
-        json["profiles"]["claude"]["volumes"][1],
-        "/srv/data:/data:ro"
-    );
+    assert_eq!(json["profiles"]["claude"]["volumes"][1], "/srv/data:/data:ro");
     assert_eq!(json["runsc"]["platform"], "ptrace");
     assert!(json["file"].as_str().unwrap().ends_with("full.toml"));
     let toml = config.render_toml().unwrap();
-    assert!(
-        toml.contains("ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\""),
-        "{toml}"
-    );
+    assert!(toml.contains("ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\""), "{toml}");
 }
 
 #[test]
 fn env_values_resolve_from_the_launching_environment() {
     let lookup = |name: &str| (name == "KEY").then(|| OsString::from("secret"));
-    assert_eq!(
-        EnvValue::FromHost("KEY".into()).resolve(&lookup),
-        Some(OsString::from("secret"))
-    );
+    assert_eq!(EnvValue::FromHost("KEY".into()).resolve(&lookup), Some(OsString::from("secret")));
     assert_eq!(EnvValue::FromHost("OTHER".into()).resolve(&lookup), None);
-    assert_eq!(
-        EnvValue::Literal("x".into()).resolve(&lookup),
-        Some(OsString::from("x"))
-    );
+    assert_eq!(EnvValue::Literal("x".into()).resolve(&lookup), Some(OsString::from("x")));
 }
 
 #[test]
 fn profile_selection() {
-    let two = parse(
-        "default_profile = \"b\"\n[profiles.a]\nimage = \"i\"\n[profiles.b]\nimage = \"i\"\n",
-    );
+    let two = parse("default_profile = \"b\"\n[profiles.a]\nimage = \"i\"\n[profiles.b]\nimage = \"i\"\n");
     assert_eq!(two.select_profile(None).unwrap().name, "b");
     assert_eq!(two.select_profile(Some("a")).unwrap().name, "a");
     let error = two.select_profile(Some("c")).unwrap_err().to_string();
@@ -358,10 +282,7 @@ fn runtime_dir_defaults_to_run_lazaret_uid() {
         groups: Vec::new(),
     };
     let config = parse("[profiles.a]\nimage = \"i\"\n");
-    assert_eq!(
-        config.runtime_dir(&developer),
-        PathBuf::from("/run/lazaret/1234")
-    );
+    assert_eq!(config.runtime_dir(&developer), PathBuf::from("/run/lazaret/1234"));
     let config = parse("runtime_dir = \"/run/x\"\n[profiles.a]\nimage = \"i\"\n");
     assert_eq!(config.runtime_dir(&developer), PathBuf::from("/run/x"));
 }

@@ -184,7 +184,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         results[usize::from(on)].push(round(&ws, &tar, &quarantine, developer, on)?);
     }
     let col = |i: usize, f: &dyn Fn(&Round) -> f64| median(results[i].iter().map(f).collect());
-    println!("guard engine cost: {files} files unpacked by tar into a watched workspace ({mode} mode), {rounds} rounds each, alternating; medians");
+    println!(
+        "guard engine cost: {files} files unpacked by tar into a watched workspace ({mode} mode), {rounds} rounds each, alternating; medians"
+    );
     println!("{:<44} {:>10} {:>10}", "", "off", "on");
     println!("{:<44} {:>10.1} {:>10.1}", "tar wall ms", col(0, &|r| r.tar_wall_ms), col(1, &|r| r.tar_wall_ms));
     println!("{:<44} {:>10.1} {:>10.1}", "tar CPU ms (user+sys, 10 ms ticks)", col(0, &|r| r.tar_cpu_ms), col(1, &|r| r.tar_cpu_ms));

@@ -114,12 +114,7 @@ pub fn escape_path(path: &Path) -> String {
 /// Prepares the anchor storage of a Domain: validates `persistent_dirs`,
 /// checks the image digest record (`reset` discards an existing anchor
 /// first), creates the upper/work directories and records the digest.
-pub fn prepare_anchor(
-    domain_root: &Path,
-    persistent_dirs: &[PathBuf],
-    image_digest: &str,
-    reset: bool,
-) -> Result<AnchorPlan, MountError> {
+pub fn prepare_anchor(domain_root: &Path, persistent_dirs: &[PathBuf], image_digest: &str, reset: bool) -> Result<AnchorPlan, MountError> {
     if image_digest.is_empty() || image_digest.contains('\n') {
         return Err(MountError::Config(format!("invalid image digest {image_digest:?}")));
     }
@@ -235,8 +230,7 @@ fn copy_root_attributes(lower: &OwnedFd, upper: &Path) -> Result<(), MountError>
     }
     std::os::unix::fs::chown(upper, Some(st.st_uid), Some(st.st_gid)).map_err(|e| MountError::io("chown", upper, e))?;
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(upper, std::fs::Permissions::from_mode(st.st_mode & 0o7777))
-        .map_err(|e| MountError::io("chmod", upper, e))
+    std::fs::set_permissions(upper, std::fs::Permissions::from_mode(st.st_mode & 0o7777)).map_err(|e| MountError::io("chmod", upper, e))
 }
 
 #[cfg(test)]

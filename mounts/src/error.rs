@@ -45,36 +45,17 @@ pub enum MountError {
 
 impl MountError {
     /// Shorthand for [`MountError::Syscall`].
-    pub(crate) fn sys(
-        operation: &'static str,
-        path: impl Into<PathBuf>,
-        errno: nix::errno::Errno,
-    ) -> Self {
-        MountError::Syscall {
-            operation,
-            path: path.into(),
-            errno,
-        }
+    pub(crate) fn sys(operation: &'static str, path: impl Into<PathBuf>, errno: nix::errno::Errno) -> Self {
+        MountError::Syscall { operation, path: path.into(), errno }
     }
 
     /// Shorthand for [`MountError::Refused`].
     pub(crate) fn refused(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
-        MountError::Refused {
-            path: path.into(),
-            reason: reason.into(),
-        }
+        MountError::Refused { path: path.into(), reason: reason.into() }
     }
 
     /// Shorthand for [`MountError::Io`].
-    pub(crate) fn io(
-        operation: &'static str,
-        path: impl Into<PathBuf>,
-        source: std::io::Error,
-    ) -> Self {
-        MountError::Io {
-            operation,
-            path: path.into(),
-            source,
-        }
+    pub(crate) fn io(operation: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        MountError::Io { operation, path: path.into(), source }
     }
 }

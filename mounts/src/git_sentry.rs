@@ -263,7 +263,13 @@ impl Sentry<'_> {
     /// gitdir, `None` for a git dir that is (or names with `commondir`) its
     /// own common dir; `as_common` says git uses it as a common dir.
     /// Returns the common config's `worktreeConfig`.
-    fn visit_git_dir_as(&mut self, dir: &GitDirPath, inherited: Option<bool>, module_depth: usize, as_common: bool) -> Result<bool, MountError> {
+    fn visit_git_dir_as(
+        &mut self,
+        dir: &GitDirPath,
+        inherited: Option<bool>,
+        module_depth: usize,
+        as_common: bool,
+    ) -> Result<bool, MountError> {
         if let Some(flag) = self.git_dirs.get(dir) {
             return Ok(*flag);
         }
@@ -320,7 +326,8 @@ impl Sentry<'_> {
                 Some(FileKind::Regular) if name == "info" => self.protect(dir.join(name), FileKind::Regular),
                 Some(_) => return Err(refused(dir, name, "must be a directory")),
                 None if is_common => {
-                    safe_path::ensure_dir_beneath(fd.as_fd(), Path::new(name)).map_err(|e| safe_path::rename_error_path(e, dir.join(name).display_path()))?;
+                    safe_path::ensure_dir_beneath(fd.as_fd(), Path::new(name))
+                        .map_err(|e| safe_path::rename_error_path(e, dir.join(name).display_path()))?;
                     self.protect(dir.join(name), kind);
                 }
                 None => {}
@@ -458,18 +465,26 @@ impl Sentry<'_> {
                     FileKind::Symlink => {
                         return Err(MountError::refused(
                             path.display_path(),
-                            format!("is a symlink{}; git would follow it to a file Lazaret cannot protect (replace it with the real file)", included_by(chain)),
+                            format!(
+                                "is a symlink{}; git would follow it to a file Lazaret cannot protect (replace it with the real file)",
+                                included_by(chain)
+                            ),
                         ));
                     }
                     _ => {
-                        return Err(MountError::refused(path.display_path(), format!("a git config file must be a regular file{}", included_by(chain))));
+                        return Err(MountError::refused(
+                            path.display_path(),
+                            format!("a git config file must be a regular file{}", included_by(chain)),
+                        ));
                     }
                 }
                 self.protect(path.clone(), FileKind::Regular);
                 match self.read_sandbox(path) {
                     Ok(raw) => raw,
                     Err(e) => {
-                        self.plan.warnings.push(format!("{e}: the file is protected read-only, but its includes could not be read and are not protected"));
+                        self.plan.warnings.push(format!(
+                            "{e}: the file is protected read-only, but its includes could not be read and are not protected"
+                        ));
                         return Ok(None);
                     }
                 }
@@ -612,7 +627,9 @@ impl Sentry<'_> {
     fn open_sandbox_dir(&self, path: &GitDirPath) -> Result<(), MountError> {
         match self.open_sandbox(path)? {
             Some(fd) if safe_path::file_kind(fd.as_fd())? == FileKind::Directory => Ok(()),
-            Some(_) => Err(MountError::refused(path.display_path(), "`..` after a symlink or a file; Lazaret cannot resolve it as git would")),
+            Some(_) => {
+                Err(MountError::refused(path.display_path(), "`..` after a symlink or a file; Lazaret cannot resolve it as git would"))
+            }
             None => Ok(()),
         }
     }
@@ -633,7 +650,8 @@ impl Sentry<'_> {
             GitDirPath::Outside(abs) => {
                 let (parent, name) = split(path)?;
                 let GitDirPath::Outside(parent_abs) = parent else { return Ok(()) };
-                let dir = repo::open_absolute_dir(&parent_abs).map_err(|e| with_context(e, &format!(" (cannot create {})", abs.display())))?;
+                let dir =
+                    repo::open_absolute_dir(&parent_abs).map_err(|e| with_context(e, &format!(" (cannot create {})", abs.display())))?;
                 safe_path::ensure_file_beneath(dir.as_fd(), Path::new(&name))?;
             }
         }
@@ -649,7 +667,10 @@ impl Sentry<'_> {
             Some(fd) => match safe_path::file_kind(fd.as_fd())? {
                 FileKind::Directory => {}
                 FileKind::Symlink => {
-                    return Err(MountError::refused(path.display_path(), "core.hooksPath points at a symlink; Git Sentry cannot protect it"));
+                    return Err(MountError::refused(
+                        path.display_path(),
+                        "core.hooksPath points at a symlink; Git Sentry cannot protect it",
+                    ));
                 }
                 _ => return Err(MountError::refused(path.display_path(), "core.hooksPath must be a directory")),
             },
@@ -758,11 +779,9 @@ fn existing_kind(dir: BorrowedFd<'_>, name: &str, git_dir: &GitDirPath) -> Resul
         return Ok(None);
     };
     match safe_path::file_kind(fd.as_fd())? {
-        FileKind::Symlink => Err(refused(
-            git_dir,
-            name,
-            "is a symlink; Git Sentry cannot protect it (replace it with the real file or directory)",
-        )),
+        FileKind::Symlink => {
+            Err(refused(git_dir, name, "is a symlink; Git Sentry cannot protect it (replace it with the real file or directory)"))
+        }
         kind => Ok(Some(kind)),
     }
 }
@@ -795,7 +814,10 @@ fn subdirectories(dir: BorrowedFd<'_>, at: &GitDirPath) -> Result<Vec<PathBuf>, 
         match safe_path::file_kind(child.as_fd())? {
             FileKind::Directory => names.push(name),
             FileKind::Symlink => {
-                return Err(MountError::refused(label.join(&name), "a symlink inside a git directory's modules/ or worktrees/ cannot be protected; remove it"));
+                return Err(MountError::refused(
+                    label.join(&name),
+                    "a symlink inside a git directory's modules/ or worktrees/ cannot be protected; remove it",
+                ));
             }
             _ => {}
         }

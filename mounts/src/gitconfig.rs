@@ -167,10 +167,7 @@ impl GitConfig {
     /// it, spliced right after the include entry (git reads an included
     /// file at the point of inclusion, so later keys still win). `load`
     /// returns `Ok(None)` for an include it does not follow.
-    pub fn expand_includes<E>(
-        &self,
-        mut load: impl FnMut(&Include) -> Result<Option<GitConfig>, E>,
-    ) -> Result<GitConfig, E> {
+    pub fn expand_includes<E>(&self, mut load: impl FnMut(&Include) -> Result<Option<GitConfig>, E>) -> Result<GitConfig, E> {
         let mut out = GitConfig { entries: Vec::with_capacity(self.entries.len()), skipped: self.skipped.clone() };
         for entry in &self.entries {
             out.entries.push(entry.clone());
@@ -199,16 +196,12 @@ impl GitConfig {
     /// then older git's where that differs. A caller that protects a path
     /// protects each.
     pub fn get_readings(&self, section: &str, key: &str) -> Vec<&str> {
-        self.last(section, key)
-            .map(|e| std::iter::once(e.value.as_str()).chain(e.older_git_value.as_deref()).collect())
-            .unwrap_or_default()
+        self.last(section, key).map(|e| std::iter::once(e.value.as_str()).chain(e.older_git_value.as_deref()).collect()).unwrap_or_default()
     }
 
     /// `section.key` as a git boolean (`true/yes/on/1` and a bare key).
     pub fn get_bool(&self, section: &str, key: &str) -> Option<bool> {
-        self.get(section, key).map(|v| {
-            matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1")
-        })
+        self.get(section, key).map(|v| matches!(v.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1"))
     }
 
     fn last(&self, section: &str, key: &str) -> Option<&Entry> {
@@ -595,5 +588,4 @@ mod tests {
         let config = GitConfig::parse(b"[core]\n\thooksPath = hook\x0b ; trailing\n");
         assert_eq!(config.get("core", "hooksPath"), Some("hook\u{b}"));
     }
-
 }

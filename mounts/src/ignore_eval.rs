@@ -30,9 +30,26 @@ use crate::wildmatch::{CASEFOLD, PATHNAME, wildmatch};
 /// names them without a trailing `/` (e.g. cargo's `/target`), so that they
 /// are isolated before they exist.
 pub const WELL_KNOWN_DIRS: &[&str] = &[
-    "node_modules", "target", ".venv", "venv", "__pycache__", ".tox", ".mypy_cache",
-    ".pytest_cache", ".gradle", ".next", ".nuxt", "dist", "build", ".cache", "vendor",
-    "bower_components", ".terraform", "_build", "deps", ".bundle",
+    "node_modules",
+    "target",
+    ".venv",
+    "venv",
+    "__pycache__",
+    ".tox",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".gradle",
+    ".next",
+    ".nuxt",
+    "dist",
+    "build",
+    ".cache",
+    "vendor",
+    "bower_components",
+    ".terraform",
+    "_build",
+    "deps",
+    ".bundle",
 ];
 
 /// One `.gitignore`-style pattern, parsed as git's `parse_path_pattern`.
@@ -142,8 +159,7 @@ impl Pattern {
             }
             if self.ends_with {
                 let suffix = &pattern[1..];
-                return suffix.len() <= basename.len()
-                    && bytes_eq(suffix, &basename[basename.len() - suffix.len()..], casefold);
+                return suffix.len() <= basename.len() && bytes_eq(suffix, &basename[basename.len() - suffix.len()..], casefold);
             }
             return wildmatch(pattern, basename, fold);
         }
@@ -155,10 +171,7 @@ impl Pattern {
             prefix = prefix.saturating_sub(1);
         }
         let base = &self.base;
-        if path.len() < base.len() + 1
-            || (!base.is_empty() && path[base.len()] != b'/')
-            || !bytes_eq(&path[..base.len()], base, casefold)
-        {
+        if path.len() < base.len() + 1 || (!base.is_empty() && path[base.len()] != b'/') || !bytes_eq(&path[..base.len()], base, casefold) {
             return false;
         }
         let mut name = if base.is_empty() { path } else { &path[base.len() + 1..] };
@@ -266,11 +279,7 @@ struct RepoRules {
 /// opened as `workspace`) and returns its top-most ignored paths.
 ///
 /// If the workspace root is not a git work tree, nothing is ignored.
-pub fn scan_ignored(
-    workspace: BorrowedFd<'_>,
-    workspace_abs: &Path,
-    host: &HostGitSettings,
-) -> Result<IgnoreScan, MountError> {
+pub fn scan_ignored(workspace: BorrowedFd<'_>, workspace_abs: &Path, host: &HostGitSettings) -> Result<IgnoreScan, MountError> {
     let mut scan = IgnoreScan::default();
     let global_config = host.global_config();
     if let Some(location) = repo::locate(workspace, workspace_abs, Path::new(""))? {
@@ -330,12 +339,8 @@ fn read_excludes_file(
     worktree: &Path,
     path: &Path,
 ) -> Result<Option<Vec<u8>>, MountError> {
-    let absolute = if path.is_absolute() {
-        repo::normalize(path)
-    } else {
-        repo::normalize(&workspace_abs.join(worktree).join(path))
-    }
-    .ok_or_else(|| MountError::refused(path, "invalid path"))?;
+    let absolute = if path.is_absolute() { repo::normalize(path) } else { repo::normalize(&workspace_abs.join(worktree).join(path)) }
+        .ok_or_else(|| MountError::refused(path, "invalid path"))?;
     if let Ok(rel) = absolute.strip_prefix(workspace_abs) {
         return safe_path::read_beneath(workspace, rel, SMALL_FILE_LIMIT);
     }
@@ -449,7 +454,9 @@ impl Walker<'_, '_> {
             Ok(Some(text)) => parse_patterns(&text, &rel),
             Ok(None) => Vec::new(),
             Err(e) => {
-                self.scan.warnings.push(format!("{} skipped (git skips it too): {e}", lazaret_protocol::display::escaped(&rel_path.join(".gitignore"))));
+                self.scan
+                    .warnings
+                    .push(format!("{} skipped (git skips it too): {e}", lazaret_protocol::display::escaped(&rel_path.join(".gitignore"))));
                 Vec::new()
             }
         };
@@ -459,13 +466,7 @@ impl Walker<'_, '_> {
         result
     }
 
-    fn walk_entries(
-        &mut self,
-        dir: &OwnedFd,
-        rel: &[u8],
-        rel_path: &Path,
-        stack: &mut Vec<Vec<Pattern>>,
-    ) -> Result<(), MountError> {
+    fn walk_entries(&mut self, dir: &OwnedFd, rel: &[u8], rel_path: &Path, stack: &mut Vec<Vec<Pattern>>) -> Result<(), MountError> {
         if let Some(list) = stack.last() {
             let list = list.clone();
             collect_anticipated(&list, rel, self.rules, stack, self.location, self.workspace, self.scan)?;

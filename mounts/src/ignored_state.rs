@@ -196,10 +196,7 @@ impl IsolationRecord {
     /// Reads the record of `domain_root`; a missing file is an empty record.
     pub fn load(domain_root: &Path) -> Result<IsolationRecord, MountError> {
         let file = Self::file(domain_root);
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC)
-            .open(&file);
+        let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC).open(&file);
         let handle = match opened {
             Ok(handle) => handle,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(IsolationRecord::default()),
@@ -274,9 +271,7 @@ impl IsolationRecord {
         out.sync_all().map_err(|e| MountError::io("fsync", &temporary, e))?;
         drop(out);
         std::fs::rename(&temporary, &file).map_err(|e| MountError::io("rename", &file, e))?;
-        std::fs::File::open(domain_root)
-            .and_then(|dir| dir.sync_all())
-            .map_err(|e| MountError::io("fsync", domain_root, e))
+        std::fs::File::open(domain_root).and_then(|dir| dir.sync_all()).map_err(|e| MountError::io("fsync", domain_root, e))
     }
 
     /// How many paths are recorded.
@@ -561,7 +556,10 @@ mod tests {
         assert!(text.find(".env").expect(".env") < text.find("node_modules").expect("node_modules"));
         let parsed = IsolationRecord::parse(&json, Path::new("/d/isolated-paths.json")).expect("parse");
         assert_eq!(parsed, original);
-        assert_eq!(IsolationRecord::parse(&IsolationRecord::default().to_json(), Path::new("f")).expect("empty"), IsolationRecord::default());
+        assert_eq!(
+            IsolationRecord::parse(&IsolationRecord::default().to_json(), Path::new("f")).expect("empty"),
+            IsolationRecord::default()
+        );
     }
 
     #[test]
@@ -622,9 +620,12 @@ mod tests {
 
     #[test]
     fn newly_ignored_paths_are_recorded() {
-        let merge = merge_recorded(current(&[("build", FileKind::Directory), ("x.log", FileKind::Regular)]), &IsolationRecord::default(), Path::new("/d"), |_| {
-            panic!("nothing recorded to look up")
-        });
+        let merge = merge_recorded(
+            current(&[("build", FileKind::Directory), ("x.log", FileKind::Regular)]),
+            &IsolationRecord::default(),
+            Path::new("/d"),
+            |_| panic!("nothing recorded to look up"),
+        );
         assert_eq!(mounted(&merge), [p("build"), p("x.log")]);
         assert_eq!(merge.record, record(&[("build", RecordedKind::Directory), ("x.log", RecordedKind::File)]));
         assert_eq!(merge.report.newly_recorded, 2);
@@ -634,9 +635,10 @@ mod tests {
     #[test]
     fn nesting_keeps_only_top_most_mounts() {
         // A recorded path under a currently ignored one needs nothing.
-        let merge = merge_recorded(current(&[("a", FileKind::Directory)]), &record(&[("a/b", RecordedKind::File)]), Path::new("/d"), |_| {
-            panic!("covered paths are not looked up")
-        });
+        let merge =
+            merge_recorded(current(&[("a", FileKind::Directory)]), &record(&[("a/b", RecordedKind::File)]), Path::new("/d"), |_| {
+                panic!("covered paths are not looked up")
+            });
         assert_eq!(mounted(&merge), [p("a")]);
         assert!(merge.report.isolated.is_empty());
         // A recorded directory above currently ignored paths replaces them,
@@ -678,7 +680,9 @@ mod tests {
 
     #[test]
     fn a_path_that_changed_kind_is_recorded_with_its_new_kind() {
-        let merge = merge_recorded(Vec::new(), &record(&[("out", RecordedKind::File)]), Path::new("/d"), |_| HostEntry::Present(FileKind::Directory));
+        let merge = merge_recorded(Vec::new(), &record(&[("out", RecordedKind::File)]), Path::new("/d"), |_| {
+            HostEntry::Present(FileKind::Directory)
+        });
         assert_eq!(merge.mounts[0].kind, FileKind::Directory);
         assert_eq!(merge.record, record(&[("out", RecordedKind::Directory)]));
     }

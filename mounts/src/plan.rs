@@ -100,7 +100,10 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
         (Vec::new(), ignore_eval::find_repositories(root.as_fd())?, StickyReport::default())
     };
     if repo::locate(root.as_fd(), workspace, Path::new(""))?.is_none() {
-        warnings.push(format!("{} is not a git work tree root: no ignore rules and no Git Sentry apply", lazaret_protocol::display::escaped(workspace)));
+        warnings.push(format!(
+            "{} is not a git work tree root: no ignore rules and no Git Sentry apply",
+            lazaret_protocol::display::escaped(workspace)
+        ));
     }
     let mut sentry = git_sentry::discover(root.as_fd(), workspace, &repositories, &opts.host_git)?;
     // A protected path inside an ignored path is not visible in the sandbox.

@@ -144,7 +144,10 @@ pub fn remove(store: &Path) -> Result<bool, MountError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
         Err(e) => return Err(MountError::io("inspect", store, e)),
         Ok(meta) if !meta.file_type().is_dir() => {
-            return Err(MountError::refused(store, "expected a directory Lazaret made, found a symlink or another kind of file; remove it by hand"));
+            return Err(MountError::refused(
+                store,
+                "expected a directory Lazaret made, found a symlink or another kind of file; remove it by hand",
+            ));
         }
         Ok(_) => {}
     }

@@ -178,11 +178,7 @@ pub fn read_dot_git(dir: BorrowedFd<'_>, worktree: &Path) -> Result<DotGit, Moun
 /// Finds the repository whose work tree is `worktree` (relative to the
 /// workspace), if `worktree/.git` exists. `workspace_abs` is the canonical
 /// absolute workspace path (to interpret absolute `gitdir:` values).
-pub fn locate(
-    workspace: BorrowedFd<'_>,
-    workspace_abs: &Path,
-    worktree: &Path,
-) -> Result<Option<RepoLocation>, MountError> {
+pub fn locate(workspace: BorrowedFd<'_>, workspace_abs: &Path, worktree: &Path) -> Result<Option<RepoLocation>, MountError> {
     let dot_git = worktree.join(".git");
     match read_dot_git(workspace, worktree)? {
         DotGit::Missing => Ok(None),
@@ -208,9 +204,7 @@ pub fn locate(
             &dot_git,
             "the .git entry is a symlink; Lazaret cannot protect a git directory reached through a symlink (replace it with the real directory or a `gitdir:` file)",
         )),
-        DotGit::Invalid(DotGitProblem::NotGitdirFile) => {
-            Err(MountError::refused(&dot_git, "a .git file must start with `gitdir: PATH`"))
-        }
+        DotGit::Invalid(DotGitProblem::NotGitdirFile) => Err(MountError::refused(&dot_git, "a .git file must start with `gitdir: PATH`")),
         DotGit::Invalid(DotGitProblem::NotFileOrDirectory) => {
             Err(MountError::refused(&dot_git, "the .git entry is neither a directory nor a file"))
         }
@@ -219,11 +213,7 @@ pub fn locate(
 
 /// Turns a `gitdir:` value into a path inside or outside the workspace.
 fn resolve_gitdir_pointer(workspace_abs: &Path, worktree: &Path, target: &Path) -> Option<GitDirPath> {
-    let absolute = if target.is_absolute() {
-        normalize(target)?
-    } else {
-        normalize(&workspace_abs.join(worktree).join(target))?
-    };
+    let absolute = if target.is_absolute() { normalize(target)? } else { normalize(&workspace_abs.join(worktree).join(target))? };
     match absolute.strip_prefix(workspace_abs) {
         Ok(rel) => Some(GitDirPath::Inside(rel.to_owned())),
         Err(_) => Some(GitDirPath::Outside(absolute)),
@@ -294,7 +284,10 @@ pub(crate) fn resolve_commondir(workspace_abs: &Path, git_dir: &GitDirPath, raw:
                 match component {
                     Component::Normal(_) => seen_name = true,
                     Component::ParentDir if seen_name => {
-                        return Err(MountError::refused(rel.join("commondir"), "commondir has `..` after a directory name; Lazaret cannot resolve it as git would without following symlinks"));
+                        return Err(MountError::refused(
+                            rel.join("commondir"),
+                            "commondir has `..` after a directory name; Lazaret cannot resolve it as git would without following symlinks",
+                        ));
                     }
                     _ => {}
                 }

@@ -71,11 +71,7 @@ fn open_beneath_mode(root: BorrowedFd<'_>, rel: &Path, flags: OFlag, mode: Mode)
     let how = OpenHow::new()
         .flags(flags | OFlag::O_CLOEXEC | OFlag::O_NOFOLLOW)
         .mode(mode)
-        .resolve(
-            ResolveFlag::RESOLVE_BENEATH
-                | ResolveFlag::RESOLVE_NO_SYMLINKS
-                | ResolveFlag::RESOLVE_NO_MAGICLINKS,
-        );
+        .resolve(ResolveFlag::RESOLVE_BENEATH | ResolveFlag::RESOLVE_NO_SYMLINKS | ResolveFlag::RESOLVE_NO_MAGICLINKS);
     let mut attempts = 0;
     loop {
         match nix::fcntl::openat2(root, target, how) {
@@ -94,10 +90,7 @@ fn resolution_error(rel: &Path, errno: Errno) -> MountError {
             "a component is a symlink; Lazaret never follows symlinks inside the workspace (replace it with a real directory or file)",
         ),
         Errno::EXDEV => MountError::refused(rel, "path escapes the directory it must stay beneath"),
-        Errno::ENOSYS => MountError::refused(
-            rel,
-            "this kernel lacks openat2(2) (Linux >= 5.6 needed) to resolve workspace paths safely",
-        ),
+        Errno::ENOSYS => MountError::refused(rel, "this kernel lacks openat2(2) (Linux >= 5.6 needed) to resolve workspace paths safely"),
         errno => MountError::sys("openat2", rel, errno),
     }
 }
@@ -115,9 +108,7 @@ pub fn open_path_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<Option<Owne
 /// Opens the directory `rel` beneath `root` (`O_PATH | O_DIRECTORY`).
 pub fn open_dir_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, MountError> {
     open_beneath(root, rel, OFlag::O_PATH | OFlag::O_DIRECTORY).map_err(|e| match e {
-        MountError::Syscall { errno: Errno::ENOTDIR, .. } => {
-            MountError::refused(rel, "expected a directory")
-        }
+        MountError::Syscall { errno: Errno::ENOTDIR, .. } => MountError::refused(rel, "expected a directory"),
         e => e,
     })
 }
@@ -175,8 +166,7 @@ pub fn ensure_dir_beneath(root: BorrowedFd<'_>, rel: &Path) -> Result<OwnedFd, M
                     Err(Errno::EEXIST) => {}
                     Err(errno) => return Err(MountError::sys("mkdirat", &walked, errno)),
                 }
-                open_dir_beneath(current.as_fd(), Path::new(name))
-                    .map_err(|e| rename_error_path(e, &walked))?
+                open_dir_beneath(current.as_fd(), Path::new(name)).map_err(|e| rename_error_path(e, &walked))?
             }
             Err(e) => return Err(rename_error_path(e, &walked)),
         };
@@ -243,10 +233,7 @@ pub fn read_beneath(root: BorrowedFd<'_>, rel: &Path, limit: u64) -> Result<Opti
         return Err(MountError::refused(rel, "expected a regular file"));
     }
     let mut contents = Vec::new();
-    std::fs::File::from(fd)
-        .take(limit + 1)
-        .read_to_end(&mut contents)
-        .map_err(|e| MountError::io("read", rel, e))?;
+    std::fs::File::from(fd).take(limit + 1).read_to_end(&mut contents).map_err(|e| MountError::io("read", rel, e))?;
     if contents.len() as u64 > limit {
         return Err(MountError::refused(rel, format!("file is larger than {limit} bytes")));
     }
@@ -257,17 +244,13 @@ pub fn read_beneath(root: BorrowedFd<'_>, rel: &Path, limit: u64) -> Result<Opti
 /// Root) as an `O_PATH | O_DIRECTORY` fd, refusing a symlink as its last
 /// component (the parents are the host's own and are trusted).
 pub fn open_root_dir(path: &Path) -> Result<OwnedFd, MountError> {
-    nix::fcntl::open(
-        path,
-        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|errno| match errno {
-        Errno::ELOOP | Errno::ENOTDIR => MountError::refused(
-            path,
-            "expected a real directory, found a symlink or a non-directory; pass the canonical path",
-        ),
-        errno => MountError::sys("open", path, errno),
+    nix::fcntl::open(path, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty()).map_err(|errno| {
+        match errno {
+            Errno::ELOOP | Errno::ENOTDIR => {
+                MountError::refused(path, "expected a real directory, found a symlink or a non-directory; pass the canonical path")
+            }
+            errno => MountError::sys("open", path, errno),
+        }
     })
 }
 
@@ -344,14 +327,8 @@ mod tests {
             let (a, decoy) = (dir.path().join("a"), dir.path().join("decoy"));
             std::thread::spawn(move || {
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    nix::fcntl::renameat2(
-                        nix::fcntl::AT_FDCWD,
-                        &a,
-                        nix::fcntl::AT_FDCWD,
-                        &decoy,
-                        nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-                    )
-                    .expect("exchange");
+                    nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, &a, nix::fcntl::AT_FDCWD, &decoy, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
+                        .expect("exchange");
                 }
             })
         };

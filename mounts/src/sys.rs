@@ -51,30 +51,17 @@ struct MountAttr {
 /// propagates to the host, and the kernel drops every such mount when the
 /// last thread of the namespace exits.
 pub fn enter_private_mount_namespace() -> Result<(), MountError> {
-    nix::sched::unshare(CloneFlags::CLONE_NEWNS)
-        .map_err(|e| MountError::sys("unshare(CLONE_NEWNS)", "/", e))?;
-    nix::mount::mount(
-        None::<&str>,
-        "/",
-        None::<&str>,
-        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
-        None::<&str>,
-    )
-    .map_err(|e| MountError::sys("mount(MS_REC|MS_PRIVATE)", "/", e))
+    nix::sched::unshare(CloneFlags::CLONE_NEWNS).map_err(|e| MountError::sys("unshare(CLONE_NEWNS)", "/", e))?;
+    nix::mount::mount(None::<&str>, "/", None::<&str>, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None::<&str>)
+        .map_err(|e| MountError::sys("mount(MS_REC|MS_PRIVATE)", "/", e))
 }
 
 /// Mounts a fresh procfs at /proc (nosuid, nodev, noexec): for a process
 /// that has just entered new PID and mount namespaces, so that /proc shows
 /// its own PID namespace.
 pub fn mount_proc() -> Result<(), MountError> {
-    nix::mount::mount(
-        Some("proc"),
-        "/proc",
-        Some("proc"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
-        None::<&str>,
-    )
-    .map_err(|e| MountError::sys("mount(proc)", "/proc", e))
+    nix::mount::mount(Some("proc"), "/proc", Some("proc"), MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC, None::<&str>)
+        .map_err(|e| MountError::sys("mount(proc)", "/proc", e))
 }
 
 /// Mounts an overlayfs at `target` with the given lower layers (first one is
@@ -86,17 +73,9 @@ pub fn mount_proc() -> Result<(), MountError> {
 /// misconfigured storage or image path. `index=off` is passed so that an
 /// upper layer made over an older image can still be mounted over a new one
 /// (State Anchor's keep-on-digest-change behaviour).
-pub fn mount_overlay(
-    lower: &[&Path],
-    upper: &Path,
-    work: &Path,
-    target: &Path,
-) -> Result<(), MountError> {
+pub fn mount_overlay(lower: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<(), MountError> {
     if lower.is_empty() {
-        return Err(MountError::refused(
-            target,
-            "an overlay needs at least one lower directory",
-        ));
+        return Err(MountError::refused(target, "an overlay needs at least one lower directory"));
     }
     let mut lowerdir = Vec::new();
     for (index, layer) in lower.iter().enumerate() {
@@ -112,24 +91,15 @@ pub fn mount_overlay(
     options.extend_from_slice(b",workdir=");
     options.extend_from_slice(overlay_option_path(work)?);
     options.extend_from_slice(b",index=off");
-    nix::mount::mount(
-        Some("overlay"),
-        target,
-        Some("overlay"),
-        MsFlags::empty(),
-        Some(OsStr::from_bytes(&options)),
-    )
-    .map_err(|e| MountError::sys("mount overlay", target, e))
+    nix::mount::mount(Some("overlay"), target, Some("overlay"), MsFlags::empty(), Some(OsStr::from_bytes(&options)))
+        .map_err(|e| MountError::sys("mount overlay", target, e))
 }
 
 /// Returns the bytes of `path` if it can appear in an overlayfs option string.
 fn overlay_option_path(path: &Path) -> Result<&[u8], MountError> {
     let bytes = path.as_os_str().as_bytes();
     if !path.is_absolute() {
-        return Err(MountError::refused(
-            path,
-            "overlay layer paths must be absolute",
-        ));
+        return Err(MountError::refused(path, "overlay layer paths must be absolute"));
     }
     if bytes.iter().any(|b| matches!(b, b',' | b':' | b'\\')) {
         return Err(MountError::refused(
@@ -147,14 +117,8 @@ fn overlay_option_path(path: &Path) -> Result<&[u8], MountError> {
 /// use it only for trusted paths (run directory, Domain Root). For anything
 /// inside a workspace use [`bind_mount_fd`].
 pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<(), MountError> {
-    nix::mount::mount(
-        Some(source),
-        target,
-        None::<&str>,
-        MsFlags::MS_BIND,
-        None::<&str>,
-    )
-    .map_err(|e| MountError::sys("bind mount", target, e))?;
+    nix::mount::mount(Some(source), target, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+        .map_err(|e| MountError::sys("bind mount", target, e))?;
     if readonly {
         let remount = nix::mount::mount(
             None::<&str>,
@@ -180,11 +144,7 @@ pub fn bind_mount(source: &Path, target: &Path, readonly: bool) -> Result<(), Mo
 /// read-only when asked (before it is visible anywhere), and `move_mount`
 /// attaches it on top of `target`. No path is resolved, so a workspace that
 /// changes under our feet cannot redirect the mount.
-pub fn bind_mount_fd(
-    source: BorrowedFd<'_>,
-    target: BorrowedFd<'_>,
-    readonly: bool,
-) -> Result<(), MountError> {
+pub fn bind_mount_fd(source: BorrowedFd<'_>, target: BorrowedFd<'_>, readonly: bool) -> Result<(), MountError> {
     let tree = open_tree_clone(source)?;
     if readonly {
         set_mount_readonly(tree.as_fd())?;
@@ -210,31 +170,18 @@ fn open_tree_clone(source: BorrowedFd<'_>) -> Result<OwnedFd, MountError> {
     let flags = OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint | libc::AT_EMPTY_PATH as libc::c_uint;
     // SAFETY: open_tree takes an fd, a NUL-terminated path (a static empty C
     // string here) and flags; it reads nothing else from our memory.
-    let ret = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            source.as_raw_fd(),
-            EMPTY_PATH.as_ptr(),
-            flags,
-        )
-    };
+    let ret = unsafe { libc::syscall(libc::SYS_open_tree, source.as_raw_fd(), EMPTY_PATH.as_ptr(), flags) };
     if ret < 0 {
         return Err(MountError::sys("open_tree", fd_path(source), Errno::last()));
     }
-    let raw = libc::c_int::try_from(ret)
-        .map_err(|_| MountError::sys("open_tree", fd_path(source), Errno::EBADF))?;
+    let raw = libc::c_int::try_from(ret).map_err(|_| MountError::sys("open_tree", fd_path(source), Errno::EBADF))?;
     // SAFETY: on success open_tree returns a new fd that nothing else owns.
     Ok(unsafe { OwnedFd::from_raw_fd(raw) })
 }
 
 /// `mount_setattr(tree, "", AT_EMPTY_PATH, {attr_set: MOUNT_ATTR_RDONLY})`.
 fn set_mount_readonly(tree: BorrowedFd<'_>) -> Result<(), MountError> {
-    let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
-        attr_clr: 0,
-        propagation: 0,
-        userns_fd: 0,
-    };
+    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
     // SAFETY: `attr` is a valid, initialised `struct mount_attr` that lives
     // for the whole call and whose exact size is passed; the path is a static
     // empty C string.
@@ -277,8 +224,7 @@ fn move_mount_onto(tree: BorrowedFd<'_>, target: BorrowedFd<'_>) -> Result<(), M
 /// The path the kernel currently reports for an fd (for error messages only:
 /// never resolved again).
 pub(crate) fn fd_path(fd: BorrowedFd<'_>) -> std::path::PathBuf {
-    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-        .unwrap_or_else(|_| format!("fd {}", fd.as_raw_fd()).into())
+    std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd())).unwrap_or_else(|_| format!("fd {}", fd.as_raw_fd()).into())
 }
 
 /// Whether the user `uid`/`gid` with supplementary `groups` may access

@@ -280,9 +280,9 @@ impl Volume {
         };
         let sandbox_path = match home_relative(sandbox, Side::Sandbox)? {
             Some(rest) => SandboxPath::AgentHome(rest),
-            None => SandboxPath::Absolute(
-                normalise_absolute(sandbox).map_err(|problem| path_error(Side::Sandbox, false, sandbox, problem))?,
-            ),
+            None => {
+                SandboxPath::Absolute(normalise_absolute(sandbox).map_err(|problem| path_error(Side::Sandbox, false, sandbox, problem))?)
+            }
         };
         Ok(Volume { host: host_path, sandbox: sandbox_path, readonly, written: spec.to_string() })
     }
@@ -415,17 +415,20 @@ mod tests {
         let ws_parent = VolumeMount { host: ws.clone(), sandbox: PathBuf::from("/w2"), readonly: true, written: String::new() };
         assert!(validate_volumes(&[ws_parent], &config, &sentry_host, &sentry_sandbox, &[]).is_err());
         for inside in ["/workspace/.git/hooks", "/workspace/.git/hooks/pre-commit"] {
-            let shadow = VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from(inside), readonly: false, written: String::new() };
+            let shadow =
+                VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from(inside), readonly: false, written: String::new() };
             let err = validate_volumes(&[shadow], &config, &sentry_host, &sentry_sandbox, &[]).expect_err(inside);
             assert!(err.to_string().contains("overlaps the Git Sentry path"), "{err}");
         }
         // Above a Git Sentry path (here: containing the whole workspace) is
         // fine: the bundle mounts it before the Git Sentry binds.
         for above in ["/workspace/.git", "/workspace"] {
-            let parent = VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from(above), readonly: false, written: String::new() };
+            let parent =
+                VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from(above), readonly: false, written: String::new() };
             validate_volumes(&[parent], &config, &sentry_host, &sentry_sandbox, &[]).expect(above);
         }
-        let storage = VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from("/c"), readonly: false, written: String::new() };
+        let storage =
+            VolumeMount { host: home.path().join("cache"), sandbox: PathBuf::from("/c"), readonly: false, written: String::new() };
         assert!(validate_volumes(&[storage], &config, &[], &[], &[home.path().join("cache/x")]).is_err());
         assert!(!overlaps(Path::new("/a/bc"), Path::new("/a/b")));
     }
@@ -449,7 +452,13 @@ mod tests {
         assert!(matches!(error("~root/x:/e"), VolumeError::OtherHome { side: Side::Host, .. }));
         assert_eq!(
             error("rel:/x"),
-            VolumeError::Path { spec: "rel:/x".into(), side: Side::Host, from_home: false, path: "rel".into(), problem: PathProblem::Relative }
+            VolumeError::Path {
+                spec: "rel:/x".into(),
+                side: Side::Host,
+                from_home: false,
+                path: "rel".into(),
+                problem: PathProblem::Relative
+            }
         );
         assert_eq!(error("rel:/x").to_string(), "volume \"rel:/x\": host path \"rel\" is a relative path");
         assert!(matches!(error("/:/x"), VolumeError::Path { side: Side::Host, problem: PathProblem::Root, .. }));
@@ -468,7 +477,10 @@ mod tests {
         // and `config show` see `~/...`, not the developer's name.
         assert_eq!(v.to_string(), "/home/dev/.claude:~/.claude");
         let for_alice = v.resolve(Path::new("/home/alice"));
-        assert_eq!((for_alice.host.as_path(), for_alice.sandbox.as_path()), (Path::new("/home/dev/.claude"), Path::new("/home/alice/.claude")));
+        assert_eq!(
+            (for_alice.host.as_path(), for_alice.sandbox.as_path()),
+            (Path::new("/home/dev/.claude"), Path::new("/home/alice/.claude"))
+        );
         assert_eq!(for_alice.to_string(), "/home/dev/.claude:/home/alice/.claude");
         assert_eq!(for_alice.written, "~/.claude:~/.claude");
         assert_eq!(v.resolve(Path::new("/root")).sandbox, PathBuf::from("/root/.claude"));

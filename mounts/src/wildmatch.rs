@@ -90,9 +90,7 @@ fn dowild_uncached(seen: &mut Seen, pat: &[u8], mut p: usize, text: &[u8], mut t
                     if flags & PATHNAME == 0 {
                         // Without WM_PATHNAME, '*' == '**'.
                         match_slash = true;
-                    } else if prev_is_start_or_slash
-                        && (next == 0 || next == b'/' || (next == b'\\' && at(pat, p + 1) == b'/'))
-                    {
+                    } else if prev_is_start_or_slash && (next == 0 || next == b'/' || (next == b'\\' && at(pat, p + 1) == b'/')) {
                         if next == b'/' && dowild(seen, pat, p + 1, text, t, flags) == Outcome::Match {
                             return Outcome::Match;
                         }
@@ -231,9 +229,7 @@ fn dowild_uncached(seen: &mut Seen, pat: &[u8], mut p: usize, text: &[u8], mut t
                             b"print" => t_ch.is_ascii_graphic() || t_ch == b' ',
                             b"punct" => t_ch.is_ascii_punctuation(),
                             b"space" => matches!(t_ch, b' ' | b'\t' | b'\n' | b'\r' | 0x0b | 0x0c),
-                            b"upper" => {
-                                t_ch.is_ascii_uppercase() || (flags & CASEFOLD != 0 && t_ch.is_ascii_lowercase())
-                            }
+                            b"upper" => t_ch.is_ascii_uppercase() || (flags & CASEFOLD != 0 && t_ch.is_ascii_lowercase()),
                             b"xdigit" => t_ch.is_ascii_hexdigit(),
                             _ => return Outcome::AbortAll,
                         };
@@ -375,11 +371,7 @@ mod tests {
     #[test]
     fn git_wildmatch_corpus() {
         for &(pathname, plain, pattern, text) in CASES {
-            assert_eq!(
-                wildmatch(pattern.as_bytes(), text.as_bytes(), PATHNAME),
-                pathname,
-                "WM_PATHNAME {pattern:?} vs {text:?}"
-            );
+            assert_eq!(wildmatch(pattern.as_bytes(), text.as_bytes(), PATHNAME), pathname, "WM_PATHNAME {pattern:?} vs {text:?}");
             // Without WM_PATHNAME git only ever matches basenames (no '/'),
             // so only those cases are meaningful for parity.
             if !text.contains('/') && !pattern.contains('/') {

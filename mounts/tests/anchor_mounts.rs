@@ -33,10 +33,7 @@ fn anchor_overlays_persist_writes_and_stay_inside_the_image() {
     in_private_mount_ns(|| {
         let binds = mount_anchor(&plan, &image, &run).expect("mount anchor");
         let destinations: Vec<_> = binds.iter().map(|b| b.destination.clone()).collect();
-        assert_eq!(
-            destinations,
-            ["/newdir", "/opt", "/root", "/usr", "/usr/local"].iter().map(PathBuf::from).collect::<Vec<_>>()
-        );
+        assert_eq!(destinations, ["/newdir", "/opt", "/root", "/usr", "/usr/local"].iter().map(PathBuf::from).collect::<Vec<_>>());
         let at = |p: &str| run.join(escape_path(Path::new(p)));
         assert_eq!(std::fs::read_to_string(at("/usr").join("bin/tool")).expect("read"), "image tool");
         assert_eq!(std::fs::read_to_string(at("/usr/local").join("share/x")).expect("read"), "image local");

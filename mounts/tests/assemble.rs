@@ -251,14 +251,8 @@ fn swapping_hooks_for_a_symlink_during_assembly_never_exposes_the_host() {
         std::thread::spawn(move || {
             let mut swaps = 0u64;
             while !stop.load(Ordering::Relaxed) {
-                nix::fcntl::renameat2(
-                    nix::fcntl::AT_FDCWD,
-                    &hooks,
-                    nix::fcntl::AT_FDCWD,
-                    &decoy,
-                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
-                )
-                .expect("exchange");
+                nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, &hooks, nix::fcntl::AT_FDCWD, &decoy, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
+                    .expect("exchange");
                 swaps += 1;
             }
             swaps

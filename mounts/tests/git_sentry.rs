@@ -215,8 +215,8 @@ fn linked_worktree_outside_git_dir_validated_by_back_link() {
     // Seen from the main work tree, the linked worktree's commondir is protected too.
     let main_root = open_root_dir(&main).expect("open main");
     let host = HostGitSettings { home: Some(f.home()), xdg_config_home: None, system_config: None };
-    let main_plan = discover(main_root.as_fd(), &std::fs::canonicalize(&main).expect("canon"), &[PathBuf::new()], &host)
-        .expect("discover main");
+    let main_plan =
+        discover(main_root.as_fd(), &std::fs::canonicalize(&main).expect("canon"), &[PathBuf::new()], &host).expect("discover main");
     assert!(
         inside(&main_plan).contains(&(Path::new(".git/worktrees").join(&wt_name).join("commondir"), FileKind::Regular)),
         "{:?}",
@@ -442,7 +442,8 @@ fn worktree_and_module_git_dirs_are_protected_registered_or_not() {
     // A worktree of the submodule.
     let module = ".git/modules/libs/lib";
     git(&f.ws().join("libs/lib"), &home, &["worktree", "add", "-q", &f.dir.path().join("lib-wt").to_string_lossy()]);
-    let lib_wt = std::fs::read_dir(git_dir.join("modules/libs/lib/worktrees")).expect("readdir").next().expect("one").expect("entry").file_name();
+    let lib_wt =
+        std::fs::read_dir(git_dir.join("modules/libs/lib/worktrees")).expect("readdir").next().expect("one").expect("entry").file_name();
     let lib_wt = format!("{module}/worktrees/{}", lib_wt.to_string_lossy());
 
     // Only the workspace root is named: everything is found from its .git.
@@ -538,7 +539,8 @@ fn plan_time_for_50_worktrees_and_20_modules() {
         std::fs::write(wt.join("gitdir"), format!("/elsewhere/wt{n}/.git\n")).expect("write");
     }
     for n in 0..20 {
-        let module = if n % 2 == 0 { git_dir.join(format!("modules/m{n}")) } else { git_dir.join(format!("modules/m{}/modules/inner{n}", n - 1)) };
+        let module =
+            if n % 2 == 0 { git_dir.join(format!("modules/m{n}")) } else { git_dir.join(format!("modules/m{}/modules/inner{n}", n - 1)) };
         std::fs::create_dir_all(module.join("hooks")).expect("mkdir");
         std::fs::create_dir_all(module.join("info")).expect("mkdir");
         std::fs::write(module.join("HEAD"), "ref: refs/heads/main\n").expect("write");
@@ -548,7 +550,11 @@ fn plan_time_for_50_worktrees_and_20_modules() {
     let plan = f.discover(&[""]).expect("discover");
     let elapsed = start.elapsed();
     let binds = plan.protected.len() + plan.pinned.len();
-    println!("plan time for 50 worktrees + 20 modules: {elapsed:?}; {} protected + {} pinned = {binds} binds", plan.protected.len(), plan.pinned.len());
+    println!(
+        "plan time for 50 worktrees + 20 modules: {elapsed:?}; {} protected + {} pinned = {binds} binds",
+        plan.protected.len(),
+        plan.pinned.len()
+    );
     assert_eq!(inside(&plan).iter().filter(|(p, _)| p.ends_with("commondir")).count(), 50);
     assert_eq!(inside(&plan).iter().filter(|(p, _)| p.ends_with("config") && p.starts_with(".git/modules")).count(), 20);
     assert!(elapsed < std::time::Duration::from_secs(2), "discovery took {elapsed:?}");

@@ -59,17 +59,18 @@ fn run_command(args: &[&str]) -> Result<(), String> {
             let mode = u32::from_str_radix(mode, 8).map_err(|x| x.to_string())?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(e)
         }
-        ["chown", path, uid, gid] => {
-            std::os::unix::fs::lchown(path, uid.parse().ok(), gid.parse().ok()).map_err(e)
-        }
+        ["chown", path, uid, gid] => std::os::unix::fs::lchown(path, uid.parse().ok(), gid.parse().ok()).map_err(e),
         ["rename", from, to] => std::fs::rename(from, to).map_err(e),
         ["symlink", target, path] => std::os::unix::fs::symlink(target, path).map_err(e),
-        ["setcap", path] => lazaret_mounts::sys::set_xattr_nofollow(Path::new(path), c"security.capability", &CAP_NET_RAW_V2).map_err(|x| x.to_string()),
+        ["setcap", path] => {
+            lazaret_mounts::sys::set_xattr_nofollow(Path::new(path), c"security.capability", &CAP_NET_RAW_V2).map_err(|x| x.to_string())
+        }
         ["swap", a, b, count] => {
             // Exchanges two names again and again (a directory and a symlink).
             let count: usize = count.parse().map_err(|_| "count")?;
             for _ in 0..count {
-                nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, *a, nix::fcntl::AT_FDCWD, *b, nix::fcntl::RenameFlags::RENAME_EXCHANGE).map_err(|x| x.to_string())?;
+                nix::fcntl::renameat2(nix::fcntl::AT_FDCWD, *a, nix::fcntl::AT_FDCWD, *b, nix::fcntl::RenameFlags::RENAME_EXCHANGE)
+                    .map_err(|x| x.to_string())?;
             }
             Ok(())
         }
@@ -348,7 +349,11 @@ fn a_new_repository_is_defused_and_quarantine_restores_on_request() {
     sb.run(&["mkdir", s(&git.join("refs/heads"))]);
     sb.run(&["mkdir", s(&git.join("hooks"))]);
     sb.run(&["write", s(&git.join("HEAD")), "ref: refs/heads/main\\n"]);
-    sb.run(&["write", s(&git.join("config")), "[core]\\n\\tbare = false\\n\\tfsmonitor = /tmp/evil\\n\\tpager = evil\\n[alias]\\n\\tst = !evil\\n"]);
+    sb.run(&[
+        "write",
+        s(&git.join("config")),
+        "[core]\\n\\tbare = false\\n\\tfsmonitor = /tmp/evil\\n\\tpager = evil\\n[alias]\\n\\tst = !evil\\n",
+    ]);
     sb.run(&["write", s(&git.join("hooks/pre-commit")), "#!/bin/sh\\nevil\\n"]);
     // The guard may have quarantined the hook already (that race is the point).
     let _ = sb.try_run(&["chmod", s(&git.join("hooks/pre-commit")), "755"]);
@@ -384,7 +389,9 @@ fn a_new_repository_is_defused_and_quarantine_restores_on_request() {
     assert_eq!(std::fs::read_to_string(ws.join("mine/.git/config")).expect("config"), "[core]\n\tpager = less\n");
     let filtered = fx.actions_for("planted/.git/config");
     assert!(
-        filtered.iter().any(|a| matches!(a, Action::FilteredGitConfig { dropped_keys } if dropped_keys.iter().any(|k| k == "core.fsmonitor"))),
+        filtered
+            .iter()
+            .any(|a| matches!(a, Action::FilteredGitConfig { dropped_keys } if dropped_keys.iter().any(|k| k == "core.fsmonitor"))),
         "{filtered:?}"
     );
     // The quarantine holds the originals, not executable.
@@ -427,7 +434,8 @@ fn the_common_git_dir_of_a_linked_worktree_workspace_is_guarded_too() {
     std::fs::write(main_git.join("worktrees/ws/gitdir"), &back_link).expect("gitdir");
     fx.config.roots.push(GuardRoot { label: "git-dir".into(), path: main_git.clone(), kind: RootKind::GitDir });
     // Git Sentry's read-only paths there are absolute.
-    fx.config.protected = vec![main_git.join("config"), main_git.join("hooks"), main_git.join("info"), main_git.join("worktrees/ws/commondir")];
+    fx.config.protected =
+        vec![main_git.join("config"), main_git.join("hooks"), main_git.join("info"), main_git.join("worktrees/ws/commondir")];
     fx.start();
     let mut sb = fx.sandbox();
     // A commondir in the main repository's own git dir: the host's git in
@@ -513,7 +521,11 @@ fn repositories_in_a_volume_are_guarded_and_the_developers_own_files_left() {
     sb.run(&["append-and-keep-open", s(&repo.join("config")), "\\tpager = evil\\n"]);
     fx.settle();
     assert!(!repo.join("hooks/pre-push").exists(), "{:?}", fx.neutralised());
-    assert_eq!(std::fs::read_to_string(repo.join("config")).expect("config"), "", "the config the agent changed is filtered (the developer's key with it)");
+    assert_eq!(
+        std::fs::read_to_string(repo.join("config")).expect("config"),
+        "",
+        "the config the agent changed is filtered (the developer's key with it)"
+    );
     // The developer's untouched files survive a sweep.
     let report = guard::sweep(&fx.config).expect("sweep");
     assert!(report.errors.is_empty(), "{:?}", report.errors);
@@ -547,13 +559,22 @@ fn a_rebase_left_in_progress_loses_its_exec_steps_at_the_sweep() {
     let todo = ws.join("planted/.git/rebase-merge/git-rebase-todo");
     sb.run(&["write", s(&todo), "pick 2 b\\nexec touch /tmp/evil\\n"]);
     fx.settle();
-    assert_eq!(std::fs::read_to_string(&todo).expect("todo"), "pick 2 b\nexec touch /tmp/evil\n", "events leave the sandbox's own rebase alone");
+    assert_eq!(
+        std::fs::read_to_string(&todo).expect("todo"),
+        "pick 2 b\nexec touch /tmp/evil\n",
+        "events leave the sandbox's own rebase alone"
+    );
     let report = guard::sweep(&fx.config).expect("sweep");
     assert!(report.errors.is_empty(), "{:?}", report.errors);
-    assert_eq!(std::fs::read_to_string(&todo).expect("todo"), "pick 2 b\n# disabled by Lazaret (an exec step the sandbox left): exec touch /tmp/evil\n");
+    assert_eq!(
+        std::fs::read_to_string(&todo).expect("todo"),
+        "pick 2 b\n# disabled by Lazaret (an exec step the sandbox left): exec touch /tmp/evil\n"
+    );
     let disabled: Vec<_> = report.neutralised.iter().filter(|n| n.path == Path::new("planted/.git/rebase-merge/git-rebase-todo")).collect();
     assert!(
-        disabled.iter().any(|n| n.action == Action::DisabledRebaseExec { commands: vec!["touch /tmp/evil".into()] } && n.quarantine_id.is_some()),
+        disabled
+            .iter()
+            .any(|n| n.action == Action::DisabledRebaseExec { commands: vec!["touch /tmp/evil".into()] } && n.quarantine_id.is_some()),
         "{:?}",
         report.neutralised
     );
@@ -693,7 +714,8 @@ fn symlink_swaps_never_make_the_guard_touch_anything_outside() {
     let leftover: Vec<_> = report.neutralised.iter().filter(|n| matches!(n.action, Action::ClearedPrivilegeBits { .. })).collect();
     assert!(leftover.is_empty(), "the event stream missed {leftover:?}");
     // Files planted outside through the symlink keep their bits.
-    let outside_setuid = std::fs::read_dir(&outside).expect("ls").flatten().filter(|e| e.metadata().is_ok_and(|m| m.mode() & 0o4000 != 0)).count();
+    let outside_setuid =
+        std::fs::read_dir(&outside).expect("ls").flatten().filter(|e| e.metadata().is_ok_and(|m| m.mode() & 0o4000 != 0)).count();
     assert!(outside_setuid >= 1);
 }
 
@@ -892,9 +914,17 @@ fn cost_case(case: &str, developer: Owner) {
     println!("[{case}] {FILES} files by the sandbox: {baseline:?} without guard, {written:?} with (writer), {guarded:?} until settled");
     println!("[{case}] events handled: {:.0} files/s ({} neutralisations)", FILES as f64 / guarded.as_secs_f64(), fx.neutralised().len());
     drop(fx.guard.take());
-    for (label, since) in [("everything", None), ("git only (nothing changed since)", Some(std::time::SystemTime::now() + std::time::Duration::from_secs(3600)))] {
+    for (label, since) in [
+        ("everything", None),
+        ("git only (nothing changed since)", Some(std::time::SystemTime::now() + std::time::Duration::from_secs(3600))),
+    ] {
         let config = GuardConfig { changed_since: since, ..fx.config.clone() };
         let report = guard::sweep(&config).expect("sweep");
-        println!("[{case}] sweep of {} entries ({label}): {:?}, {} neutralisations", report.entries_seen, report.duration, report.neutralised.len());
+        println!(
+            "[{case}] sweep of {} entries ({label}): {:?}, {} neutralisations",
+            report.entries_seen,
+            report.duration,
+            report.neutralised.len()
+        );
     }
 }

@@ -3,10 +3,10 @@
 //! real workspace).
 
 use std::collections::BTreeSet;
+use std::io::Write;
 use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::io::Write;
 
 use lazaret_mounts::ignore_eval::{HostGitSettings, scan_ignored};
 use lazaret_mounts::safe_path::open_root_dir;
@@ -90,12 +90,7 @@ fn git_ignored(sandbox: &Sandbox, cwd: &Path, paths: &[PathBuf]) -> BTreeSet<Pat
     }
     let output = child.wait_with_output().expect("wait");
     assert!(matches!(output.status.code(), Some(0) | Some(1)), "git check-ignore failed: {output:?}");
-    output
-        .stdout
-        .split(|&c| c == 0)
-        .filter(|s| !s.is_empty())
-        .map(|s| PathBuf::from(String::from_utf8_lossy(s).into_owned()))
-        .collect()
+    output.stdout.split(|&c| c == 0).filter(|s| !s.is_empty()).map(|s| PathBuf::from(String::from_utf8_lossy(s).into_owned())).collect()
 }
 
 /// Our answer for every path: ignored iff it or an ancestor is a top-most
@@ -121,10 +116,7 @@ fn assert_parity(sandbox: &Sandbox, label: &str) {
     let ours = our_ignored(sandbox, Path::new(""), &paths);
     let only_git: Vec<_> = git.difference(&ours).collect();
     let only_ours: Vec<_> = ours.difference(&git).collect();
-    assert!(
-        only_git.is_empty() && only_ours.is_empty(),
-        "{label}: ignored only by git: {only_git:?}; only by us: {only_ours:?}"
-    );
+    assert!(only_git.is_empty() && only_ours.is_empty(), "{label}: ignored only by git: {only_git:?}; only by us: {only_ours:?}");
 }
 
 const ROOT_GITIGNORE: &str = "\
@@ -159,15 +151,70 @@ mid/*/end
 ";
 
 const FILE_NAMES: &[&str] = &[
-    "a.log", "important.log", "x.html", "keep.html", "t.tmp", "trailing ", "trailing", "two ", "two  ", "#hash", "!bang",
-    "Temp1", "temp2", "deep.txt", "bar", "abc", "a.c", "abc.c", "x.o", "y.a", "keepme.o", "1.num", "a.num", "dironly",
-    "end", "[lit]", " leading", "plain.txt", "anchored.txt", "y.gen", "keep.gen", "z.bak", "w.swp",
+    "a.log",
+    "important.log",
+    "x.html",
+    "keep.html",
+    "t.tmp",
+    "trailing ",
+    "trailing",
+    "two ",
+    "two  ",
+    "#hash",
+    "!bang",
+    "Temp1",
+    "temp2",
+    "deep.txt",
+    "bar",
+    "abc",
+    "a.c",
+    "abc.c",
+    "x.o",
+    "y.a",
+    "keepme.o",
+    "1.num",
+    "a.num",
+    "dironly",
+    "end",
+    "[lit]",
+    " leading",
+    "plain.txt",
+    "anchored.txt",
+    "y.gen",
+    "keep.gen",
+    "z.bak",
+    "w.swp",
 ];
 
 const DIR_NAMES: &[&str] = &[
-    "docs", "sub", "sub/inner", "sub/inner/deeper", "logs", "logs/keep", "logs/other", "abc/x/def", "abc/def", "cache",
-    "a/cache", "foo1/bar", "fooX/y/bar", "foo/bar", "build", "x/build", "out", "x/out", "sub/local", "node_modules/pkg",
-    "excluded_by_info", "from_global", "Temp9", "dironly", "x/dironly", "mid/q/end", "mid/q/r/end", "a?c",
+    "docs",
+    "sub",
+    "sub/inner",
+    "sub/inner/deeper",
+    "logs",
+    "logs/keep",
+    "logs/other",
+    "abc/x/def",
+    "abc/def",
+    "cache",
+    "a/cache",
+    "foo1/bar",
+    "fooX/y/bar",
+    "foo/bar",
+    "build",
+    "x/build",
+    "out",
+    "x/out",
+    "sub/local",
+    "node_modules/pkg",
+    "excluded_by_info",
+    "from_global",
+    "Temp9",
+    "dironly",
+    "x/dironly",
+    "mid/q/end",
+    "mid/q/r/end",
+    "a?c",
 ];
 
 #[test]
@@ -181,11 +228,7 @@ fn parity_on_tricky_corpus() {
     write(&repo.join(".git/info/exclude"), "excluded_by_info/\n*.bak\n");
     let global = sandbox.home().join("global-ignore");
     write(&global, "*.swp\nfrom_global/\n");
-    let status = sandbox
-        .git(&repo)
-        .args(["config", "core.excludesFile", &global.to_string_lossy()])
-        .status()
-        .expect("git config");
+    let status = sandbox.git(&repo).args(["config", "core.excludesFile", &global.to_string_lossy()]).status().expect("git config");
     assert!(status.success());
     for dir in DIR_NAMES {
         std::fs::create_dir_all(repo.join(dir)).expect("mkdir");

@@ -29,13 +29,8 @@ fn overlay_merges_layers_and_stays_out_of_host_table() {
     }
     let target = base.join("target");
     in_private_mount_ns(|| {
-        mount_overlay(
-            &[&base.join("lower1"), &base.join("lower2")],
-            &base.join("upper"),
-            &base.join("work"),
-            &target,
-        )
-        .expect("mount overlay");
+        mount_overlay(&[&base.join("lower1"), &base.join("lower2")], &base.join("upper"), &base.join("work"), &target)
+            .expect("mount overlay");
         assert!(thread_has_mount_at(&target));
         assert!(!host_has_mount_under(base), "overlay leaked into host table");
         assert_eq!(std::fs::read_to_string(target.join("shared")).expect("read"), "from lower1");
@@ -54,8 +49,7 @@ fn overlay_merges_layers_and_stays_out_of_host_table() {
 #[test]
 fn overlay_refuses_option_separators() {
     let bad = Path::new("/tmp/a,b");
-    let err = mount_overlay(&[bad], Path::new("/tmp/u"), Path::new("/tmp/w"), Path::new("/tmp/t"))
-        .expect_err("comma must be refused");
+    let err = mount_overlay(&[bad], Path::new("/tmp/u"), Path::new("/tmp/w"), Path::new("/tmp/t")).expect_err("comma must be refused");
     assert!(matches!(err, MountError::Refused { .. }));
     assert!(err.to_string().contains("/tmp/a,b"));
     let err = mount_overlay(&[Path::new("/tmp/l")], Path::new("/tmp/u:x"), Path::new("/tmp/w"), Path::new("/tmp/t"))
@@ -112,11 +106,7 @@ fn fd_bind_of_dir_and_file_readonly_and_writable() {
         assert_eq!(err.raw_os_error(), Some(libc::EROFS));
         std::fs::write(base.join("rwtarget/new"), "rw").expect("rw write");
         unmount(&base.join("rwtarget"), true).expect("detach");
-        assert_eq!(
-            std::fs::read_dir(base.join("rwtarget")).expect("readdir").count(),
-            0,
-            "unmounted target shows the empty mount point"
-        );
+        assert_eq!(std::fs::read_dir(base.join("rwtarget")).expect("readdir").count(), 0, "unmounted target shows the empty mount point");
     });
     assert_eq!(std::fs::read_to_string(base.join("src/new")).expect("read"), "rw");
     assert_eq!(std::fs::read_to_string(base.join("filetarget")).expect("read"), "to be hidden");

@@ -16,7 +16,9 @@ pub const SYSTEMD_UPSTREAM_RESOLV_CONF: &str = "/run/systemd/resolve/resolv.conf
 #[derive(Debug, thiserror::Error)]
 pub enum DnsError {
     /// The host uses a loopback stub and no usable upstream is exposed.
-    #[error("the host's resolv.conf names the local stub resolver {stub}, which the sandbox cannot reach, and no upstream servers are exposed; set `dns = [\"ADDRESS\", ...]` in the profile")]
+    #[error(
+        "the host's resolv.conf names the local stub resolver {stub}, which the sandbox cannot reach, and no upstream servers are exposed; set `dns = [\"ADDRESS\", ...]` in the profile"
+    )]
     LoopbackStub {
         /// The stub's address.
         stub: IpAddr,
@@ -72,8 +74,7 @@ pub fn resolvers_from_resolv_conf(text: &str, upstream: Option<&str>) -> Result<
             }
             continue;
         }
-        let replacements: Vec<IpAddr> =
-            upstream.map(nameservers).unwrap_or_default().into_iter().filter(|a| !a.is_loopback()).collect();
+        let replacements: Vec<IpAddr> = upstream.map(nameservers).unwrap_or_default().into_iter().filter(|a| !a.is_loopback()).collect();
         if replacements.is_empty() {
             return Err(DnsError::LoopbackStub { stub: server });
         }
@@ -89,8 +90,7 @@ pub fn resolvers_from_resolv_conf(text: &str, upstream: Option<&str>) -> Result<
 /// Reads the host's resolv.conf (and systemd-resolved's upstream list, when
 /// present) and returns the resolvers the sandbox should use.
 pub fn host_resolvers() -> Result<Vec<IpAddr>, DnsError> {
-    let text = std::fs::read_to_string(HOST_RESOLV_CONF)
-        .map_err(|source| DnsError::Read { path: HOST_RESOLV_CONF.to_string(), source })?;
+    let text = std::fs::read_to_string(HOST_RESOLV_CONF).map_err(|source| DnsError::Read { path: HOST_RESOLV_CONF.to_string(), source })?;
     let upstream = match std::fs::read_to_string(SYSTEMD_UPSTREAM_RESOLV_CONF) {
         Ok(text) => Some(text),
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => None,
@@ -118,7 +118,8 @@ mod tests {
 
     #[test]
     fn plain_resolv_conf() {
-        let text = "# comment\nsearch example.org\nnameserver 192.0.2.53\n  nameserver 2001:db8::53\nnameserver 192.0.2.53\noptions edns0\n";
+        let text =
+            "# comment\nsearch example.org\nnameserver 192.0.2.53\n  nameserver 2001:db8::53\nnameserver 192.0.2.53\noptions edns0\n";
         assert_eq!(resolvers_from_resolv_conf(text, None).expect("valid test input"), ips(&["192.0.2.53", "2001:db8::53"]));
     }
 

@@ -44,9 +44,9 @@ mod sys;
 pub mod topology;
 
 pub use dns::{DnsError, resolvers_from_resolv_conf, sandbox_resolv_conf};
-pub use policy::{
-    Action, CompiledPolicy, PolicyError, PolicyInput, PolicyProblem, PolicyRoute, RouteKind, Rule, RuleOrigin,
-    Verdict, compile, parse_prefixes,
-};
 pub use names::{NameError, NamePattern, NamePolicy, NameRule, NameVerdict, Ports, parse_name_rule};
+pub use policy::{
+    Action, CompiledPolicy, PolicyError, PolicyInput, PolicyProblem, PolicyRoute, RouteKind, Rule, RuleOrigin, Verdict, compile,
+    parse_prefixes,
+};
 pub use prefix::{Prefix, PrefixError};

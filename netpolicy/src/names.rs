@@ -47,9 +47,7 @@ impl NamePattern {
         match self {
             NamePattern::Exact(exact) => name == exact,
             NamePattern::Wildcard(suffix) => {
-                name.len() > suffix.len() + 1
-                    && name.ends_with(suffix.as_str())
-                    && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
+                name.len() > suffix.len() + 1 && name.ends_with(suffix.as_str()) && name.as_bytes()[name.len() - suffix.len() - 1] == b'.'
             }
         }
     }
@@ -294,7 +292,22 @@ mod tests {
         assert_eq!(parse_name_rule("*.npmjs.org"), Ok((NamePattern::Wildcard("npmjs.org".into()), None)));
         assert_eq!(parse_name_rule("github.com:22"), Ok((NamePattern::Exact("github.com".into()), Some(22))));
         assert_eq!(parse_name_rule("*.example.org:443"), Ok((NamePattern::Wildcard("example.org".into()), Some(443))));
-        for bad in ["github.com:0", "github.com:65536", "github.com:+22", "github.com:", "a..b", "-a.b", "a_b!.c", "*.com", "a.*.b", "foo*.b", "*.*.b", "*", "1.2.3", &"a".repeat(64)] {
+        for bad in [
+            "github.com:0",
+            "github.com:65536",
+            "github.com:+22",
+            "github.com:",
+            "a..b",
+            "-a.b",
+            "a_b!.c",
+            "*.com",
+            "a.*.b",
+            "foo*.b",
+            "*.*.b",
+            "*",
+            "1.2.3",
+            &"a".repeat(64),
+        ] {
             assert!(parse_name_rule(bad).is_err(), "{bad}");
         }
         let long = vec!["a".repeat(63); 4].join(".");
@@ -315,7 +328,12 @@ mod tests {
 
     #[test]
     fn decides_with_every_matching_rule() {
-        let policy = NamePolicy::new(vec![rule("github.com:22", "c:1:1"), rule("github.com:443", "c:1:20"), rule("*.npmjs.org", "c:2:1"), rule("api.anthropic.com", "c:3:1")]);
+        let policy = NamePolicy::new(vec![
+            rule("github.com:22", "c:1:1"),
+            rule("github.com:443", "c:1:20"),
+            rule("*.npmjs.org", "c:2:1"),
+            rule("api.anthropic.com", "c:3:1"),
+        ]);
         let github = policy.decide("GitHub.com.");
         assert_eq!(github.rules.len(), 2);
         assert_eq!(github.ports, Ports::Only([22, 443].into()));
@@ -324,7 +342,10 @@ mod tests {
         assert!(!policy.decide("x.api.anthropic.com").allowed());
         assert!(!policy.decide("bad name.com").allowed());
         assert_eq!(policy.ports(), [22, 443].into());
-        assert_eq!(policy.explain("github.com"), "github.com: allow, TCP/UDP port 22, 443 only (rule allow github.com:22, config: c:1:1; rule allow github.com:443, config: c:1:20)");
+        assert_eq!(
+            policy.explain("github.com"),
+            "github.com: allow, TCP/UDP port 22, 443 only (rule allow github.com:22, config: c:1:1; rule allow github.com:443, config: c:1:20)"
+        );
         assert_eq!(policy.explain("a.npmjs.org."), "a.npmjs.org: allow, all ports (rule allow *.npmjs.org, config: c:2:1)");
         assert!(policy.explain("evil.com").starts_with("evil.com: refused (no allow_egress name rule matches"));
         assert!(policy.explain("a..b").contains("not a valid DNS name"));

@@ -199,7 +199,9 @@ pub enum PolicyProblem {
         second_location: String,
     },
     /// An IPv6 allow entry while IPv6 is disabled for the Domain.
-    #[error("{location}: {prefix} is an IPv6 allow entry but IPv6 is disabled for this Domain (ipv6 = false); remove it or set ipv6 = true")]
+    #[error(
+        "{location}: {prefix} is an IPv6 allow entry but IPv6 is disabled for this Domain (ipv6 = false); remove it or set ipv6 = true"
+    )]
     FamilyDisabled {
         /// The IPv6 prefix.
         prefix: Prefix,
@@ -215,7 +217,9 @@ pub enum PolicyProblem {
         deny_location: String,
     },
     /// A name entry in `allow_egress` while the profile's egress is open.
-    #[error("{location}: {rule} is a DNS name, but names are only allowed with egress = \"locked\" (open mode already allows every public address); set egress = \"locked\" in the profile or write the destination as a prefix such as \"192.0.2.0/24\"")]
+    #[error(
+        "{location}: {rule} is a DNS name, but names are only allowed with egress = \"locked\" (open mode already allows every public address); set egress = \"locked\" in the profile or write the destination as a prefix such as \"192.0.2.0/24\""
+    )]
     NameNeedsLocked {
         /// The rule as written.
         rule: String,
@@ -259,10 +263,7 @@ pub fn parse_prefixes(entries: &[(&str, &str)]) -> Result<Vec<(Prefix, String)>,
     for (text, location) in entries {
         match text.parse::<Prefix>() {
             Ok(prefix) => parsed.push((prefix, (*location).to_string())),
-            Err(error) => problems.push(PolicyProblem::InvalidPrefix {
-                location: (*location).to_string(),
-                error,
-            }),
+            Err(error) => problems.push(PolicyProblem::InvalidPrefix { location: (*location).to_string(), error }),
         }
     }
     if problems.is_empty() { Ok(parsed) } else { Err(PolicyError { problems }) }
@@ -307,7 +308,11 @@ fn default_rules(input: &PolicyInput) -> Vec<Rule> {
     if input.ipv6 {
         rules.push(Rule { prefix: Prefix::any(false), action: Action::Allow, origin: RuleOrigin::Default("public IPv6") });
         let denied6 = special::outermost_denied(false);
-        rules.extend(denied6.iter().map(|(prefix, block)| Rule { prefix: *prefix, action: Action::Deny, origin: RuleOrigin::Special(block) }));
+        rules.extend(denied6.iter().map(|(prefix, block)| Rule {
+            prefix: *prefix,
+            action: Action::Deny,
+            origin: RuleOrigin::Special(block),
+        }));
         rules.extend(denied4.iter().filter_map(|(prefix, block)| {
             Some(Rule { prefix: special::nat64(prefix)?, action: Action::Deny, origin: RuleOrigin::Nat64(block) })
         }));
@@ -457,8 +462,11 @@ pub fn compile(input: &PolicyInput) -> Result<CompiledPolicy, PolicyError> {
 
     let mut rules: Vec<Rule> = table.into_values().collect();
     rules.sort_by(|a, b| {
-        (!a.prefix.is_v4(), std::cmp::Reverse(a.prefix.prefix_len()), a.prefix.network())
-            .cmp(&(!b.prefix.is_v4(), std::cmp::Reverse(b.prefix.prefix_len()), b.prefix.network()))
+        (!a.prefix.is_v4(), std::cmp::Reverse(a.prefix.prefix_len()), a.prefix.network()).cmp(&(
+            !b.prefix.is_v4(),
+            std::cmp::Reverse(b.prefix.prefix_len()),
+            b.prefix.network(),
+        ))
     });
     Ok(CompiledPolicy { rules, resolvers, ipv6: input.ipv6, locked: input.locked, names: NamePolicy::new(names) })
 }
@@ -678,9 +686,20 @@ mod tests {
             assert!(matches!(origin, RuleOrigin::Special(row) if row.rfc == rfc), "{address}: {origin:?}");
         }
         // Just outside the blocks, and the globally reachable special blocks.
-        for address in ["100.63.255.255", "100.128.0.0", "198.17.255.255", "198.20.0.0", "223.255.255.255", "192.31.196.1",
-            "192.175.48.1", "2620:4f:8000::1", "2001:200::1", "3fff:1000::1", "2a00:1450::1", "64:ff9b::808:808"]
-        {
+        for address in [
+            "100.63.255.255",
+            "100.128.0.0",
+            "198.17.255.255",
+            "198.20.0.0",
+            "223.255.255.255",
+            "192.31.196.1",
+            "192.175.48.1",
+            "2620:4f:8000::1",
+            "2001:200::1",
+            "3fff:1000::1",
+            "2a00:1450::1",
+            "64:ff9b::808:808",
+        ] {
             assert_eq!(verdict(&policy, address).0, Action::Allow, "{address}");
         }
         assert_eq!(
@@ -694,7 +713,11 @@ mod tests {
         let mut input = base();
         input.ipv6 = true;
         let policy = compile_ok(&input);
-        for (address, block) in [("64:ff9b::a00:1", "64:ff9b::a00:0/104"), ("64:ff9b::a9fe:a9fe", "64:ff9b::a9fe:0/112"), ("64:ff9b::6440:1", "64:ff9b::6440:0/106")] {
+        for (address, block) in [
+            ("64:ff9b::a00:1", "64:ff9b::a00:0/104"),
+            ("64:ff9b::a9fe:a9fe", "64:ff9b::a9fe:0/112"),
+            ("64:ff9b::6440:1", "64:ff9b::6440:0/106"),
+        ] {
             let (action, origin, prefix) = verdict(&policy, address);
             assert_eq!((action, prefix), (Action::Deny, p(block)), "{address}");
             assert!(matches!(origin, RuleOrigin::Nat64(_)), "{address}: {origin:?}");
@@ -714,7 +737,9 @@ mod tests {
             assert_eq!(action, Action::Allow, "{address}");
             assert!(matches!(origin, RuleOrigin::SpecialReachable(_)), "{address}: {origin:?}");
         }
-        assert!(policy.explain(ip("192.0.0.9")).contains("RFC 7723 Port Control Protocol anycast, globally reachable inside a denied block"));
+        assert!(
+            policy.explain(ip("192.0.0.9")).contains("RFC 7723 Port Control Protocol anycast, globally reachable inside a denied block")
+        );
         // Allow-list mode covers them too: they inherit the config's deny, not an allow of their own.
         let mut allow_list = input.clone();
         allow_list.deny = entries(&[("0.0.0.0/0", "c:1:1"), ("::/0", "c:1:2")]);
@@ -768,7 +793,12 @@ mod tests {
         assert_eq!(verdict(&policy, "11.22.33.44"), (Action::Deny, RuleOrigin::HostNetwork, p("11.22.33.0/24")));
         // Inside a special-purpose block the block decides (and stays open to an allow of it);
         // a default route is no network.
-        assert!(!policy.rules().iter().any(|r| [p("192.168.1.0/24"), p("fe80::/64"), p("::/0")].contains(&r.prefix) && r.origin == RuleOrigin::HostNetwork));
+        assert!(
+            !policy
+                .rules()
+                .iter()
+                .any(|r| [p("192.168.1.0/24"), p("fe80::/64"), p("::/0")].contains(&r.prefix) && r.origin == RuleOrigin::HostNetwork)
+        );
         let mut opened = input.clone();
         opened.allow = entries(&[("192.168.0.0/16", "c:1:1"), ("2a02:8070:1:2::/64", "c:2:1")]);
         let policy = compile_ok(&opened);
@@ -873,7 +903,12 @@ mod tests {
     #[test]
     fn conflicts_name_both_locations_and_all_are_reported() {
         let mut input = base();
-        input.allow = entries(&[("10.1.0.0/16", "a.toml:3:10"), ("10.2.0.0/16", "a.toml:3:30"), ("10.3.0.0/16", "a.toml:3:50"), ("10.3.0.0/16", "a.toml:3:70")]);
+        input.allow = entries(&[
+            ("10.1.0.0/16", "a.toml:3:10"),
+            ("10.2.0.0/16", "a.toml:3:30"),
+            ("10.3.0.0/16", "a.toml:3:50"),
+            ("10.3.0.0/16", "a.toml:3:70"),
+        ]);
         input.deny = entries(&[("10.1.0.0/16", "a.toml:4:10"), ("10.2.0.0/16", "a.toml:4:30")]);
         let error = compile(&input).expect_err("must be rejected");
         assert_eq!(error.problems.len(), 3, "{error}");
@@ -882,7 +917,17 @@ mod tests {
             PolicyProblem::Conflict { prefix: p("10.1.0.0/16"), allow_location: "a.toml:3:10".into(), deny_location: "a.toml:4:10".into() }
         );
         let message = error.to_string();
-        for needle in ["10.1.0.0/16", "a.toml:3:10", "a.toml:4:10", "10.2.0.0/16", "a.toml:3:30", "a.toml:4:30", "listed twice", "a.toml:3:50", "a.toml:3:70"] {
+        for needle in [
+            "10.1.0.0/16",
+            "a.toml:3:10",
+            "a.toml:4:10",
+            "10.2.0.0/16",
+            "a.toml:3:30",
+            "a.toml:4:30",
+            "listed twice",
+            "a.toml:3:50",
+            "a.toml:3:70",
+        ] {
             assert!(message.contains(needle), "missing {needle} in {message}");
         }
     }
@@ -897,7 +942,13 @@ mod tests {
 
     #[test]
     fn parse_prefixes_reports_every_bad_entry_with_location() {
-        let error = parse_prefixes(&[("10.0.0.1/8", "c.toml:5:3"), ("10.0.0.0/8", "c.toml:5:20"), ("nonsense", "c.toml:5:35"), ("10.0.0.0/40", "c.toml:5:50")]).expect_err("must be rejected");
+        let error = parse_prefixes(&[
+            ("10.0.0.1/8", "c.toml:5:3"),
+            ("10.0.0.0/8", "c.toml:5:20"),
+            ("nonsense", "c.toml:5:35"),
+            ("10.0.0.0/40", "c.toml:5:50"),
+        ])
+        .expect_err("must be rejected");
         assert_eq!(error.problems.len(), 3);
         let message = error.to_string();
         for needle in ["c.toml:5:3: `10.0.0.1/8` has host bits set; did you mean `10.0.0.0/8`?", "c.toml:5:35", "c.toml:5:50"] {
@@ -999,19 +1050,29 @@ mod tests {
         let lines: Vec<&str> = table.lines().collect();
         assert!(lines[0].starts_with("PREFIX"), "{table}");
         // IPv4 longest first: the /32 DNS route leads, 0.0.0.0/0 is the last IPv4 row.
-        assert!(lines[1].starts_with("10.0.2.3/32") && lines[1].contains("allow") && lines[1].contains("DNS resolver, UDP/TCP port 53 only"), "{table}");
+        assert!(
+            lines[1].starts_with("10.0.2.3/32") && lines[1].contains("allow") && lines[1].contains("DNS resolver, UDP/TCP port 53 only"),
+            "{table}"
+        );
         assert!(lines.iter().any(|l| l.starts_with("10.222.0.0/16") && l.contains("allow") && l.contains("config: lazaret.toml:12:17")));
         assert!(lines.iter().any(|l| l.starts_with("::/0") && l.contains("deny")));
         assert!(table.contains("DNS resolvers: 10.0.2.3"));
         assert!(table.contains("IPv6: disabled"));
         let explanation = policy.explain(ip("10.222.1.1"));
         assert_eq!(explanation, "10.222.1.1: allow (rule allow 10.222.0.0/16, config: lazaret.toml:12:17)");
-        assert!(policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918 private-use (IANA special-purpose))"));
+        assert!(
+            policy.explain(ip("10.3.3.3")).contains("deny (rule deny 10.0.0.0/8, default: RFC 1918 private-use (IANA special-purpose))")
+        );
         assert_eq!(
             policy.explain(ip("100.100.100.100")),
             "100.100.100.100: deny (rule deny 100.64.0.0/10, default: RFC 6598 shared address space: carrier-grade NAT, Tailscale (IANA special-purpose))"
         );
-        assert!(lines.iter().any(|l| l.starts_with("224.0.0.0/4") && l.contains("deny") && l.contains("RFC 5771 multicast (IANA IPv4 multicast)")), "{table}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.starts_with("224.0.0.0/4") && l.contains("deny") && l.contains("RFC 5771 multicast (IANA IPv4 multicast)")),
+            "{table}"
+        );
     }
 
     fn name(text: &str, origin: &str) -> NameRule {
@@ -1025,7 +1086,10 @@ mod tests {
         input.names = vec![name("api.anthropic.com", "c:1:2")];
         let error = compile(&input).expect_err("names in open mode");
         let message = error.to_string();
-        assert!(message.contains("c:1:2: api.anthropic.com is a DNS name, but names are only allowed with egress = \"locked\""), "{message}");
+        assert!(
+            message.contains("c:1:2: api.anthropic.com is a DNS name, but names are only allowed with egress = \"locked\""),
+            "{message}"
+        );
         input.locked = true;
         input.names.push(name("API.anthropic.com.", "c:1:30"));
         input.names.push(name("api.anthropic.com:443", "c:1:50"));

@@ -175,10 +175,7 @@ impl Prefix {
         }
         let shift = max - len;
         let offset = if shift >= 128 { 0 } else { index << shift };
-        Some(Prefix {
-            network: from_bits(to_bits(&self.network) | offset, self.is_v4()),
-            len,
-        })
+        Some(Prefix { network: from_bits(to_bits(&self.network) | offset, self.is_v4()), len })
     }
 }
 
@@ -194,25 +191,17 @@ impl FromStr for Prefix {
     fn from_str(text: &str) -> Result<Prefix, PrefixError> {
         let malformed = || PrefixError::Malformed { text: text.to_string() };
         let (address, length) = text.split_once('/').ok_or_else(malformed)?;
-        let network: IpAddr = address.parse().map_err(|_| PrefixError::BadAddress {
-            text: text.to_string(),
-            address: address.to_string(),
-        })?;
+        let network: IpAddr =
+            address.parse().map_err(|_| PrefixError::BadAddress { text: text.to_string(), address: address.to_string() })?;
         let max = max_len(&network);
         // Digits only: refuses "+8", " 8", "08x" and the like.
         if length.is_empty() || length.len() > 3 || !length.bytes().all(|b| b.is_ascii_digit()) {
             return Err(PrefixError::BadLength { text: text.to_string(), max });
         }
-        let len: u8 = length
-            .parse()
-            .map_err(|_| PrefixError::BadLength { text: text.to_string(), max })?;
+        let len: u8 = length.parse().map_err(|_| PrefixError::BadLength { text: text.to_string(), max })?;
         Prefix::new(network, len).map_err(|error| match error {
-            PrefixError::HostBitsSet { suggestion, .. } => {
-                PrefixError::HostBitsSet { text: text.to_string(), suggestion }
-            }
-            PrefixError::BadLength { max, .. } => {
-                PrefixError::BadLength { text: text.to_string(), max }
-            }
+            PrefixError::HostBitsSet { suggestion, .. } => PrefixError::HostBitsSet { text: text.to_string(), suggestion },
+            PrefixError::BadLength { max, .. } => PrefixError::BadLength { text: text.to_string(), max },
             other => other,
         })
     }
@@ -250,10 +239,7 @@ mod tests {
     #[test]
     fn rejects_host_bits_with_suggestion() {
         let error = "10.1.2.3/8".parse::<Prefix>().expect_err("must be rejected");
-        assert_eq!(
-            error,
-            PrefixError::HostBitsSet { text: "10.1.2.3/8".into(), suggestion: p("10.0.0.0/8") }
-        );
+        assert_eq!(error, PrefixError::HostBitsSet { text: "10.1.2.3/8".into(), suggestion: p("10.0.0.0/8") });
         assert!(error.to_string().contains("did you mean `10.0.0.0/8`"));
         assert!(matches!("fd00::1/8".parse::<Prefix>(), Err(PrefixError::HostBitsSet { .. })));
         assert!(matches!("0.0.0.1/0".parse::<Prefix>(), Err(PrefixError::HostBitsSet { .. })));

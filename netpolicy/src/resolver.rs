@@ -190,7 +190,13 @@ pub struct Rebuilt {
 /// Rebuilds `response` (a reply to `question`, see [`matching_response`])
 /// for the sandbox under `names`, keeping only addresses `may_open`
 /// accepts. A failed or refused answer keeps nothing.
-pub fn rebuild(names: &NamePolicy, question: &Question, response: &Response, clamp: TtlClamp, may_open: impl Fn(IpAddr) -> bool) -> Rebuilt {
+pub fn rebuild(
+    names: &NamePolicy,
+    question: &Question,
+    response: &Response,
+    clamp: TtlClamp,
+    may_open: impl Fn(IpAddr) -> bool,
+) -> Rebuilt {
     let verdict = names.decide(&question.name);
     let rcode = response.header.rcode();
     if !verdict.allowed() || (rcode != Rcode::NoError as u8 && rcode != Rcode::NxDomain as u8) {
@@ -252,9 +258,9 @@ pub fn rebuild(names: &NamePolicy, question: &Question, response: &Response, cla
 mod tests {
     use super::*;
     use crate::dnswire::{answer, query};
+    use crate::names::{NameRule, parse_name_rule};
     use crate::policy::{PolicyInput, compile};
     use crate::prefix::Prefix;
-    use crate::names::{NameRule, parse_name_rule};
 
     fn policy(rules: &[&str]) -> NamePolicy {
         NamePolicy::new(
@@ -360,38 +366,53 @@ mod tests {
     #[test]
     fn cname_chains_open_their_end_addresses_only() {
         let names = policy(&["www.example.org"]);
-        let (question, response) = exchange(&names, "www.example.org", TYPE_A, Rcode::NoError, &[
-            record("www.example.org", 600, "edge.cdn.example"),
-            // Not allowed beside a CNAME (RFC 1034 3.6.2): ignored.
-            record("www.example.org", 600, "198.51.100.1"),
-            record("edge.cdn.example", 120, "e1.cdn.example"),
-            record("e1.cdn.example", 3000, "203.0.113.10"),
-            // Not the type asked, not on the chain: ignored.
-            record("e1.cdn.example", 3000, "2001:db8::10"),
-            record("other.example", 3000, "198.51.100.66"),
-            // A second CNAME of the same name: only the first link counts.
-            record("www.example.org", 600, "evil.example"),
-            record("evil.example", 600, "198.51.100.77"),
-        ]);
+        let (question, response) = exchange(
+            &names,
+            "www.example.org",
+            TYPE_A,
+            Rcode::NoError,
+            &[
+                record("www.example.org", 600, "edge.cdn.example"),
+                // Not allowed beside a CNAME (RFC 1034 3.6.2): ignored.
+                record("www.example.org", 600, "198.51.100.1"),
+                record("edge.cdn.example", 120, "e1.cdn.example"),
+                record("e1.cdn.example", 3000, "203.0.113.10"),
+                // Not the type asked, not on the chain: ignored.
+                record("e1.cdn.example", 3000, "2001:db8::10"),
+                record("other.example", 3000, "198.51.100.66"),
+                // A second CNAME of the same name: only the first link counts.
+                record("www.example.org", 600, "evil.example"),
+                record("evil.example", 600, "198.51.100.77"),
+            ],
+        );
         let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
-        assert_eq!(rebuilt.records, vec![
-            record("www.example.org", 600, "edge.cdn.example"),
-            record("edge.cdn.example", 120, "e1.cdn.example"),
-            record("e1.cdn.example", 120, "203.0.113.10"),
-        ]);
+        assert_eq!(
+            rebuilt.records,
+            vec![
+                record("www.example.org", 600, "edge.cdn.example"),
+                record("edge.cdn.example", 120, "e1.cdn.example"),
+                record("e1.cdn.example", 120, "203.0.113.10"),
+            ]
+        );
         assert_eq!(rebuilt.openings, vec![Opening { address: ip("203.0.113.10"), port: None, lifetime: Duration::from_secs(120) }]);
         // A CNAME query gets the one link.
-        let (question, response) = exchange(&names, "www.example.org", TYPE_CNAME, Rcode::NoError, &[
-            record("www.example.org", 600, "edge.cdn.example"),
-            record("edge.cdn.example", 120, "203.0.113.10"),
-        ]);
+        let (question, response) = exchange(
+            &names,
+            "www.example.org",
+            TYPE_CNAME,
+            Rcode::NoError,
+            &[record("www.example.org", 600, "edge.cdn.example"), record("edge.cdn.example", 120, "203.0.113.10")],
+        );
         let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
         assert_eq!((rebuilt.records.len(), rebuilt.openings.len()), (1, 0));
         // A loop ends; a long chain stops at MAX_CHAIN.
-        let (question, response) = exchange(&names, "www.example.org", TYPE_A, Rcode::NoError, &[
-            record("www.example.org", 60, "a.example"),
-            record("a.example", 60, "www.example.org"),
-        ]);
+        let (question, response) = exchange(
+            &names,
+            "www.example.org",
+            TYPE_A,
+            Rcode::NoError,
+            &[record("www.example.org", 60, "a.example"), record("a.example", 60, "www.example.org")],
+        );
         // The link back to a name already on the chain is dropped.
         assert_eq!(rebuild(&names, &question, &response, TtlClamp::default(), everything).records.len(), 1);
         let mut long = vec![record("www.example.org", 60, "l0.example")];
@@ -416,7 +437,13 @@ mod tests {
     #[test]
     fn ports_and_clamps() {
         let names = policy(&["github.com:22", "github.com:443"]);
-        let (question, response) = exchange(&names, "github.com", TYPE_A, Rcode::NoError, &[record("github.com", 0, "192.0.2.1"), record("github.com", 99999, "192.0.2.2")]);
+        let (question, response) = exchange(
+            &names,
+            "github.com",
+            TYPE_A,
+            Rcode::NoError,
+            &[record("github.com", 0, "192.0.2.1"), record("github.com", 99999, "192.0.2.2")],
+        );
         let rebuilt = rebuild(&names, &question, &response, TtlClamp::default(), everything);
         let opened = rebuilt.openings;
         assert_eq!(opened.len(), 4);
@@ -473,9 +500,30 @@ mod tests {
             assert!(open(allowed), "{allowed}");
         }
         for denied in [
-            "10.0.2.3", "9.9.9.9", "10.1.1.1", "127.0.0.1", "0.0.0.0", "0.1.2.3", "169.254.169.254", "100.64.0.1", "224.0.0.251", "255.255.255.255",
-            "100.96.0.1", "100.96.0.2", "11.0.0.2", "::1", "::", "fe80::1", "fd00::1", "ff02::1", "::ffff:8.8.8.8", "::ffff:10.0.2.3",
-            "64:ff9b::a00:203", "64:ff9b::909:909", "64:ff9b::7f00:1", "2001:db8::1",
+            "10.0.2.3",
+            "9.9.9.9",
+            "10.1.1.1",
+            "127.0.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "169.254.169.254",
+            "100.64.0.1",
+            "224.0.0.251",
+            "255.255.255.255",
+            "100.96.0.1",
+            "100.96.0.2",
+            "11.0.0.2",
+            "::1",
+            "::",
+            "fe80::1",
+            "fd00::1",
+            "ff02::1",
+            "::ffff:8.8.8.8",
+            "::ffff:10.0.2.3",
+            "64:ff9b::a00:203",
+            "64:ff9b::909:909",
+            "64:ff9b::7f00:1",
+            "2001:db8::1",
         ] {
             assert!(!open(denied), "{denied}");
         }

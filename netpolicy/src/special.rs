@@ -155,11 +155,7 @@ pub fn outermost_denied(v4: bool) -> Vec<(Prefix, &'static SpecialBlock)> {
         .filter_map(|block| Some((block.prefix()?, block)))
         .filter(|(prefix, _)| prefix.is_v4() == v4)
         .collect();
-    denied
-        .iter()
-        .filter(|(prefix, _)| !denied.iter().any(|(other, _)| other != prefix && other.covers(prefix)))
-        .copied()
-        .collect()
+    denied.iter().filter(|(prefix, _)| !denied.iter().any(|(other, _)| other != prefix && other.covers(prefix))).copied().collect()
 }
 
 /// The globally reachable rows of one family that lie inside a denied row.
@@ -210,8 +206,19 @@ mod tests {
     fn the_required_blocks_are_denied() {
         let denied4: Vec<Prefix> = outermost_denied(true).into_iter().map(|(p, _)| p).collect();
         for block in [
-            "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12", "192.0.0.0/24",
-            "192.0.2.0/24", "192.168.0.0/16", "198.18.0.0/15", "198.51.100.0/24", "203.0.113.0/24", "224.0.0.0/4",
+            "0.0.0.0/8",
+            "10.0.0.0/8",
+            "100.64.0.0/10",
+            "127.0.0.0/8",
+            "169.254.0.0/16",
+            "172.16.0.0/12",
+            "192.0.0.0/24",
+            "192.0.2.0/24",
+            "192.168.0.0/16",
+            "198.18.0.0/15",
+            "198.51.100.0/24",
+            "203.0.113.0/24",
+            "224.0.0.0/4",
             "240.0.0.0/4",
         ] {
             assert!(denied4.contains(&p(block)), "{block} missing");
@@ -220,8 +227,20 @@ mod tests {
         assert!(!denied4.contains(&p("255.255.255.255/32")) && !denied4.contains(&p("0.0.0.0/32")));
         let denied6: Vec<Prefix> = outermost_denied(false).into_iter().map(|(p, _)| p).collect();
         for block in [
-            "::/128", "::1/128", "::ffff:0:0/96", "64:ff9b:1::/48", "100::/64", "2001::/23", "2001:db8::/32", "2002::/16",
-            "3fff::/20", "5f00::/16", "fc00::/7", "fe80::/10", "fec0::/10", "ff00::/8",
+            "::/128",
+            "::1/128",
+            "::ffff:0:0/96",
+            "64:ff9b:1::/48",
+            "100::/64",
+            "2001::/23",
+            "2001:db8::/32",
+            "2002::/16",
+            "3fff::/20",
+            "5f00::/16",
+            "fc00::/7",
+            "fe80::/10",
+            "fec0::/10",
+            "ff00::/8",
         ] {
             assert!(denied6.contains(&p(block)), "{block} missing");
         }

@@ -21,7 +21,9 @@ use lazaret_netpolicy::dnswire::{self, CLASS_IN, Header, TYPE_A, TYPE_AAAA, TYPE
 use lazaret_netpolicy::names::{NameRule, parse_name_rule};
 use lazaret_netpolicy::policy::PolicyInput;
 use lazaret_netpolicy::resolver::TtlClamp;
-use lazaret_netpolicy::topology::{DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, set_addresses};
+use lazaret_netpolicy::topology::{
+    DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, set_addresses,
+};
 use support::*;
 
 const TYPE_NS: u16 = 2;
@@ -36,7 +38,13 @@ fn rule(text: &str) -> NameRule {
 }
 
 fn locked_input(names: &[&str], ipv6: bool) -> PolicyInput {
-    PolicyInput { locked: true, ipv6, names: names.iter().map(|n| rule(n)).collect(), dns: vec![IpAddr::V4(RESOLVER)], ..PolicyInput::default() }
+    PolicyInput {
+        locked: true,
+        ipv6,
+        names: names.iter().map(|n| rule(n)).collect(),
+        dns: vec![IpAddr::V4(RESOLVER)],
+        ..PolicyInput::default()
+    }
 }
 
 /// One resource record on the wire, owner name uncompressed.
@@ -427,15 +435,23 @@ fn queries_leave_the_sidecar_as_one_bare_question() {
     );
     for tcp in [false, true] {
         match exchange(sandbox, server, &stuffed, tcp) {
-            Some(reply) if reply.get(..2) == Some(&[0xbe, 0xef][..]) && seen(&reply).addresses == vec![IpAddr::V4(Ipv4Addr::new(11, 6, 6, 6))] => {}
-            other => problems.push(format!("the stuffed query for the allowed name got no proper answer (tcp: {tcp}): {:?}", other.map(|r| seen(&r)))),
+            Some(reply)
+                if reply.get(..2) == Some(&[0xbe, 0xef][..]) && seen(&reply).addresses == vec![IpAddr::V4(Ipv4Addr::new(11, 6, 6, 6))] => {}
+            other => problems
+                .push(format!("the stuffed query for the allowed name got no proper answer (tcp: {tcp}): {:?}", other.map(|r| seen(&r)))),
         }
     }
     for (transport, bytes) in upstream.received() {
         let header = Header::parse(&bytes).expect("header");
         let bare = dnswire::query(header.id, "allowed.example", TYPE_A).expect("query");
         if bytes != bare {
-            problems.push(format!("the upstream got more than a bare question over {transport}: flags {:#06x}, counts {:?}, {} bytes ({} expected)", header.flags, (header.qdcount, header.ancount, header.nscount, header.arcount), bytes.len(), bare.len()));
+            problems.push(format!(
+                "the upstream got more than a bare question over {transport}: flags {:#06x}, counts {:?}, {} bytes ({} expected)",
+                header.flags,
+                (header.qdcount, header.ancount, header.nscount, header.arcount),
+                bytes.len(),
+                bare.len()
+            ));
         }
         if header.id == 0xbeef {
             problems.push(format!("the upstream got the sandbox's own query ID over {transport}"));
@@ -507,7 +523,11 @@ fn the_sandbox_gets_only_the_chain_from_the_name_it_asked() {
     for tcp in [false, true] {
         let query = dnswire::query(0x4444, "chain.example", TYPE_A).expect("query");
         match exchange(sandbox, server, &query, tcp).map(|r| seen(&r)) {
-            Some(reply) if reply.rcode == 0 && reply.counts == (1, 2, 0, 0) && reply.addresses == vec![public] && reply.owners == ["chain.example", "hop.refused.example"] => {}
+            Some(reply)
+                if reply.rcode == 0
+                    && reply.counts == (1, 2, 0, 0)
+                    && reply.addresses == vec![public]
+                    && reply.owners == ["chain.example", "hop.refused.example"] => {}
             other => problems.push(format!("the sandbox got more than the chain (tcp: {tcp}): {other:?}")),
         }
     }
@@ -520,7 +540,8 @@ fn the_sandbox_gets_only_the_chain_from_the_name_it_asked() {
             problems.push(format!("the sandbox reached {address}"));
         }
     }
-    let asked: Vec<String> = upstream.received().iter().filter_map(|(_, bytes)| dnswire::parse_query(bytes).ok()).map(|(_, q)| q.name).collect();
+    let asked: Vec<String> =
+        upstream.received().iter().filter_map(|(_, bytes)| dnswire::parse_query(bytes).ok()).map(|(_, q)| q.name).collect();
     if asked.iter().any(|name| name != "chain.example") {
         problems.push(format!("the sidecar asked upstream for other names: {asked:?}"));
     }

@@ -52,7 +52,8 @@ fn has_route(routes: &str, prefix: &str) -> bool {
 
 fn listen_in(ns: &Netns, address: IpAddr) -> TcpListener {
     ns.run(move || {
-        TcpListener::bind(SocketAddr::new(address, PORT)).map_err(|source| TopologyError::Io { action: format!("listen on {address}"), source })
+        TcpListener::bind(SocketAddr::new(address, PORT))
+            .map_err(|source| TopologyError::Io { action: format!("listen on {address}"), source })
     })
     .expect("listener")
 }
@@ -148,7 +149,10 @@ fn the_host_watcher_denies_a_new_address_within_a_second_and_lets_go_of_the_netw
     let latency = reported_at - added_at;
     eprintln!("host address added -> deny route installed and verified: {latency:?} ({update})");
     assert!(latency < Duration::from_secs(1), "took {latency:?}");
-    assert_eq!(update.added.iter().map(|rule| (rule.prefix.to_string(), rule.action)).collect::<Vec<_>>(), vec![(format!("{NEW4}/32"), Action::Deny)]);
+    assert_eq!(
+        update.added.iter().map(|rule| (rule.prefix.to_string(), rule.action)).collect::<Vec<_>>(),
+        vec![(format!("{NEW4}/32"), Action::Deny)]
+    );
     assert_eq!(connect_from(sandbox, NEW4), Reach::Unreachable);
 
     ip_in(&net.host, &["addr", "del", &format!("{NEW4}/32"), "dev", "wan0"]);
@@ -180,7 +184,11 @@ fn a_resolver_the_host_comes_to_share_a_network_with_gets_the_port_53_filter_and
     assert!(domain.policy().port53_only_resolvers().is_empty());
     assert_eq!(connect_from(sandbox, PRIVATE_10), Reach::Unreachable);
     let counted = |address: Ipv4Addr| {
-        lazaret_netpolicy::topology::refused_destinations(sidecar).expect("refused").iter().find(|r| r.address == IpAddr::V4(address)).map(|r| r.packets)
+        lazaret_netpolicy::topology::refused_destinations(sidecar)
+            .expect("refused")
+            .iter()
+            .find(|r| r.address == IpAddr::V4(address))
+            .map(|r| r.packets)
     };
     let before = counted(PRIVATE_10).expect("counted before the refresh");
 

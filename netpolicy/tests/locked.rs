@@ -15,7 +15,10 @@ use lazaret_netpolicy::dnswire::{self, AnswerRecord, Header, Rcode, RecordData, 
 use lazaret_netpolicy::names::{NameRule, parse_name_rule};
 use lazaret_netpolicy::policy::{PolicyInput, parse_prefixes};
 use lazaret_netpolicy::resolver::TtlClamp;
-use lazaret_netpolicy::topology::{DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, refused_destinations, set_addresses};
+use lazaret_netpolicy::topology::{
+    DomainNetwork, LOCKED_TABLE, Netns, ResolverSettings, TopologyConfig, TopologyError, locked_set_name, refused_destinations,
+    set_addresses,
+};
 use support::*;
 
 /// What the allowed name resolves to (through a CNAME).
@@ -252,7 +255,8 @@ fn locked_domain_reaches_only_what_allowed_names_resolve_to() {
     assert!(!udp_roundtrip(sandbox, SocketAddr::new(IpAddr::V4(UNNAMED), PORT)));
 
     // Another name is refused without asking upstream, however long and random.
-    let exfil = "x7f3a9c0d2e4b6a8c0e2f4a6b8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b.c4d6e8f0a2b4c6d8e0f2a4b6c8d0e2f4a6b8c0d2e4f6a8.data.evil.example";
+    let exfil =
+        "x7f3a9c0d2e4b6a8c0e2f4a6b8d0e2f4a6b8c0d2e4f6a8b0c2d4e6f8a0b.c4d6e8f0a2b4c6d8e0f2a4b6c8d0e2f4a6b8c0d2e4f6a8.data.evil.example";
     assert_eq!(resolve(sandbox, server, exfil, false), (Rcode::Refused as u8, vec![]));
     assert_eq!(resolve(sandbox, server, exfil, true), (Rcode::Refused as u8, vec![]));
     assert!(!dns.asked().iter().any(|name| name.contains("evil")), "the refused name reached upstream: {:?}", dns.asked());
@@ -262,8 +266,16 @@ fn locked_domain_reaches_only_what_allowed_names_resolve_to() {
     // A name with a port opens that port only.
     assert_eq!(resolve(sandbox, server, "ported.example", false).1, vec![IpAddr::V4(PORTED)]);
     assert_eq!(connect_from(sandbox, PORTED), Reach::Connected);
-    assert_eq!(connect_to(sandbox, SocketAddr::new(IpAddr::V4(PORTED), CLOSED_PORT)), Reach::Unreachable, "other port rejected by the sidecar, not refused by the server");
-    assert_eq!(connect_to(sandbox, SocketAddr::new(IpAddr::V4(NAMED), CLOSED_PORT)), Reach::Other("Connection refused (os error 111)".into()), "the unported name opens every port");
+    assert_eq!(
+        connect_to(sandbox, SocketAddr::new(IpAddr::V4(PORTED), CLOSED_PORT)),
+        Reach::Unreachable,
+        "other port rejected by the sidecar, not refused by the server"
+    );
+    assert_eq!(
+        connect_to(sandbox, SocketAddr::new(IpAddr::V4(NAMED), CLOSED_PORT)),
+        Reach::Other("Connection refused (os error 111)".into()),
+        "the unported name opens every port"
+    );
 
     // A short TTL closes the address again once the answer's lifetime is over.
     assert_eq!(resolve(sandbox, server, "short.example", false).1, vec![IpAddr::V4(SHORT)]);
@@ -291,7 +303,10 @@ fn locked_domain_reaches_only_what_allowed_names_resolve_to() {
     assert!(counted(PORTED, 6, CLOSED_PORT), "the port a ported name does not open: {refused:?}");
     assert!(counted(SHORT, 6, PORT), "the expired name's address: {refused:?}");
     assert!(!refused.iter().any(|r| r.address == IpAddr::V4(ALLOWED_PRIVATE)), "an allowed prefix: {refused:?}");
-    assert!(!refused.iter().any(|r| r.address == IpAddr::V4(NAMED) && r.protocol == 17), "UDP to the named address went through: {refused:?}");
+    assert!(
+        !refused.iter().any(|r| r.address == IpAddr::V4(NAMED) && r.protocol == 17),
+        "UDP to the named address went through: {refused:?}"
+    );
     assert!(!refused.iter().any(|r| r.address == IpAddr::V4(PORTED) && r.port == Some(PORT)), "the ported name's port: {refused:?}");
     domain.verify_installed().expect("read back");
     resolver.stop();

@@ -63,10 +63,15 @@ fn policy_is_enforced_from_the_sandbox() {
     // What the routes and the resolver filter refused is counted, with
     // protocol and port; what was allowed is not.
     let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
-    for (address, what) in [(PRIVATE_10, "RFC 1918"), (METADATA, "metadata"), (HOST_WAN, "host address"), (transit, "transit"), (RESOLVER, "resolver filter")] {
+    for (address, what) in
+        [(PRIVATE_10, "RFC 1918"), (METADATA, "metadata"), (HOST_WAN, "host address"), (transit, "transit"), (RESOLVER, "resolver filter")]
+    {
         let found = refused.iter().find(|r| r.address == IpAddr::V4(address));
         assert!(
-            found.is_some_and(|r| r.protocol == 6 && r.port == Some(PORT) && r.packets >= 1 && r.last_ago < std::time::Duration::from_secs(60)),
+            found.is_some_and(|r| r.protocol == 6
+                && r.port == Some(PORT)
+                && r.packets >= 1
+                && r.last_ago < std::time::Duration::from_secs(60)),
             "{what} ({address}) not counted as refused TCP port {PORT}: {refused:?}"
         );
     }
@@ -158,11 +163,8 @@ fn root_in_the_sandbox_gains_nothing_by_rerouting() {
     sandbox
         .netlink(async move |handle| {
             let index = link_index_sync(&links(&handle).await?, "eth0");
-            let route = RouteMessageBuilder::<Ipv4Addr>::new()
-                .destination_prefix(PRIVATE_10, 32)
-                .gateway(gateway)
-                .output_interface(index)
-                .build();
+            let route =
+                RouteMessageBuilder::<Ipv4Addr>::new().destination_prefix(PRIVATE_10, 32).gateway(gateway).output_interface(index).build();
             handle.route().add(route).execute().await.map_err(nl("sandbox route"))
         })
         .expect("tamper with sandbox routes");
@@ -334,7 +336,10 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
     }
     let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
     for address in [IpAddr::V6(ULA6), IpAddr::V6(HOST_WAN6), IpAddr::V6(WORLD_WAN6), IpAddr::V6(v6.host_uplink)] {
-        assert!(refused.iter().any(|r| r.address == address && r.protocol == 6 && r.port == Some(PORT)), "{address} not counted: {refused:?}");
+        assert!(
+            refused.iter().any(|r| r.address == address && r.protocol == 6 && r.port == Some(PORT)),
+            "{address} not counted: {refused:?}"
+        );
     }
     assert!(!refused.iter().any(|r| r.address == IpAddr::V6(PUBLIC6)), "{refused:?}");
     assert_eq!(domain.policy().decide(IpAddr::V6(WORLD_WAN6)).rule.origin, RuleOrigin::HostNetwork, "the host's on-link prefix");
@@ -365,7 +370,9 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
     let link_local_outcome = sandbox
         .run(move || {
             let target = std::net::SocketAddrV6::new(sidecar_link_local, PORT, 0, eth0);
-            Ok(std::net::TcpStream::connect_timeout(&target.into(), std::time::Duration::from_secs(5)).map(|_| ()).map_err(|e| e.raw_os_error()))
+            Ok(std::net::TcpStream::connect_timeout(&target.into(), std::time::Duration::from_secs(5))
+                .map(|_| ())
+                .map_err(|e| e.raw_os_error()))
         })
         .expect("link-local connect");
     let refused = [nix::errno::Errno::EHOSTUNREACH, nix::errno::Errno::ENETUNREACH].map(|errno| Err(Some(errno as i32)));
@@ -380,7 +387,8 @@ fn ipv6_enabled_is_policed_like_ipv4_and_leaves_nothing() {
     ip_in(&net.world, &["-6", "route", "add", "fd6c:617a:6172::/96", "via", &HOST_WAN6.to_string()]);
     net.world
         .run(move || {
-            let socket = std::net::UdpSocket::bind((WORLD_WAN6, 0)).map_err(|source| TopologyError::Io { action: "world udp".into(), source })?;
+            let socket =
+                std::net::UdpSocket::bind((WORLD_WAN6, 0)).map_err(|source| TopologyError::Io { action: "world udp".into(), source })?;
             socket.send_to(b"unsolicited", sandbox6).map_err(|source| TopologyError::Io { action: "world send".into(), source })
         })
         .expect("world datagram");
@@ -457,7 +465,8 @@ fn a_lan_peer_cannot_reach_the_sandbox_through_the_host() {
     let tcp_outcome = peer.run(move || Ok(tcp_from(IpAddr::V4(PEER_PUBLIC), target, 1500))).expect("peer connect");
     for source in [PEER_PUBLIC, PEER_WAN] {
         peer.run(move || {
-            let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "peer udp".into(), source })?;
+            let socket =
+                std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "peer udp".into(), source })?;
             socket.send_to(b"from the LAN", target).map_err(|source| TopologyError::Io { action: "peer send".into(), source })
         })
         .expect("peer datagram");
@@ -475,9 +484,8 @@ fn a_lan_peer_cannot_reach_the_sandbox_through_the_host() {
     // The host's other forwarding is untouched: the peer still gets to the
     // world through the host.
     ip_in(&peer, &["route", "add", &format!("{PUBLIC}/32"), "via", &HOST_WAN.to_string()]);
-    let forwarded = peer
-        .run(|| Ok(tcp_from(IpAddr::V4(PEER_WAN), std::net::SocketAddr::new(IpAddr::V4(PUBLIC), PORT), 1500)))
-        .expect("peer to world");
+    let forwarded =
+        peer.run(|| Ok(tcp_from(IpAddr::V4(PEER_WAN), std::net::SocketAddr::new(IpAddr::V4(PUBLIC), PORT), 1500))).expect("peer to world");
     assert_eq!(forwarded, "connected");
     domain.teardown().expect("teardown");
 }
@@ -570,7 +578,9 @@ fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
     assert_eq!(connect_to(sandbox, std::net::SocketAddr::new(IpAddr::V4(Ipv4Addr::new(192, 168, 7, 2)), 53)), Reach::Unreachable);
     domain.verify_installed().expect("read-back matches");
     let refused = refused_destinations(domain.sidecar_netns().expect("ns")).expect("refused destinations");
-    let count = |protocol: u8, port: u16| refused.iter().find(|r| r.address == resolver && r.protocol == protocol && r.port == Some(port)).map(|r| r.packets);
+    let count = |protocol: u8, port: u16| {
+        refused.iter().find(|r| r.address == resolver && r.protocol == protocol && r.port == Some(port)).map(|r| r.packets)
+    };
     assert!(count(6, 80).is_some_and(|n| n >= 1) && count(6, 22).is_some_and(|n| n >= 1), "TCP to the router's other ports: {refused:?}");
     assert!(count(17, 54).is_some_and(|n| n >= 1), "UDP to port 54: {refused:?}");
     assert_eq!((count(17, 53), count(6, 53)), (None, None), "DNS is allowed: {refused:?}");
@@ -589,7 +599,10 @@ fn a_resolver_the_policy_denies_answers_dns_but_nothing_else() {
             let rule = "sidecar nftables table inet lazaret-filter: rule missing: chain forward: iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.7.1 goto refuse";
             assert!(differences.iter().any(|d| d == rule), "{differences:?}");
             assert!(differences.iter().any(|d| d.contains("unexpected nftables table extra")), "{differences:?}");
-            assert!(differences.iter().any(|d| d.starts_with(&format!("host nftables table inet {table}: unexpected rule in chain forward"))), "{differences:?}");
+            assert!(
+                differences.iter().any(|d| d.starts_with(&format!("host nftables table inet {table}: unexpected rule in chain forward"))),
+                "{differences:?}"
+            );
         }
         other => panic!("tampered filters not detected: {other:?}"),
     }
@@ -623,7 +636,9 @@ fn only_the_sandbox_address_is_forwarded_out_of_the_domain() {
     let send_from = |ns: &lazaret_netpolicy::topology::Netns, source: Ipv4Addr| {
         ns.run(move || {
             let socket = std::net::UdpSocket::bind((source, 0)).map_err(|source| TopologyError::Io { action: "udp".into(), source })?;
-            socket.send_to(source.to_string().as_bytes(), (PUBLIC, PORT)).map_err(|source| TopologyError::Io { action: "send".into(), source })
+            socket
+                .send_to(source.to_string().as_bytes(), (PUBLIC, PORT))
+                .map_err(|source| TopologyError::Io { action: "send".into(), source })
         })
         .expect("datagram");
     };
@@ -734,7 +749,8 @@ fn only_the_sandbox_reaches_the_escalation_listener_whatever_the_egress_policy()
     assert_eq!(connect_to(sandbox, escalation), Reach::Unreachable);
     match domain.verify_installed() {
         Err(TopologyError::Mismatch { differences }) => {
-            let missing = format!("sidecar IPv4 rule missing: 490: iif lzs0 from all to {gateway}/32 ipproto Tcp dport 7418-7418 lookup 255");
+            let missing =
+                format!("sidecar IPv4 rule missing: 490: iif lzs0 from all to {gateway}/32 ipproto Tcp dport 7418-7418 lookup 255");
             assert_eq!(differences, vec![missing]);
         }
         other => panic!("the missing exception was not detected: {other:?}"),

@@ -50,30 +50,15 @@ impl Drop for RegistryGuard {
 
 fn main() -> Result<(), Error> {
     let mut args = std::env::args().skip(1);
-    let rounds: usize = args
-        .next()
-        .map(|a| a.parse())
-        .transpose()?
-        .unwrap_or(3)
-        .max(1);
-    let tarball = PathBuf::from(
-        args.next()
-            .unwrap_or_else(|| "/var/cache/lazaret/images/bookworm-minbase-git.tar.zst".into()),
-    );
+    let rounds: usize = args.next().map(|a| a.parse()).transpose()?.unwrap_or(3).max(1);
+    let tarball = PathBuf::from(args.next().unwrap_or_else(|| "/var/cache/lazaret/images/bookworm-minbase-git.tar.zst".into()));
     for tool in ["docker-registry", "skopeo", "tar", "zstd"] {
-        let found = Command::new("sh")
-            .arg("-c")
-            .arg(format!("command -v {tool}"))
-            .stdout(Stdio::null())
-            .status()?
-            .success();
+        let found = Command::new("sh").arg("-c").arg(format!("command -v {tool}")).stdout(Stdio::null()).status()?.success();
         if !found {
             return Err(format!("`{tool}` is missing: install Debian's {tool} package").into());
         }
     }
-    let work = tempfile::Builder::new()
-        .prefix("lazaret-pull-bench-")
-        .tempdir_in("/var/tmp")?;
+    let work = tempfile::Builder::new().prefix("lazaret-pull-bench-").tempdir_in("/var/tmp")?;
     let layout = work.path().join("layout");
     let layer_bytes = build_layout(&layout, &tarball)?;
 
@@ -86,14 +71,8 @@ fn main() -> Result<(), Error> {
             work.path().join("registry").display()
         ),
     )?;
-    let _registry = RegistryGuard(
-        Command::new("docker-registry")
-            .arg("serve")
-            .arg(&config)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()?,
-    );
+    let _registry =
+        RegistryGuard(Command::new("docker-registry").arg("serve").arg(&config).stdout(Stdio::null()).stderr(Stdio::null()).spawn()?);
     let mut ready = false;
     for _ in 0..500 {
         if TcpStream::connect(("127.0.0.1", port)).is_ok() {
@@ -107,20 +86,12 @@ fn main() -> Result<(), Error> {
     }
     let host = format!("127.0.0.1:{port}");
     run(Command::new("skopeo")
-        .args([
-            "--insecure-policy",
-            "copy",
-            "--quiet",
-            "--dest-tls-verify=false",
-        ])
+        .args(["--insecure-policy", "copy", "--quiet", "--dest-tls-verify=false"])
         .arg(format!("oci:{}:bench", layout.display()))
         .arg(format!("docker://{host}/bench:bench")))?;
 
     let reference = ImageReference::parse(&format!("{host}/bench:bench"))?;
-    let options = PullOptions {
-        insecure: true,
-        ..PullOptions::default()
-    };
+    let options = PullOptions { insecure: true, ..PullOptions::default() };
     let mut lazaret_times = Vec::new();
     let mut skopeo_times = Vec::new();
     for round in 0..rounds {
@@ -135,23 +106,12 @@ fn main() -> Result<(), Error> {
         let rootfs = work.path().join(format!("rootfs-{round}"));
         let start = Instant::now();
         run(Command::new("skopeo")
-            .args([
-                "--insecure-policy",
-                "copy",
-                "--quiet",
-                "--src-tls-verify=false",
-            ])
+            .args(["--insecure-policy", "copy", "--quiet", "--src-tls-verify=false"])
             .arg(format!("docker://{host}/bench:bench"))
             .arg(format!("oci:{}:bench", oci_dir.display())))?;
         std::fs::create_dir(&rootfs)?;
         for layer in layout_layers(&oci_dir)? {
-            run(Command::new("tar")
-                .arg("--zstd")
-                .arg("-xf")
-                .arg(&layer)
-                .arg("-C")
-                .arg(&rootfs)
-                .arg("--numeric-owner"))?;
+            run(Command::new("tar").arg("--zstd").arg("-xf").arg(&layer).arg("-C").arg(&rootfs).arg("--numeric-owner"))?;
         }
         skopeo_times.push(start.elapsed());
         std::fs::remove_dir_all(&oci_dir)?;
@@ -163,14 +123,8 @@ fn main() -> Result<(), Error> {
         layer_bytes as f64 / 1e6,
         tarball.display()
     );
-    println!(
-        "{:<28} {:>10} {:>10} {:>10}",
-        "method", "min s", "median s", "max s"
-    );
-    for (name, times) in [
-        ("lazaret registry::pull", &mut lazaret_times),
-        ("skopeo copy + tar -x", &mut skopeo_times),
-    ] {
+    println!("{:<28} {:>10} {:>10} {:>10}", "method", "min s", "median s", "max s");
+    for (name, times) in [("lazaret registry::pull", &mut lazaret_times), ("skopeo copy + tar -x", &mut skopeo_times)] {
         times.sort();
         println!(
             "{:<28} {:>10.2} {:>10.2} {:>10.2}",
@@ -200,28 +154,17 @@ fn sha256_file(path: &Path) -> Result<String, Error> {
 
 fn put_blob(layout: &Path, bytes: &[u8]) -> Result<(String, u64), Error> {
     let digest = format!("sha256:{}", hex::encode(Sha256::digest(bytes)));
-    std::fs::write(
-        layout.join("blobs/sha256").join(&digest["sha256:".len()..]),
-        bytes,
-    )?;
+    std::fs::write(layout.join("blobs/sha256").join(&digest["sha256:".len()..]), bytes)?;
     Ok((digest, bytes.len() as u64))
 }
 
 /// Writes a one-layer OCI layout tagged `bench`; returns the layer's size.
 fn build_layout(layout: &Path, tarball: &Path) -> Result<u64, Error> {
     std::fs::create_dir_all(layout.join("blobs/sha256"))?;
-    std::fs::write(
-        layout.join("oci-layout"),
-        r#"{"imageLayoutVersion":"1.0.0"}"#,
-    )?;
+    std::fs::write(layout.join("oci-layout"), r#"{"imageLayoutVersion":"1.0.0"}"#)?;
     let layer_digest = sha256_file(tarball)?;
     let layer_size = std::fs::metadata(tarball)?.len();
-    std::fs::copy(
-        tarball,
-        layout
-            .join("blobs/sha256")
-            .join(&layer_digest["sha256:".len()..]),
-    )?;
+    std::fs::copy(tarball, layout.join("blobs/sha256").join(&layer_digest["sha256:".len()..]))?;
     let mut decoder = zstd::stream::read::Decoder::new(std::fs::File::open(tarball)?)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
@@ -264,28 +207,10 @@ fn build_layout(layout: &Path, tarball: &Path) -> Result<u64, Error> {
 
 /// The layer blob paths of the only image in an OCI layout written by skopeo.
 fn layout_layers(layout: &Path) -> Result<Vec<PathBuf>, Error> {
-    let blob = |digest: &str| {
-        layout
-            .join("blobs/sha256")
-            .join(digest.trim_start_matches("sha256:"))
-    };
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(layout.join("index.json"))?)?;
-    let manifest_digest = index["manifests"][0]["digest"]
-        .as_str()
-        .ok_or("index.json without a manifest")?;
-    let manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(blob(manifest_digest))?)?;
-    let layers = manifest["layers"]
-        .as_array()
-        .ok_or("manifest without layers")?;
-    layers
-        .iter()
-        .map(|l| {
-            l["digest"]
-                .as_str()
-                .map(blob)
-                .ok_or_else(|| Error::from("layer without a digest"))
-        })
-        .collect()
+    let blob = |digest: &str| layout.join("blobs/sha256").join(digest.trim_start_matches("sha256:"));
+    let index: serde_json::Value = serde_json::from_slice(&std::fs::read(layout.join("index.json"))?)?;
+    let manifest_digest = index["manifests"][0]["digest"].as_str().ok_or("index.json without a manifest")?;
+    let manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(blob(manifest_digest))?)?;
+    let layers = manifest["layers"].as_array().ok_or("manifest without layers")?;
+    layers.iter().map(|l| l["digest"].as_str().map(blob).ok_or_else(|| Error::from("layer without a digest"))).collect()
 }

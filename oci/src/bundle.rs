@@ -26,9 +26,8 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use oci_spec::runtime::{
-    LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace,
-    LinuxNamespaceType, LinuxPids, LinuxResources, Mount, PosixRlimit, PosixRlimitBuilder,
-    PosixRlimitType, Process, Root, Spec, User,
+    LinuxCapabilities, LinuxDeviceCgroup, LinuxMemory, LinuxNamespace, LinuxNamespaceType, LinuxPids, LinuxResources, Mount, PosixRlimit,
+    PosixRlimitBuilder, PosixRlimitType, Process, Root, Spec, User,
 };
 
 /// Every `cgroupsPath` must lie under this Lazaret-owned parent.
@@ -203,9 +202,7 @@ fn process_of(spec: &BundleSpec) -> Result<Process, BundleError> {
     user.set_uid(spec.uid)
         .set_gid(spec.gid)
         .set_umask(Some(0o022))
-        .set_additional_gids(
-            (!spec.additional_gids.is_empty()).then(|| spec.additional_gids.clone()),
-        )
+        .set_additional_gids((!spec.additional_gids.is_empty()).then(|| spec.additional_gids.clone()))
         .set_username(None);
 
     let caps: Vec<Capability> = match &spec.capabilities {
@@ -222,21 +219,9 @@ fn process_of(spec: &BundleSpec) -> Result<Process, BundleError> {
         .set_inheritable(Some(Default::default()))
         .set_ambient(Some(Default::default()));
 
-    let mut rlimits = spec
-        .rlimits
-        .iter()
-        .map(to_posix_rlimit)
-        .collect::<Result<Vec<_>, _>>()?;
-    if !spec
-        .rlimits
-        .iter()
-        .any(|r| r.resource == PosixRlimitType::RlimitNofile)
-    {
-        rlimits.push(to_posix_rlimit(&Rlimit {
-            resource: PosixRlimitType::RlimitNofile,
-            soft: DEFAULT_NOFILE,
-            hard: DEFAULT_NOFILE,
-        })?);
+    let mut rlimits = spec.rlimits.iter().map(to_posix_rlimit).collect::<Result<Vec<_>, _>>()?;
+    if !spec.rlimits.iter().any(|r| r.resource == PosixRlimitType::RlimitNofile) {
+        rlimits.push(to_posix_rlimit(&Rlimit { resource: PosixRlimitType::RlimitNofile, soft: DEFAULT_NOFILE, hard: DEFAULT_NOFILE })?);
     }
 
     let mut process = Process::default();
@@ -246,9 +231,7 @@ fn process_of(spec: &BundleSpec) -> Result<Process, BundleError> {
         .set_user(user)
         .set_args(Some(spec.args.clone()))
         .set_command_line(None)
-        .set_env(Some(
-            spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
-        ))
+        .set_env(Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()))
         .set_cwd(spec.cwd.clone())
         .set_capabilities(Some(capabilities))
         .set_rlimits(Some(rlimits))
@@ -272,46 +255,27 @@ pub fn build_spec(spec: &BundleSpec) -> Result<Spec, BundleError> {
 
     let mut mounts = system_mounts();
     for bind in nesting_order(&spec.mounts) {
-        let mut options = vec![
-            "rbind".to_string(),
-            "rprivate".into(),
-            "nosuid".into(),
-            "nodev".into(),
-        ];
+        let mut options = vec!["rbind".to_string(), "rprivate".into(), "nosuid".into(), "nodev".into()];
         if bind.readonly {
             options.push("ro".into());
         }
         mounts.push(mount(&bind.destination, "bind", &bind.source, &options));
     }
 
-    let namespaces = [
-        LinuxNamespaceType::Pid,
-        LinuxNamespaceType::Ipc,
-        LinuxNamespaceType::Uts,
-        LinuxNamespaceType::Mount,
-        LinuxNamespaceType::Network,
-    ]
-    .into_iter()
-    .map(|kind| {
-        let mut ns = LinuxNamespace::default();
-        ns.set_typ(kind);
-        let path = if kind == LinuxNamespaceType::Network {
-            spec.network_namespace.clone()
-        } else {
-            None
-        };
-        ns.set_path(path);
-        ns
-    })
-    .collect::<Vec<_>>();
+    let namespaces =
+        [LinuxNamespaceType::Pid, LinuxNamespaceType::Ipc, LinuxNamespaceType::Uts, LinuxNamespaceType::Mount, LinuxNamespaceType::Network]
+            .into_iter()
+            .map(|kind| {
+                let mut ns = LinuxNamespace::default();
+                ns.set_typ(kind);
+                let path = if kind == LinuxNamespaceType::Network { spec.network_namespace.clone() } else { None };
+                ns.set_path(path);
+                ns
+            })
+            .collect::<Vec<_>>();
 
     let mut deny_all_devices = LinuxDeviceCgroup::default();
-    deny_all_devices
-        .set_allow(false)
-        .set_typ(None)
-        .set_major(None)
-        .set_minor(None)
-        .set_access(Some("rwm".into()));
+    deny_all_devices.set_allow(false).set_typ(None).set_major(None).set_minor(None).set_access(Some("rwm".into()));
     let mut resources = LinuxResources::default();
     resources.set_devices(Some(vec![deny_all_devices]));
     resources.set_memory(spec.memory_limit.map(|limit| {
@@ -379,10 +343,7 @@ pub fn render_spec(spec: &Spec) -> Result<String, BundleError> {
 pub fn write_bundle(dir: &Path, spec: &BundleSpec) -> Result<PathBuf, BundleError> {
     let text = render_spec(&build_spec(spec)?)?;
     let io_err = |context: String| move |source| BundleError::Io { context, source };
-    crate::fsutil::ensure_private_dir(dir, 0o700).map_err(io_err(format!(
-        "creating bundle directory {}",
-        dir.display()
-    )))?;
+    crate::fsutil::ensure_private_dir(dir, 0o700).map_err(io_err(format!("creating bundle directory {}", dir.display())))?;
     crate::fsutil::atomic_write(dir, "config.json", text.as_bytes(), 0o600)
         .map_err(io_err(format!("writing {}/config.json", dir.display())))?;
     Ok(dir.join("config.json"))
@@ -437,13 +398,7 @@ const MASKED_PATHS: [&str; 11] = [
 ];
 
 /// runc's default read-only paths.
-const READONLY_PATHS: [&str; 5] = [
-    "/proc/bus",
-    "/proc/fs",
-    "/proc/irq",
-    "/proc/sys",
-    "/proc/sysrq-trigger",
-];
+const READONLY_PATHS: [&str; 5] = ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"];
 
 /// Destinations reserved for the system mounts.
 const RESERVED_DESTINATIONS: [&str; 3] = ["/proc", "/sys", "/dev"];
@@ -453,53 +408,14 @@ fn to_strings(list: &[&str]) -> Vec<String> {
 }
 
 fn system_mounts() -> Vec<Mount> {
-    let m = |dest: &str, kind: &str, source: &str, options: &[&str]| {
-        mount(
-            Path::new(dest),
-            kind,
-            Path::new(source),
-            &to_strings(options),
-        )
-    };
+    let m = |dest: &str, kind: &str, source: &str, options: &[&str]| mount(Path::new(dest), kind, Path::new(source), &to_strings(options));
     vec![
         m("/proc", "proc", "proc", &["nosuid", "noexec", "nodev"]),
-        m(
-            "/dev",
-            "tmpfs",
-            "tmpfs",
-            &["nosuid", "strictatime", "mode=755", "size=65536k"],
-        ),
-        m(
-            "/dev/pts",
-            "devpts",
-            "devpts",
-            &[
-                "nosuid",
-                "noexec",
-                "newinstance",
-                "ptmxmode=0666",
-                "mode=0620",
-                "gid=5",
-            ],
-        ),
-        m(
-            "/dev/shm",
-            "tmpfs",
-            "shm",
-            &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"],
-        ),
-        m(
-            "/dev/mqueue",
-            "mqueue",
-            "mqueue",
-            &["nosuid", "noexec", "nodev"],
-        ),
-        m(
-            "/sys",
-            "sysfs",
-            "sysfs",
-            &["nosuid", "noexec", "nodev", "ro"],
-        ),
+        m("/dev", "tmpfs", "tmpfs", &["nosuid", "strictatime", "mode=755", "size=65536k"]),
+        m("/dev/pts", "devpts", "devpts", &["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"]),
+        m("/dev/shm", "tmpfs", "shm", &["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"]),
+        m("/dev/mqueue", "mqueue", "mqueue", &["nosuid", "noexec", "nodev"]),
+        m("/sys", "sysfs", "sysfs", &["nosuid", "noexec", "nodev", "ro"]),
         m("/tmp", "tmpfs", "tmpfs", &["nosuid", "nodev", "mode=1777"]),
     ]
 }
@@ -523,17 +439,11 @@ fn to_posix_rlimit(limit: &Rlimit) -> Result<PosixRlimit, BundleError> {
         .soft(limit.soft)
         .hard(limit.hard)
         .build()
-        .map_err(|e| BundleError::InvalidField {
-            field: "rlimits".into(),
-            reason: e.to_string(),
-        })
+        .map_err(|e| BundleError::InvalidField { field: "rlimits".into(), reason: e.to_string() })
 }
 
 fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
-    let field = |field: &str, reason: String| BundleError::InvalidField {
-        field: field.to_string(),
-        reason,
-    };
+    let field = |field: &str, reason: String| BundleError::InvalidField { field: field.to_string(), reason };
     if spec.args.is_empty() || spec.args[0].is_empty() {
         return Err(field("args", "the command must not be empty".into()));
     }
@@ -542,14 +452,9 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     }
     let mut keys = HashSet::new();
     for (key, value) in &spec.env {
-        let env_err = |reason: &str| BundleError::InvalidEnv {
-            key: key.clone(),
-            reason: reason.to_string(),
-        };
+        let env_err = |reason: &str| BundleError::InvalidEnv { key: key.clone(), reason: reason.to_string() };
         let mut chars = key.chars();
-        let first_ok = chars
-            .next()
-            .is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
+        let first_ok = chars.next().is_some_and(|c| c.is_ascii_alphabetic() || c == '_');
         if !first_ok || !chars.all(|c| c.is_ascii_alphanumeric() || c == '_') {
             return Err(env_err("keys must match [A-Za-z_][A-Za-z0-9_]*"));
         }
@@ -563,11 +468,7 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     check_path("cwd", &spec.cwd)?;
     check_path("rootfs", &spec.rootfs)?;
     if spec.rootfs == Path::new("/") {
-        return Err(path_err(
-            "rootfs",
-            &spec.rootfs,
-            "the host root cannot be the container root",
-        ));
+        return Err(path_err("rootfs", &spec.rootfs, "the host root cannot be the container root"));
     }
     if let Some(netns) = &spec.network_namespace {
         check_path("network_namespace", netns)?;
@@ -581,25 +482,13 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
         check_path("mount destination", &bind.destination)?;
         let dest = &bind.destination;
         if dest == Path::new("/") {
-            return Err(path_err(
-                "mount destination",
-                dest,
-                "cannot mount over the container root",
-            ));
+            return Err(path_err("mount destination", dest, "cannot mount over the container root"));
         }
         if RESERVED_DESTINATIONS.iter().any(|r| dest.starts_with(r)) {
-            return Err(path_err(
-                "mount destination",
-                dest,
-                "/proc, /sys and /dev are reserved",
-            ));
+            return Err(path_err("mount destination", dest, "/proc, /sys and /dev are reserved"));
         }
         if !destinations.insert(dest.clone()) {
-            return Err(path_err(
-                "mount destination",
-                dest,
-                "mounted more than once",
-            ));
+            return Err(path_err("mount destination", dest, "mounted more than once"));
         }
     }
     if let CapabilityPolicy::Explicit(list) = &spec.capabilities
@@ -610,16 +499,10 @@ fn validate(spec: &BundleSpec) -> Result<(), BundleError> {
     let mut resources = Vec::new();
     for limit in &spec.rlimits {
         if limit.soft > limit.hard {
-            return Err(field(
-                "rlimits",
-                format!("{:?}: soft limit above hard limit", limit.resource),
-            ));
+            return Err(field("rlimits", format!("{:?}: soft limit above hard limit", limit.resource)));
         }
         if resources.contains(&limit.resource) {
-            return Err(field(
-                "rlimits",
-                format!("{:?} given more than once", limit.resource),
-            ));
+            return Err(field("rlimits", format!("{:?} given more than once", limit.resource)));
         }
         resources.push(limit.resource);
     }
@@ -644,22 +527,14 @@ fn refuse_host_netns(netns: &Path) -> Result<(), BundleError> {
         if let Ok(host_meta) = std::fs::metadata(host)
             && (host_meta.dev(), host_meta.ino()) == (target.dev(), target.ino())
         {
-            return Err(path_err(
-                "network_namespace",
-                netns,
-                &format!("is the host's network namespace (same as {host})"),
-            ));
+            return Err(path_err("network_namespace", netns, &format!("is the host's network namespace (same as {host})")));
         }
     }
     Ok(())
 }
 
 fn path_err(field: &str, path: &Path, reason: &str) -> BundleError {
-    BundleError::InvalidPath {
-        field: field.to_string(),
-        path: path.to_path_buf(),
-        reason: reason.to_string(),
-    }
+    BundleError::InvalidPath { field: field.to_string(), path: path.to_path_buf(), reason: reason.to_string() }
 }
 
 /// Absolute, no NUL, no `.` or `..` components.
@@ -672,20 +547,13 @@ fn check_path(field: &str, path: &Path) -> Result<(), BundleError> {
         return Err(path_err(field, path, "contains NUL"));
     }
     if bytes.split(|b| *b == b'/').any(|c| c == b".." || c == b".") {
-        return Err(path_err(
-            field,
-            path,
-            "must not contain `.` or `..` components",
-        ));
+        return Err(path_err(field, path, "must not contain `.` or `..` components"));
     }
     Ok(())
 }
 
 fn validate_hostname(hostname: &str) -> Result<(), BundleError> {
-    let bad = |reason: &str| BundleError::InvalidField {
-        field: "hostname".into(),
-        reason: format!("{hostname:?}: {reason}"),
-    };
+    let bad = |reason: &str| BundleError::InvalidField { field: "hostname".into(), reason: format!("{hostname:?}: {reason}") };
     if hostname.is_empty() || hostname.len() > 64 {
         return Err(bad("must be 1 to 64 characters"));
     }
@@ -704,14 +572,8 @@ fn validate_hostname(hostname: &str) -> Result<(), BundleError> {
 }
 
 fn validate_cgroups_path(path: &str) -> Result<(), BundleError> {
-    let bad = |reason: &str| BundleError::InvalidField {
-        field: "cgroups_path".into(),
-        reason: format!("{path:?}: {reason}"),
-    };
-    let Some(rest) = path
-        .strip_prefix(CGROUP_PARENT)
-        .and_then(|r| r.strip_prefix('/'))
-    else {
+    let bad = |reason: &str| BundleError::InvalidField { field: "cgroups_path".into(), reason: format!("{path:?}: {reason}") };
+    let Some(rest) = path.strip_prefix(CGROUP_PARENT).and_then(|r| r.strip_prefix('/')) else {
         return Err(bad(&format!("must lie under {CGROUP_PARENT}/")));
     };
     if rest.is_empty() {
@@ -721,13 +583,8 @@ fn validate_cgroups_path(path: &str) -> Result<(), BundleError> {
         if comp.is_empty() || comp == "." || comp == ".." {
             return Err(bad("empty, `.` or `..` component"));
         }
-        if !comp
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c))
-        {
-            return Err(bad(
-                "components may only use letters, digits, '_', '.', '-'",
-            ));
+        if !comp.chars().all(|c| c.is_ascii_alphanumeric() || "_.-".contains(c)) {
+            return Err(bad("components may only use letters, digits, '_', '.', '-'"));
         }
     }
     Ok(())

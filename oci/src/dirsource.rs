@@ -23,24 +23,16 @@ pub(crate) fn spawn_tar_of_dir(root: PathBuf) -> io::Result<(File, JoinHandle<io
     // best effort, the default size also works.
     let _ = nix::fcntl::fcntl(&writer, nix::fcntl::FcntlArg::F_SETPIPE_SZ(1 << 20));
     let (reader, writer) = (File::from(reader), File::from(writer));
-    let handle = std::thread::Builder::new()
-        .name("lazaret-dir-tar".into())
-        .spawn(move || {
-            let mut builder = tar::Builder::new(BufWriter::with_capacity(256 * 1024, writer));
-            builder.follow_symlinks(false);
-            let mut walker = Walker {
-                builder: &mut builder,
-                links: HashMap::new(),
-            };
-            let root_meta = std::fs::symlink_metadata(&root)?;
-            walker.append_dir(Path::new("."), &root_meta)?;
-            walker.walk(&root, Path::new(""))?;
-            builder
-                .into_inner()?
-                .into_inner()
-                .map_err(|e| e.into_error())?;
-            Ok(())
-        })?;
+    let handle = std::thread::Builder::new().name("lazaret-dir-tar".into()).spawn(move || {
+        let mut builder = tar::Builder::new(BufWriter::with_capacity(256 * 1024, writer));
+        builder.follow_symlinks(false);
+        let mut walker = Walker { builder: &mut builder, links: HashMap::new() };
+        let root_meta = std::fs::symlink_metadata(&root)?;
+        walker.append_dir(Path::new("."), &root_meta)?;
+        walker.walk(&root, Path::new(""))?;
+        builder.into_inner()?.into_inner().map_err(|e| e.into_error())?;
+        Ok(())
+    })?;
     Ok((reader, handle))
 }
 
@@ -52,9 +44,7 @@ struct Walker<'a, W: io::Write> {
 
 impl<W: io::Write> Walker<'_, W> {
     fn walk(&mut self, dir: &Path, rel: &Path) -> io::Result<()> {
-        let mut names: Vec<_> = std::fs::read_dir(dir)?
-            .map(|entry| entry.map(|e| e.file_name()))
-            .collect::<io::Result<_>>()?;
+        let mut names: Vec<_> = std::fs::read_dir(dir)?.map(|entry| entry.map(|e| e.file_name())).collect::<io::Result<_>>()?;
         names.sort_by(|a, b| a.as_bytes().cmp(b.as_bytes()));
         for name in names {
             let path = dir.join(&name);
@@ -90,24 +80,14 @@ impl<W: io::Write> Walker<'_, W> {
             }
             self.links.insert(key, rel.to_path_buf());
         }
-        let file = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)?;
+        let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
         let opened = file.metadata()?;
         if (opened.dev(), opened.ino()) != key {
-            return Err(io::Error::other(format!(
-                "{} changed while importing",
-                path.display()
-            )));
+            return Err(io::Error::other(format!("{} changed while importing", path.display())));
         }
         let mut header = header_for(meta, tar::EntryType::Regular);
         header.set_size(meta.len());
-        let exact = ExactLength {
-            inner: file,
-            remaining: meta.len(),
-            path: path.to_path_buf(),
-        };
+        let exact = ExactLength { inner: file, remaining: meta.len(), path: path.to_path_buf() };
         self.builder.append_data(&mut header, rel, exact)
     }
 }
@@ -136,15 +116,10 @@ impl Read for ExactLength {
         if self.remaining == 0 {
             return Ok(0);
         }
-        let want = buf
-            .len()
-            .min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
+        let want = buf.len().min(usize::try_from(self.remaining).unwrap_or(usize::MAX));
         let n = self.inner.read(&mut buf[..want])?;
         if n == 0 {
-            return Err(io::Error::other(format!(
-                "{} shrank while importing",
-                self.path.display()
-            )));
+            return Err(io::Error::other(format!("{} shrank while importing", self.path.display())));
         }
         self.remaining -= n as u64;
         Ok(n)

@@ -70,9 +70,6 @@ pub enum ImageError {
 impl ImageError {
     /// Wraps an I/O error with a short description of the failed operation.
     pub(crate) fn io(context: impl Into<String>, source: impl Into<io::Error>) -> Self {
-        ImageError::Io {
-            context: context.into(),
-            source: source.into(),
-        }
+        ImageError::Io { context: context.into(), source: source.into() }
     }
 }

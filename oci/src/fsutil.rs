@@ -14,10 +14,7 @@ use nix::sys::stat::Mode;
 use nix::unistd::{UnlinkatFlags, unlinkat};
 
 /// Flags for opening an existing directory without following a symlink.
-const DIR_FLAGS: OFlag = OFlag::O_RDONLY
-    .union(OFlag::O_DIRECTORY)
-    .union(OFlag::O_NOFOLLOW)
-    .union(OFlag::O_CLOEXEC);
+const DIR_FLAGS: OFlag = OFlag::O_RDONLY.union(OFlag::O_DIRECTORY).union(OFlag::O_NOFOLLOW).union(OFlag::O_CLOEXEC);
 
 /// Opens directory `name` inside `parent`; fails with ELOOP/ENOTDIR if it is a
 /// symlink or not a directory.
@@ -27,10 +24,7 @@ pub(crate) fn open_dir_at(parent: BorrowedFd<'_>, name: &OsStr) -> nix::Result<O
 
 /// Opens `path` as a directory; the last component must not be a symlink.
 pub(crate) fn open_dir_path(path: &Path) -> io::Result<OwnedFd> {
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(path)?;
+    let file = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC).open(path)?;
     Ok(OwnedFd::from(file))
 }
 
@@ -56,10 +50,7 @@ pub(crate) fn remove_tree_at(parent: BorrowedFd<'_>, name: &OsStr) -> io::Result
 }
 
 /// Removes every child of the directory `dir` for which `select(name)` is true.
-pub(crate) fn clear_dir(
-    dir: BorrowedFd<'_>,
-    mut select: impl FnMut(&OsStr) -> bool,
-) -> io::Result<()> {
+pub(crate) fn clear_dir(dir: BorrowedFd<'_>, mut select: impl FnMut(&OsStr) -> bool) -> io::Result<()> {
     for name in list_dir(dir)? {
         if select(&name) {
             remove_tree_at(dir, &name)?;
@@ -117,21 +108,12 @@ pub(crate) fn atomic_write(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> i
 /// existing directory; refuses a symlink or a non-directory at `path`.
 pub(crate) fn ensure_private_dir(path: &Path, mode: u32) -> io::Result<()> {
     match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.is_dir() => {
-            std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+        Ok(meta) if meta.is_dir() => std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)),
+        Ok(_) => {
+            Err(io::Error::new(io::ErrorKind::AlreadyExists, format!("{} exists and is not a directory (or is a symlink)", path.display())))
         }
-        Ok(_) => Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!(
-                "{} exists and is not a directory (or is a symlink)",
-                path.display()
-            ),
-        )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(mode)
-                .create(path)?;
+            std::fs::DirBuilder::new().recursive(true).mode(mode).create(path)?;
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
         }
         Err(e) => Err(e),

@@ -91,42 +91,27 @@ pub(crate) struct RootFs {
     pub diff_ids: Vec<String>,
 }
 
-pub(crate) const INDEX_TYPES: [&str; 2] = [
-    "application/vnd.oci.image.index.v1+json",
-    "application/vnd.docker.distribution.manifest.list.v2+json",
-];
-pub(crate) const MANIFEST_TYPES: [&str; 2] = [
-    "application/vnd.oci.image.manifest.v1+json",
-    "application/vnd.docker.distribution.manifest.v2+json",
-];
-const CONFIG_TYPES: [&str; 2] = [
-    "application/vnd.oci.image.config.v1+json",
-    "application/vnd.docker.container.image.v1+json",
-];
+pub(crate) const INDEX_TYPES: [&str; 2] =
+    ["application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"];
+pub(crate) const MANIFEST_TYPES: [&str; 2] =
+    ["application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"];
+const CONFIG_TYPES: [&str; 2] = ["application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"];
 
 /// Returns the hex part of a `sha256:<64 lowercase hex>` digest.
 pub(crate) fn sha256_hex(digest: &str) -> Result<&str, ImageError> {
-    let hex = digest.strip_prefix("sha256:").ok_or_else(|| {
-        ImageError::InvalidImage(format!(
-            "unsupported digest {digest:?} (only sha256 is supported)"
-        ))
-    })?;
-    if hex.len() != 64
-        || !hex
-            .bytes()
-            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
-    {
-        return Err(ImageError::InvalidImage(format!(
-            "malformed digest {digest:?}"
-        )));
+    let hex = digest
+        .strip_prefix("sha256:")
+        .ok_or_else(|| ImageError::InvalidImage(format!("unsupported digest {digest:?} (only sha256 is supported)")))?;
+    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)) {
+        return Err(ImageError::InvalidImage(format!("malformed digest {digest:?}")));
     }
     Ok(hex)
 }
 
 /// Whether a layer media type is one we can unpack (plain, gzip or zstd tar).
 pub(crate) fn layer_type_supported(media_type: &str) -> bool {
-    let known = media_type.starts_with("application/vnd.oci.image.layer.")
-        || media_type.starts_with("application/vnd.docker.image.rootfs.");
+    let known =
+        media_type.starts_with("application/vnd.oci.image.layer.") || media_type.starts_with("application/vnd.docker.image.rootfs.");
     known && !media_type.contains("encrypted")
 }
 
@@ -154,8 +139,7 @@ impl LayoutDir {
 
     /// Opens the layout at `path` and checks its `oci-layout` marker.
     pub(crate) fn open(path: &Path) -> Result<LayoutDir, ImageError> {
-        let dir = open_dir_path(path)
-            .map_err(|e| ImageError::io(format!("opening OCI layout {}", path.display()), e))?;
+        let dir = open_dir_path(path).map_err(|e| ImageError::io(format!("opening OCI layout {}", path.display()), e))?;
         let layout = LayoutDir { dir };
         let marker = layout.read_file("oci-layout", 64 * 1024)?;
         #[derive(Deserialize)]
@@ -165,26 +149,18 @@ impl LayoutDir {
         }
         let marker: Marker = parse_json(&marker, "oci-layout")?;
         if !marker.version.starts_with("1.") {
-            return Err(ImageError::InvalidImage(format!(
-                "unsupported imageLayoutVersion {:?}",
-                marker.version
-            )));
+            return Err(ImageError::InvalidImage(format!("unsupported imageLayoutVersion {:?}", marker.version)));
         }
         Ok(layout)
     }
 
     fn read_file(&self, name: &str, max: u64) -> Result<Vec<u8>, ImageError> {
-        let file = open_file_at(self.dir.as_fd(), OsStr::new(name)).map_err(|e| {
-            ImageError::InvalidImage(format!("cannot open {name} in the layout: {e}"))
-        })?;
+        let file = open_file_at(self.dir.as_fd(), OsStr::new(name))
+            .map_err(|e| ImageError::InvalidImage(format!("cannot open {name} in the layout: {e}")))?;
         let mut data = Vec::new();
-        file.take(max + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| ImageError::io(format!("reading {name}"), e))?;
+        file.take(max + 1).read_to_end(&mut data).map_err(|e| ImageError::io(format!("reading {name}"), e))?;
         if data.len() as u64 > max {
-            return Err(ImageError::LimitExceeded(format!(
-                "{name} is larger than {max} bytes"
-            )));
+            return Err(ImageError::LimitExceeded(format!("{name} is larger than {max} bytes")));
         }
         Ok(data)
     }
@@ -199,9 +175,7 @@ impl LayoutDir {
             open_file_at(sha.as_fd(), OsStr::new(hex))
         };
         open().map_err(|e| match e {
-            Errno::ENOENT => {
-                ImageError::InvalidImage(format!("blob {digest} is missing from the layout"))
-            }
+            Errno::ENOENT => ImageError::InvalidImage(format!("blob {digest} is missing from the layout")),
             other => ImageError::InvalidImage(format!("cannot open blob {digest}: {other}")),
         })
     }
@@ -209,16 +183,11 @@ impl LayoutDir {
     /// Reads a small blob completely and verifies its size and digest.
     pub(crate) fn read_verified(&self, desc: &Descriptor, max: u64) -> Result<Vec<u8>, ImageError> {
         if desc.size > max {
-            return Err(ImageError::LimitExceeded(format!(
-                "{} is {} bytes (limit {max})",
-                desc.digest, desc.size
-            )));
+            return Err(ImageError::LimitExceeded(format!("{} is {} bytes (limit {max})", desc.digest, desc.size)));
         }
         let file = self.open_blob(&desc.digest)?;
         let mut data = Vec::new();
-        file.take(desc.size + 1)
-            .read_to_end(&mut data)
-            .map_err(|e| ImageError::io(format!("reading blob {}", desc.digest), e))?;
+        file.take(desc.size + 1).read_to_end(&mut data).map_err(|e| ImageError::io(format!("reading blob {}", desc.digest), e))?;
         verify_bytes(&data, desc)?;
         Ok(data)
     }
@@ -236,25 +205,17 @@ impl LayoutDir {
                 continue;
             }
             if !MANIFEST_TYPES.contains(&chosen.media_type.as_str()) {
-                return Err(ImageError::InvalidImage(format!(
-                    "unsupported manifest media type {:?}",
-                    chosen.media_type
-                )));
+                return Err(ImageError::InvalidImage(format!("unsupported manifest media type {:?}", chosen.media_type)));
             }
             let bytes = self.read_verified(&chosen, MAX_JSON_BYTES)?;
             let manifest: Manifest = parse_json(&bytes, &chosen.digest)?;
             return Ok((chosen, manifest));
         }
-        Err(ImageError::InvalidImage(
-            "image indexes nested too deeply".into(),
-        ))
+        Err(ImageError::InvalidImage("image indexes nested too deeply".into()))
     }
 
     /// Reads and checks the image configuration of `manifest`.
-    pub(crate) fn read_config(
-        &self,
-        manifest: &Manifest,
-    ) -> Result<(Vec<u8>, ImageConfigFile), ImageError> {
+    pub(crate) fn read_config(&self, manifest: &Manifest) -> Result<(Vec<u8>, ImageConfigFile), ImageError> {
         check_config_type(manifest)?;
         let bytes = self.read_verified(&manifest.config, MAX_JSON_BYTES)?;
         let config = parse_config(manifest, &bytes, host_architecture())?;
@@ -265,41 +226,27 @@ impl LayoutDir {
 /// Refuses a config media type we do not understand.
 pub(crate) fn check_config_type(manifest: &Manifest) -> Result<(), ImageError> {
     if !CONFIG_TYPES.contains(&manifest.config.media_type.as_str()) {
-        return Err(ImageError::InvalidImage(format!(
-            "unsupported config media type {:?}",
-            manifest.config.media_type
-        )));
+        return Err(ImageError::InvalidImage(format!("unsupported config media type {:?}", manifest.config.media_type)));
     }
     Ok(())
 }
 
 /// Parses verified config bytes and checks them against `manifest`: linux,
 /// architecture `arch`, one diff_id per layer.
-pub(crate) fn parse_config(
-    manifest: &Manifest,
-    bytes: &[u8],
-    arch: &str,
-) -> Result<ImageConfigFile, ImageError> {
+pub(crate) fn parse_config(manifest: &Manifest, bytes: &[u8], arch: &str) -> Result<ImageConfigFile, ImageError> {
     let config: ImageConfigFile = parse_json(bytes, &manifest.config.digest)?;
     if let Some(os) = &config.os
         && os != "linux"
     {
-        return Err(ImageError::InvalidImage(format!(
-            "image is for {os:?}, not linux"
-        )));
+        return Err(ImageError::InvalidImage(format!("image is for {os:?}, not linux")));
     }
     if let Some(config_arch) = &config.architecture
         && config_arch != arch
     {
-        return Err(ImageError::InvalidImage(format!(
-            "image is for architecture {config_arch:?}, expected {arch:?}"
-        )));
+        return Err(ImageError::InvalidImage(format!("image is for architecture {config_arch:?}, expected {arch:?}")));
     }
     if config.rootfs.kind != "layers" {
-        return Err(ImageError::InvalidImage(format!(
-            "unsupported rootfs type {:?}",
-            config.rootfs.kind
-        )));
+        return Err(ImageError::InvalidImage(format!("unsupported rootfs type {:?}", config.rootfs.kind)));
     }
     if config.rootfs.diff_ids.len() != manifest.layers.len() {
         return Err(ImageError::InvalidImage(format!(
@@ -321,11 +268,7 @@ fn choose_entry(entries: &[Descriptor]) -> Result<Descriptor, ImageError> {
         _ => {}
     }
     let arch = host_architecture();
-    if let Some(found) = entries.iter().find(|d| {
-        d.platform
-            .as_ref()
-            .is_some_and(|p| p.os == "linux" && p.architecture == arch)
-    }) {
+    if let Some(found) = entries.iter().find(|d| d.platform.as_ref().is_some_and(|p| p.os == "linux" && p.architecture == arch)) {
         return Ok(found.clone());
     }
     let available: Vec<String> = entries
@@ -335,11 +278,7 @@ fn choose_entry(entries: &[Descriptor]) -> Result<Descriptor, ImageError> {
             None => format!("{} (no platform)", d.digest),
         })
         .collect();
-    Err(ImageError::InvalidImage(format!(
-        "index lists {} manifests and none is for linux/{arch}: {}",
-        entries.len(),
-        available.join(", ")
-    )))
+    Err(ImageError::InvalidImage(format!("index lists {} manifests and none is for linux/{arch}: {}", entries.len(), available.join(", "))))
 }
 
 /// Checks `data` against the size and digest of `desc`.
@@ -353,11 +292,7 @@ pub(crate) fn verify_bytes(data: &[u8], desc: &Descriptor) -> Result<(), ImageEr
     }
     let actual = format!("sha256:{}", hex::encode(Sha256::digest(data)));
     if actual != desc.digest {
-        return Err(ImageError::DigestMismatch {
-            what: "blob".into(),
-            expected: desc.digest.clone(),
-            actual,
-        });
+        return Err(ImageError::DigestMismatch { what: "blob".into(), expected: desc.digest.clone(), actual });
     }
     Ok(())
 }
@@ -365,25 +300,15 @@ pub(crate) fn verify_bytes(data: &[u8], desc: &Descriptor) -> Result<(), ImageEr
 /// Opens a regular file without following a symlink; O_NONBLOCK so that a
 /// FIFO planted in a layout cannot hang the import.
 fn open_file_at(dir: std::os::fd::BorrowedFd<'_>, name: &OsStr) -> nix::Result<File> {
-    let fd = openat(
-        dir,
-        name,
-        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK,
-        Mode::empty(),
-    )?;
+    let fd = openat(dir, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC | OFlag::O_NONBLOCK, Mode::empty())?;
     let stat = nix::sys::stat::fstat(&fd)?;
-    if nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode) & nix::sys::stat::SFlag::S_IFMT
-        != nix::sys::stat::SFlag::S_IFREG
-    {
+    if nix::sys::stat::SFlag::from_bits_truncate(stat.st_mode) & nix::sys::stat::SFlag::S_IFMT != nix::sys::stat::SFlag::S_IFREG {
         return Err(Errno::EINVAL);
     }
     Ok(File::from(fd))
 }
 
 /// Parses JSON with an error that names the document.
-pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(
-    bytes: &[u8],
-    what: &str,
-) -> Result<T, ImageError> {
+pub(crate) fn parse_json<T: serde::de::DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, ImageError> {
     serde_json::from_slice(bytes).map_err(|e| ImageError::InvalidImage(format!("{what}: {e}")))
 }

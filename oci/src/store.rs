@@ -13,9 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::ImageError;
 use crate::fsutil::{atomic_write, ensure_private_dir, fsync_dir};
-use crate::layout::{
-    Descriptor, ImageConfigFile, LayoutDir, Manifest, layer_type_supported, sha256_hex,
-};
+use crate::layout::{Descriptor, ImageConfigFile, LayoutDir, Manifest, layer_type_supported, sha256_hex};
 use crate::unpack::{UnpackLimits, unpack_layer};
 
 /// Where an image came from.
@@ -127,10 +125,7 @@ impl ImageStore {
     /// Like [`ImageStore::open`], with explicit per-image unpack limits
     /// (`max_total_bytes` is the budget for all layers of one image).
     pub fn open_with_limits(root: &Path, limits: UnpackLimits) -> Result<ImageStore, ImageError> {
-        let store = ImageStore {
-            root: root.to_path_buf(),
-            limits,
-        };
+        let store = ImageStore { root: root.to_path_buf(), limits };
         for dir in [
             store.root.clone(),
             store.root.join("blobs"),
@@ -140,20 +135,14 @@ impl ImageStore {
             store.refs_dir(),
             store.tmp_dir(),
         ] {
-            ensure_private_dir(&dir, 0o700).map_err(|e| {
-                ImageError::io(format!("creating store directory {}", dir.display()), e)
-            })?;
+            ensure_private_dir(&dir, 0o700).map_err(|e| ImageError::io(format!("creating store directory {}", dir.display()), e))?;
         }
         // Clean stale work only when nobody else is importing right now.
         if let Ok(_exclusive) = Flock::lock(store.lock_file()?, FlockArg::LockExclusiveNonblock) {
-            let entries = std::fs::read_dir(store.tmp_dir())
-                .map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
+            let entries = std::fs::read_dir(store.tmp_dir()).map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
             for entry in entries {
-                let entry =
-                    entry.map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
-                remove_any(&entry.path()).map_err(|e| {
-                    ImageError::io(format!("removing stale {}", entry.path().display()), e)
-                })?;
+                let entry = entry.map_err(|e| ImageError::io("listing the store's tmp directory", e))?;
+                remove_any(&entry.path()).map_err(|e| ImageError::io(format!("removing stale {}", entry.path().display()), e))?;
             }
         }
         Ok(store)
@@ -167,13 +156,9 @@ impl ImageStore {
     /// is removed.
     pub fn import(&self, name: &str, source: &Path) -> Result<ImageRecord, ImageError> {
         validate_name(name)?;
-        let bad_source = |reason: String| ImageError::BadSource {
-            path: source.to_path_buf(),
-            reason,
-        };
+        let bad_source = |reason: String| ImageError::BadSource { path: source.to_path_buf(), reason };
         let meta = std::fs::metadata(source).map_err(|e| bad_source(e.to_string()))?;
-        let lock = Flock::lock(self.lock_file()?, FlockArg::LockShared)
-            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        let lock = Flock::lock(self.lock_file()?, FlockArg::LockShared).map_err(|(_, e)| ImageError::io("locking the image store", e))?;
         let work = WorkDir::create(&self.tmp_dir())?;
         let prepared = if meta.is_dir() {
             if LayoutDir::is_layout(source) {
@@ -190,12 +175,9 @@ impl ImageStore {
         let record = self.commit(name, prepared)?;
         drop(work);
         drop(lock);
-        if previous
-            .is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs)
-        {
+        if previous.is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs) {
             // Reclaim what the replaced image alone used, if no one is busy.
-            if let Ok(_exclusive) = Flock::lock(self.lock_file()?, FlockArg::LockExclusiveNonblock)
-            {
+            if let Ok(_exclusive) = Flock::lock(self.lock_file()?, FlockArg::LockExclusiveNonblock) {
                 // Best effort: an unreadable ref only postpones collection.
                 let _ = self.collect_garbage();
             }
@@ -223,8 +205,8 @@ impl ImageStore {
     /// remaining image references.
     pub fn remove(&self, name: &str) -> Result<(), ImageError> {
         validate_name(name)?;
-        let _lock = Flock::lock(self.lock_file()?, FlockArg::LockExclusive)
-            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        let _lock =
+            Flock::lock(self.lock_file()?, FlockArg::LockExclusive).map_err(|(_, e)| ImageError::io("locking the image store", e))?;
         let path = self.ref_path(name);
         match std::fs::remove_file(&path) {
             Ok(()) => {}
@@ -241,29 +223,24 @@ impl ImageStore {
     /// every blob and rootfs no image references, and the work left in `tmp/`
     /// by interrupted runs. Returns how many blobs and rootfs trees it removed.
     pub fn gc(&self) -> Result<GcStats, ImageError> {
-        let _lock = Flock::lock(self.lock_file()?, FlockArg::LockExclusive)
-            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        let _lock =
+            Flock::lock(self.lock_file()?, FlockArg::LockExclusive).map_err(|(_, e)| ImageError::io("locking the image store", e))?;
         for name in read_dir_names(&self.tmp_dir())? {
             let path = self.tmp_dir().join(&name);
-            remove_any(&path)
-                .map_err(|e| ImageError::io(format!("removing stale {}", path.display()), e))?;
+            remove_any(&path).map_err(|e| ImageError::io(format!("removing stale {}", path.display()), e))?;
         }
         let blobs_before = read_dir_names(&self.blobs_dir())?.len();
         let rootfs_before = read_dir_names(&self.rootfs_parent())?.len();
         self.collect_garbage()?;
         Ok(GcStats {
             blobs_removed: blobs_before.saturating_sub(read_dir_names(&self.blobs_dir())?.len()),
-            rootfs_removed: rootfs_before
-                .saturating_sub(read_dir_names(&self.rootfs_parent())?.len()),
+            rootfs_removed: rootfs_before.saturating_sub(read_dir_names(&self.rootfs_parent())?.len()),
         })
     }
 
     /// The digests (`sha256:...`) of every blob file in the store, sorted.
     pub fn blob_digests(&self) -> Result<Vec<String>, ImageError> {
-        let mut names: Vec<String> = read_dir_names(&self.blobs_dir())?
-            .into_iter()
-            .map(|hex| format!("sha256:{hex}"))
-            .collect();
+        let mut names: Vec<String> = read_dir_names(&self.blobs_dir())?.into_iter().map(|hex| format!("sha256:{hex}")).collect();
         names.sort();
         Ok(names)
     }
@@ -272,14 +249,9 @@ impl ImageStore {
     /// blobs fetched but not yet referenced) and a private work directory.
     #[cfg_attr(not(feature = "registry"), allow(dead_code))]
     pub(crate) fn begin_pull(&self) -> Result<PullSession<'_>, ImageError> {
-        let lock = Flock::lock(self.lock_file()?, FlockArg::LockShared)
-            .map_err(|(_, e)| ImageError::io("locking the image store", e))?;
+        let lock = Flock::lock(self.lock_file()?, FlockArg::LockShared).map_err(|(_, e)| ImageError::io("locking the image store", e))?;
         let work = WorkDir::create(&self.tmp_dir())?;
-        Ok(PullSession {
-            store: self,
-            _lock: lock,
-            work,
-        })
+        Ok(PullSession { store: self, _lock: lock, work })
     }
 
     /// Deletes rootfs trees and blobs no ref mentions. Caller holds the
@@ -299,51 +271,33 @@ impl ImageStore {
             }
             // Move it out of the keyed namespace first, so an interrupted
             // deletion never leaves a partial rootfs under a valid key.
-            let doomed = self
-                .tmp_dir()
-                .join(format!("gc-{entry}-{}", unique_suffix()));
+            let doomed = self.tmp_dir().join(format!("gc-{entry}-{}", unique_suffix()));
             let from = self.rootfs_parent().join(&entry);
-            std::fs::rename(&from, &doomed).map_err(|e| {
-                ImageError::io(format!("moving {} for deletion", from.display()), e)
-            })?;
-            remove_any(&doomed)
-                .map_err(|e| ImageError::io(format!("deleting {}", doomed.display()), e))?;
+            std::fs::rename(&from, &doomed).map_err(|e| ImageError::io(format!("moving {} for deletion", from.display()), e))?;
+            remove_any(&doomed).map_err(|e| ImageError::io(format!("deleting {}", doomed.display()), e))?;
         }
         for entry in read_dir_names(&self.blobs_dir())? {
             if !blobs.contains(&entry) {
                 let path = self.blobs_dir().join(&entry);
-                remove_any(&path)
-                    .map_err(|e| ImageError::io(format!("deleting {}", path.display()), e))?;
+                remove_any(&path).map_err(|e| ImageError::io(format!("deleting {}", path.display()), e))?;
             }
         }
         Ok(())
     }
 
     fn prepare_rootfs_dir(&self, source: &Path, work: &WorkDir) -> Result<Prepared, ImageError> {
-        let source = source
-            .canonicalize()
-            .map_err(|e| ImageError::io(format!("resolving {}", source.display()), e))?;
-        let store_root = self
-            .root
-            .canonicalize()
-            .map_err(|e| ImageError::io(format!("resolving {}", self.root.display()), e))?;
+        let source = source.canonicalize().map_err(|e| ImageError::io(format!("resolving {}", source.display()), e))?;
+        let store_root = self.root.canonicalize().map_err(|e| ImageError::io(format!("resolving {}", self.root.display()), e))?;
         // Walking a tree that contains the store would copy the import into itself.
         if store_root.starts_with(&source) || source.starts_with(&store_root) {
-            return Err(ImageError::BadSource {
-                path: source,
-                reason: format!("overlaps the image store at {}", store_root.display()),
-            });
+            return Err(ImageError::BadSource { path: source, reason: format!("overlaps the image store at {}", store_root.display()) });
         }
         let rootfs = work.subdir("rootfs", 0o755)?;
-        let (reader, producer) = crate::dirsource::spawn_tar_of_dir(source.clone())
-            .map_err(|e| ImageError::io("starting directory reader", e))?;
+        let (reader, producer) =
+            crate::dirsource::spawn_tar_of_dir(source.clone()).map_err(|e| ImageError::io("starting directory reader", e))?;
         let unpacked = unpack_layer(reader, &rootfs, &self.limits);
-        let produced = producer.join().map_err(|_| {
-            ImageError::io(
-                "reading source directory",
-                io::Error::other("reader thread panicked"),
-            )
-        })?;
+        let produced =
+            producer.join().map_err(|_| ImageError::io("reading source directory", io::Error::other("reader thread panicked")))?;
         let stats = match (unpacked, produced) {
             (Ok(stats), Ok(())) => stats,
             // A producer failure other than "reader went away" is the cause.
@@ -355,51 +309,28 @@ impl ImageStore {
                 return Err(ImageError::io(format!("reading {}", source.display()), e));
             }
         };
-        Ok(rootfs_prepared(
-            stats.diff_id,
-            SourceKind::RootfsDir,
-            rootfs,
-        ))
+        Ok(rootfs_prepared(stats.diff_id, SourceKind::RootfsDir, rootfs))
     }
 
     fn prepare_tarball(&self, source: &Path, work: &WorkDir) -> Result<Prepared, ImageError> {
-        let file = File::open(source).map_err(|e| ImageError::BadSource {
-            path: source.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+        let file = File::open(source).map_err(|e| ImageError::BadSource { path: source.to_path_buf(), reason: e.to_string() })?;
         let extract = work.subdir("extract", 0o755)?;
         let stats = unpack_layer(file, &extract, &self.limits).map_err(|e| match e {
-            ImageError::Io {
-                context,
-                source: err,
-            } if context.starts_with("reading archive") => ImageError::BadSource {
-                path: source.to_path_buf(),
-                reason: format!("not a readable tar archive ({context}: {err})"),
-            },
+            ImageError::Io { context, source: err } if context.starts_with("reading archive") => {
+                ImageError::BadSource { path: source.to_path_buf(), reason: format!("not a readable tar archive ({context}: {err})") }
+            }
             other => other,
         })?;
         if LayoutDir::is_layout(&extract) {
             return self.prepare_layout(&extract, work, SourceKind::OciArchive);
         }
         if stats.files + stats.directories + stats.symlinks + stats.hardlinks == 0 {
-            return Err(ImageError::BadSource {
-                path: source.to_path_buf(),
-                reason: "the archive contains no files".into(),
-            });
+            return Err(ImageError::BadSource { path: source.to_path_buf(), reason: "the archive contains no files".into() });
         }
-        Ok(rootfs_prepared(
-            stats.diff_id,
-            SourceKind::RootfsTar,
-            extract,
-        ))
+        Ok(rootfs_prepared(stats.diff_id, SourceKind::RootfsTar, extract))
     }
 
-    fn prepare_layout(
-        &self,
-        path: &Path,
-        work: &WorkDir,
-        kind: SourceKind,
-    ) -> Result<Prepared, ImageError> {
+    fn prepare_layout(&self, path: &Path, work: &WorkDir, kind: SourceKind) -> Result<Prepared, ImageError> {
         let layout = LayoutDir::open(path)?;
         let (manifest_desc, manifest) = layout.select_manifest()?;
         let (config_bytes, config) = layout.read_config(&manifest)?;
@@ -408,10 +339,7 @@ impl ImageStore {
         }
         for layer in &manifest.layers {
             if !layer_type_supported(&layer.media_type) {
-                return Err(ImageError::InvalidImage(format!(
-                    "unsupported layer media type {:?}",
-                    layer.media_type
-                )));
+                return Err(ImageError::InvalidImage(format!("unsupported layer media type {:?}", layer.media_type)));
             }
         }
         // Manifest and config were verified when read; store them as blobs.
@@ -443,12 +371,8 @@ impl ImageStore {
             let mut used = 0u64;
             for (layer, diff_id) in manifest.layers.iter().zip(&diff_ids) {
                 let blob = self.blob_path(&layer.digest)?;
-                let file = File::open(&blob)
-                    .map_err(|e| ImageError::io(format!("opening {}", blob.display()), e))?;
-                let limits = UnpackLimits {
-                    max_total_bytes: self.limits.max_total_bytes.saturating_sub(used),
-                    ..self.limits.clone()
-                };
+                let file = File::open(&blob).map_err(|e| ImageError::io(format!("opening {}", blob.display()), e))?;
+                let limits = UnpackLimits { max_total_bytes: self.limits.max_total_bytes.saturating_sub(used), ..self.limits.clone() };
                 let stats = unpack_layer(file, &rootfs, &limits)?;
                 used += stats.uncompressed_bytes;
                 if &stats.diff_id != diff_id {
@@ -482,12 +406,7 @@ impl ImageStore {
 
     /// Copies a layout blob into `blobs/sha256`, verifying size and digest
     /// on the way; a blob already in the store is reused.
-    fn ingest_blob(
-        &self,
-        layout: &LayoutDir,
-        desc: &Descriptor,
-        work: &WorkDir,
-    ) -> Result<(), ImageError> {
+    fn ingest_blob(&self, layout: &LayoutDir, desc: &Descriptor, work: &WorkDir) -> Result<(), ImageError> {
         let target = self.blob_path(&desc.digest)?;
         if target.is_file() {
             return Ok(());
@@ -506,15 +425,12 @@ impl ImageStore {
         let mut buf = vec![0u8; 256 * 1024];
         let mut copied = 0u64;
         loop {
-            let n = reader
-                .read(&mut buf)
-                .map_err(|e| ImageError::io(format!("reading blob {}", desc.digest), e))?;
+            let n = reader.read(&mut buf).map_err(|e| ImageError::io(format!("reading blob {}", desc.digest), e))?;
             if n == 0 {
                 break;
             }
             hasher.update(&buf[..n]);
-            out.write_all(&buf[..n])
-                .map_err(|e| ImageError::io(format!("writing {}", temp.display()), e))?;
+            out.write_all(&buf[..n]).map_err(|e| ImageError::io(format!("writing {}", temp.display()), e))?;
             copied += n as u64;
         }
         if copied != desc.size {
@@ -526,37 +442,25 @@ impl ImageStore {
         }
         let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != desc.digest {
-            return Err(ImageError::DigestMismatch {
-                what: "layer blob".into(),
-                expected: desc.digest.clone(),
-                actual,
-            });
+            return Err(ImageError::DigestMismatch { what: "layer blob".into(), expected: desc.digest.clone(), actual });
         }
         self.publish_blob(out, &temp, &target)
     }
 
-    fn store_blob_bytes(
-        &self,
-        digest: &str,
-        bytes: &[u8],
-        work: &WorkDir,
-    ) -> Result<(), ImageError> {
+    fn store_blob_bytes(&self, digest: &str, bytes: &[u8], work: &WorkDir) -> Result<(), ImageError> {
         let target = self.blob_path(digest)?;
         if target.is_file() {
             return Ok(());
         }
         let temp = work.path.join(format!("blob-{}", unique_suffix()));
         let mut out = new_private_file(&temp)?;
-        out.write_all(bytes)
-            .map_err(|e| ImageError::io(format!("writing {}", temp.display()), e))?;
+        out.write_all(bytes).map_err(|e| ImageError::io(format!("writing {}", temp.display()), e))?;
         self.publish_blob(out, &temp, &target)
     }
 
     fn publish_blob(&self, file: File, temp: &Path, target: &Path) -> Result<(), ImageError> {
-        file.sync_all()
-            .map_err(|e| ImageError::io(format!("syncing {}", temp.display()), e))?;
-        std::fs::rename(temp, target)
-            .map_err(|e| ImageError::io(format!("storing blob {}", target.display()), e))?;
+        file.sync_all().map_err(|e| ImageError::io(format!("syncing {}", temp.display()), e))?;
+        std::fs::rename(temp, target).map_err(|e| ImageError::io(format!("storing blob {}", target.display()), e))?;
         fsync_dir(&self.blobs_dir()).map_err(|e| ImageError::io("syncing blobs directory", e))
     }
 
@@ -571,23 +475,15 @@ impl ImageStore {
                 // Same content already published by a concurrent import.
                 Err(_) if final_path.is_dir() => {}
                 Err(e) => {
-                    return Err(ImageError::io(
-                        format!("publishing rootfs {}", final_path.display()),
-                        e,
-                    ));
+                    return Err(ImageError::io(format!("publishing rootfs {}", final_path.display()), e));
                 }
             }
         }
         if !final_path.is_dir() {
-            return Err(ImageError::Corrupt(format!(
-                "rootfs {} vanished during import",
-                final_path.display()
-            )));
+            return Err(ImageError::Corrupt(format!("rootfs {} vanished during import", final_path.display())));
         }
-        let size = tree_size(&final_path)
-            .map_err(|e| ImageError::io(format!("measuring {}", final_path.display()), e))?;
-        let root_dir =
-            File::open(&self.root).map_err(|e| ImageError::io("opening store root", e))?;
+        let size = tree_size(&final_path).map_err(|e| ImageError::io(format!("measuring {}", final_path.display()), e))?;
+        let root_dir = File::open(&self.root).map_err(|e| ImageError::io("opening store root", e))?;
         nix::unistd::syncfs(&root_dir).map_err(|e| ImageError::io("syncing the store", e))?;
         let ref_file = RefFile {
             schema: REF_SCHEMA,
@@ -601,21 +497,15 @@ impl ImageStore {
             diff_ids: prepared.diff_ids,
             blobs: prepared.blobs,
         };
-        let json = serde_json::to_vec_pretty(&ref_file)
-            .map_err(|e| ImageError::io("encoding ref record", io::Error::other(e)))?;
-        atomic_write(&self.refs_dir(), &ref_file_name(name), &json, 0o600)
-            .map_err(|e| ImageError::io("writing ref record", e))?;
+        let json = serde_json::to_vec_pretty(&ref_file).map_err(|e| ImageError::io("encoding ref record", io::Error::other(e)))?;
+        atomic_write(&self.refs_dir(), &ref_file_name(name), &json, 0o600).map_err(|e| ImageError::io("writing ref record", e))?;
         self.to_record(ref_file)
     }
 
     fn to_record(&self, r: RefFile) -> Result<ImageRecord, ImageError> {
         let rootfs = self.rootfs_parent().join(&r.rootfs_key);
         if !rootfs.is_dir() {
-            return Err(ImageError::Corrupt(format!(
-                "image {:?} has no rootfs at {}; remove and re-import it",
-                r.name,
-                rootfs.display()
-            )));
+            return Err(ImageError::Corrupt(format!("image {:?} has no rootfs at {}; remove and re-import it", r.name, rootfs.display())));
         }
         Ok(ImageRecord {
             name: r.name,
@@ -639,11 +529,7 @@ impl ImageStore {
         };
         let parsed = parse_ref(&bytes, &path)?;
         if parsed.name != name {
-            return Err(ImageError::Corrupt(format!(
-                "{} names {:?}, not {name:?}",
-                path.display(),
-                parsed.name
-            )));
+            return Err(ImageError::Corrupt(format!("{} names {:?}, not {name:?}", path.display(), parsed.name)));
         }
         Ok(Some(parsed))
     }
@@ -655,8 +541,7 @@ impl ImageStore {
                 continue; // temp files of atomic_write
             }
             let path = self.refs_dir().join(&name);
-            let bytes = std::fs::read(&path)
-                .map_err(|e| ImageError::io(format!("reading {}", path.display()), e))?;
+            let bytes = std::fs::read(&path).map_err(|e| ImageError::io(format!("reading {}", path.display()), e))?;
             refs.push(parse_ref(&bytes, &path)?);
         }
         Ok(refs)
@@ -708,17 +593,11 @@ fn rootfs_prepared(diff_id: String, kind: SourceKind, unpacked: PathBuf) -> Prep
 }
 
 fn parse_ref(bytes: &[u8], path: &Path) -> Result<RefFile, ImageError> {
-    let parsed: RefFile = serde_json::from_slice(bytes)
-        .map_err(|e| ImageError::Corrupt(format!("{}: {e}", path.display())))?;
+    let parsed: RefFile = serde_json::from_slice(bytes).map_err(|e| ImageError::Corrupt(format!("{}: {e}", path.display())))?;
     if parsed.schema != REF_SCHEMA {
-        return Err(ImageError::Corrupt(format!(
-            "{}: unknown schema {}",
-            path.display(),
-            parsed.schema
-        )));
+        return Err(ImageError::Corrupt(format!("{}: unknown schema {}", path.display(), parsed.schema)));
     }
-    sha256_hex(&format!("sha256:{}", parsed.rootfs_key))
-        .map_err(|_| ImageError::Corrupt(format!("{}: bad rootfs key", path.display())))?;
+    sha256_hex(&format!("sha256:{}", parsed.rootfs_key)).map_err(|_| ImageError::Corrupt(format!("{}: bad rootfs key", path.display())))?;
     Ok(parsed)
 }
 
@@ -729,10 +608,7 @@ fn chain_id(diff_ids: &[String]) -> Result<String, ImageError> {
         sha256_hex(diff_id)?;
         chain = Some(match chain {
             None => diff_id.clone(),
-            Some(previous) => format!(
-                "sha256:{}",
-                hex::encode(Sha256::digest(format!("{previous} {diff_id}").as_bytes()))
-            ),
+            Some(previous) => format!("sha256:{}", hex::encode(Sha256::digest(format!("{previous} {diff_id}").as_bytes()))),
         });
     }
     let chain = chain.ok_or_else(|| ImageError::InvalidImage("the image has no layers".into()))?;
@@ -740,31 +616,20 @@ fn chain_id(diff_ids: &[String]) -> Result<String, ImageError> {
 }
 
 fn hex_of(rootfs: &Path) -> String {
-    rootfs
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default()
+    rootfs.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
 }
 
 /// Image names: 1-255 bytes of `[A-Za-z0-9._/:@+-]`, starting alphanumeric.
 fn validate_name(name: &str) -> Result<(), ImageError> {
-    let invalid = |reason: &str| ImageError::InvalidName {
-        name: name.to_string(),
-        reason: reason.to_string(),
-    };
+    let invalid = |reason: &str| ImageError::InvalidName { name: name.to_string(), reason: reason.to_string() };
     if name.is_empty() || name.len() > 255 {
         return Err(invalid("must be 1 to 255 characters long"));
     }
     if !name.starts_with(|c: char| c.is_ascii_alphanumeric()) {
         return Err(invalid("must start with a letter or digit"));
     }
-    if let Some(bad) = name
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || "._/:@+-".contains(*c)))
-    {
-        return Err(invalid(&format!(
-            "character {bad:?} is not allowed (use letters, digits and ._/:@+-)"
-        )));
+    if let Some(bad) = name.chars().find(|c| !(c.is_ascii_alphanumeric() || "._/:@+-".contains(*c))) {
+        return Err(invalid(&format!("character {bad:?} is not allowed (use letters, digits and ._/:@+-)")));
     }
     Ok(())
 }
@@ -776,11 +641,7 @@ fn ref_file_name(name: &str) -> String {
 }
 
 fn unique_suffix() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        WORK_COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{}-{}", std::process::id(), WORK_COUNTER.fetch_add(1, Ordering::Relaxed))
 }
 
 fn new_private_file(path: &Path) -> Result<File, ImageError> {
@@ -795,8 +656,7 @@ fn new_private_file(path: &Path) -> Result<File, ImageError> {
 
 fn read_dir_names(dir: &Path) -> Result<Vec<String>, ImageError> {
     let mut names = Vec::new();
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
+    let entries = std::fs::read_dir(dir).map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
     for entry in entries {
         let entry = entry.map_err(|e| ImageError::io(format!("listing {}", dir.display()), e))?;
         names.push(entry.file_name().to_string_lossy().into_owned());
@@ -826,8 +686,7 @@ fn tree_size(root: &Path) -> io::Result<u64> {
             let meta = entry.metadata()?; // DirEntry::metadata does not follow symlinks
             if meta.is_dir() {
                 stack.push(entry.path());
-            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino())))
-            {
+            } else if meta.is_file() && (meta.nlink() == 1 || seen.insert((meta.dev(), meta.ino()))) {
                 total += meta.len();
             }
         }
@@ -912,29 +771,18 @@ impl PullSession<'_> {
             .chain(manifest.layers.iter().map(|l| l.digest.as_str()))
         {
             if !self.has_blob(digest)? {
-                return Err(ImageError::Corrupt(format!(
-                    "blob {digest} vanished before the pull was committed"
-                )));
+                return Err(ImageError::Corrupt(format!("blob {digest} vanished before the pull was committed")));
             }
         }
-        let prepared = self.store.prepare_from_blobs(
-            manifest_digest.to_string(),
-            manifest,
-            config,
-            &self.work,
-            SourceKind::Registry,
-        )?;
+        let prepared = self.store.prepare_from_blobs(manifest_digest.to_string(), manifest, config, &self.work, SourceKind::Registry)?;
         let previous = self.store.read_ref(name)?;
         let record = self.store.commit(name, prepared)?;
         let store = self.store;
         drop(self); // releases the shared lock and the work directory
-        if previous
-            .is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs)
-        {
+        if previous.is_some_and(|p| p.rootfs_key != hex_of(&record.rootfs) || p.blobs != record.blobs) {
             // As `import` does: reclaim what the replaced image alone used,
             // if no import or pull is running.
-            if let Ok(_exclusive) = Flock::lock(store.lock_file()?, FlockArg::LockExclusiveNonblock)
-            {
+            if let Ok(_exclusive) = Flock::lock(store.lock_file()?, FlockArg::LockExclusiveNonblock) {
                 let _ = store.collect_garbage();
             }
         }
@@ -953,18 +801,13 @@ impl WorkDir {
         std::fs::DirBuilder::new()
             .mode(0o700)
             .create(&path)
-            .map_err(|e| {
-                ImageError::io(format!("creating work directory {}", path.display()), e)
-            })?;
+            .map_err(|e| ImageError::io(format!("creating work directory {}", path.display()), e))?;
         Ok(WorkDir { path })
     }
 
     fn subdir(&self, name: &str, mode: u32) -> Result<PathBuf, ImageError> {
         let path = self.path.join(name);
-        std::fs::DirBuilder::new()
-            .mode(mode)
-            .create(&path)
-            .map_err(|e| ImageError::io(format!("creating {}", path.display()), e))?;
+        std::fs::DirBuilder::new().mode(mode).create(&path).map_err(|e| ImageError::io(format!("creating {}", path.display()), e))?;
         std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
             .map_err(|e| ImageError::io(format!("setting mode of {}", path.display()), e))?;
         Ok(path)

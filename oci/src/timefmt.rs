@@ -4,10 +4,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// The current UTC time as `YYYY-MM-DDTHH:MM:SSZ`.
 pub(crate) fn now_rfc3339() -> String {
-    let secs = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
+    let secs = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
     rfc3339(secs)
 }
 

@@ -120,24 +120,11 @@ pub struct UnpackStats {
 /// The compression (none, gzip, zstd) is detected from the content. On error,
 /// `dest` may hold part of the layer: callers unpack into a scratch directory
 /// and discard it on failure (the store does).
-pub fn unpack_layer(
-    reader: impl Read,
-    dest: &Path,
-    limits: &UnpackLimits,
-) -> Result<UnpackStats, ImageError> {
-    let root = open_dir_path(dest)
-        .map_err(|e| ImageError::io(format!("opening unpack destination {}", dest.display()), e))?;
+pub fn unpack_layer(reader: impl Read, dest: &Path, limits: &UnpackLimits) -> Result<UnpackStats, ImageError> {
+    let root = open_dir_path(dest).map_err(|e| ImageError::io(format!("opening unpack destination {}", dest.display()), e))?;
     let state = Rc::new(RefCell::new(StreamState::default()));
-    let mut buffered = BufReader::with_capacity(
-        256 * 1024,
-        RawCounter {
-            inner: reader,
-            state: Rc::clone(&state),
-        },
-    );
-    let magic = buffered
-        .fill_buf()
-        .map_err(|e| ImageError::io("reading archive", e))?;
+    let mut buffered = BufReader::with_capacity(256 * 1024, RawCounter { inner: reader, state: Rc::clone(&state) });
+    let magic = buffered.fill_buf().map_err(|e| ImageError::io("reading archive", e))?;
     let compression = if magic.starts_with(&[0x1f, 0x8b]) {
         Compression::Gzip
     } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
@@ -148,10 +135,7 @@ pub fn unpack_layer(
     let decoded: Box<dyn Read + '_> = match compression {
         Compression::None => Box::new(buffered),
         Compression::Gzip => Box::new(flate2::bufread::MultiGzDecoder::new(buffered)),
-        Compression::Zstd => Box::new(
-            zstd::Decoder::with_buffer(buffered)
-                .map_err(|e| ImageError::io("starting zstd decoder", e))?,
-        ),
+        Compression::Zstd => Box::new(zstd::Decoder::with_buffer(buffered).map_err(|e| ImageError::io("starting zstd decoder", e))?),
     };
     let tar_stream = TarCounter {
         inner: decoded,
@@ -187,9 +171,7 @@ pub fn unpack_layer(
         // Hash the rest of the stream (end-of-archive blocks, padding) so the
         // digests cover every byte, as OCI digests do.
         let mut rest = archive.into_inner();
-        io::copy(&mut rest, &mut io::sink())
-            .map(drop)
-            .map_err(|e| ImageError::io("reading the end of the archive", e))
+        io::copy(&mut rest, &mut io::sink()).map(drop).map_err(|e| ImageError::io("reading the end of the archive", e))
     });
     let state = state.borrow();
     if let Some(violation) = &state.violation {
@@ -197,14 +179,8 @@ pub fn unpack_layer(
     }
     outcome?;
     let mut stats = extractor.stats;
-    stats.compressed_digest = format!(
-        "sha256:{}",
-        hex::encode(state.raw_hasher.clone().finalize())
-    );
-    stats.diff_id = format!(
-        "sha256:{}",
-        hex::encode(state.tar_hasher.clone().finalize())
-    );
+    stats.compressed_digest = format!("sha256:{}", hex::encode(state.raw_hasher.clone().finalize()));
+    stats.diff_id = format!("sha256:{}", hex::encode(state.tar_hasher.clone().finalize()));
     stats.compressed_bytes = state.raw_bytes;
     stats.uncompressed_bytes = state.tar_bytes;
     Ok(stats)
@@ -252,20 +228,11 @@ impl<R: Read> Read for TarCounter<R> {
         state.tar_hasher.update(&buf[..n]);
         state.tar_bytes += n as u64;
         let violation = if state.tar_bytes > self.max_total_bytes {
-            Some(format!(
-                "uncompressed archive is larger than {} bytes",
-                self.max_total_bytes
-            ))
+            Some(format!("uncompressed archive is larger than {} bytes", self.max_total_bytes))
         } else {
             match self.max_ratio {
-                Some(ratio)
-                    if state.tar_bytes > self.ratio_after
-                        && state.tar_bytes > state.raw_bytes.saturating_mul(ratio) =>
-                {
-                    Some(format!(
-                        "decompression ratio exceeds {ratio}:1 ({} bytes from {})",
-                        state.tar_bytes, state.raw_bytes
-                    ))
+                Some(ratio) if state.tar_bytes > self.ratio_after && state.tar_bytes > state.raw_bytes.saturating_mul(ratio) => {
+                    Some(format!("decompression ratio exceeds {ratio}:1 ({} bytes from {})", state.tar_bytes, state.raw_bytes))
                 }
                 _ => None,
             }
@@ -317,47 +284,31 @@ const MAX_PAX_BYTES: u64 = 1 << 20;
 
 impl Extractor<'_> {
     fn run<R: Read>(&mut self, archive: &mut tar::Archive<R>) -> Result<(), ImageError> {
-        let entries = archive
-            .entries()
-            .map_err(|e| ImageError::io("reading archive", e))?
-            .raw(true);
+        let entries = archive.entries().map_err(|e| ImageError::io("reading archive", e))?.raw(true);
         let mut pending = PendingExtensions::default();
         for entry in entries {
             let mut entry = entry.map_err(|e| ImageError::io("reading archive entry", e))?;
             self.stats.entries += 1;
             if self.stats.entries > self.limits.max_entries {
-                return Err(ImageError::LimitExceeded(format!(
-                    "more than {} entries",
-                    self.limits.max_entries
-                )));
+                return Err(ImageError::LimitExceeded(format!("more than {} entries", self.limits.max_entries)));
             }
             let header = entry.header().clone();
             let kind = header.entry_type().as_byte();
-            let declared = header
-                .entry_size()
-                .map_err(|e| ImageError::InvalidArchive(format!("bad entry size: {e}")))?;
+            let declared = header.entry_size().map_err(|e| ImageError::InvalidArchive(format!("bad entry size: {e}")))?;
             match kind {
                 b'L' | b'K' => {
                     let limit = self.limits.max_path_bytes as u64 + 1;
                     let data = read_extension(&mut entry, declared, limit, "GNU long name")?;
-                    let slot = if kind == b'L' {
-                        &mut pending.long_name
-                    } else {
-                        &mut pending.long_link
-                    };
+                    let slot = if kind == b'L' { &mut pending.long_name } else { &mut pending.long_link };
                     if slot.replace(trim_nul(data)).is_some() {
-                        return Err(ImageError::InvalidArchive(
-                            "two GNU long-name headers for one entry".into(),
-                        ));
+                        return Err(ImageError::InvalidArchive("two GNU long-name headers for one entry".into()));
                     }
                     continue;
                 }
                 b'x' => {
                     let data = read_extension(&mut entry, declared, MAX_PAX_BYTES, "PAX header")?;
                     if pending.pax.replace(data).is_some() {
-                        return Err(ImageError::InvalidArchive(
-                            "two PAX headers for one entry".into(),
-                        ));
+                        return Err(ImageError::InvalidArchive("two PAX headers for one entry".into()));
                     }
                     continue;
                 }
@@ -368,27 +319,16 @@ impl Extractor<'_> {
             let extensions = std::mem::take(&mut pending);
             let meta = entry_meta(&header, extensions, declared)?;
             // Pre-POSIX archives mark directories only by a trailing slash.
-            let kind = if matches!(kind, b'0' | b'\0') && meta.path.ends_with(b"/") {
-                b'5'
-            } else {
-                kind
-            };
+            let kind = if matches!(kind, b'0' | b'\0') && meta.path.ends_with(b"/") { b'5' } else { kind };
             self.handle(kind, &meta, &mut entry)?;
         }
         if !pending.is_empty() {
-            return Err(ImageError::InvalidArchive(
-                "extension header without a following entry".into(),
-            ));
+            return Err(ImageError::InvalidArchive("extension header without a following entry".into()));
         }
         Ok(())
     }
 
-    fn handle(
-        &mut self,
-        kind: u8,
-        meta: &EntryMeta,
-        data: &mut impl Read,
-    ) -> Result<(), ImageError> {
+    fn handle(&mut self, kind: u8, meta: &EntryMeta, data: &mut impl Read) -> Result<(), ImageError> {
         let shown = || String::from_utf8_lossy(&meta.path).into_owned();
         let comps = self.normalize(&meta.path)?;
         let Some((name, parent_comps)) = comps.split_last() else {
@@ -398,10 +338,7 @@ impl Extractor<'_> {
                 self.stats.directories += 1;
                 return Ok(());
             }
-            return Err(unsafe_entry(
-                &shown(),
-                "a non-directory entry names the root",
-            ));
+            return Err(unsafe_entry(&shown(), "a non-directory entry names the root"));
         };
         if let Some(target) = name.strip_prefix(b".wh.") {
             return self.whiteout(parent_comps, target, &shown());
@@ -413,17 +350,10 @@ impl Extractor<'_> {
                 return Ok(());
             }
             b'S' => {
-                return Err(ImageError::InvalidArchive(format!(
-                    "{}: GNU sparse files are not supported",
-                    shown()
-                )));
+                return Err(ImageError::InvalidArchive(format!("{}: GNU sparse files are not supported", shown())));
             }
             other => {
-                return Err(ImageError::InvalidArchive(format!(
-                    "{}: unsupported entry type {:?}",
-                    shown(),
-                    char::from(other)
-                )));
+                return Err(ImageError::InvalidArchive(format!("{}: unsupported entry type {:?}", shown(), char::from(other))));
             }
         }
         let parent = self
@@ -444,10 +374,7 @@ impl Extractor<'_> {
     fn normalize(&self, raw: &[u8]) -> Result<Vec<Vec<u8>>, ImageError> {
         let shown = || String::from_utf8_lossy(raw).into_owned();
         if raw.len() > self.limits.max_path_bytes {
-            return Err(ImageError::LimitExceeded(format!(
-                "entry path longer than {} bytes",
-                self.limits.max_path_bytes
-            )));
+            return Err(ImageError::LimitExceeded(format!("entry path longer than {} bytes", self.limits.max_path_bytes)));
         }
         if raw.contains(&0) {
             return Err(unsafe_entry(&shown(), "path contains a NUL byte"));
@@ -458,19 +385,13 @@ impl Extractor<'_> {
                 b"" | b"." => continue,
                 b".." => return Err(unsafe_entry(&shown(), "path contains a `..` component")),
                 c if c.len() > 255 => {
-                    return Err(ImageError::LimitExceeded(format!(
-                        "path component longer than 255 bytes in {:?}",
-                        shown()
-                    )));
+                    return Err(ImageError::LimitExceeded(format!("path component longer than 255 bytes in {:?}", shown())));
                 }
                 c => comps.push(c.to_vec()),
             }
         }
         if comps.len() > self.limits.max_path_depth {
-            return Err(ImageError::LimitExceeded(format!(
-                "path deeper than {} components",
-                self.limits.max_path_depth
-            )));
+            return Err(ImageError::LimitExceeded(format!("path deeper than {} components", self.limits.max_path_depth)));
         }
         Ok(comps)
     }
@@ -478,16 +399,8 @@ impl Extractor<'_> {
     /// Opens the directory made of `comps` under the root, creating missing
     /// directories when `create`; never follows a symlink. `None` when a
     /// component is missing and `create` is false.
-    fn open_parent(
-        &self,
-        comps: &[Vec<u8>],
-        create: bool,
-        shown: &str,
-    ) -> Result<Option<OwnedFd>, ImageError> {
-        let mut current = self
-            .root
-            .try_clone()
-            .map_err(|e| ImageError::io("duplicating directory fd", e))?;
+    fn open_parent(&self, comps: &[Vec<u8>], create: bool, shown: &str) -> Result<Option<OwnedFd>, ImageError> {
+        let mut current = self.root.try_clone().map_err(|e| ImageError::io("duplicating directory fd", e))?;
         for (index, comp) in comps.iter().enumerate() {
             let name = OsStr::from_bytes(comp);
             let opened = match open_dir_at(current.as_fd(), name) {
@@ -506,15 +419,8 @@ impl Extractor<'_> {
                 Ok(fd) => fd,
                 Err(Errno::ENOENT) => return Ok(None),
                 Err(Errno::ELOOP) | Err(Errno::ENOTDIR) => {
-                    let prefix = comps[..=index]
-                        .iter()
-                        .map(|c| String::from_utf8_lossy(c).into_owned())
-                        .collect::<Vec<_>>()
-                        .join("/");
-                    return Err(unsafe_entry(
-                        shown,
-                        &format!("parent {prefix:?} is a symlink or not a directory"),
-                    ));
+                    let prefix = comps[..=index].iter().map(|c| String::from_utf8_lossy(c).into_owned()).collect::<Vec<_>>().join("/");
+                    return Err(unsafe_entry(shown, &format!("parent {prefix:?} is a symlink or not a directory")));
                 }
                 Err(e) => return Err(ImageError::io(format!("opening parent of {shown}"), e)),
             };
@@ -531,21 +437,14 @@ impl Extractor<'_> {
         }
     }
 
-    fn whiteout(
-        &mut self,
-        parent_comps: &[Vec<u8>],
-        target: &[u8],
-        shown: &str,
-    ) -> Result<(), ImageError> {
+    fn whiteout(&mut self, parent_comps: &[Vec<u8>], target: &[u8], shown: &str) -> Result<(), ImageError> {
         self.stats.whiteouts += 1;
         let parent_key = parent_comps.join(&b'/');
         if target == b".wh..opq" {
             // Opaque directory: hide every lower-layer child of the parent.
-            let dir = self
-                .open_parent(parent_comps, true, shown)?
-                .ok_or_else(|| unsafe_entry(shown, "opaque directory could not be created"))?;
-            self.clear_lower(dir.as_fd(), &parent_key)
-                .map_err(|e| ImageError::io(format!("applying opaque marker {shown}"), e))?;
+            let dir =
+                self.open_parent(parent_comps, true, shown)?.ok_or_else(|| unsafe_entry(shown, "opaque directory could not be created"))?;
+            self.clear_lower(dir.as_fd(), &parent_key).map_err(|e| ImageError::io(format!("applying opaque marker {shown}"), e))?;
             self.mark_touched(parent_comps);
             return Ok(());
         }
@@ -562,8 +461,7 @@ impl Extractor<'_> {
             return Ok(());
         }
         if let Some(dir) = self.open_parent(parent_comps, false, shown)? {
-            remove_tree_at(dir.as_fd(), OsStr::from_bytes(target))
-                .map_err(|e| ImageError::io(format!("applying whiteout {shown}"), e))?;
+            remove_tree_at(dir.as_fd(), OsStr::from_bytes(target)).map_err(|e| ImageError::io(format!("applying whiteout {shown}"), e))?;
         }
         Ok(())
     }
@@ -586,46 +484,27 @@ impl Extractor<'_> {
         Ok(())
     }
 
-    fn make_dir(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        meta: &EntryMeta,
-        shown: &str,
-    ) -> Result<(), ImageError> {
+    fn make_dir(&mut self, parent: BorrowedFd<'_>, name: &OsStr, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
         let existing = fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW);
         let is_dir = matches!(&existing, Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR);
         if !is_dir {
             if existing.is_ok() {
-                remove_tree_at(parent, name)
-                    .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+                remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
             }
-            mkdirat(parent, name, Mode::from_bits_truncate(0o700))
-                .map_err(|e| ImageError::io(format!("creating directory {shown}"), e))?;
+            mkdirat(parent, name, Mode::from_bits_truncate(0o700)).map_err(|e| ImageError::io(format!("creating directory {shown}"), e))?;
         }
-        let dir = open_dir_at(parent, name)
-            .map_err(|e| ImageError::io(format!("opening directory {shown}"), e))?;
+        let dir = open_dir_at(parent, name).map_err(|e| ImageError::io(format!("opening directory {shown}"), e))?;
         self.set_dir_metadata(dir.as_fd(), meta, shown)?;
         self.stats.directories += 1;
         Ok(())
     }
 
-    fn set_dir_metadata(
-        &self,
-        dir: BorrowedFd<'_>,
-        meta: &EntryMeta,
-        shown: &str,
-    ) -> Result<(), ImageError> {
+    fn set_dir_metadata(&self, dir: BorrowedFd<'_>, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
         if self.chown {
-            fchown(
-                dir,
-                Some(Uid::from_raw(meta.uid)),
-                Some(Gid::from_raw(meta.gid)),
-            )
-            .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
+            fchown(dir, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
+                .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
         }
-        fchmod(dir, Mode::from_bits_truncate(meta.mode & 0o7777))
-            .map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))
+        fchmod(dir, Mode::from_bits_truncate(meta.mode & 0o7777)).map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))
     }
 
     fn make_file(
@@ -636,77 +515,45 @@ impl Extractor<'_> {
         data: &mut impl Read,
         shown: &str,
     ) -> Result<(), ImageError> {
-        let budget = self
-            .limits
-            .max_total_bytes
-            .saturating_sub(self.stats.file_bytes);
+        let budget = self.limits.max_total_bytes.saturating_sub(self.stats.file_bytes);
         if meta.size > budget {
             return Err(ImageError::LimitExceeded(format!(
                 "file {shown:?} declares {} bytes; total content limit is {} bytes",
                 meta.size, self.limits.max_total_bytes
             )));
         }
-        remove_tree_at(parent, name)
-            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
-        let flags =
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
+        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        let flags = OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC;
         let fd = openat(parent, name, flags, Mode::from_bits_truncate(0o600))
             .map_err(|e| ImageError::io(format!("creating file {shown}"), e))?;
         let mut file = File::from(fd);
-        let written = io::copy(&mut data.take(meta.size), &mut file)
-            .map_err(|e| ImageError::io(format!("writing file {shown}"), e))?;
+        let written = io::copy(&mut data.take(meta.size), &mut file).map_err(|e| ImageError::io(format!("writing file {shown}"), e))?;
         if written != meta.size {
-            return Err(ImageError::InvalidArchive(format!(
-                "{shown}: archive ends inside the file ({written} of {} bytes)",
-                meta.size
-            )));
+            return Err(ImageError::InvalidArchive(format!("{shown}: archive ends inside the file ({written} of {} bytes)", meta.size)));
         }
         self.stats.file_bytes += written;
         if self.chown {
-            fchown(
-                &file,
-                Some(Uid::from_raw(meta.uid)),
-                Some(Gid::from_raw(meta.gid)),
-            )
-            .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
+            fchown(&file, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)))
+                .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
         }
         // After chown, which clears setuid/setgid.
-        fchmod(&file, Mode::from_bits_truncate(meta.mode & 0o7777))
-            .map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))?;
+        fchmod(&file, Mode::from_bits_truncate(meta.mode & 0o7777)).map_err(|e| ImageError::io(format!("setting mode of {shown}"), e))?;
         let time = TimeSpec::new(meta.mtime, 0);
-        futimens(&file, &time, &time)
-            .map_err(|e| ImageError::io(format!("setting mtime of {shown}"), e))?;
+        futimens(&file, &time, &time).map_err(|e| ImageError::io(format!("setting mtime of {shown}"), e))?;
         self.stats.files += 1;
         Ok(())
     }
 
-    fn make_symlink(
-        &mut self,
-        parent: BorrowedFd<'_>,
-        name: &OsStr,
-        meta: &EntryMeta,
-        shown: &str,
-    ) -> Result<(), ImageError> {
+    fn make_symlink(&mut self, parent: BorrowedFd<'_>, name: &OsStr, meta: &EntryMeta, shown: &str) -> Result<(), ImageError> {
         let target = link_target(meta, shown, "symlink")?;
         if target.len() > self.limits.max_path_bytes || target.contains(&0) {
-            return Err(unsafe_entry(
-                shown,
-                "symlink target too long or contains NUL",
-            ));
+            return Err(unsafe_entry(shown, "symlink target too long or contains NUL"));
         }
-        remove_tree_at(parent, name)
-            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
-        symlinkat(OsStr::from_bytes(target), parent, name)
-            .map_err(|e| ImageError::io(format!("creating symlink {shown}"), e))?;
+        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        symlinkat(OsStr::from_bytes(target), parent, name).map_err(|e| ImageError::io(format!("creating symlink {shown}"), e))?;
         if self.chown {
-            fchownat(
-                parent,
-                name,
-                Some(Uid::from_raw(meta.uid)),
-                Some(Gid::from_raw(meta.gid)),
-                AtFlags::AT_SYMLINK_NOFOLLOW,
-            )
-            .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
+            fchownat(parent, name, Some(Uid::from_raw(meta.uid)), Some(Gid::from_raw(meta.gid)), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .map_err(|e| ImageError::io(format!("setting owner of {shown}"), e))?;
         }
         let time = TimeSpec::new(meta.mtime, 0);
         utimensat(parent, name, &time, &time, UtimensatFlags::NoFollowSymlink)
@@ -733,46 +580,24 @@ impl Extractor<'_> {
         }
         let target_dir = self
             .open_parent(target_parent, false, shown)?
-            .ok_or_else(|| {
-                unsafe_entry(
-                    shown,
-                    "hard link target does not exist inside the destination",
-                )
-            })?;
+            .ok_or_else(|| unsafe_entry(shown, "hard link target does not exist inside the destination"))?;
         let target_name = OsStr::from_bytes(target_name);
-        match fstatat(
-            target_dir.as_fd(),
-            target_name,
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        ) {
+        match fstatat(target_dir.as_fd(), target_name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
                 return Err(unsafe_entry(shown, "hard link to a directory"));
             }
             Ok(_) => {}
             Err(Errno::ENOENT) => {
-                return Err(unsafe_entry(
-                    shown,
-                    "hard link target does not exist inside the destination",
-                ));
+                return Err(unsafe_entry(shown, "hard link target does not exist inside the destination"));
             }
             Err(e) => {
-                return Err(ImageError::io(
-                    format!("inspecting hard link target of {shown}"),
-                    e,
-                ));
+                return Err(ImageError::io(format!("inspecting hard link target of {shown}"), e));
             }
         }
-        remove_tree_at(parent, name)
-            .map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
+        remove_tree_at(parent, name).map_err(|e| ImageError::io(format!("replacing {shown}"), e))?;
         // Flags empty: a symlink target is linked itself, never followed.
-        linkat(
-            target_dir.as_fd(),
-            target_name,
-            parent,
-            name,
-            AtFlags::empty(),
-        )
-        .map_err(|e| ImageError::io(format!("creating hard link {shown}"), e))?;
+        linkat(target_dir.as_fd(), target_name, parent, name, AtFlags::empty())
+            .map_err(|e| ImageError::io(format!("creating hard link {shown}"), e))?;
         self.stats.hardlinks += 1;
         Ok(())
     }
@@ -781,17 +606,11 @@ impl Extractor<'_> {
 /// The target of a link entry (`kind`: "symlink" or "hard link"); an entry
 /// without one is an invalid archive.
 fn link_target<'m>(meta: &'m EntryMeta, shown: &str, kind: &str) -> Result<&'m [u8], ImageError> {
-    meta.link
-        .as_deref()
-        .filter(|t| !t.is_empty())
-        .ok_or_else(|| ImageError::InvalidArchive(format!("{shown}: {kind} without a target")))
+    meta.link.as_deref().filter(|t| !t.is_empty()).ok_or_else(|| ImageError::InvalidArchive(format!("{shown}: {kind} without a target")))
 }
 
 fn unsafe_entry(path: &str, reason: &str) -> ImageError {
-    ImageError::UnsafeEntry {
-        path: path.to_string(),
-        reason: reason.to_string(),
-    }
+    ImageError::UnsafeEntry { path: path.to_string(), reason: reason.to_string() }
 }
 
 fn join_key(parent: &[u8], name: &[u8]) -> Vec<u8> {
@@ -812,46 +631,24 @@ fn trim_nul(mut data: Vec<u8>) -> Vec<u8> {
     data
 }
 
-fn read_extension(
-    entry: &mut impl Read,
-    declared: u64,
-    limit: u64,
-    what: &str,
-) -> Result<Vec<u8>, ImageError> {
+fn read_extension(entry: &mut impl Read, declared: u64, limit: u64, what: &str) -> Result<Vec<u8>, ImageError> {
     if declared > limit {
-        return Err(ImageError::LimitExceeded(format!(
-            "{what} of {declared} bytes (limit {limit})"
-        )));
+        return Err(ImageError::LimitExceeded(format!("{what} of {declared} bytes (limit {limit})")));
     }
     let mut data = Vec::with_capacity(declared as usize);
-    entry
-        .take(declared)
-        .read_to_end(&mut data)
-        .map_err(|e| ImageError::io(format!("reading {what}"), e))?;
+    entry.take(declared).read_to_end(&mut data).map_err(|e| ImageError::io(format!("reading {what}"), e))?;
     if data.len() as u64 != declared {
-        return Err(ImageError::InvalidArchive(format!(
-            "archive ends inside a {what}"
-        )));
+        return Err(ImageError::InvalidArchive(format!("archive ends inside a {what}")));
     }
     Ok(data)
 }
 
 /// Combines a raw header with its extension headers.
-fn entry_meta(
-    header: &tar::Header,
-    ext: PendingExtensions,
-    declared: u64,
-) -> Result<EntryMeta, ImageError> {
-    let bad = |what: &str, e: io::Error| {
-        ImageError::InvalidArchive(format!("bad {what} in entry header: {e}"))
-    };
+fn entry_meta(header: &tar::Header, ext: PendingExtensions, declared: u64) -> Result<EntryMeta, ImageError> {
+    let bad = |what: &str, e: io::Error| ImageError::InvalidArchive(format!("bad {what} in entry header: {e}"));
     let mut meta = EntryMeta {
-        path: ext
-            .long_name
-            .unwrap_or_else(|| header.path_bytes().into_owned()),
-        link: ext
-            .long_link
-            .or_else(|| header.link_name_bytes().map(|l| l.into_owned())),
+        path: ext.long_name.unwrap_or_else(|| header.path_bytes().into_owned()),
+        link: ext.long_link.or_else(|| header.link_name_bytes().map(|l| l.into_owned())),
         mode: header.mode().map_err(|e| bad("mode", e))?,
         uid: id_u32(header.uid().map_err(|e| bad("uid", e))?)?,
         gid: id_u32(header.gid().map_err(|e| bad("gid", e))?)?,
@@ -860,8 +657,7 @@ fn entry_meta(
     };
     if let Some(pax) = ext.pax {
         for record in tar::PaxExtensions::new(&pax) {
-            let record =
-                record.map_err(|e| ImageError::InvalidArchive(format!("bad PAX record: {e}")))?;
+            let record = record.map_err(|e| ImageError::InvalidArchive(format!("bad PAX record: {e}")))?;
             let value = record.value_bytes();
             let number = || -> Result<u64, ImageError> {
                 std::str::from_utf8(value)
@@ -879,9 +675,7 @@ fn entry_meta(
                 // Raw parsing skips entries by the header size: a differing
                 // PAX size would make two parsers disagree, so refuse it.
                 b"size" if number()? != declared => {
-                    return Err(ImageError::InvalidArchive(
-                        "PAX size differs from the header size".into(),
-                    ));
+                    return Err(ImageError::InvalidArchive("PAX size differs from the header size".into()));
                 }
                 _ => {}
             }

@@ -7,8 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use lazaret_oci::bundle::{
-    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_process, build_spec,
-    render_process, render_spec, write_bundle,
+    BindMount, BundleError, BundleSpec, CapabilityPolicy, Rlimit, build_process, build_spec, render_process, render_spec, write_bundle,
 };
 use oci_spec::runtime::{Capability, LinuxNamespaceType, PosixRlimitType};
 
@@ -55,11 +54,7 @@ fn root_spec() -> BundleSpec {
         terminal: false,
         rootfs: PathBuf::from("/run/lazaret/d2/merged"),
         mounts: vec![
-            BindMount {
-                source: PathBuf::from("/work/repo"),
-                destination: PathBuf::from("/work/repo"),
-                readonly: false,
-            },
+            BindMount { source: PathBuf::from("/work/repo"), destination: PathBuf::from("/work/repo"), readonly: false },
             BindMount {
                 source: PathBuf::from("/work/repo/.git/hooks"),
                 destination: PathBuf::from("/work/repo/.git/hooks"),
@@ -75,16 +70,8 @@ fn root_spec() -> BundleSpec {
         cgroups_path: "/lazaret/d2/sandbox-1".into(),
         capabilities: CapabilityPolicy::DefaultRoot,
         rlimits: vec![
-            Rlimit {
-                resource: PosixRlimitType::RlimitNofile,
-                soft: 4096,
-                hard: 8192,
-            },
-            Rlimit {
-                resource: PosixRlimitType::RlimitCore,
-                soft: 0,
-                hard: 0,
-            },
+            Rlimit { resource: PosixRlimitType::RlimitNofile, soft: 4096, hard: 8192 },
+            Rlimit { resource: PosixRlimitType::RlimitCore, soft: 0, hard: 0 },
         ],
         memory_limit: Some(4 << 30),
         pids_limit: Some(4096),
@@ -94,10 +81,7 @@ fn root_spec() -> BundleSpec {
 /// An explicit capability list for a non-root user.
 fn explicit_caps_spec() -> BundleSpec {
     BundleSpec {
-        capabilities: CapabilityPolicy::Explicit(vec![
-            Capability::NetBindService,
-            Capability::Kill,
-        ]),
+        capabilities: CapabilityPolicy::Explicit(vec![Capability::NetBindService, Capability::Kill]),
         uid: 1500,
         gid: 1500,
         additional_gids: vec![1500],
@@ -108,25 +92,14 @@ fn explicit_caps_spec() -> BundleSpec {
 
 fn golden(name: &str, spec: &BundleSpec) {
     let rendered = render_spec(&build_spec(spec).expect("valid spec")).expect("render");
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("tests/golden")
-        .join(format!("{name}.json"));
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden").join(format!("{name}.json"));
     if std::env::var_os("LAZARET_BLESS").is_some() {
         std::fs::write(&path, &rendered).expect("bless golden file");
         return;
     }
-    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
-        panic!(
-            "{}: {e} (run with LAZARET_BLESS=1 to create it)",
-            path.display()
-        )
-    });
-    assert_eq!(
-        rendered,
-        expected,
-        "{name}: generated spec differs from {}",
-        path.display()
-    );
+    let expected =
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e} (run with LAZARET_BLESS=1 to create it)", path.display()));
+    assert_eq!(rendered, expected, "{name}: generated spec differs from {}", path.display());
 }
 
 #[test]
@@ -153,13 +126,7 @@ fn security_fields_are_explicit_whatever_the_input() {
         assert_eq!(process.no_new_privileges(), Some(true));
         assert_eq!(process.args().as_deref(), Some(spec.args.as_slice()));
         let caps = process.capabilities().as_ref().expect("capabilities");
-        for set in [
-            caps.bounding(),
-            caps.effective(),
-            caps.permitted(),
-            caps.inheritable(),
-            caps.ambient(),
-        ] {
+        for set in [caps.bounding(), caps.effective(), caps.permitted(), caps.inheritable(), caps.ambient()] {
             let set = set.as_ref().expect("every capability set is explicit");
             assert!(!set.contains(&Capability::NetAdmin) && !set.contains(&Capability::SysAdmin));
         }
@@ -168,13 +135,7 @@ fn security_fields_are_explicit_whatever_the_input() {
         let root = built.root().as_ref().expect("root");
         assert_eq!(root.readonly(), Some(false));
         let linux = built.linux().as_ref().expect("linux");
-        let kinds: Vec<LinuxNamespaceType> = linux
-            .namespaces()
-            .as_ref()
-            .expect("namespaces")
-            .iter()
-            .map(|n| n.typ())
-            .collect();
+        let kinds: Vec<LinuxNamespaceType> = linux.namespaces().as_ref().expect("namespaces").iter().map(|n| n.typ()).collect();
         assert_eq!(
             kinds,
             [
@@ -189,35 +150,15 @@ fn security_fields_are_explicit_whatever_the_input() {
             if ns.typ() == LinuxNamespaceType::Network {
                 assert_eq!(ns.path(), &spec.network_namespace);
             } else {
-                assert!(
-                    ns.path().is_none(),
-                    "{:?} must be a new namespace",
-                    ns.typ()
-                );
+                assert!(ns.path().is_none(), "{:?} must be a new namespace", ns.typ());
             }
         }
-        assert!(
-            linux
-                .cgroups_path()
-                .as_ref()
-                .is_some_and(|p| p.starts_with("/lazaret/"))
-        );
+        assert!(linux.cgroups_path().as_ref().is_some_and(|p| p.starts_with("/lazaret/")));
         let mounts = built.mounts().as_ref().expect("mounts");
-        let workspace = mounts
-            .iter()
-            .find(|m| m.destination() == &spec.mounts[0].destination)
-            .expect("workspace mounted");
-        assert_eq!(
-            workspace.source().as_ref(),
-            Some(&spec.mounts[0].source),
-            "same path inside and out"
-        );
+        let workspace = mounts.iter().find(|m| m.destination() == &spec.mounts[0].destination).expect("workspace mounted");
+        assert_eq!(workspace.source().as_ref(), Some(&spec.mounts[0].source), "same path inside and out");
         let rlimits = process.rlimits().as_ref().expect("rlimits");
-        assert!(
-            rlimits
-                .iter()
-                .any(|r| r.typ() == PosixRlimitType::RlimitNofile)
-        );
+        assert!(rlimits.iter().any(|r| r.typ() == PosixRlimitType::RlimitNofile));
     }
 }
 
@@ -230,107 +171,43 @@ fn expect_invalid(mutate: impl FnOnce(&mut BundleSpec)) -> BundleError {
 #[test]
 fn invalid_inputs_get_typed_errors() {
     use BundleError::*;
-    assert!(matches!(
-        expect_invalid(|s| s.args.clear()),
-        InvalidField { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.args = vec!["a\0b".into()]),
-        InvalidField { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.cwd = "relative/dir".into()),
-        InvalidPath { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.cwd = "/a/../etc".into()),
-        InvalidPath { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.rootfs = "/".into()),
-        InvalidPath { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.env.push(("BAD=KEY".into(), "v".into()))),
-        InvalidEnv { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.env.push(("".into(), "v".into()))),
-        InvalidEnv { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.env.push(("PATH".into(), "dup".into()))),
-        InvalidEnv { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.env.push(("K".into(), "nul\0".into()))),
-        InvalidEnv { .. }
-    ));
-    let bind = |dest: &str| BindMount {
-        source: PathBuf::from("/srv/x"),
-        destination: PathBuf::from(dest),
-        readonly: false,
-    };
-    for dest in [
-        "/",
-        "relative",
-        "/proc/sys",
-        "/dev",
-        "/sys/fs",
-        "/x/../etc",
-        "/home/dev/src/project",
-    ] {
+    assert!(matches!(expect_invalid(|s| s.args.clear()), InvalidField { .. }));
+    assert!(matches!(expect_invalid(|s| s.args = vec!["a\0b".into()]), InvalidField { .. }));
+    assert!(matches!(expect_invalid(|s| s.cwd = "relative/dir".into()), InvalidPath { .. }));
+    assert!(matches!(expect_invalid(|s| s.cwd = "/a/../etc".into()), InvalidPath { .. }));
+    assert!(matches!(expect_invalid(|s| s.rootfs = "/".into()), InvalidPath { .. }));
+    assert!(matches!(expect_invalid(|s| s.env.push(("BAD=KEY".into(), "v".into()))), InvalidEnv { .. }));
+    assert!(matches!(expect_invalid(|s| s.env.push(("".into(), "v".into()))), InvalidEnv { .. }));
+    assert!(matches!(expect_invalid(|s| s.env.push(("PATH".into(), "dup".into()))), InvalidEnv { .. }));
+    assert!(matches!(expect_invalid(|s| s.env.push(("K".into(), "nul\0".into()))), InvalidEnv { .. }));
+    let bind = |dest: &str| BindMount { source: PathBuf::from("/srv/x"), destination: PathBuf::from(dest), readonly: false };
+    for dest in ["/", "relative", "/proc/sys", "/dev", "/sys/fs", "/x/../etc", "/home/dev/src/project"] {
         let err = expect_invalid(|s| s.mounts.push(bind(dest)));
         assert!(matches!(err, InvalidPath { .. }), "{dest}: {err}");
     }
     assert!(matches!(
-        expect_invalid(|s| s.mounts.push(BindMount {
-            source: PathBuf::from("/a/\0b"),
-            destination: PathBuf::from("/ok"),
-            readonly: true
-        })),
+        expect_invalid(|s| s.mounts.push(BindMount { source: PathBuf::from("/a/\0b"), destination: PathBuf::from("/ok"), readonly: true })),
         InvalidPath { .. }
     ));
     for hostname in ["", "-bad", "has space", "under_score", &"x".repeat(70)] {
         let err = expect_invalid(|s| s.hostname = hostname.to_string());
         assert!(matches!(err, InvalidField { .. }), "{hostname:?}: {err}");
     }
-    for path in [
-        "/system.slice/x",
-        "/lazaret",
-        "/lazaret/",
-        "/lazaret/../x",
-        "relative",
-    ] {
+    for path in ["/system.slice/x", "/lazaret", "/lazaret/", "/lazaret/../x", "relative"] {
         let err = expect_invalid(|s| s.cgroups_path = path.to_string());
         assert!(matches!(err, InvalidField { .. }), "{path}: {err}");
     }
     for cap in [Capability::NetAdmin, Capability::SysAdmin] {
-        let err = expect_invalid(|s| {
-            s.capabilities = CapabilityPolicy::Explicit(vec![Capability::Chown, cap])
-        });
+        let err = expect_invalid(|s| s.capabilities = CapabilityPolicy::Explicit(vec![Capability::Chown, cap]));
         assert!(matches!(err, ForbiddenCapability(_)), "{err}");
     }
     assert!(matches!(
-        expect_invalid(|s| s.rlimits = vec![Rlimit {
-            resource: PosixRlimitType::RlimitNofile,
-            soft: 10,
-            hard: 5
-        }]),
+        expect_invalid(|s| s.rlimits = vec![Rlimit { resource: PosixRlimitType::RlimitNofile, soft: 10, hard: 5 }]),
         InvalidField { .. }
     ));
-    assert!(matches!(
-        expect_invalid(|s| s.memory_limit = Some(0)),
-        InvalidField { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.pids_limit = Some(-1)),
-        InvalidField { .. }
-    ));
-    assert!(matches!(
-        expect_invalid(|s| s.network_namespace = Some("netns".into())),
-        InvalidPath { .. }
-    ));
+    assert!(matches!(expect_invalid(|s| s.memory_limit = Some(0)), InvalidField { .. }));
+    assert!(matches!(expect_invalid(|s| s.pids_limit = Some(-1)), InvalidField { .. }));
+    assert!(matches!(expect_invalid(|s| s.network_namespace = Some("netns".into())), InvalidPath { .. }));
     // (/proc/1 is not always readable, e.g. in this CI; our own netns is.)
     for host_netns in ["/proc/self/ns/net", "/proc/thread-self/ns/net"] {
         let err = expect_invalid(|s| s.network_namespace = Some(host_netns.into()));
@@ -350,11 +227,7 @@ fn write_bundle_writes_the_rendered_spec() {
     let parsed = oci_spec::runtime::Spec::load(&path).expect("config.json parses back");
     assert_eq!(parsed.hostname().as_deref(), Some("sandbox.d2"));
     use std::os::unix::fs::PermissionsExt;
-    let mode = std::fs::metadata(&bundle)
-        .expect("stat")
-        .permissions()
-        .mode()
-        & 0o777;
+    let mode = std::fs::metadata(&bundle).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
 }
 
@@ -388,11 +261,7 @@ fn bind_destinations(spec: &BundleSpec) -> Vec<PathBuf> {
 }
 
 fn bind(dest: &str, readonly: bool) -> BindMount {
-    BindMount {
-        source: PathBuf::from(format!("/src{dest}")),
-        destination: PathBuf::from(dest),
-        readonly,
-    }
+    BindMount { source: PathBuf::from(format!("/src{dest}")), destination: PathBuf::from(dest), readonly }
 }
 
 /// Issue 14: the persistent home (`/home/dev`) was collected after the
@@ -412,10 +281,7 @@ fn home_is_mounted_before_the_workspace_below_it() {
         ],
         ..agent_spec()
     };
-    let order: Vec<String> = bind_destinations(&spec)
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect();
+    let order: Vec<String> = bind_destinations(&spec).iter().map(|p| p.display().to_string()).collect();
     assert_eq!(
         order,
         [
@@ -436,37 +302,11 @@ fn home_is_mounted_before_the_workspace_below_it() {
         .iter()
         .find(|m| m.destination() == Path::new("/home/dev/src/project/.git/hooks"))
         .expect("hooks bind");
-    assert_eq!(
-        hooks.source().as_deref(),
-        Some(Path::new("/src/home/dev/src/project/.git/hooks"))
-    );
-    assert!(
-        hooks
-            .options()
-            .as_ref()
-            .is_some_and(|o| o.iter().any(|x| x == "ro"))
-    );
+    assert_eq!(hooks.source().as_deref(), Some(Path::new("/src/home/dev/src/project/.git/hooks")));
+    assert!(hooks.options().as_ref().is_some_and(|o| o.iter().any(|x| x == "ro")));
     // The system mounts still come first, in their fixed order.
-    let all: Vec<String> = built
-        .mounts()
-        .as_ref()
-        .expect("mounts")
-        .iter()
-        .take(7)
-        .map(|m| m.destination().display().to_string())
-        .collect();
-    assert_eq!(
-        all,
-        [
-            "/proc",
-            "/dev",
-            "/dev/pts",
-            "/dev/shm",
-            "/dev/mqueue",
-            "/sys",
-            "/tmp"
-        ]
-    );
+    let all: Vec<String> = built.mounts().as_ref().expect("mounts").iter().take(7).map(|m| m.destination().display().to_string()).collect();
+    assert_eq!(all, ["/proc", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue", "/sys", "/tmp"]);
 }
 
 /// Every permutation of a nested set gives an order in which each mount
@@ -500,10 +340,7 @@ fn every_collection_order_gives_parents_first() {
     let all = permutations(set.to_vec());
     assert_eq!(all.len(), 720);
     for collected in all {
-        let spec = BundleSpec {
-            mounts: collected.clone(),
-            ..agent_spec()
-        };
+        let spec = BundleSpec { mounts: collected.clone(), ..agent_spec() };
         let order = bind_destinations(&spec);
         assert_eq!(order.len(), collected.len());
         for (i, a) in order.iter().enumerate() {
@@ -519,11 +356,7 @@ fn every_collection_order_gives_parents_first() {
         }
         let depth = |p: &Path| p.components().count();
         for d in 1..=5 {
-            let given: Vec<&PathBuf> = collected
-                .iter()
-                .map(|m| &m.destination)
-                .filter(|p| depth(p) == d)
-                .collect();
+            let given: Vec<&PathBuf> = collected.iter().map(|m| &m.destination).filter(|p| depth(p) == d).collect();
             let generated: Vec<&PathBuf> = order.iter().filter(|p| depth(p) == d).collect();
             assert_eq!(generated, given, "equal-depth mounts keep their order");
         }
@@ -533,16 +366,7 @@ fn every_collection_order_gives_parents_first() {
 /// Repeated and trailing slashes do not change a destination's depth.
 #[test]
 fn depth_ignores_repeated_and_trailing_slashes() {
-    let spec = BundleSpec {
-        mounts: vec![bind("/home//dev/src/project/", false), bind("/home/dev/", false)],
-        ..agent_spec()
-    };
+    let spec = BundleSpec { mounts: vec![bind("/home//dev/src/project/", false), bind("/home/dev/", false)], ..agent_spec() };
     let order = bind_destinations(&spec);
-    assert_eq!(
-        order,
-        [
-            PathBuf::from("/home/dev/"),
-            PathBuf::from("/home//dev/src/project/")
-        ]
-    );
+    assert_eq!(order, [PathBuf::from("/home/dev/"), PathBuf::from("/home//dev/src/project/")]);
 }

@@ -54,40 +54,27 @@ fn corpus(arena: &Arena) -> Vec<Case> {
     let mut cases = vec![
         Case {
             name: "dotdot file",
-            archive: RawTar::new()
-                .file("../../../../canary/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().file("../../../../canary/pwned", b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "dotdot in the middle",
-            archive: RawTar::new()
-                .file("a/../../../../../canary/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().file("a/../../../../../canary/pwned", b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "dotdot via PAX path",
-            archive: RawTar::new()
-                .pax_file(&[("path", "../../../../canary/pwned")], "harmless", b"x")
-                .finish(),
+            archive: RawTar::new().pax_file(&[("path", "../../../../canary/pwned")], "harmless", b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "dotdot via GNU long name",
-            archive: RawTar::new()
-                .long_file(
-                    format!("{}/../../../../../canary/pwned", "d".repeat(150)).as_bytes(),
-                    b"x",
-                )
-                .finish(),
+            archive: RawTar::new().long_file(format!("{}/../../../../../canary/pwned", "d".repeat(150)).as_bytes(), b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "absolute path is made relative",
-            archive: RawTar::new()
-                .file("/lazaret-hostile-abs/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().file("/lazaret-hostile-abs/pwned", b"x").finish(),
             expect: Expect::Neutralised(|dest| {
                 assert!(dest.join("lazaret-hostile-abs/pwned").is_file());
                 assert!(!Path::new("/lazaret-hostile-abs").exists());
@@ -95,18 +82,12 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "file through a relative symlink to outside",
-            archive: RawTar::new()
-                .symlink("escape", "../../../../canary")
-                .file("escape/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().symlink("escape", "../../../../canary").file("escape/pwned", b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "file through an absolute symlink to outside",
-            archive: RawTar::new()
-                .symlink("escape", &canary_str)
-                .file("escape/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().symlink("escape", &canary_str).file("escape/pwned", b"x").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
@@ -121,31 +102,17 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "file over a symlink replaces the symlink",
-            archive: RawTar::new()
-                .symlink("escape", &secret_str)
-                .file("escape", b"overwritten?")
-                .finish(),
+            archive: RawTar::new().symlink("escape", &secret_str).file("escape", b"overwritten?").finish(),
             expect: Expect::Neutralised(|dest| {
                 let meta = std::fs::symlink_metadata(dest.join("escape")).expect("lstat");
-                assert!(
-                    meta.is_file(),
-                    "the symlink must have been replaced by a file"
-                );
+                assert!(meta.is_file(), "the symlink must have been replaced by a file");
             }),
         },
         Case {
             name: "directory over a symlink replaces the symlink",
-            archive: RawTar::new()
-                .symlink("d", &canary_str)
-                .dir("d/")
-                .file("d/pwned", b"x")
-                .finish(),
+            archive: RawTar::new().symlink("d", &canary_str).dir("d/").file("d/pwned", b"x").finish(),
             expect: Expect::Neutralised(|dest| {
-                assert!(
-                    std::fs::symlink_metadata(dest.join("d"))
-                        .expect("lstat")
-                        .is_dir()
-                );
+                assert!(std::fs::symlink_metadata(dest.join("d")).expect("lstat").is_dir());
                 assert!(dest.join("d/pwned").is_file());
             }),
         },
@@ -156,25 +123,17 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "hard link with dotdot",
-            archive: RawTar::new()
-                .hardlink("secret", "../../../../canary/secret")
-                .finish(),
+            archive: RawTar::new().hardlink("secret", "../../../../canary/secret").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "hard link through a symlink",
-            archive: RawTar::new()
-                .symlink("sl", &canary_str)
-                .hardlink("secret", "sl/secret")
-                .finish(),
+            archive: RawTar::new().symlink("sl", &canary_str).hardlink("secret", "sl/secret").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "hard link to a symlink links the symlink itself",
-            archive: RawTar::new()
-                .symlink("sl", &secret_str)
-                .hardlink("hl", "sl")
-                .finish(),
+            archive: RawTar::new().symlink("sl", &secret_str).hardlink("hl", "sl").finish(),
             expect: Expect::Neutralised(|dest| {
                 let meta = std::fs::symlink_metadata(dest.join("hl")).expect("lstat");
                 assert!(meta.file_type().is_symlink());
@@ -220,23 +179,17 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "path longer than the limit",
-            archive: RawTar::new()
-                .long_file("a/".repeat(2100).as_bytes(), b"x")
-                .finish(),
+            archive: RawTar::new().long_file("a/".repeat(2100).as_bytes(), b"x").finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
             name: "component longer than NAME_MAX",
-            archive: RawTar::new()
-                .long_file("n".repeat(300).as_bytes(), b"x")
-                .finish(),
+            archive: RawTar::new().long_file("n".repeat(300).as_bytes(), b"x").finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
             name: "deeper than the limit",
-            archive: RawTar::new()
-                .long_file("d/".repeat(40).as_bytes(), b"x")
-                .finish(),
+            archive: RawTar::new().long_file("d/".repeat(40).as_bytes(), b"x").finish(),
             expect: Expect::Refused(is_limit),
         },
         Case {
@@ -269,9 +222,7 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "PAX size disagreeing with the header",
-            archive: RawTar::new()
-                .pax_file(&[("size", "999")], "f", b"x")
-                .finish(),
+            archive: RawTar::new().pax_file(&[("size", "999")], "f", b"x").finish(),
             expect: Expect::Refused(is_invalid),
         },
         Case {
@@ -281,18 +232,12 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         },
         Case {
             name: "whiteout through a symlinked parent",
-            archive: RawTar::new()
-                .symlink("sl", &canary_str)
-                .file("sl/.wh.secret", b"")
-                .finish(),
+            archive: RawTar::new().symlink("sl", &canary_str).file("sl/.wh.secret", b"").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
             name: "opaque marker through a symlinked parent",
-            archive: RawTar::new()
-                .symlink("sl", &canary_str)
-                .file("sl/.wh..wh..opq", b"")
-                .finish(),
+            archive: RawTar::new().symlink("sl", &canary_str).file("sl/.wh..wh..opq", b"").finish(),
             expect: Expect::Refused(is_unsafe),
         },
         Case {
@@ -312,10 +257,7 @@ fn corpus(arena: &Arena) -> Vec<Case> {
         name: "symlink pointing outside is kept, not followed",
         archive: RawTar::new().symlink("etc-passwd", "/etc/passwd").finish(),
         expect: Expect::Neutralised(|dest| {
-            assert_eq!(
-                std::fs::read_link(dest.join("etc-passwd")).expect("readlink"),
-                Path::new("/etc/passwd")
-            );
+            assert_eq!(std::fs::read_link(dest.join("etc-passwd")).expect("readlink"), Path::new("/etc/passwd"));
         }),
     });
     cases
@@ -341,22 +283,13 @@ fn unpack_layer_refuses_or_neutralises_every_hostile_archive() {
         let result = unpack_layer(case.archive.as_slice(), &dest, &small_limits());
         match (&case.expect, result) {
             (Expect::Refused(accept), Err(e)) => {
-                assert!(
-                    accept(&e),
-                    "{}: refused with an unexpected error: {e}",
-                    case.name
-                )
+                assert!(accept(&e), "{}: refused with an unexpected error: {e}", case.name)
             }
             (Expect::Refused(_), Ok(stats)) => panic!("{}: accepted: {stats:?}", case.name),
             (Expect::Neutralised(check), Ok(_)) => check(&dest),
             (Expect::Neutralised(_), Err(e)) => panic!("{}: refused: {e}", case.name),
         }
-        assert_eq!(
-            arena.outside(),
-            before,
-            "{}: something changed outside the store",
-            case.name
-        );
+        assert_eq!(arena.outside(), before, "{}: something changed outside the store", case.name);
     }
     assert!(!Path::new("/canary").exists() && !Path::new("/pwned").exists());
 }
@@ -365,10 +298,7 @@ fn unpack_layer_refuses_or_neutralises_every_hostile_archive() {
 fn store_import_registers_nothing_for_refused_archives() {
     let arena = Arena::new();
     let store = ImageStore::open_with_limits(&arena.store(), small_limits()).expect("open store");
-    let refused: Vec<Case> = corpus(&arena)
-        .into_iter()
-        .filter(|c| matches!(c.expect, Expect::Refused(_)))
-        .collect();
+    let refused: Vec<Case> = corpus(&arena).into_iter().filter(|c| matches!(c.expect, Expect::Refused(_))).collect();
     let mut sources = Vec::new();
     for (index, case) in refused.iter().enumerate() {
         let path = arena.src().join(format!("case{index}.tar"));
@@ -382,32 +312,13 @@ fn store_import_registers_nothing_for_refused_archives() {
             Err(e) => e,
         };
         assert!(!err.to_string().is_empty());
-        assert!(
-            store.get("hostile").expect("get").is_none(),
-            "{}: registered",
-            case.name
-        );
-        assert!(
-            store.list().expect("list").is_empty(),
-            "{}: listed",
-            case.name
-        );
+        assert!(store.get("hostile").expect("get").is_none(), "{}: registered", case.name);
+        assert!(store.list().expect("list").is_empty(), "{}: listed", case.name);
         for sub in ["rootfs/sha256", "tmp", "refs", "blobs/sha256"] {
-            let left: Vec<_> = std::fs::read_dir(arena.store().join(sub))
-                .expect("readdir")
-                .collect();
-            assert!(
-                left.is_empty(),
-                "{}: {sub} not empty after a failed import",
-                case.name
-            );
+            let left: Vec<_> = std::fs::read_dir(arena.store().join(sub)).expect("readdir").collect();
+            assert!(left.is_empty(), "{}: {sub} not empty after a failed import", case.name);
         }
-        assert_eq!(
-            arena.outside(),
-            before,
-            "{}: something changed outside the store",
-            case.name
-        );
+        assert_eq!(arena.outside(), before, "{}: something changed outside the store", case.name);
     }
 }
 
@@ -426,10 +337,7 @@ fn hostile_oci_archive_is_refused_without_registering() {
     let before = arena.outside();
     let store = ImageStore::open(&arena.store()).expect("open");
     let err = store.import("evil", &source).expect_err("must be refused");
-    assert!(
-        matches!(err, ImageError::UnsafeEntry { .. }),
-        "unexpected error {err}"
-    );
+    assert!(matches!(err, ImageError::UnsafeEntry { .. }), "unexpected error {err}");
     assert!(store.list().expect("list").is_empty());
     assert_eq!(arena.outside(), before);
 }

@@ -24,37 +24,16 @@ fn rootfs_tar() -> Vec<u8> {
 }
 
 fn check_rootfs(root: &Path) {
-    assert_eq!(
-        std::fs::read(root.join("etc/os-release")).expect("read"),
-        b"ID=test\n"
-    );
+    assert_eq!(std::fs::read(root.join("etc/os-release")).expect("read"), b"ID=test\n");
     let su = std::fs::symlink_metadata(root.join("bin/su")).expect("lstat su");
     assert_eq!(su.permissions().mode() & 0o7777, 0o4755, "setuid bit kept");
     let home = std::fs::symlink_metadata(root.join("home-file")).expect("lstat");
-    assert_eq!(
-        (home.uid(), home.gid()),
-        (1234, 4321),
-        "ownership preserved (tests run as root)"
-    );
+    assert_eq!((home.uid(), home.gid()), (1234, 4321), "ownership preserved (tests run as root)");
     assert_eq!(home.permissions().mode() & 0o7777, 0o600);
-    assert_eq!(
-        std::fs::read_link(root.join("etc/localtime")).expect("readlink"),
-        Path::new("/usr/share/zoneinfo/UTC")
-    );
-    assert_eq!(
-        ino(&root.join("bin/su")),
-        ino(&root.join("bin/su-again")),
-        "hard link kept"
-    );
-    let root_mode = std::fs::metadata(root)
-        .expect("stat root")
-        .permissions()
-        .mode()
-        & 0o777;
-    assert_eq!(
-        root_mode, 0o755,
-        "the rootfs root must be traversable by the agent"
-    );
+    assert_eq!(std::fs::read_link(root.join("etc/localtime")).expect("readlink"), Path::new("/usr/share/zoneinfo/UTC"));
+    assert_eq!(ino(&root.join("bin/su")), ino(&root.join("bin/su-again")), "hard link kept");
+    let root_mode = std::fs::metadata(root).expect("stat root").permissions().mode() & 0o777;
+    assert_eq!(root_mode, 0o755, "the rootfs root must be traversable by the agent");
 }
 
 #[test]
@@ -73,25 +52,13 @@ fn tar_gzip_and_zstd_sources_share_one_rootfs() {
         std::fs::write(path, bytes).expect("write source");
         let record = store.import(name, path).expect("import");
         assert_eq!(record.source_kind, SourceKind::RootfsTar);
-        assert_eq!(
-            record.digest,
-            sha256(&tar),
-            "digest is the diff_id of the uncompressed tar"
-        );
+        assert_eq!(record.digest, sha256(&tar), "digest is the diff_id of the uncompressed tar");
         assert_eq!(record.size, 10 + 8 + 4, "hard link counted once");
         check_rootfs(&record.rootfs);
         records.push(record);
     }
-    assert!(
-        records.windows(2).all(|w| w[0].rootfs == w[1].rootfs),
-        "same content, one rootfs"
-    );
-    let names: Vec<String> = store
-        .list()
-        .expect("list")
-        .into_iter()
-        .map(|r| r.name)
-        .collect();
+    assert!(records.windows(2).all(|w| w[0].rootfs == w[1].rootfs), "same content, one rootfs");
+    let names: Vec<String> = store.list().expect("list").into_iter().map(|r| r.name).collect();
     assert_eq!(names, ["gz", "plain", "zst"]);
 
     store.remove("plain").expect("rm plain");
@@ -119,22 +86,12 @@ fn rootfs_directory_import_copies_without_following_symlinks() {
     assert_eq!(record.source_kind, SourceKind::RootfsDir);
     check_rootfs(&record.rootfs);
     let link = record.rootfs.join("to-canary");
-    assert!(
-        std::fs::symlink_metadata(&link)
-            .expect("lstat")
-            .file_type()
-            .is_symlink()
-    );
+    assert!(std::fs::symlink_metadata(&link).expect("lstat").file_type().is_symlink());
     assert_eq!(std::fs::read_link(&link).expect("readlink"), arena.canary());
     assert_eq!(arena.outside(), before);
     // A source that contains the store is refused instead of copied into itself.
-    let overlapping = store
-        .import("overlap", arena.dir.path())
-        .expect_err("overlap");
-    assert!(
-        matches!(overlapping, ImageError::BadSource { .. }),
-        "{overlapping}"
-    );
+    let overlapping = store.import("overlap", arena.dir.path()).expect_err("overlap");
+    assert!(matches!(overlapping, ImageError::BadSource { .. }), "{overlapping}");
     // Importing the same tree again gives the same digest (deterministic stream).
     let again = store.import("from-dir-2", &tree).expect("import again");
     assert_eq!(again.digest, record.digest);
@@ -168,15 +125,8 @@ fn whiteouts_and_opaque_directories_apply_across_layers() {
     let stats = unpack_layer(upper.as_slice(), &dest, &limits).expect("upper");
     assert_eq!(stats.whiteouts, 5);
     assert!(!dest.join("a/old").exists(), "opaque hides lower a/old");
-    assert!(
-        !dest.join("a/sub/old").exists(),
-        "opaque hides lower a/sub/old"
-    );
-    assert_eq!(
-        std::fs::read(dest.join("a/sub/new")).expect("read"),
-        b"7",
-        "same-layer entry kept"
-    );
+    assert!(!dest.join("a/sub/old").exists(), "opaque hides lower a/sub/old");
+    assert_eq!(std::fs::read(dest.join("a/sub/new")).expect("read"), b"7", "same-layer entry kept");
     assert_eq!(std::fs::read(dest.join("a/top")).expect("read"), b"8");
     assert!(!dest.join("b/gone").exists());
     assert!(dest.join("b/kept").exists());
@@ -199,13 +149,7 @@ fn image_config() -> serde_json::Value {
 }
 
 fn two_layers() -> Vec<Vec<u8>> {
-    vec![
-        rootfs_tar(),
-        RawTar::new()
-            .file("etc/.wh.os-release", b"")
-            .file("etc/added", b"layer2")
-            .finish(),
-    ]
+    vec![rootfs_tar(), RawTar::new().file("etc/.wh.os-release", b"").file("etc/added", b"layer2").finish()]
 }
 
 #[test]
@@ -216,9 +160,7 @@ fn oci_layout_and_oci_archive_import_the_same_image() {
     layout.index(&[desc]);
     let store = ImageStore::open(&arena.store()).expect("open");
 
-    let record = store
-        .import("docker.io/library/test:1", &layout.dir)
-        .expect("import layout");
+    let record = store.import("docker.io/library/test:1", &layout.dir).expect("import layout");
     assert_eq!(record.source_kind, SourceKind::OciLayout);
     assert_eq!(record.digest, built.manifest_digest);
     assert_eq!(record.config.env, ["PATH=/usr/bin:/bin", "LANG=C.UTF-8"]);
@@ -226,30 +168,21 @@ fn oci_layout_and_oci_archive_import_the_same_image() {
     assert_eq!(record.config.entrypoint, ["/entry"]);
     assert_eq!(record.config.working_dir.as_deref(), Some("/work"));
     assert_eq!(record.config.user.as_deref(), Some("1000:1000"));
-    assert!(
-        !record.rootfs.join("etc/os-release").exists(),
-        "whiteout applied"
-    );
-    assert_eq!(
-        std::fs::read(record.rootfs.join("etc/added")).expect("read"),
-        b"layer2"
-    );
+    assert!(!record.rootfs.join("etc/os-release").exists(), "whiteout applied");
+    assert_eq!(std::fs::read(record.rootfs.join("etc/added")).expect("read"), b"layer2");
     assert!(record.rootfs.join("bin/su").is_file());
     let mut expected_blobs = vec![built.manifest_digest.clone(), built.config_digest.clone()];
     expected_blobs.extend(built.layer_digests.iter().cloned());
     assert_eq!(record.blobs, expected_blobs);
     for blob in &expected_blobs {
         let hex = blob.trim_start_matches("sha256:");
-        let stored =
-            std::fs::read(arena.store().join("blobs/sha256").join(hex)).expect("blob stored");
+        let stored = std::fs::read(arena.store().join("blobs/sha256").join(hex)).expect("blob stored");
         assert_eq!(&sha256(&stored), blob);
     }
 
     let archive = arena.src().join("image.oci.tar");
     std::fs::write(&archive, tar_dir(&layout.dir)).expect("write archive");
-    let from_archive = store
-        .import("archived", &archive)
-        .expect("import oci-archive");
+    let from_archive = store.import("archived", &archive).expect("import oci-archive");
     assert_eq!(from_archive.source_kind, SourceKind::OciArchive);
     assert_eq!(from_archive.digest, record.digest);
     assert_eq!(from_archive.rootfs, record.rootfs);
@@ -257,13 +190,8 @@ fn oci_layout_and_oci_archive_import_the_same_image() {
     store.remove("docker.io/library/test:1").expect("rm");
     store.remove("archived").expect("rm");
     for sub in ["blobs/sha256", "rootfs/sha256", "refs", "tmp"] {
-        let left: Vec<_> = std::fs::read_dir(arena.store().join(sub))
-            .expect("readdir")
-            .collect();
-        assert!(
-            left.is_empty(),
-            "{sub} not empty after removing every image"
-        );
+        let left: Vec<_> = std::fs::read_dir(arena.store().join(sub)).expect("readdir").collect();
+        assert!(left.is_empty(), "{sub} not empty after removing every image");
     }
 }
 
@@ -271,35 +199,18 @@ fn oci_layout_and_oci_archive_import_the_same_image() {
 fn multi_platform_index_picks_this_machine() {
     let arena = Arena::new();
     let layout = Layout::new(&arena.src().join("layout"));
-    let other = if host_arch() == "arm64" {
-        "amd64"
-    } else {
-        "arm64"
-    };
-    let (other_desc, _) = layout.image(
-        &[RawTar::new().file("which", b"other").finish()],
-        other,
-        serde_json::json!({}),
-    );
-    let (host_desc, host) = layout.image(
-        &[RawTar::new().file("which", b"host").finish()],
-        host_arch(),
-        serde_json::json!({}),
-    );
+    let other = if host_arch() == "arm64" { "amd64" } else { "arm64" };
+    let (other_desc, _) = layout.image(&[RawTar::new().file("which", b"other").finish()], other, serde_json::json!({}));
+    let (host_desc, host) = layout.image(&[RawTar::new().file("which", b"host").finish()], host_arch(), serde_json::json!({}));
     layout.index(&[other_desc.clone(), host_desc]);
     let store = ImageStore::open(&arena.store()).expect("open");
     let record = store.import("multi", &layout.dir).expect("import");
     assert_eq!(record.digest, host.manifest_digest);
-    assert_eq!(
-        std::fs::read(record.rootfs.join("which")).expect("read"),
-        b"host"
-    );
+    assert_eq!(std::fs::read(record.rootfs.join("which")).expect("read"), b"host");
 
     // An index with only a foreign platform's image is refused.
     layout.index(&[other_desc.clone(), other_desc]);
-    let err = store
-        .import("foreign", &layout.dir)
-        .expect_err("no matching platform");
+    let err = store.import("foreign", &layout.dir).expect_err("no matching platform");
     assert!(matches!(err, ImageError::InvalidImage(_)), "{err}");
 }
 
@@ -309,10 +220,7 @@ fn corrupted_blobs_are_refused_and_nothing_is_registered() {
     let layout = Layout::new(&arena.src().join("layout"));
     let (desc, built) = layout.image(&two_layers(), host_arch(), image_config());
     layout.index(&[desc]);
-    let layer = layout
-        .dir
-        .join("blobs/sha256")
-        .join(built.layer_digests[1].trim_start_matches("sha256:"));
+    let layer = layout.dir.join("blobs/sha256").join(built.layer_digests[1].trim_start_matches("sha256:"));
     let mut bytes = std::fs::read(&layer).expect("read layer");
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
@@ -321,18 +229,8 @@ fn corrupted_blobs_are_refused_and_nothing_is_registered() {
     let err = store.import("corrupt", &layout.dir).expect_err("must fail");
     assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
     assert!(store.get("corrupt").expect("get").is_none());
-    assert!(
-        std::fs::read_dir(arena.store().join("rootfs/sha256"))
-            .expect("readdir")
-            .next()
-            .is_none()
-    );
-    assert!(
-        std::fs::read_dir(arena.store().join("tmp"))
-            .expect("readdir")
-            .next()
-            .is_none()
-    );
+    assert!(std::fs::read_dir(arena.store().join("rootfs/sha256")).expect("readdir").next().is_none());
+    assert!(std::fs::read_dir(arena.store().join("tmp")).expect("readdir").next().is_none());
 }
 
 #[test]
@@ -347,12 +245,8 @@ fn diff_id_mismatch_is_refused() {
     });
     let config_bytes = serde_json::to_vec(&config).expect("json");
     let config_digest = layout.blob(&config_bytes);
-    let manifest_path = layout
-        .dir
-        .join("blobs/sha256")
-        .join(built.manifest_digest.trim_start_matches("sha256:"));
-    let mut manifest: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&manifest_path).expect("read")).expect("json");
+    let manifest_path = layout.dir.join("blobs/sha256").join(built.manifest_digest.trim_start_matches("sha256:"));
+    let mut manifest: serde_json::Value = serde_json::from_slice(&std::fs::read(&manifest_path).expect("read")).expect("json");
     manifest["config"]["digest"] = config_digest.into();
     manifest["config"]["size"] = config_bytes.len().into();
     let manifest_bytes = serde_json::to_vec(&manifest).expect("json");
@@ -361,9 +255,7 @@ fn diff_id_mismatch_is_refused() {
     desc["size"] = manifest_bytes.len().into();
     layout.index(&[desc]);
     let store = ImageStore::open(&arena.store()).expect("open");
-    let err = store
-        .import("bad-diff-id", &layout.dir)
-        .expect_err("must fail");
+    let err = store.import("bad-diff-id", &layout.dir).expect_err("must fail");
     assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
     assert!(store.list().expect("list").is_empty());
 }
@@ -380,10 +272,7 @@ fn reimport_replaces_and_collects_the_old_rootfs() {
     let new = store.import("img", &second).expect("second");
     assert_ne!(old.rootfs, new.rootfs);
     assert!(!old.rootfs.exists(), "replaced rootfs collected");
-    assert_eq!(
-        store.get("img").expect("get").expect("present").digest,
-        new.digest
-    );
+    assert_eq!(store.get("img").expect("get").expect("present").digest, new.digest);
     assert_eq!(store.list().expect("list").len(), 1);
 }
 
@@ -397,37 +286,19 @@ fn open_cleans_stale_work_and_bad_sources_are_explained() {
     drop(store);
     let store = ImageStore::open(&arena.store()).expect("reopen");
     assert!(!stale.exists(), "stale work removed by open");
-    let mode = std::fs::metadata(arena.store())
-        .expect("stat")
-        .permissions()
-        .mode()
-        & 0o777;
+    let mode = std::fs::metadata(arena.store()).expect("stat").permissions().mode() & 0o777;
     assert_eq!(mode, 0o700);
 
-    let missing = store
-        .import("x", &arena.src().join("nope.tar"))
-        .expect_err("missing");
+    let missing = store.import("x", &arena.src().join("nope.tar")).expect_err("missing");
     assert!(matches!(missing, ImageError::BadSource { .. }), "{missing}");
     let not_tar = arena.src().join("notes.txt");
     std::fs::write(&not_tar, b"hello, this is not an archive at all").expect("write");
     let err = store.import("x", &not_tar).expect_err("not a tar");
-    assert!(
-        matches!(
-            err,
-            ImageError::BadSource { .. } | ImageError::InvalidArchive(_)
-        ),
-        "{err}"
-    );
+    assert!(matches!(err, ImageError::BadSource { .. } | ImageError::InvalidArchive(_)), "{err}");
     let empty = arena.src().join("empty.tar");
     std::fs::write(&empty, RawTar::new().finish()).expect("write");
-    assert!(matches!(
-        store.import("x", &empty),
-        Err(ImageError::BadSource { .. })
-    ));
-    assert!(matches!(
-        store.import("../evil", &empty),
-        Err(ImageError::InvalidName { .. })
-    ));
+    assert!(matches!(store.import("x", &empty), Err(ImageError::BadSource { .. })));
+    assert!(matches!(store.import("../evil", &empty), Err(ImageError::InvalidName { .. })));
     assert!(store.get("never-imported").expect("get").is_none());
     assert!(store.list().expect("list").is_empty());
 }
@@ -443,22 +314,13 @@ fn unpack_stats_report_blob_digest_and_diff_id() {
         (zstd(&tar), lazaret_oci::Compression::Zstd),
     ] {
         let dest = arena.dest(&format!("{kind:?}"));
-        let stats =
-            unpack_layer(compressed.as_slice(), &dest, &UnpackLimits::default()).expect("unpack");
+        let stats = unpack_layer(compressed.as_slice(), &dest, &UnpackLimits::default()).expect("unpack");
         assert_eq!(stats.compression, kind);
         assert_eq!(stats.compressed_digest, sha256(&compressed));
         assert_eq!(stats.diff_id, sha256(&tar));
         assert_eq!(stats.compressed_bytes, compressed.len() as u64);
         assert_eq!(stats.uncompressed_bytes, tar.len() as u64);
-        assert_eq!(
-            (
-                stats.files,
-                stats.directories,
-                stats.symlinks,
-                stats.hardlinks
-            ),
-            (3, 3, 1, 1)
-        );
+        assert_eq!((stats.files, stats.directories, stats.symlinks, stats.hardlinks), (3, 3, 1, 1));
         assert_eq!(stats.file_bytes, 10 + 8 + 4);
         check_rootfs(&dest);
     }

@@ -38,16 +38,8 @@ fn main() -> ExitCode {
             println!("{invariant:?} violated:\n{}", trace.describe(&config));
             ExitCode::FAILURE
         }
-        Some(Violation::Liveness {
-            property,
-            prefix,
-            cycle,
-        }) => {
-            println!(
-                "{} violated:\n{}",
-                property.describe(&config),
-                prefix.describe(&config)
-            );
+        Some(Violation::Liveness { property, prefix, cycle }) => {
+            println!("{} violated:\n{}", property.describe(&config), prefix.describe(&config));
             println!("then forever: {} step(s) of a fair cycle", cycle.len());
             ExitCode::FAILURE
         }

@@ -32,24 +32,9 @@ struct Workload {
 
 impl Workload {
     fn start() -> Result<Workload, TransitionError> {
-        let mut w = Workload {
-            machine: Machine::new(),
-            next_session: 0,
-            next_request: 0,
-            current: None,
-            entries: 0,
-        };
-        w.apply(Event::AcquireDomainLock {
-            session: "holder".into(),
-            fingerprint: "fp".into(),
-        })?;
-        for e in [
-            Event::MountStateAnchor,
-            Event::CreateTrustAnchor,
-            Event::StartSidecar,
-            Event::StartSandbox,
-            Event::PublishDomain,
-        ] {
+        let mut w = Workload { machine: Machine::new(), next_session: 0, next_request: 0, current: None, entries: 0 };
+        w.apply(Event::AcquireDomainLock { session: "holder".into(), fingerprint: "fp".into() })?;
+        for e in [Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain] {
             w.apply(e)?;
         }
         w.attach("holder")?;
@@ -63,13 +48,8 @@ impl Workload {
     }
 
     fn attach(&mut self, session: &str) -> Result<(), TransitionError> {
-        self.apply(Event::ConnectSession {
-            session: session.into(),
-        })?;
-        self.apply(Event::RegisterSession {
-            session: session.into(),
-            fingerprint: "fp".into(),
-        })
+        self.apply(Event::ConnectSession { session: session.into() })?;
+        self.apply(Event::RegisterSession { session: session.into(), fingerprint: "fp".into() })
     }
 
     /// One rule-approved request of the current session (a new session
@@ -94,29 +74,16 @@ impl Workload {
         let request = format!("req-{}", self.next_request);
         self.next_request += 1;
         let argv = vec!["true".to_owned()];
-        self.apply(Event::verify_request(
-            &session, &request, &argv, "/ws", "", true,
-        ))?;
-        self.apply(Event::AutoApprove {
-            request: request.clone(),
-            rule: "true".into(),
-        })?;
-        self.apply(Event::StartHostExecution {
-            request: request.clone(),
-        })?;
-        self.apply(Event::CompleteHostExecution {
-            request: request.clone(),
-            exit_status: Some(0),
-        })?;
+        self.apply(Event::verify_request(&session, &request, &argv, "/ws", "", true))?;
+        self.apply(Event::AutoApprove { request: request.clone(), rule: "true".into() })?;
+        self.apply(Event::StartHostExecution { request: request.clone() })?;
+        self.apply(Event::CompleteHostExecution { request: request.clone(), exit_status: Some(0) })?;
         self.apply(Event::DeliverResult { request })
     }
 }
 
 fn main() -> ExitCode {
-    let sizes: Result<Vec<usize>, _> = std::env::args()
-        .skip(1)
-        .map(|a| a.parse::<usize>())
-        .collect();
+    let sizes: Result<Vec<usize>, _> = std::env::args().skip(1).map(|a| a.parse::<usize>()).collect();
     let mut sizes = match sizes {
         Ok(s) if s.is_empty() => vec![1_000, 10_000, 50_000],
         Ok(s) => s,
@@ -138,10 +105,7 @@ fn main() -> ExitCode {
 fn run(sizes: &[usize]) -> Result<(), TransitionError> {
     let mut w = Workload::start()?;
     let began = Instant::now();
-    println!(
-        "{:>10}  {:>10}  {:>14}  {:>12}",
-        "HISTORY", "ENTRIES", "US PER APPLY", "BUILT IN S"
-    );
+    println!("{:>10}  {:>10}  {:>14}  {:>12}", "HISTORY", "ENTRIES", "US PER APPLY", "BUILT IN S");
     for &size in sizes {
         while w.next_request < size {
             w.request()?;
@@ -151,15 +115,8 @@ fn run(sizes: &[usize]) -> Result<(), TransitionError> {
         for _ in 0..TIMED_REQUESTS {
             w.request()?;
         }
-        let per_entry: Duration =
-            t.elapsed() / u32::try_from(w.entries - entries_before).unwrap_or(u32::MAX);
-        println!(
-            "{:>10}  {:>10}  {:>14.1}  {:>12.1}",
-            size,
-            w.entries,
-            per_entry.as_secs_f64() * 1e6,
-            began.elapsed().as_secs_f64()
-        );
+        let per_entry: Duration = t.elapsed() / u32::try_from(w.entries - entries_before).unwrap_or(u32::MAX);
+        println!("{:>10}  {:>10}  {:>14.1}  {:>12.1}", size, w.entries, per_entry.as_secs_f64() * 1e6, began.elapsed().as_secs_f64());
     }
     Ok(())
 }

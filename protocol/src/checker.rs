@@ -13,10 +13,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use crate::model::{
-    Action, Config, FairnessGroup, Invariant, LivenessProperty, Mutation, State, check_invariants,
-    step_mutated,
-};
+use crate::model::{Action, Config, FairnessGroup, Invariant, LivenessProperty, Mutation, State, check_invariants, step_mutated};
 
 /// What to check.
 #[derive(Clone, Copy, Debug)]
@@ -29,10 +26,7 @@ pub struct CheckOptions {
 
 impl Default for CheckOptions {
     fn default() -> Self {
-        Self {
-            mutation: Mutation::None,
-            liveness: true,
-        }
+        Self { mutation: Mutation::None, liveness: true }
     }
 }
 
@@ -138,10 +132,7 @@ pub fn check(config: &Config, options: CheckOptions) -> CheckReport {
             at = from;
         }
         steps.reverse();
-        Trace {
-            initial: states[0].clone(),
-            steps,
-        }
+        Trace { initial: states[0].clone(), steps }
     };
 
     if let Err(invariant) = check_invariants(config, &states[0]) {
@@ -152,18 +143,14 @@ pub fn check(config: &Config, options: CheckOptions) -> CheckReport {
             liveness_checked: 0,
             action_counts,
             elapsed: started.elapsed(),
-            violation: Some(Violation::Invariant {
-                invariant,
-                trace: trace_to(&states, &parent, 0),
-            }),
+            violation: Some(Violation::Invariant { invariant, trace: trace_to(&states, &parent, 0) }),
         };
     }
 
     while let Some(at) = queue.pop_front() {
         let mut out = Vec::new();
         for (action_index, action) in actions.iter().enumerate() {
-            let Ok(next) = step_mutated(config, &states[at as usize], action, options.mutation)
-            else {
+            let Ok(next) = step_mutated(config, &states[at as usize], action, options.mutation) else {
                 continue;
             };
             if next == states[at as usize] {
@@ -189,10 +176,7 @@ pub fn check(config: &Config, options: CheckOptions) -> CheckReport {
                             liveness_checked: 0,
                             action_counts,
                             elapsed: started.elapsed(),
-                            violation: Some(Violation::Invariant {
-                                invariant,
-                                trace: trace_to(&states, &parent, id),
-                            }),
+                            violation: Some(Violation::Invariant { invariant, trace: trace_to(&states, &parent, id) }),
                         };
                     }
                     queue.push_back(id);
@@ -215,26 +199,15 @@ pub fn check(config: &Config, options: CheckOptions) -> CheckReport {
     let mut liveness_checked = 0;
     let mut violation = None;
     if options.liveness {
-        let graph = Graph {
-            config,
-            actions: &actions,
-            states: &states,
-            edges: &edges,
-        };
+        let graph = Graph { config, actions: &actions, states: &states, edges: &edges };
         for property in LivenessProperty::all(config) {
             liveness_checked += 1;
             if let Some((start, path, cycle)) = graph.find_fair_lasso(property) {
                 let mut prefix = trace_to(&states, &parent, start);
                 for &(action, target) in &path {
-                    prefix
-                        .steps
-                        .push((actions[action as usize], states[target as usize].clone()));
+                    prefix.steps.push((actions[action as usize], states[target as usize].clone()));
                 }
-                violation = Some(Violation::Liveness {
-                    property,
-                    prefix,
-                    cycle: cycle.iter().map(|&a| actions[a as usize]).collect(),
-                });
+                violation = Some(Violation::Liveness { property, prefix, cycle: cycle.iter().map(|&a| actions[a as usize]).collect() });
                 break;
             }
         }
@@ -301,9 +274,7 @@ impl Graph<'_> {
     }
 
     fn group_of(&self, action: u16) -> Option<usize> {
-        self.actions[action as usize]
-            .fairness_group()
-            .map(|g| self.group_index(g))
+        self.actions[action as usize].fairness_group().map(|g| self.group_index(g))
     }
 
     /// Fairness groups with a step from `state` (anywhere in the graph).
@@ -321,25 +292,14 @@ impl Graph<'_> {
     /// where the trigger holds, the path from there to a fair component, and
     /// a cycle in that component (empty: stuttering).
     #[allow(clippy::type_complexity)]
-    fn find_fair_lasso(
-        &self,
-        property: LivenessProperty,
-    ) -> Option<(u32, Vec<(u16, u32)>, Vec<u16>)> {
+    fn find_fair_lasso(&self, property: LivenessProperty) -> Option<(u32, Vec<(u16, u32)>, Vec<u16>)> {
         let n = self.states.len();
-        let in_region: Vec<bool> = self
-            .states
-            .iter()
-            .map(|s| !property.goal(self.config, s))
-            .collect();
+        let in_region: Vec<bool> = self.states.iter().map(|s| !property.goal(self.config, s)).collect();
         let component = self.components(&in_region);
 
         // Fair components: every group enabled in all their states is taken
         // by a step inside them.
-        let component_count = component
-            .iter()
-            .filter_map(|c| *c)
-            .max()
-            .map_or(0, |m| m + 1);
+        let component_count = component.iter().filter_map(|c| *c).max().map_or(0, |m| m + 1);
         let groups = self.group_count();
         let mut enabled_everywhere = vec![Groups::full(groups); component_count as usize];
         let mut taken_inside = vec![Groups::empty(groups); component_count as usize];
@@ -354,9 +314,7 @@ impl Graph<'_> {
                 }
             }
         }
-        let fair: Vec<bool> = (0..component_count as usize)
-            .map(|c| enabled_everywhere[c].is_subset_of(&taken_inside[c]))
-            .collect();
+        let fair: Vec<bool> = (0..component_count as usize).map(|c| enabled_everywhere[c].is_subset_of(&taken_inside[c])).collect();
 
         // States of the region from which a fair component is reachable
         // inside the region: backward search from the fair components.
@@ -394,9 +352,7 @@ impl Graph<'_> {
             if !reaches_fair[start] || !property.trigger(self.config, state) {
                 continue;
             }
-            if let Some((path, end)) = self.path_to(start as u32, &in_region, |v| {
-                component[v as usize].is_some_and(|c| fair[c as usize])
-            }) {
+            if let Some((path, end)) = self.path_to(start as u32, &in_region, |v| component[v as usize].is_some_and(|c| fair[c as usize])) {
                 let c = component[end as usize];
                 let cycle = self.cycle_in(end, |v| component[v as usize] == c);
                 return Some((start as u32, path, cycle));
@@ -471,12 +427,7 @@ impl Graph<'_> {
 
     /// Shortest path inside the region from `start` to a state satisfying
     /// `target` (possibly `start` itself).
-    fn path_to(
-        &self,
-        start: u32,
-        in_region: &[bool],
-        target: impl Fn(u32) -> bool,
-    ) -> Option<(Vec<(u16, u32)>, u32)> {
+    fn path_to(&self, start: u32, in_region: &[bool], target: impl Fn(u32) -> bool) -> Option<(Vec<(u16, u32)>, u32)> {
         let mut came_from: HashMap<u32, (u32, u16)> = HashMap::new();
         let mut queue = VecDeque::from([start]);
         let mut seen = std::collections::HashSet::from([start]);

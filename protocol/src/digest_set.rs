@@ -101,8 +101,7 @@ impl IdDigestSet {
         let old_len = self.sorted.len();
         self.sorted.reserve_exact(self.recent.len());
         self.sorted.resize(old_len + self.recent.len(), 0);
-        let (mut from_sorted, mut from_recent, mut to) =
-            (old_len, self.recent.len(), self.sorted.len());
+        let (mut from_sorted, mut from_recent, mut to) = (old_len, self.recent.len(), self.sorted.len());
         while from_recent > 0 {
             to -= 1;
             if from_sorted > 0 && self.sorted[from_sorted - 1] > self.recent[from_recent - 1] {
@@ -142,29 +141,16 @@ mod tests {
             assert!(set.insert("request", &format!("req-{i}")), "req-{i} fresh");
         }
         assert_eq!(set.len(), 20_000);
-        assert!(
-            set.recent.len() < set.buffer_limit(),
-            "the buffer was merged"
-        );
-        assert!(
-            set.sorted.windows(2).all(|w| w[0] < w[1]),
-            "sorted without duplicates"
-        );
+        assert!(set.recent.len() < set.buffer_limit(), "the buffer was merged");
+        assert!(set.sorted.windows(2).all(|w| w[0] < w[1]), "sorted without duplicates");
         for i in 0..20_000 {
             assert!(set.contains("request", &format!("req-{i}")), "req-{i} kept");
-            assert!(
-                !set.insert("request", &format!("req-{i}")),
-                "req-{i} refused again"
-            );
+            assert!(!set.insert("request", &format!("req-{i}")), "req-{i} refused again");
         }
         for i in 20_000..21_000 {
             assert!(!set.contains("request", &format!("req-{i}")));
         }
         // 16 bytes a digest, no doubling slack once merged.
-        assert!(
-            set.sorted.capacity() * 16 <= 20_000 * 16 + 16 * set.buffer_limit(),
-            "{}",
-            set.sorted.capacity()
-        );
+        assert!(set.sorted.capacity() * 16 <= 20_000 * 16 + 16 * set.buffer_limit(), "{}", set.sorted.capacity());
     }
 }

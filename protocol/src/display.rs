@@ -176,10 +176,7 @@ mod tests {
     #[test]
     fn plain_names_are_unchanged() {
         assert_eq!(show(b"/work/src/main.rs"), "/work/src/main.rs");
-        assert_eq!(
-            show("/w/caf\u{e9}/\u{65e5}\u{672c}.txt".as_bytes()),
-            "/w/caf\u{e9}/\u{65e5}\u{672c}.txt"
-        );
+        assert_eq!(show("/w/caf\u{e9}/\u{65e5}\u{672c}.txt".as_bytes()), "/w/caf\u{e9}/\u{65e5}\u{672c}.txt");
         assert_eq!(show(b"with space"), "with space");
     }
 
@@ -197,14 +194,8 @@ mod tests {
 
     #[test]
     fn bidi_and_invisible_characters_become_visible() {
-        assert_eq!(
-            show("evil\u{202e}txt.exe".as_bytes()),
-            "evil\\u{202e}txt.exe"
-        );
-        assert_eq!(
-            show("a\u{2066}b\u{2069}".as_bytes()),
-            "a\\u{2066}b\\u{2069}"
-        );
+        assert_eq!(show("evil\u{202e}txt.exe".as_bytes()), "evil\\u{202e}txt.exe");
+        assert_eq!(show("a\u{2066}b\u{2069}".as_bytes()), "a\\u{2066}b\\u{2069}");
         assert_eq!(show("zero\u{200b}width".as_bytes()), "zero\\u{200b}width");
         assert_eq!(show("\u{feff}bom".as_bytes()), "\\u{feff}bom");
         assert_eq!(show("tag\u{e0041}".as_bytes()), "tag\\u{e0041}");
@@ -261,31 +252,17 @@ mod tests {
             '\u{1d173}',
         ] {
             let shown = inert(&format!("a{c}b"), 100);
-            assert_eq!(
-                shown,
-                format!("a\\u{{{:04x}}}b", c as u32),
-                "{:x}",
-                c as u32
-            );
+            assert_eq!(shown, format!("a\\u{{{:04x}}}b", c as u32), "{:x}", c as u32);
         }
         // Visible non-ASCII text, unassigned and private-use code points stay.
-        assert_eq!(
-            inert("café 日本 \u{e000} \u{10fffd} é", 100),
-            "café 日本 \u{e000} \u{10fffd} é"
-        );
+        assert_eq!(inert("café 日本 \u{e000} \u{10fffd} é", 100), "café 日本 \u{e000} \u{10fffd} é");
     }
 
     #[test]
     fn inert_output_never_contains_an_escaped_character() {
-        let nasty: String = (0u32..0x3000)
-            .chain(0xE0000..0xE0200)
-            .filter_map(char::from_u32)
-            .collect();
+        let nasty: String = (0u32..0x3000).chain(0xE0000..0xE0200).filter_map(char::from_u32).collect();
         let shown = inert(&nasty, usize::MAX);
-        assert!(
-            shown.chars().all(|c| !needs_escape(c)),
-            "raw character survived"
-        );
+        assert!(shown.chars().all(|c| !needs_escape(c)), "raw character survived");
         assert!(!shown.contains('\x1b'));
     }
 

@@ -402,7 +402,12 @@ mod tests {
         let big: Vec<u8> = (0..MAX_CHUNK * 2 + 7).map(|i| (i % 256) as u8).collect();
         let mut stream = Vec::new();
         let result = EscalationResult { outcome: Outcome::Completed { exit_status: 3 }, truncated: false };
-        for frame in [ServerFrame::Status("waiting".into()), ServerFrame::Stdout(big.clone()), ServerFrame::Stderr(vec![0, 255]), ServerFrame::Result(result.clone())] {
+        for frame in [
+            ServerFrame::Status("waiting".into()),
+            ServerFrame::Stdout(big.clone()),
+            ServerFrame::Stderr(vec![0, 255]),
+            ServerFrame::Result(result.clone()),
+        ] {
             write_server(&mut stream, &frame).expect("write");
         }
         let mut r = stream.as_slice();

@@ -109,9 +109,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest_set::IdDigestSet;
 use crate::model::{
-    Action, CommandId, CommandSpec, Config, DomainId, DomainPhase, DomainState, Invariant,
-    Refused, RequestId, RequestSpec, RequestState, SessionId, SessionPhase, SessionSpec,
-    SessionState, State, Subject, check_invariants, step,
+    Action, CommandId, CommandSpec, Config, DomainId, DomainPhase, DomainState, Invariant, Refused, RequestId, RequestSpec, RequestState,
+    SessionId, SessionPhase, SessionSpec, SessionState, State, Subject, check_invariants, step,
 };
 use crate::shell::quote_argv;
 
@@ -346,14 +345,7 @@ pub const DOMAIN_APPROVAL_RULE: &str = "domain-approval";
 impl Event {
     /// A [`Event::VerifyRequest`] whose `command` is derived from `argv`, as
     /// [`Machine::apply`] checks.
-    pub fn verify_request(
-        session: &str,
-        request: &str,
-        argv: &[String],
-        cwd: &str,
-        justification: &str,
-        auto_approved: bool,
-    ) -> Self {
+    pub fn verify_request(session: &str, request: &str, argv: &[String], cwd: &str, justification: &str, auto_approved: bool) -> Self {
         Self::VerifyRequest {
             session: session.to_owned(),
             request: request.to_owned(),
@@ -368,11 +360,7 @@ impl Event {
     /// A [`Event::DeveloperEditApprove`] whose `command` is derived from
     /// the edited `argv`.
     pub fn developer_edit_approve(request: &str, argv: &[String]) -> Self {
-        Self::DeveloperEditApprove {
-            request: request.to_owned(),
-            command: quote_argv(argv),
-            argv: argv.to_vec(),
-        }
+        Self::DeveloperEditApprove { request: request.to_owned(), command: quote_argv(argv), argv: argv.to_vec() }
     }
 
     /// Whether the event is an observation: journalled while its Domain's
@@ -438,14 +426,8 @@ pub struct JournalEntry {
 impl JournalEntry {
     /// An entry for `event` of `domain`, stamped with the current time.
     pub fn now(domain: &str, event: Event) -> Self {
-        let timestamp_ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
-        Self {
-            timestamp_ms,
-            domain: domain.to_owned(),
-            event,
-        }
+        let timestamp_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX));
+        Self { timestamp_ms, domain: domain.to_owned(), event }
     }
 
     /// The entry as one JSON line, without the trailing newline.
@@ -649,10 +631,7 @@ impl Machine {
     /// or not, so that their final states can be inspected; it grows with
     /// the journal (an apply costs time in proportion too).
     pub fn keeping_history() -> Self {
-        Self {
-            retention: Retention::KeepHistory,
-            ..Self::default()
-        }
+        Self { retention: Retention::KeepHistory, ..Self::default() }
     }
 
     /// Whether this machine keeps ended sessions and terminal requests.
@@ -708,33 +687,26 @@ impl Machine {
 
     /// The model variables of a real Domain, if it has appeared.
     pub fn domain_state(&self, domain: &str) -> Option<&DomainState> {
-        self.domain_index(domain)
-            .map(|d| &self.live.state.domains[d.0])
+        self.domain_index(domain).map(|d| &self.live.state.domains[d.0])
     }
 
     /// The model variables of a real session, if it has appeared and has
     /// not been retired.
     pub fn session_state(&self, session: &str) -> Option<&SessionState> {
-        self.session_index(session)
-            .map(|s| &self.live.state.sessions[s.0])
+        self.session_index(session).map(|s| &self.live.state.sessions[s.0])
     }
 
     /// The model variables of a real request, if it has appeared and has
     /// not been retired.
     pub fn request_state(&self, request: &str) -> Option<&RequestState> {
-        self.request_index(request)
-            .map(|r| &self.live.state.requests[r.0])
+        self.request_index(request).map(|r| &self.live.state.requests[r.0])
     }
 
     /// Whether the developer approved `argv` in `cwd` for the rest of the
     /// life of `domain` (so a new identical request is auto-approved by
     /// [`DOMAIN_APPROVAL_RULE`]).
     pub fn is_domain_approved(&self, domain: &str, argv: &[String], cwd: &str) -> bool {
-        self.domain_index(domain).is_some_and(|d| {
-            self.live
-                .domain_approvals
-                .contains(&(d, quote_argv(argv), cwd.to_owned()))
-        })
+        self.domain_index(domain).is_some_and(|d| self.live.domain_approvals.contains(&(d, quote_argv(argv), cwd.to_owned())))
     }
 
     /// Whether the model would accept `entry` now, without applying it.
@@ -768,10 +740,8 @@ impl Machine {
         let mut next = self.live.clone();
         let action = next.action_for(entry, &self.retired)?;
         let event = entry.event.name();
-        next.state = step(&next.config, &next.state, &action)
-            .map_err(|refused| TransitionError::Refused { event, refused })?;
-        check_invariants(&next.config, &next.state)
-            .map_err(|invariant| TransitionError::Invariant { event, invariant })?;
+        next.state = step(&next.config, &next.state, &action).map_err(|refused| TransitionError::Refused { event, refused })?;
+        check_invariants(&next.config, &next.state).map_err(|invariant| TransitionError::Invariant { event, invariant })?;
         Ok((next, action))
     }
 
@@ -780,21 +750,13 @@ impl Machine {
     fn observe(&self, entry: &JournalEntry) -> Result<(), TransitionError> {
         match self.domain_state(&entry.domain) {
             Some(d) if d.phase != DomainPhase::Absent => Ok(()),
-            _ => Err(TransitionError::NotRunning {
-                event: entry.event.name(),
-                domain: entry.domain.clone(),
-            }),
+            _ => Err(TransitionError::NotRunning { event: entry.event.name(), domain: entry.domain.clone() }),
         }
     }
 
     /// Sessions that are neither New nor Closed.
     pub fn live_sessions(&self) -> usize {
-        self.live
-            .state
-            .sessions
-            .iter()
-            .filter(|s| !matches!(s.phase, SessionPhase::New | SessionPhase::Closed))
-            .count()
+        self.live.state.sessions.iter().filter(|s| !matches!(s.phase, SessionPhase::New | SessionPhase::Closed)).count()
     }
 }
 
@@ -802,18 +764,11 @@ impl Live {
     /// Maps an entry to its model action, adding the Domain, session, request
     /// or command it introduces and the constants it implies. An ID in
     /// `retired` is refused.
-    fn action_for(
-        &mut self,
-        entry: &JournalEntry,
-        retired: &IdDigestSet,
-    ) -> Result<Action, TransitionError> {
+    fn action_for(&mut self, entry: &JournalEntry, retired: &IdDigestSet) -> Result<Action, TransitionError> {
         let event = entry.event.name();
         let d = self.domain(&entry.domain);
         let action = match &entry.event {
-            Event::AcquireDomainLock {
-                session,
-                fingerprint,
-            } => {
+            Event::AcquireDomainLock { session, fingerprint } => {
                 let s = self.session(event, d, session, retired)?;
                 // A new run of an absent Domain may use an edited configuration:
                 // the fingerprint is a constant of the run. The launcher validated
@@ -846,43 +801,21 @@ impl Live {
             Event::DestroyTrustAnchor => Action::DestroyTrustAnchor(d),
             Event::UnmountStateAnchor => Action::UnmountStateAnchor(d),
             Event::ReleaseDomainLock => Action::ReleaseDomainLock(d),
-            Event::ConnectSession { session } => {
-                Action::ConnectSession(self.session(event, d, session, retired)?)
-            }
-            Event::RegisterSession {
-                session,
-                fingerprint,
-            } => {
+            Event::ConnectSession { session } => Action::ConnectSession(self.session(event, d, session, retired)?),
+            Event::RegisterSession { session, fingerprint } => {
                 let s = self.session(event, d, session, retired)?;
                 self.set_fingerprint(event, s, fingerprint)?;
                 Action::RegisterSession(s)
             }
-            Event::RejectSession {
-                session,
-                fingerprint,
-            } => {
+            Event::RejectSession { session, fingerprint } => {
                 let s = self.session(event, d, session, retired)?;
                 self.set_fingerprint(event, s, fingerprint)?;
                 Action::RejectSession(s)
             }
-            Event::DisconnectSession { session } => {
-                Action::DisconnectSession(self.known_session(event, session, retired)?)
-            }
-            Event::EvictSession { session } => {
-                Action::EvictSession(self.known_session(event, session, retired)?)
-            }
-            Event::AbandonLaunch { session } => {
-                Action::AbandonLaunch(self.session(event, d, session, retired)?)
-            }
-            Event::VerifyRequest {
-                session,
-                request,
-                command,
-                auto_approved,
-                argv,
-                cwd,
-                ..
-            } => {
+            Event::DisconnectSession { session } => Action::DisconnectSession(self.known_session(event, session, retired)?),
+            Event::EvictSession { session } => Action::EvictSession(self.known_session(event, session, retired)?),
+            Event::AbandonLaunch { session } => Action::AbandonLaunch(self.session(event, d, session, retired)?),
+            Event::VerifyRequest { session, request, command, auto_approved, argv, cwd, .. } => {
                 let s = self.known_session(event, session, retired)?;
                 check_rendering(event, command, argv)?;
                 let c = self.command(command, *auto_approved);
@@ -897,24 +830,12 @@ impl Live {
                         r
                     }
                     None if retired.contains(REQUEST, request) => {
-                        return Err(TransitionError::Retired {
-                            event,
-                            kind: REQUEST,
-                            id: request.clone(),
-                        });
+                        return Err(TransitionError::Retired { event, kind: REQUEST, id: request.clone() });
                     }
                     None => {
                         // Only requests with a valid client certificate are journalled.
-                        let r = self.new_request(RequestSpec {
-                            name: request.clone(),
-                            session: s,
-                            command: c,
-                            certificate_valid: true,
-                        });
-                        let details = RequestDetails {
-                            command: command.clone(),
-                            cwd: cwd.clone(),
-                        };
+                        let r = self.new_request(RequestSpec { name: request.clone(), session: s, command: c, certificate_valid: true });
+                        let details = RequestDetails { command: command.clone(), cwd: cwd.clone() };
                         self.request_details.insert(r, details);
                         r
                     }
@@ -926,34 +847,22 @@ impl Live {
                 if rule == DOMAIN_APPROVAL_RULE && !self.domain_approved(d, r) {
                     return Err(TransitionError::Inconsistent {
                         event,
-                        detail: format!(
-                            "request {request:?} was not approved for the Domain before"
-                        ),
+                        detail: format!("request {request:?} was not approved for the Domain before"),
                     });
                 }
                 Action::AutoApprove(r)
             }
-            Event::PromptDeveloper { request } => {
-                Action::PromptDeveloper(self.request(event, request, retired)?)
-            }
-            Event::DeveloperApprove {
-                request,
-                for_domain,
-            } => {
+            Event::PromptDeveloper { request } => Action::PromptDeveloper(self.request(event, request, retired)?),
+            Event::DeveloperApprove { request, for_domain } => {
                 let r = self.request(event, request, retired)?;
                 if *for_domain {
                     // Applied to a copy: forgotten again if the model refuses.
                     let details = self.request_details.get(&r).cloned().unwrap_or_default();
-                    self.domain_approvals
-                        .insert((d, details.command, details.cwd));
+                    self.domain_approvals.insert((d, details.command, details.cwd));
                 }
                 Action::DeveloperApprove(r)
             }
-            Event::DeveloperEditApprove {
-                request,
-                command,
-                argv,
-            } => {
+            Event::DeveloperEditApprove { request, command, argv } => {
                 let r = self.request(event, request, retired)?;
                 check_rendering(event, command, argv)?;
                 // The rules were never asked about the edited command: it is
@@ -961,43 +870,23 @@ impl Live {
                 let c = self.command(command, false);
                 Action::DeveloperEditApprove(r, c)
             }
-            Event::DeveloperDeny { request, .. } => {
-                Action::DeveloperDeny(self.request(event, request, retired)?)
-            }
-            Event::StartHostExecution { request } => {
-                Action::StartHostExecution(self.request(event, request, retired)?)
-            }
-            Event::CompleteHostExecution { request, .. } => {
-                Action::CompleteHostExecution(self.request(event, request, retired)?)
-            }
-            Event::TimeoutRequest { request } => {
-                Action::TimeoutRequest(self.request(event, request, retired)?)
-            }
-            Event::CancelRequest { request } => {
-                Action::CancelRequest(self.request(event, request, retired)?)
-            }
-            Event::FailHostExecution { request, .. } => {
-                Action::FailHostExecution(self.request(event, request, retired)?)
-            }
-            Event::DeliverResult { request } => {
-                Action::DeliverResult(self.request(event, request, retired)?)
-            }
+            Event::DeveloperDeny { request, .. } => Action::DeveloperDeny(self.request(event, request, retired)?),
+            Event::StartHostExecution { request } => Action::StartHostExecution(self.request(event, request, retired)?),
+            Event::CompleteHostExecution { request, .. } => Action::CompleteHostExecution(self.request(event, request, retired)?),
+            Event::TimeoutRequest { request } => Action::TimeoutRequest(self.request(event, request, retired)?),
+            Event::CancelRequest { request } => Action::CancelRequest(self.request(event, request, retired)?),
+            Event::FailHostExecution { request, .. } => Action::FailHostExecution(self.request(event, request, retired)?),
+            Event::DeliverResult { request } => Action::DeliverResult(self.request(event, request, retired)?),
             // Observations never reach here (apply handles them first); a
             // refusal keeps this total without a panic.
             Event::NeutraliseSandboxWrite { .. } => {
-                return Err(TransitionError::NotRunning {
-                    event,
-                    domain: entry.domain.clone(),
-                });
+                return Err(TransitionError::NotRunning { event, domain: entry.domain.clone() });
             }
         };
         // Every action concerns the entry's Domain.
         let concerned = self.config.action_domain(&action);
         if concerned != d {
-            return Err(TransitionError::Inconsistent {
-                event,
-                detail: format!("it concerns another Domain than {:?}", entry.domain),
-            });
+            return Err(TransitionError::Inconsistent { event, detail: format!("it concerns another Domain than {:?}", entry.domain) });
         }
         Ok(action)
     }
@@ -1015,34 +904,17 @@ impl Live {
     }
 
     /// The session `id` of Domain `d`, added (as New) if it has not appeared.
-    fn session(
-        &mut self,
-        event: &'static str,
-        d: DomainId,
-        id: &str,
-        retired: &IdDigestSet,
-    ) -> Result<SessionId, TransitionError> {
+    fn session(&mut self, event: &'static str, d: DomainId, id: &str, retired: &IdDigestSet) -> Result<SessionId, TransitionError> {
         if let Some(&s) = self.sessions.get(id) {
             if self.config.sessions[s.0].domain != d {
-                return Err(TransitionError::Inconsistent {
-                    event,
-                    detail: format!("session {id:?} belongs to another Domain"),
-                });
+                return Err(TransitionError::Inconsistent { event, detail: format!("session {id:?} belongs to another Domain") });
             }
             return Ok(s);
         }
         if retired.contains(SESSION, id) {
-            return Err(TransitionError::Retired {
-                event,
-                kind: SESSION,
-                id: id.to_owned(),
-            });
+            return Err(TransitionError::Retired { event, kind: SESSION, id: id.to_owned() });
         }
-        let spec = SessionSpec {
-            name: id.to_owned(),
-            domain: d,
-            fingerprint: String::new(),
-        };
+        let spec = SessionSpec { name: id.to_owned(), domain: d, fingerprint: String::new() };
         let s = SessionId(reuse_or_push(
             self.free.sessions.pop().map(|s| s.0),
             (&mut self.config.sessions, spec),
@@ -1052,24 +924,14 @@ impl Live {
         Ok(s)
     }
 
-    fn known_session(
-        &self,
-        event: &'static str,
-        id: &str,
-        retired: &IdDigestSet,
-    ) -> Result<SessionId, TransitionError> {
+    fn known_session(&self, event: &'static str, id: &str, retired: &IdDigestSet) -> Result<SessionId, TransitionError> {
         match self.sessions.get(id) {
             Some(&s) => Ok(s),
             None => Err(unknown_or_retired(event, SESSION, id, retired)),
         }
     }
 
-    fn request(
-        &self,
-        event: &'static str,
-        id: &str,
-        retired: &IdDigestSet,
-    ) -> Result<RequestId, TransitionError> {
+    fn request(&self, event: &'static str, id: &str, retired: &IdDigestSet) -> Result<RequestId, TransitionError> {
         match self.requests.get(id) {
             Some(&r) => Ok(r),
             None => Err(unknown_or_retired(event, REQUEST, id, retired)),
@@ -1116,10 +978,7 @@ impl Live {
         if let Some(&c) = self.commands.get(&key) {
             return c;
         }
-        let spec = CommandSpec {
-            name: command.to_owned(),
-            auto_approved,
-        };
+        let spec = CommandSpec { name: command.to_owned(), auto_approved };
         let c = match self.free.commands.pop() {
             Some(c) => {
                 self.config.commands[c.0] = spec;
@@ -1137,19 +996,13 @@ impl Live {
     /// Whether request `r`'s command and working directory were approved
     /// for the life of Domain `d`.
     fn domain_approved(&self, d: DomainId, r: RequestId) -> bool {
-        self.request_details.get(&r).is_some_and(|details| {
-            self.domain_approvals
-                .contains(&(d, details.command.clone(), details.cwd.clone()))
-        })
+        self.request_details
+            .get(&r)
+            .is_some_and(|details| self.domain_approvals.contains(&(d, details.command.clone(), details.cwd.clone())))
     }
 
     /// A session's fingerprint is a constant: learned once, then checked.
-    fn set_fingerprint(
-        &mut self,
-        event: &'static str,
-        s: SessionId,
-        fingerprint: &str,
-    ) -> Result<(), TransitionError> {
+    fn set_fingerprint(&mut self, event: &'static str, s: SessionId, fingerprint: &str) -> Result<(), TransitionError> {
         let spec = &mut self.config.sessions[s.0];
         if spec.fingerprint.is_empty() {
             spec.fingerprint = fingerprint.to_owned();
@@ -1157,13 +1010,7 @@ impl Live {
         } else if spec.fingerprint == fingerprint {
             Ok(())
         } else {
-            Err(TransitionError::Inconsistent {
-                event,
-                detail: format!(
-                    "session {:?} presented another fingerprint before",
-                    spec.name
-                ),
-            })
+            Err(TransitionError::Inconsistent { event, detail: format!("session {:?} presented another fingerprint before", spec.name) })
         }
     }
 
@@ -1184,10 +1031,7 @@ impl Live {
                 // Only these end a session; retire_session also checks the phase.
                 if matches!(
                     action,
-                    Action::RejectSession(_)
-                        | Action::DisconnectSession(_)
-                        | Action::EvictSession(_)
-                        | Action::AbandonLaunch(_)
+                    Action::RejectSession(_) | Action::DisconnectSession(_) | Action::EvictSession(_) | Action::AbandonLaunch(_)
                 ) {
                     self.retire_session(s, retired);
                 }
@@ -1211,16 +1055,8 @@ impl Live {
         if self.state.sessions[s.0].phase != SessionPhase::Closed {
             return;
         }
-        let own: Vec<RequestId> = self
-            .requests
-            .values()
-            .copied()
-            .filter(|r| self.config.requests[r.0].session == s)
-            .collect();
-        if own
-            .iter()
-            .any(|r| !self.state.requests[r.0].phase.is_terminal())
-        {
+        let own: Vec<RequestId> = self.requests.values().copied().filter(|r| self.config.requests[r.0].session == s).collect();
+        if own.iter().any(|r| !self.state.requests[r.0].phase.is_terminal()) {
             return;
         }
         for r in own {
@@ -1242,20 +1078,15 @@ impl Live {
         self.requests.remove(&name);
         self.request_details.remove(&r);
         self.free.requests.push(r);
-        let named = [
-            Some(self.config.requests[r.0].command),
-            self.state.requests[r.0].approved_command,
-        ];
+        let named = [Some(self.config.requests[r.0].command), self.state.requests[r.0].approved_command];
         for c in named.into_iter().flatten() {
             self.free_command_if_unnamed(c);
         }
     }
 
     fn free_command_if_unnamed(&mut self, c: CommandId) {
-        let named = self.requests.values().any(|r| {
-            self.config.requests[r.0].command == c
-                || self.state.requests[r.0].approved_command == Some(c)
-        });
+        let named =
+            self.requests.values().any(|r| self.config.requests[r.0].command == c || self.state.requests[r.0].approved_command == Some(c));
         if named {
             return;
         }
@@ -1272,24 +1103,11 @@ impl Live {
 
 /// [`TransitionError::Retired`] for an ID retired before, otherwise
 /// [`TransitionError::Unknown`].
-fn unknown_or_retired(
-    event: &'static str,
-    kind: &'static str,
-    id: &str,
-    retired: &IdDigestSet,
-) -> TransitionError {
+fn unknown_or_retired(event: &'static str, kind: &'static str, id: &str, retired: &IdDigestSet) -> TransitionError {
     if retired.contains(kind, id) {
-        TransitionError::Retired {
-            event,
-            kind,
-            id: id.to_owned(),
-        }
+        TransitionError::Retired { event, kind, id: id.to_owned() }
     } else {
-        TransitionError::Unknown {
-            event,
-            kind,
-            id: id.to_owned(),
-        }
+        TransitionError::Unknown { event, kind, id: id.to_owned() }
     }
 }
 
@@ -1297,45 +1115,25 @@ fn unknown_or_retired(
 /// that distinct argument vectors are distinct model commands (`a b` as one
 /// argument and as two would otherwise be the same command). An empty `argv`
 /// is a journal written before argument vectors were recorded.
-fn check_rendering(
-    event: &'static str,
-    command: &str,
-    argv: &[String],
-) -> Result<(), TransitionError> {
+fn check_rendering(event: &'static str, command: &str, argv: &[String]) -> Result<(), TransitionError> {
     if argv.is_empty() || quote_argv(argv) == command {
         return Ok(());
     }
-    Err(TransitionError::Inconsistent {
-        event,
-        detail: format!(
-            "command {command:?} is not the quoted argv {:?}",
-            quote_argv(argv)
-        ),
-    })
+    Err(TransitionError::Inconsistent { event, detail: format!("command {command:?} is not the quoted argv {:?}", quote_argv(argv)) })
 }
 
 /// Replays journal entries from `Init` through a retiring [`Machine`];
 /// fails at the first entry the model does not allow, naming its (1-based)
 /// position.
-pub fn replay<'a>(
-    entries: impl IntoIterator<Item = &'a JournalEntry>,
-) -> Result<Machine, ConformanceError> {
+pub fn replay<'a>(entries: impl IntoIterator<Item = &'a JournalEntry>) -> Result<Machine, ConformanceError> {
     replay_into(Machine::new(), entries)
 }
 
 /// [`replay`] through `machine` (for example [`Machine::keeping_history`]);
 /// the machine is expected fresh, but need not be.
-pub fn replay_into<'a>(
-    mut machine: Machine,
-    entries: impl IntoIterator<Item = &'a JournalEntry>,
-) -> Result<Machine, ConformanceError> {
+pub fn replay_into<'a>(mut machine: Machine, entries: impl IntoIterator<Item = &'a JournalEntry>) -> Result<Machine, ConformanceError> {
     for (i, entry) in entries.into_iter().enumerate() {
-        machine
-            .apply(entry)
-            .map_err(|source| ConformanceError::Transition {
-                line: i + 1,
-                source,
-            })?;
+        machine.apply(entry).map_err(|source| ConformanceError::Transition { line: i + 1, source })?;
     }
     Ok(machine)
 }
@@ -1347,30 +1145,15 @@ pub fn replay_reader(reader: impl BufRead) -> Result<Machine, ConformanceError> 
 }
 
 /// [`replay_reader`] through `machine`.
-pub fn replay_reader_into(
-    mut machine: Machine,
-    reader: impl BufRead,
-) -> Result<Machine, ConformanceError> {
+pub fn replay_reader_into(mut machine: Machine, reader: impl BufRead) -> Result<Machine, ConformanceError> {
     for (i, line) in reader.lines().enumerate() {
         let line_number = i + 1;
-        let line = line.map_err(|source| ConformanceError::Read {
-            line: line_number,
-            source,
-        })?;
+        let line = line.map_err(|source| ConformanceError::Read { line: line_number, source })?;
         if line.trim().is_empty() {
             continue;
         }
-        let entry: JournalEntry =
-            serde_json::from_str(&line).map_err(|source| ConformanceError::Parse {
-                line: line_number,
-                source,
-            })?;
-        machine
-            .apply(&entry)
-            .map_err(|source| ConformanceError::Transition {
-                line: line_number,
-                source,
-            })?;
+        let entry: JournalEntry = serde_json::from_str(&line).map_err(|source| ConformanceError::Parse { line: line_number, source })?;
+        machine.apply(&entry).map_err(|source| ConformanceError::Transition { line: line_number, source })?;
     }
     Ok(machine)
 }
@@ -1378,11 +1161,7 @@ pub fn replay_reader_into(
 /// A model slot for a new session or request: a retired slot from the free
 /// list is overwritten, else the spec and state vectors grow by one.
 /// Returns the slot's index.
-fn reuse_or_push<Spec, St>(
-    free: Option<usize>,
-    (specs, spec): (&mut Vec<Spec>, Spec),
-    (states, state): (&mut Vec<St>, St),
-) -> usize {
+fn reuse_or_push<Spec, St>(free: Option<usize>, (specs, spec): (&mut Vec<Spec>, Spec), (states, state): (&mut Vec<St>, St)) -> usize {
     match free {
         Some(i) => {
             specs[i] = spec;
@@ -1425,7 +1204,16 @@ mod tests {
         assert!(apply(&mut m, lock).expect("lock").is_some());
         // Starting, then Ready, then Stopping: each accepts it unchanged.
         let mut phases = Vec::new();
-        for step in [None, Some(Event::MountStateAnchor), Some(Event::CreateTrustAnchor), Some(Event::StartSidecar), Some(Event::StartSandbox), Some(Event::PublishDomain), Some(Event::BeginTeardown), Some(Event::StopSandbox)] {
+        for step in [
+            None,
+            Some(Event::MountStateAnchor),
+            Some(Event::CreateTrustAnchor),
+            Some(Event::StartSidecar),
+            Some(Event::StartSandbox),
+            Some(Event::PublishDomain),
+            Some(Event::BeginTeardown),
+            Some(Event::StopSandbox),
+        ] {
             if let Some(e) = step {
                 apply(&mut m, e).expect("a start-up or teardown step");
             }
@@ -1434,7 +1222,12 @@ mod tests {
             assert_eq!(m.state(), &before, "an observation changes no model state");
             phases.push(m.domain_state("d1").map(|d| d.phase));
         }
-        assert!(phases.contains(&Some(DomainPhase::Starting)) && phases.contains(&Some(DomainPhase::Ready)) && phases.contains(&Some(DomainPhase::Stopping)), "{phases:?}");
+        assert!(
+            phases.contains(&Some(DomainPhase::Starting))
+                && phases.contains(&Some(DomainPhase::Ready))
+                && phases.contains(&Some(DomainPhase::Stopping)),
+            "{phases:?}"
+        );
         for e in [Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
             apply(&mut m, e).expect("teardown");
         }
@@ -1443,14 +1236,11 @@ mod tests {
 
     #[test]
     fn an_observation_round_trips_as_a_journal_line_and_replays() {
-        let lines: Vec<JournalEntry> = [
-            Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() },
-            neutralised(),
-            Event::MountStateAnchor,
-        ]
-        .into_iter()
-        .map(|e| JournalEntry::now("d1", e))
-        .collect();
+        let lines: Vec<JournalEntry> =
+            [Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() }, neutralised(), Event::MountStateAnchor]
+                .into_iter()
+                .map(|e| JournalEntry::now("d1", e))
+                .collect();
         let text: String = lines.iter().map(|e| e.to_json_line().expect("json") + "\n").collect();
         assert!(text.contains("\"action\":\"NeutraliseSandboxWrite\""), "{text}");
         let m = replay_reader(std::io::Cursor::new(text)).expect("replays");
@@ -1472,11 +1262,7 @@ mod retirement_tests {
     const DOMAIN: &str = "d1";
 
     fn entry(domain: &str, event: Event) -> JournalEntry {
-        JournalEntry {
-            timestamp_ms: 0,
-            domain: domain.to_owned(),
-            event,
-        }
+        JournalEntry { timestamp_ms: 0, domain: domain.to_owned(), event }
     }
 
     /// A small deterministic generator (splitmix64), so a failure
@@ -1571,20 +1357,18 @@ mod retirement_tests {
                 // Failing is always possible while starting or ready: rare,
                 // or the Domain would seldom get to serve a session.
                 0 if self.rng.chance(10) => {
-                    if self.rng.chance(70) { Event::FailDomain { reason: String::new() } } else { Event::AbortUnsafeStart }
+                    if self.rng.chance(70) {
+                        Event::FailDomain { reason: String::new() }
+                    } else {
+                        Event::AbortUnsafeStart
+                    }
                 }
-                0 => Event::AcquireDomainLock {
-                    session: self.session(m),
-                    fingerprint: "fp".into(),
-                },
-                1 | 2 => [
-                    Event::MountStateAnchor,
-                    Event::CreateTrustAnchor,
-                    Event::StartSidecar,
-                    Event::StartSandbox,
-                    Event::PublishDomain,
-                ][self.rng.below(5)]
-                .clone(),
+                0 => Event::AcquireDomainLock { session: self.session(m), fingerprint: "fp".into() },
+                1 | 2 => {
+                    [Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain]
+                        [self.rng.below(5)]
+                    .clone()
+                }
                 3 | 4 => [
                     Event::BeginTeardown,
                     Event::StopSandbox,
@@ -1594,32 +1378,15 @@ mod retirement_tests {
                     Event::ReleaseDomainLock,
                 ][self.rng.below(6)]
                 .clone(),
-                5..=7 => Event::ConnectSession {
-                    session: self.session(m),
-                },
-                8..=10 => Event::RegisterSession {
-                    session: self.session(m),
-                    fingerprint: self.fingerprint(),
-                },
-                11 => Event::RejectSession {
-                    session: self.session(m),
-                    fingerprint: self.fingerprint(),
-                },
-                12 => Event::DisconnectSession {
-                    session: self.session(m),
-                },
-                13 => Event::EvictSession {
-                    session: self.session(m),
-                },
+                5..=7 => Event::ConnectSession { session: self.session(m) },
+                8..=10 => Event::RegisterSession { session: self.session(m), fingerprint: self.fingerprint() },
+                11 => Event::RejectSession { session: self.session(m), fingerprint: self.fingerprint() },
+                12 => Event::DisconnectSession { session: self.session(m) },
+                13 => Event::EvictSession { session: self.session(m) },
                 // Always possible for a fresh name: rare, or it would be
                 // most of what is accepted.
-                14 if self.rng.chance(15) => Event::AbandonLaunch {
-                    session: self.session(m),
-                },
-                14 | 15 => Event::CompleteHostExecution {
-                    request: self.request(m),
-                    exit_status: Some(1),
-                },
+                14 if self.rng.chance(15) => Event::AbandonLaunch { session: self.session(m) },
+                14 | 15 => Event::CompleteHostExecution { request: self.request(m), exit_status: Some(1) },
                 16..=19 => {
                     let (session, request, argv) = (self.session(m), self.request(m), self.argv());
                     let cwd = if self.rng.chance(50) { "/ws" } else { "/ws/sub" };
@@ -1629,41 +1396,19 @@ mod retirement_tests {
                     request: self.request(m),
                     rule: if self.rng.chance(30) { DOMAIN_APPROVAL_RULE.into() } else { "rule".into() },
                 },
-                22 | 23 => Event::PromptDeveloper {
-                    request: self.request(m),
-                },
-                24 | 25 => Event::DeveloperApprove {
-                    request: self.request(m),
-                    for_domain: self.rng.chance(40),
-                },
+                22 | 23 => Event::PromptDeveloper { request: self.request(m) },
+                24 | 25 => Event::DeveloperApprove { request: self.request(m), for_domain: self.rng.chance(40) },
                 26 => {
                     let (request, argv) = (self.request(m), self.argv());
                     Event::developer_edit_approve(&request, &argv)
                 }
-                27 => Event::DeveloperDeny {
-                    request: self.request(m),
-                    reason: String::new(),
-                },
-                28..=30 => Event::StartHostExecution {
-                    request: self.request(m),
-                },
-                31 | 32 => Event::CompleteHostExecution {
-                    request: self.request(m),
-                    exit_status: Some(0),
-                },
-                33 => Event::TimeoutRequest {
-                    request: self.request(m),
-                },
-                34 => Event::CancelRequest {
-                    request: self.request(m),
-                },
-                35 => Event::FailHostExecution {
-                    request: self.request(m),
-                    reason: String::new(),
-                },
-                _ => Event::DeliverResult {
-                    request: self.request(m),
-                },
+                27 => Event::DeveloperDeny { request: self.request(m), reason: String::new() },
+                28..=30 => Event::StartHostExecution { request: self.request(m) },
+                31 | 32 => Event::CompleteHostExecution { request: self.request(m), exit_status: Some(0) },
+                33 => Event::TimeoutRequest { request: self.request(m) },
+                34 => Event::CancelRequest { request: self.request(m) },
+                35 => Event::FailHostExecution { request: self.request(m), reason: String::new() },
+                _ => Event::DeliverResult { request: self.request(m) },
             };
             entry(domain, event)
         }
@@ -1781,7 +1526,8 @@ mod retirement_tests {
             // The walk must have exercised what it claims to test.
             assert!(accepted > 3_000, "seed {seed}: only {accepted} accepted");
             assert!(retired_refusals > 100, "seed {seed}: only {retired_refusals} refusals of retired IDs");
-            for kind in ["DisconnectSession", "RejectSession", "DeliverResult", "DeveloperEditApprove", "ReleaseDomainLock", "AutoApprove"] {
+            for kind in ["DisconnectSession", "RejectSession", "DeliverResult", "DeveloperEditApprove", "ReleaseDomainLock", "AutoApprove"]
+            {
                 assert!(accepted_by_kind.get(kind).copied().unwrap_or(0) > 0, "seed {seed}: no {kind} accepted: {accepted_by_kind:?}");
             }
             assert!(retiring.retired_ids() > 500, "seed {seed}: {} retired", retiring.retired_ids());
@@ -1862,12 +1608,20 @@ mod retirement_tests {
             assert!(is_retired(m.apply(&entry(DOMAIN, e)), "session", "s1"));
         }
         // Also in a later run of the Domain.
-        for e in [Event::BeginTeardown, Event::StopSandbox, Event::StopSidecar, Event::DestroyTrustAnchor, Event::UnmountStateAnchor, Event::ReleaseDomainLock] {
+        for e in [
+            Event::BeginTeardown,
+            Event::StopSandbox,
+            Event::StopSidecar,
+            Event::DestroyTrustAnchor,
+            Event::UnmountStateAnchor,
+            Event::ReleaseDomainLock,
+        ] {
             m.apply(&entry(DOMAIN, e)).expect("teardown");
         }
         let relaunch = Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() };
         assert!(is_retired(m.apply(&entry(DOMAIN, relaunch)), "session", "s1"));
-        m.apply(&entry(DOMAIN, Event::AcquireDomainLock { session: "s2".into(), fingerprint: "fp".into() })).expect("a fresh session launches");
+        m.apply(&entry(DOMAIN, Event::AcquireDomainLock { session: "s2".into(), fingerprint: "fp".into() }))
+            .expect("a fresh session launches");
     }
 
     #[test]
@@ -1893,14 +1647,27 @@ mod retirement_tests {
         assert_eq!(m.live_sessions(), 1);
         // Every one of them is still refused.
         assert!(is_retired(m.apply(&entry(DOMAIN, Event::ConnectSession { session: "s0".into() })), "session", "s0"));
-        assert!(is_retired(m.apply(&entry(DOMAIN, Event::verify_request("holder", "r9999", &["true".to_owned()], "/ws", "", true))), "request", "r9999"));
+        assert!(is_retired(
+            m.apply(&entry(DOMAIN, Event::verify_request("holder", "r9999", &["true".to_owned()], "/ws", "", true))),
+            "request",
+            "r9999"
+        ));
     }
 
     #[test]
     fn a_history_keeping_machine_retires_nothing() {
         let mut m = Machine::keeping_history();
         assert!(m.keeps_history() && !Machine::new().keeps_history());
-        for e in [Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() }, Event::MountStateAnchor, Event::CreateTrustAnchor, Event::StartSidecar, Event::StartSandbox, Event::PublishDomain, Event::ConnectSession { session: "s1".into() }, Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() }] {
+        for e in [
+            Event::AcquireDomainLock { session: "s1".into(), fingerprint: "fp".into() },
+            Event::MountStateAnchor,
+            Event::CreateTrustAnchor,
+            Event::StartSidecar,
+            Event::StartSandbox,
+            Event::PublishDomain,
+            Event::ConnectSession { session: "s1".into() },
+            Event::RegisterSession { session: "s1".into(), fingerprint: "fp".into() },
+        ] {
             m.apply(&entry(DOMAIN, e)).expect("start-up");
         }
         run_request(&mut m, "s1", "r1");

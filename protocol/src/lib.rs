@@ -49,10 +49,6 @@ pub mod wire;
 
 pub use checker::{CheckOptions, CheckReport, Trace, Violation, check};
 pub use journal::{
-    ConformanceError, Event, JournalEntry, Machine, TransitionError, replay, replay_into,
-    replay_reader, replay_reader_into,
+    ConformanceError, Event, JournalEntry, Machine, TransitionError, replay, replay_into, replay_reader, replay_reader_into,
 };
-pub use model::{
-    Action, Config, Invariant, LivenessProperty, Mutation, Refused, State, check_invariants,
-    enabled, step,
-};
+pub use model::{Action, Config, Invariant, LivenessProperty, Mutation, Refused, State, check_invariants, enabled, step};

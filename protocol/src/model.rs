@@ -162,37 +162,19 @@ impl Config {
 
     /// Adds a session of `domain`.
     pub fn add_session(&mut self, name: &str, domain: DomainId, fingerprint: &str) -> SessionId {
-        self.sessions.push(SessionSpec {
-            name: name.to_owned(),
-            domain,
-            fingerprint: fingerprint.to_owned(),
-        });
+        self.sessions.push(SessionSpec { name: name.to_owned(), domain, fingerprint: fingerprint.to_owned() });
         SessionId(self.sessions.len() - 1)
     }
 
     /// Adds a command.
     pub fn add_command(&mut self, name: &str, auto_approved: bool) -> CommandId {
-        self.commands.push(CommandSpec {
-            name: name.to_owned(),
-            auto_approved,
-        });
+        self.commands.push(CommandSpec { name: name.to_owned(), auto_approved });
         CommandId(self.commands.len() - 1)
     }
 
     /// Adds a request of `session` for `command`.
-    pub fn add_request(
-        &mut self,
-        name: &str,
-        session: SessionId,
-        command: CommandId,
-        certificate_valid: bool,
-    ) -> RequestId {
-        self.requests.push(RequestSpec {
-            name: name.to_owned(),
-            session,
-            command,
-            certificate_valid,
-        });
+    pub fn add_request(&mut self, name: &str, session: SessionId, command: CommandId, certificate_valid: bool) -> RequestId {
+        self.requests.push(RequestSpec { name: name.to_owned(), session, command, certificate_valid });
         RequestId(self.requests.len() - 1)
     }
 
@@ -200,24 +182,15 @@ impl Config {
     pub fn validate(&self) -> Result<(), ConfigError> {
         for session in &self.sessions {
             if session.domain.0 >= self.domains.len() {
-                return Err(ConfigError(format!(
-                    "session {} names a Domain that does not exist",
-                    session.name
-                )));
+                return Err(ConfigError(format!("session {} names a Domain that does not exist", session.name)));
             }
         }
         for request in &self.requests {
             if request.session.0 >= self.sessions.len() {
-                return Err(ConfigError(format!(
-                    "request {} names a session that does not exist",
-                    request.name
-                )));
+                return Err(ConfigError(format!("request {} names a session that does not exist", request.name)));
             }
             if request.command.0 >= self.commands.len() {
-                return Err(ConfigError(format!(
-                    "request {} names a command that does not exist",
-                    request.name
-                )));
+                return Err(ConfigError(format!("request {} names a command that does not exist", request.name)));
             }
         }
         Ok(())
@@ -242,11 +215,7 @@ impl Config {
     }
 
     fn sessions_of(&self, d: DomainId) -> impl Iterator<Item = SessionId> + '_ {
-        self.sessions
-            .iter()
-            .enumerate()
-            .filter(move |(_, spec)| spec.domain == d)
-            .map(|(i, _)| SessionId(i))
+        self.sessions.iter().enumerate().filter(move |(_, spec)| spec.domain == d).map(|(i, _)| SessionId(i))
     }
 }
 
@@ -348,10 +317,7 @@ pub enum RequestPhase {
 impl RequestPhase {
     /// `OpenRequestPhases`: accepted and not yet resolved.
     pub fn is_open(self) -> bool {
-        matches!(
-            self,
-            Self::Verified | Self::AwaitingApproval | Self::Approved | Self::Executing
-        )
+        matches!(self, Self::Verified | Self::AwaitingApproval | Self::Approved | Self::Executing)
     }
 
     /// `PendingResultPhases`: resolved, result not yet delivered.
@@ -361,10 +327,7 @@ impl RequestPhase {
 
     /// `TerminalRequestPhases`.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            Self::Completed | Self::Denied | Self::TimedOut | Self::Cancelled | Self::Failed
-        )
+        matches!(self, Self::Completed | Self::Denied | Self::TimedOut | Self::Cancelled | Self::Failed)
     }
 
     /// `DeliveredResultPhase(p)` for a pending phase.
@@ -469,12 +432,7 @@ impl SessionState {
 impl RequestState {
     /// The `Init` value of one request.
     pub fn initial() -> Self {
-        Self {
-            phase: RequestPhase::Unused,
-            approval_source: None,
-            approved_command: None,
-            host_running: false,
-        }
+        Self { phase: RequestPhase::Unused, approval_source: None, approved_command: None, host_running: false }
     }
 }
 
@@ -489,21 +447,9 @@ impl State {
     /// `Init`: every Domain absent, every session new, every request unused.
     pub fn initial(config: &Config) -> Self {
         Self {
-            domains: config
-                .domains
-                .iter()
-                .map(|_| DomainState::initial())
-                .collect(),
-            sessions: config
-                .sessions
-                .iter()
-                .map(|_| SessionState::initial())
-                .collect(),
-            requests: config
-                .requests
-                .iter()
-                .map(|_| RequestState::initial())
-                .collect(),
+            domains: config.domains.iter().map(|_| DomainState::initial()).collect(),
+            sessions: config.sessions.iter().map(|_| SessionState::initial()).collect(),
+            requests: config.requests.iter().map(|_| RequestState::initial()).collect(),
         }
     }
 }
@@ -666,9 +612,7 @@ impl Action {
             | Self::DestroyTrustAnchor(d)
             | Self::UnmountStateAnchor(d)
             | Self::ReleaseDomainLock(d) => Some(DomainProgress(d)),
-            Self::RegisterSession(s) | Self::RejectSession(s) | Self::EvictSession(s) => {
-                Some(SessionProgress(s))
-            }
+            Self::RegisterSession(s) | Self::RejectSession(s) | Self::EvictSession(s) => Some(SessionProgress(s)),
             Self::AutoApprove(r)
             | Self::PromptDeveloper(r)
             | Self::DeveloperApprove(r)
@@ -721,15 +665,8 @@ impl Action {
             ]);
         }
         for r in (0..config.requests.len()).map(RequestId) {
-            actions.extend([
-                Self::VerifyRequest(r),
-                Self::AutoApprove(r),
-                Self::PromptDeveloper(r),
-                Self::DeveloperApprove(r),
-            ]);
-            actions.extend(
-                (0..config.commands.len()).map(|c| Self::DeveloperEditApprove(r, CommandId(c))),
-            );
+            actions.extend([Self::VerifyRequest(r), Self::AutoApprove(r), Self::PromptDeveloper(r), Self::DeveloperApprove(r)]);
+            actions.extend((0..config.commands.len()).map(|c| Self::DeveloperEditApprove(r, CommandId(c))));
             actions.extend([
                 Self::DeveloperDeny(r),
                 Self::StartHostExecution(r),
@@ -746,10 +683,7 @@ impl Action {
     /// The action written with the configuration's display names, as in a
     /// TLC trace: `StartSandbox(D1)`.
     pub fn display<'a>(&'a self, config: &'a Config) -> impl fmt::Display + 'a {
-        ActionDisplay {
-            action: self,
-            config,
-        }
+        ActionDisplay { action: self, config }
     }
 }
 
@@ -759,9 +693,7 @@ struct ActionDisplay<'a> {
 }
 
 fn name_or_index<T>(table: &[T], index: usize, name: impl Fn(&T) -> &str) -> String {
-    table
-        .get(index)
-        .map_or_else(|| format!("#{index}"), |item| name(item).to_owned())
+    table.get(index).map_or_else(|| format!("#{index}"), |item| name(item).to_owned())
 }
 
 impl fmt::Display for ActionDisplay<'_> {
@@ -826,10 +758,7 @@ impl Mutation {
     ];
 
     /// Mutants that break only liveness.
-    pub const LIVENESS_MUTANTS: [Mutation; 2] = [
-        Mutation::ResultNeverDelivered,
-        Mutation::TeardownNeverStarts,
-    ];
+    pub const LIVENESS_MUTANTS: [Mutation; 2] = [Mutation::ResultNeverDelivered, Mutation::TeardownNeverStarts];
 }
 
 /// Whether `action` is enabled in `state` (its guard holds).
@@ -844,12 +773,7 @@ pub fn step(config: &Config, state: &State, action: &Action) -> Result<State, Re
 }
 
 /// [`step`] of a (possibly) mutated model; used by the checker's mutant tests.
-pub fn step_mutated(
-    config: &Config,
-    state: &State,
-    action: &Action,
-    mutation: Mutation,
-) -> Result<State, Refused> {
+pub fn step_mutated(config: &Config, state: &State, action: &Action, mutation: Mutation) -> Result<State, Refused> {
     guard(config, state, action, mutation)?;
     let mut next = state.clone();
     effect(config, &mut next, action, mutation);
@@ -860,10 +784,7 @@ pub fn step_mutated(
 macro_rules! require {
     ($action:expr, $cond:expr, $text:literal) => {
         if !$cond {
-            return Err(Refused {
-                action: *$action,
-                guard: $text,
-            });
+            return Err(Refused { action: *$action, guard: $text });
         }
     };
 }
@@ -888,145 +809,52 @@ fn in_range(config: &Config, state: &State, action: &Action) -> bool {
 /// The enabling condition of every action, conjunct by conjunct as in
 /// `Lazaret.tla`. The session-level indices (`SessionDomain`, `ReqSession`) are
 /// validated by [`Config::validate`]; out-of-range parameters are refused.
-pub fn guard(
-    config: &Config,
-    state: &State,
-    action: &Action,
-    mutation: Mutation,
-) -> Result<(), Refused> {
-    require!(
-        action,
-        in_range(config, state, action),
-        "parameters \\in their sets"
-    );
+pub fn guard(config: &Config, state: &State, action: &Action, mutation: Mutation) -> Result<(), Refused> {
+    require!(action, in_range(config, state, action), "parameters \\in their sets");
     let dom = |d: DomainId| &state.domains[d.0];
     let ses = |s: SessionId| &state.sessions[s.0];
     let req = |r: RequestId| &state.requests[r.0];
     match *action {
         Action::AcquireDomainLock(s) => {
             let d = config.session_domain(s);
-            require!(
-                action,
-                ses(s).phase == SessionPhase::New,
-                "sessionPhase[s] = \"New\""
-            );
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Absent,
-                "domainPhase[d] = \"Absent\""
-            );
-            require!(
-                action,
-                dom(d).lock_owner == LockOwner::Nobody,
-                "lockOwner[d] = \"Nobody\""
-            );
+            require!(action, ses(s).phase == SessionPhase::New, "sessionPhase[s] = \"New\"");
+            require!(action, dom(d).phase == DomainPhase::Absent, "domainPhase[d] = \"Absent\"");
+            require!(action, dom(d).lock_owner == LockOwner::Nobody, "lockOwner[d] = \"Nobody\"");
             require!(action, config.domains[d.0].config_safe, "ConfigSafe[d]");
         }
         Action::MountStateAnchor(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
-            require!(
-                action,
-                dom(d).coordinator == CoordinatorState::Starting,
-                "coordinatorState[d] = \"Starting\""
-            );
-            require!(
-                action,
-                dom(d).lock_owner == LockOwner::Coordinator,
-                "lockOwner[d] = \"Coordinator\""
-            );
-            require!(
-                action,
-                dom(d).state_anchor == AnchorState::Unmounted,
-                "stateAnchorState[d] = \"Unmounted\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
+            require!(action, dom(d).coordinator == CoordinatorState::Starting, "coordinatorState[d] = \"Starting\"");
+            require!(action, dom(d).lock_owner == LockOwner::Coordinator, "lockOwner[d] = \"Coordinator\"");
+            require!(action, dom(d).state_anchor == AnchorState::Unmounted, "stateAnchorState[d] = \"Unmounted\"");
         }
         Action::CreateTrustAnchor(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
-            require!(
-                action,
-                dom(d).state_anchor == AnchorState::Mounted,
-                "stateAnchorState[d] = \"Mounted\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
+            require!(action, dom(d).state_anchor == AnchorState::Mounted, "stateAnchorState[d] = \"Mounted\"");
             require!(action, !dom(d).trust_ready, "~trustReady[d]");
         }
         Action::StartSidecar(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
             require!(action, dom(d).trust_ready, "trustReady[d]");
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Stopped,
-                "sidecarState[d] = \"Stopped\""
-            );
+            require!(action, dom(d).sidecar == ContainerState::Stopped, "sidecarState[d] = \"Stopped\"");
         }
         Action::StartSandbox(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
             if mutation != Mutation::SandboxBeforeSidecarReady {
-                require!(
-                    action,
-                    dom(d).sidecar == ContainerState::Ready,
-                    "sidecarState[d] = \"Ready\""
-                );
+                require!(action, dom(d).sidecar == ContainerState::Ready, "sidecarState[d] = \"Ready\"");
             }
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Stopped,
-                "sandboxState[d] = \"Stopped\""
-            );
-            require!(
-                action,
-                config.domains[d.0].sandbox_isolation_safe,
-                "SandboxIsolationSafe[d]"
-            );
+            require!(action, dom(d).sandbox == ContainerState::Stopped, "sandboxState[d] = \"Stopped\"");
+            require!(action, config.domains[d.0].sandbox_isolation_safe, "SandboxIsolationSafe[d]");
         }
         Action::AbortUnsafeStart(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Ready,
-                "sidecarState[d] = \"Ready\""
-            );
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Stopped,
-                "sandboxState[d] = \"Stopped\""
-            );
-            require!(
-                action,
-                !config.domains[d.0].sandbox_isolation_safe,
-                "~SandboxIsolationSafe[d]"
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
+            require!(action, dom(d).sidecar == ContainerState::Ready, "sidecarState[d] = \"Ready\"");
+            require!(action, dom(d).sandbox == ContainerState::Stopped, "sandboxState[d] = \"Stopped\"");
+            require!(action, !config.domains[d.0].sandbox_isolation_safe, "~SandboxIsolationSafe[d]");
         }
         Action::PublishDomain(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Starting,
-                "domainPhase[d] = \"Starting\""
-            );
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Ready,
-                "sandboxState[d] = \"Ready\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Starting, "domainPhase[d] = \"Starting\"");
+            require!(action, dom(d).sandbox == ContainerState::Ready, "sandboxState[d] = \"Ready\"");
             require!(action, !dom(d).published, "~published[d]");
         }
         Action::FailDomain(d) => {
@@ -1037,119 +865,51 @@ pub fn guard(
             );
         }
         Action::BeginTeardown(d) => {
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Ready,
-                "domainPhase[d] = \"Ready\""
-            );
-            require!(
-                action,
-                no_connected_session(config, state, d),
-                "connected[d] = {}"
-            );
-            require!(
-                action,
-                mutation != Mutation::TeardownNeverStarts,
-                "FALSE (mutant)"
-            );
+            require!(action, dom(d).phase == DomainPhase::Ready, "domainPhase[d] = \"Ready\"");
+            require!(action, no_connected_session(config, state, d), "connected[d] = {}");
+            require!(action, mutation != Mutation::TeardownNeverStarts, "FALSE (mutant)");
         }
         Action::StopSandbox(d) => {
             tearing_down(config, state, action, d)?;
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Ready,
-                "sandboxState[d] = \"Ready\""
-            );
+            require!(action, dom(d).sandbox == ContainerState::Ready, "sandboxState[d] = \"Ready\"");
         }
         Action::StopSidecar(d) => {
             tearing_down(config, state, action, d)?;
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Stopped,
-                "sandboxState[d] = \"Stopped\""
-            );
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Ready,
-                "sidecarState[d] = \"Ready\""
-            );
+            require!(action, dom(d).sandbox == ContainerState::Stopped, "sandboxState[d] = \"Stopped\"");
+            require!(action, dom(d).sidecar == ContainerState::Ready, "sidecarState[d] = \"Ready\"");
         }
         Action::DestroyTrustAnchor(d) => {
             tearing_down(config, state, action, d)?;
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Stopped,
-                "sidecarState[d] = \"Stopped\""
-            );
+            require!(action, dom(d).sidecar == ContainerState::Stopped, "sidecarState[d] = \"Stopped\"");
             require!(action, dom(d).trust_ready, "trustReady[d]");
         }
         Action::UnmountStateAnchor(d) => {
             tearing_down(config, state, action, d)?;
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Stopped,
-                "sidecarState[d] = \"Stopped\""
-            );
+            require!(action, dom(d).sidecar == ContainerState::Stopped, "sidecarState[d] = \"Stopped\"");
             require!(action, !dom(d).trust_ready, "~trustReady[d]");
-            require!(
-                action,
-                dom(d).state_anchor == AnchorState::Mounted,
-                "stateAnchorState[d] = \"Mounted\""
-            );
+            require!(action, dom(d).state_anchor == AnchorState::Mounted, "stateAnchorState[d] = \"Mounted\"");
         }
         Action::ReleaseDomainLock(d) => {
             tearing_down(config, state, action, d)?;
-            require!(
-                action,
-                dom(d).sandbox == ContainerState::Stopped,
-                "sandboxState[d] = \"Stopped\""
-            );
-            require!(
-                action,
-                dom(d).sidecar == ContainerState::Stopped,
-                "sidecarState[d] = \"Stopped\""
-            );
+            require!(action, dom(d).sandbox == ContainerState::Stopped, "sandboxState[d] = \"Stopped\"");
+            require!(action, dom(d).sidecar == ContainerState::Stopped, "sidecarState[d] = \"Stopped\"");
             require!(action, !dom(d).trust_ready, "~trustReady[d]");
-            require!(
-                action,
-                dom(d).state_anchor == AnchorState::Unmounted,
-                "stateAnchorState[d] = \"Unmounted\""
-            );
+            require!(action, dom(d).state_anchor == AnchorState::Unmounted, "stateAnchorState[d] = \"Unmounted\"");
         }
         Action::ConnectSession(s) => {
             let d = config.session_domain(s);
-            require!(
-                action,
-                ses(s).phase == SessionPhase::New,
-                "sessionPhase[s] = \"New\""
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Disconnected,
-                "connectionState[s] = \"Disconnected\""
-            );
+            require!(action, ses(s).phase == SessionPhase::New, "sessionPhase[s] = \"New\"");
+            require!(action, ses(s).connection == ConnectionState::Disconnected, "connectionState[s] = \"Disconnected\"");
             require!(action, dom(d).published, "published[d]");
             require!(action, dom(d).trust_ready, "trustReady[d]");
         }
         Action::RegisterSession(s) => {
             let d = config.session_domain(s);
-            require!(
-                action,
-                ses(s).phase == SessionPhase::New,
-                "sessionPhase[s] = \"New\""
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
+            require!(action, ses(s).phase == SessionPhase::New, "sessionPhase[s] = \"New\"");
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
             require!(action, ses(s).connected, "s \\in connected[d]");
             require!(action, !ses(s).registered, "s \\notin registered[d]");
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Ready,
-                "domainPhase[d] = \"Ready\""
-            );
+            require!(action, dom(d).phase == DomainPhase::Ready, "domainPhase[d] = \"Ready\"");
             require!(
                 action,
                 config.sessions[s.0].fingerprint == config.domains[d.0].fingerprint,
@@ -1158,16 +918,8 @@ pub fn guard(
         }
         Action::RejectSession(s) => {
             let d = config.session_domain(s);
-            require!(
-                action,
-                ses(s).phase == SessionPhase::New,
-                "sessionPhase[s] = \"New\""
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
+            require!(action, ses(s).phase == SessionPhase::New, "sessionPhase[s] = \"New\"");
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
             require!(
                 action,
                 config.sessions[s.0].fingerprint != config.domains[d.0].fingerprint,
@@ -1175,178 +927,66 @@ pub fn guard(
             );
         }
         Action::DisconnectSession(s) => {
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
         }
         Action::EvictSession(s) => {
             let d = config.session_domain(s);
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
-            require!(
-                action,
-                dom(d).phase == DomainPhase::Failed,
-                "domainPhase[DomainOf(s)] = \"Failed\""
-            );
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
+            require!(action, dom(d).phase == DomainPhase::Failed, "domainPhase[DomainOf(s)] = \"Failed\"");
         }
         Action::AbandonLaunch(s) => {
-            require!(
-                action,
-                ses(s).phase == SessionPhase::New,
-                "sessionPhase[s] = \"New\""
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Disconnected,
-                "connectionState[s] = \"Disconnected\""
-            );
+            require!(action, ses(s).phase == SessionPhase::New, "sessionPhase[s] = \"New\"");
+            require!(action, ses(s).connection == ConnectionState::Disconnected, "connectionState[s] = \"Disconnected\"");
         }
         Action::VerifyRequest(r) => {
             let s = config.request_session(r);
             let d = config.session_domain(s);
-            require!(
-                action,
-                req(r).phase == RequestPhase::Unused,
-                "requestPhase[r] = \"Unused\""
-            );
+            require!(action, req(r).phase == RequestPhase::Unused, "requestPhase[r] = \"Unused\"");
             if mutation != Mutation::ExecuteWithoutCertificate {
-                require!(
-                    action,
-                    config.requests[r.0].certificate_valid,
-                    "CertificateValid[r]"
-                );
+                require!(action, config.requests[r.0].certificate_valid, "CertificateValid[r]");
             }
             require!(action, dom(d).published, "published[d]");
             require!(action, ses(s).registered, "s \\in registered[d]");
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
-            require!(
-                action,
-                ses(s).phase == SessionPhase::Attached,
-                "sessionPhase[s] = \"Attached\""
-            );
-            require!(
-                action,
-                ses(s).active_request.is_none(),
-                "activeRequest[s] = NoRequest"
-            );
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
+            require!(action, ses(s).phase == SessionPhase::Attached, "sessionPhase[s] = \"Attached\"");
+            require!(action, ses(s).active_request.is_none(), "activeRequest[s] = NoRequest");
         }
         Action::AutoApprove(r) => {
             let c = config.requests[r.0].command;
-            require!(
-                action,
-                req(r).phase == RequestPhase::Verified,
-                "requestPhase[r] = \"Verified\""
-            );
-            require!(
-                action,
-                config.commands[c.0].auto_approved,
-                "RequestCommand[r] \\in AutoApprovedCommands"
-            );
+            require!(action, req(r).phase == RequestPhase::Verified, "requestPhase[r] = \"Verified\"");
+            require!(action, config.commands[c.0].auto_approved, "RequestCommand[r] \\in AutoApprovedCommands");
         }
         Action::PromptDeveloper(r) => {
             let s = config.request_session(r);
             let c = config.requests[r.0].command;
-            require!(
-                action,
-                req(r).phase == RequestPhase::Verified,
-                "requestPhase[r] = \"Verified\""
-            );
-            require!(
-                action,
-                !config.commands[c.0].auto_approved,
-                "RequestCommand[r] \\notin AutoApprovedCommands"
-            );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
-            require!(
-                action,
-                ses(s).phase == SessionPhase::Attached,
-                "sessionPhase[s] = \"Attached\""
-            );
+            require!(action, req(r).phase == RequestPhase::Verified, "requestPhase[r] = \"Verified\"");
+            require!(action, !config.commands[c.0].auto_approved, "RequestCommand[r] \\notin AutoApprovedCommands");
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
+            require!(action, ses(s).phase == SessionPhase::Attached, "sessionPhase[s] = \"Attached\"");
         }
         Action::DeveloperApprove(r) | Action::DeveloperDeny(r) => {
             let s = config.request_session(r);
-            require!(
-                action,
-                req(r).phase == RequestPhase::AwaitingApproval,
-                "requestPhase[r] = \"AwaitingApproval\""
-            );
-            require!(
-                action,
-                ses(s).phase == SessionPhase::Prompting,
-                "sessionPhase[s] = \"Prompting\""
-            );
+            require!(action, req(r).phase == RequestPhase::AwaitingApproval, "requestPhase[r] = \"AwaitingApproval\"");
+            require!(action, ses(s).phase == SessionPhase::Prompting, "sessionPhase[s] = \"Prompting\"");
         }
         Action::DeveloperEditApprove(r, c) => {
             let s = config.request_session(r);
-            require!(
-                action,
-                c != config.requests[r.0].command,
-                "c # RequestCommand[r]"
-            );
-            require!(
-                action,
-                req(r).phase == RequestPhase::AwaitingApproval,
-                "requestPhase[r] = \"AwaitingApproval\""
-            );
-            require!(
-                action,
-                ses(s).phase == SessionPhase::Prompting,
-                "sessionPhase[s] = \"Prompting\""
-            );
+            require!(action, c != config.requests[r.0].command, "c # RequestCommand[r]");
+            require!(action, req(r).phase == RequestPhase::AwaitingApproval, "requestPhase[r] = \"AwaitingApproval\"");
+            require!(action, ses(s).phase == SessionPhase::Prompting, "sessionPhase[s] = \"Prompting\"");
         }
         Action::StartHostExecution(r) => {
             let s = config.request_session(r);
-            require!(
-                action,
-                req(r).phase == RequestPhase::Approved,
-                "requestPhase[r] = \"Approved\""
-            );
-            require!(
-                action,
-                req(r).approval_source.is_some(),
-                "approvalSource[r] # NoApproval"
-            );
-            require!(
-                action,
-                req(r).approved_command.is_some(),
-                "approvedCommand[r] # NoCommand"
-            );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
-            require!(
-                action,
-                ses(s).phase == SessionPhase::Attached,
-                "sessionPhase[s] = \"Attached\""
-            );
+            require!(action, req(r).phase == RequestPhase::Approved, "requestPhase[r] = \"Approved\"");
+            require!(action, req(r).approval_source.is_some(), "approvalSource[r] # NoApproval");
+            require!(action, req(r).approved_command.is_some(), "approvedCommand[r] # NoCommand");
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
+            require!(action, ses(s).phase == SessionPhase::Attached, "sessionPhase[s] = \"Attached\"");
             require!(action, !req(r).host_running, "r \\notin hostRunning");
         }
         Action::CompleteHostExecution(r) => {
-            require!(
-                action,
-                req(r).phase == RequestPhase::Executing,
-                "requestPhase[r] = \"Executing\""
-            );
+            require!(action, req(r).phase == RequestPhase::Executing, "requestPhase[r] = \"Executing\"");
             require!(action, req(r).host_running, "r \\in hostRunning");
         }
         Action::TimeoutRequest(r) => {
@@ -1356,11 +996,7 @@ pub fn guard(
                 req(r).phase.is_open(),
                 "requestPhase[r] \\in {\"Verified\", \"AwaitingApproval\", \"Approved\", \"Executing\"}"
             );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
         }
         Action::CancelRequest(r) => {
             let s = config.request_session(r);
@@ -1369,63 +1005,23 @@ pub fn guard(
                 req(r).phase.is_open(),
                 "requestPhase[r] \\in {\"Verified\", \"AwaitingApproval\", \"Approved\", \"Executing\"}"
             );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
         }
         Action::FailHostExecution(r) => {
             let s = config.request_session(r);
-            require!(
-                action,
-                req(r).phase == RequestPhase::Executing,
-                "requestPhase[r] = \"Executing\""
-            );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
-            require!(
-                action,
-                ses(s).connection == ConnectionState::Connected,
-                "connectionState[s] = \"Connected\""
-            );
+            require!(action, req(r).phase == RequestPhase::Executing, "requestPhase[r] = \"Executing\"");
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
+            require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
         }
         Action::DeliverResult(r) => {
             let s = config.request_session(r);
-            require!(
-                action,
-                req(r).phase.is_pending_result(),
-                "requestPhase[r] \\in PendingResultPhases"
-            );
-            require!(
-                action,
-                mutation != Mutation::ResultNeverDelivered,
-                "FALSE (mutant)"
-            );
-            require!(
-                action,
-                ses(s).active_request == Some(r),
-                "activeRequest[s] = r"
-            );
+            require!(action, req(r).phase.is_pending_result(), "requestPhase[r] \\in PendingResultPhases");
+            require!(action, mutation != Mutation::ResultNeverDelivered, "FALSE (mutant)");
+            require!(action, ses(s).active_request == Some(r), "activeRequest[s] = r");
             if mutation != Mutation::ResultToDisconnectedSession {
-                require!(
-                    action,
-                    ses(s).connection == ConnectionState::Connected,
-                    "connectionState[s] = \"Connected\""
-                );
-                require!(
-                    action,
-                    ses(s).phase == SessionPhase::Attached,
-                    "sessionPhase[s] = \"Attached\""
-                );
+                require!(action, ses(s).connection == ConnectionState::Connected, "connectionState[s] = \"Connected\"");
+                require!(action, ses(s).phase == SessionPhase::Attached, "sessionPhase[s] = \"Attached\"");
             }
         }
     }
@@ -1433,31 +1029,17 @@ pub fn guard(
 }
 
 fn no_connected_session(config: &Config, state: &State, d: DomainId) -> bool {
-    config
-        .sessions_of(d)
-        .all(|s| !state.sessions[s.0].connected)
+    config.sessions_of(d).all(|s| !state.sessions[s.0].connected)
 }
 
 /// `TearingDown(d)`.
-fn tearing_down(
-    config: &Config,
-    state: &State,
-    action: &Action,
-    d: DomainId,
-) -> Result<(), Refused> {
+fn tearing_down(config: &Config, state: &State, action: &Action, d: DomainId) -> Result<(), Refused> {
     require!(
         action,
-        matches!(
-            state.domains[d.0].phase,
-            DomainPhase::Stopping | DomainPhase::Failed
-        ),
+        matches!(state.domains[d.0].phase, DomainPhase::Stopping | DomainPhase::Failed),
         "domainPhase[d] \\in {\"Stopping\", \"Failed\"}"
     );
-    require!(
-        action,
-        no_connected_session(config, state, d),
-        "connected[d] = {}"
-    );
+    require!(action, no_connected_session(config, state, d), "connected[d] = {}");
     Ok(())
 }
 
@@ -1563,8 +1145,7 @@ fn effect(config: &Config, next: &mut State, action: &Action, mutation: Mutation
                 _ => RequestPhase::FailurePending,
             };
             next.requests[r.0].phase = phase;
-            let leave_running = mutation == Mutation::HostProcessOutlivesRequest
-                && !matches!(action, Action::FailHostExecution(_));
+            let leave_running = mutation == Mutation::HostProcessOutlivesRequest && !matches!(action, Action::FailHostExecution(_));
             if !leave_running {
                 next.requests[r.0].host_running = false;
             }
@@ -1610,8 +1191,8 @@ fn developer_approve_as(config: &Config, next: &mut State, r: RequestId, c: Comm
 /// abandoned (Cancelled, no result delivered) and its host process killed.
 fn close_session(next: &mut State, s: SessionId, mutation: Mutation) {
     let active = next.sessions[s.0].active_request;
-    let keep_pending = mutation == Mutation::ResultToDisconnectedSession
-        && active.is_some_and(|r| next.requests[r.0].phase.is_pending_result());
+    let keep_pending =
+        mutation == Mutation::ResultToDisconnectedSession && active.is_some_and(|r| next.requests[r.0].phase.is_pending_result());
     let session = &mut next.sessions[s.0];
     session.connection = ConnectionState::Disconnected;
     session.connected = false;
@@ -1682,21 +1263,18 @@ impl Invariant {
                 state.domains.len() == config.domains.len()
                     && state.sessions.len() == config.sessions.len()
                     && state.requests.len() == config.requests.len()
-                    && sessions()
-                        .all(|(_, s)| s.active_request.is_none_or(|r| r.0 < config.requests.len()))
-                    && requests().all(|(_, r)| {
-                        r.approved_command
-                            .is_none_or(|c| c.0 < config.commands.len())
-                    })
+                    && sessions().all(|(_, s)| s.active_request.is_none_or(|r| r.0 < config.requests.len()))
+                    && requests().all(|(_, r)| r.approved_command.is_none_or(|c| c.0 < config.commands.len()))
             }
-            Invariant::ConfigurationConfinement => domains()
-                .all(|(d, x)| x.phase == DomainPhase::Absent || config.domains[d.0].config_safe),
-            Invariant::SandboxNamespaceIsolation => domains().all(|(d, x)| {
-                x.sandbox != ContainerState::Ready || config.domains[d.0].sandbox_isolation_safe
-            }),
-            Invariant::OrderedNetworkStartup => domains().all(|(_, x)| {
-                x.sandbox != ContainerState::Ready || x.sidecar == ContainerState::Ready
-            }),
+            Invariant::ConfigurationConfinement => {
+                domains().all(|(d, x)| x.phase == DomainPhase::Absent || config.domains[d.0].config_safe)
+            }
+            Invariant::SandboxNamespaceIsolation => {
+                domains().all(|(d, x)| x.sandbox != ContainerState::Ready || config.domains[d.0].sandbox_isolation_safe)
+            }
+            Invariant::OrderedNetworkStartup => {
+                domains().all(|(_, x)| x.sandbox != ContainerState::Ready || x.sidecar == ContainerState::Ready)
+            }
             Invariant::OrderedResourceStack => domains().all(|(_, x)| {
                 (x.sidecar != ContainerState::Ready || x.trust_ready)
                     && (!x.trust_ready || x.state_anchor == AnchorState::Mounted)
@@ -1715,19 +1293,15 @@ impl Invariant {
                         && x.sidecar == ContainerState::Ready
                         && x.sandbox == ContainerState::Ready)
             }),
-            Invariant::RegisteredSessionsConnected => sessions().all(|(_, s)| {
-                (!s.registered || s.connected)
-                    && (s.connected == (s.connection == ConnectionState::Connected))
-            }),
+            Invariant::RegisteredSessionsConnected => {
+                sessions().all(|(_, s)| (!s.registered || s.connected) && (s.connected == (s.connection == ConnectionState::Connected)))
+            }
             Invariant::SessionFingerprintMatch => sessions().all(|(id, s)| {
-                !s.registered
-                    || config.sessions[id.0].fingerprint
-                        == config.domains[config.session_domain(id).0].fingerprint
+                !s.registered || config.sessions[id.0].fingerprint == config.domains[config.session_domain(id).0].fingerprint
             }),
             Invariant::AuthenticatedEscalation => requests().all(|(id, r)| {
                 (r.phase == RequestPhase::Unused || config.requests[id.0].certificate_valid)
-                    && (!(r.phase.is_open() || r.phase.is_pending_result())
-                        || state.sessions[session_of(id).0].registered)
+                    && (!(r.phase.is_open() || r.phase.is_pending_result()) || state.sessions[session_of(id).0].registered)
             }),
             Invariant::ApprovedHostExecution => requests().all(|(id, r)| {
                 !r.host_running
@@ -1742,23 +1316,17 @@ impl Invariant {
             Invariant::TerminalIsolation => sessions().all(|(_, s)| {
                 let active_phase = s.active_request.map(|r| state.requests[r.0].phase);
                 s.route == route_for(s.phase)
-                    && (s.route != TerminalRoute::Prompt
-                        || active_phase == Some(RequestPhase::AwaitingApproval))
-                    && (s.route != TerminalRoute::HostProcess
-                        || active_phase == Some(RequestPhase::Executing))
+                    && (s.route != TerminalRoute::Prompt || active_phase == Some(RequestPhase::AwaitingApproval))
+                    && (s.route != TerminalRoute::HostProcess || active_phase == Some(RequestPhase::Executing))
             }),
             Invariant::ActiveRequestConsistent => {
                 sessions().all(|(id, s)| {
                     s.active_request.is_none_or(|r| {
                         session_of(r) == id
                             && s.connection == ConnectionState::Connected
-                            && (state.requests[r.0].phase.is_open()
-                                || state.requests[r.0].phase.is_pending_result())
+                            && (state.requests[r.0].phase.is_open() || state.requests[r.0].phase.is_pending_result())
                     })
-                }) && requests().all(|(id, r)| {
-                    !r.phase.is_open()
-                        || state.sessions[session_of(id).0].active_request == Some(id)
-                })
+                }) && requests().all(|(id, r)| !r.phase.is_open() || state.sessions[session_of(id).0].active_request == Some(id))
             }
             Invariant::NoOrphanHostProcess => requests().all(|(id, r)| {
                 let s = session_of(id);
@@ -1768,17 +1336,11 @@ impl Invariant {
                         && session.active_request == Some(id)
                         && session.connection == ConnectionState::Connected
                         && session.route == TerminalRoute::HostProcess
-                        && state.domains[config.session_domain(s).0].coordinator
-                            != CoordinatorState::Stopped)
+                        && state.domains[config.session_domain(s).0].coordinator != CoordinatorState::Stopped)
             }),
             Invariant::StateAnchorOwnership => domains().all(|(_, x)| {
                 x.state_anchor != AnchorState::Mounted
-                    || matches!(
-                        x.coordinator,
-                        CoordinatorState::Starting
-                            | CoordinatorState::Ready
-                            | CoordinatorState::Stopping
-                    )
+                    || matches!(x.coordinator, CoordinatorState::Starting | CoordinatorState::Ready | CoordinatorState::Stopping)
             }),
             Invariant::ResultDeliveryStateConsistent => requests().all(|(id, r)| {
                 let session = &state.sessions[session_of(id).0];
@@ -1787,8 +1349,7 @@ impl Invariant {
                         && session.connection == ConnectionState::Connected
                         && session.phase == SessionPhase::Attached
                         && !r.host_running))
-                    && (!r.phase.is_terminal()
-                        || (session.active_request != Some(id) && !r.host_running))
+                    && (!r.phase.is_terminal() || (session.active_request != Some(id) && !r.host_running))
             }),
         }
     }
@@ -1796,10 +1357,7 @@ impl Invariant {
 
 /// The first invariant (in `Lazaret.cfg` order) that `state` violates.
 pub fn check_invariants(config: &Config, state: &State) -> Result<(), Invariant> {
-    match Invariant::ALL
-        .into_iter()
-        .find(|inv| !inv.holds(config, state))
-    {
+    match Invariant::ALL.into_iter().find(|inv| !inv.holds(config, state)) {
         Some(violated) => Err(violated),
         None => Ok(()),
     }
@@ -1820,9 +1378,7 @@ pub enum LivenessProperty {
 impl LivenessProperty {
     /// Every instance of every liveness property of `config`.
     pub fn all(config: &Config) -> Vec<LivenessProperty> {
-        let mut all: Vec<_> = (0..config.requests.len())
-            .map(|r| Self::SessionEventuallyResolves(RequestId(r)))
-            .collect();
+        let mut all: Vec<_> = (0..config.requests.len()).map(|r| Self::SessionEventuallyResolves(RequestId(r))).collect();
         all.extend((0..config.domains.len()).map(|d| Self::DomainEventuallyTearsDown(DomainId(d))));
         all
     }
@@ -1834,9 +1390,7 @@ impl LivenessProperty {
                 let phase = state.requests[r.0].phase;
                 phase.is_open() || phase.is_pending_result()
             }
-            Self::DomainEventuallyTearsDown(d) => config
-                .sessions_of(d)
-                .all(|s| state.sessions[s.0].phase == SessionPhase::Closed),
+            Self::DomainEventuallyTearsDown(d) => config.sessions_of(d).all(|s| state.sessions[s.0].phase == SessionPhase::Closed),
         }
     }
 
@@ -1845,8 +1399,7 @@ impl LivenessProperty {
         match self {
             Self::SessionEventuallyResolves(r) => {
                 state.requests[r.0].phase.is_terminal()
-                    || state.sessions[config.request_session(r).0].connection
-                        == ConnectionState::Disconnected
+                    || state.sessions[config.request_session(r).0].connection == ConnectionState::Disconnected
             }
             Self::DomainEventuallyTearsDown(d) => state.domains[d.0].phase == DomainPhase::Absent,
         }
@@ -1855,14 +1408,12 @@ impl LivenessProperty {
     /// The property written with display names: `SessionEventuallyResolves(R1)`.
     pub fn describe(self, config: &Config) -> String {
         match self {
-            Self::SessionEventuallyResolves(r) => format!(
-                "SessionEventuallyResolves({})",
-                name_or_index(&config.requests, r.0, |x| &x.name)
-            ),
-            Self::DomainEventuallyTearsDown(d) => format!(
-                "DomainEventuallyTearsDown({})",
-                name_or_index(&config.domains, d.0, |x| &x.name)
-            ),
+            Self::SessionEventuallyResolves(r) => {
+                format!("SessionEventuallyResolves({})", name_or_index(&config.requests, r.0, |x| &x.name))
+            }
+            Self::DomainEventuallyTearsDown(d) => {
+                format!("DomainEventuallyTearsDown({})", name_or_index(&config.domains, d.0, |x| &x.name))
+            }
         }
     }
 }

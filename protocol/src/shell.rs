@@ -19,8 +19,7 @@ use std::fmt::Write as _;
 
 /// Characters an argument may consist of to be written bare.
 fn safe_bare(c: char) -> bool {
-    c.is_ascii_alphanumeric()
-        || matches!(c, '_' | '@' | '%' | '+' | '=' | ':' | ',' | '.' | '/' | '-')
+    c.is_ascii_alphanumeric() || matches!(c, '_' | '@' | '%' | '+' | '=' | ':' | ',' | '.' | '/' | '-')
 }
 
 /// `arg` as one shell word: bare when it is non-empty and consists only of
@@ -101,9 +100,7 @@ pub enum SplitProblem {
     TrailingBackslash,
     /// An unquoted character a shell would interpret, or `$`/`` ` `` inside
     /// double quotes.
-    #[error(
-        "'{character}' would be {meaning} in a shell, but no shell runs this: quote it or remove it"
-    )]
+    #[error("'{character}' would be {meaning} in a shell, but no shell runs this: quote it or remove it")]
     ShellSyntax {
         /// The character.
         character: char,
@@ -210,10 +207,7 @@ pub fn split(line: &str) -> Result<Vec<String>, SplitError> {
                 loop {
                     match chars.next() {
                         None => {
-                            return Err(refuse(
-                                offset,
-                                SplitProblem::Unterminated(QuoteKind::Single),
-                            ));
+                            return Err(refuse(offset, SplitProblem::Unterminated(QuoteKind::Single)));
                         }
                         Some((_, '\'')) => break,
                         Some((at, c)) if needs_escape(c) => {
@@ -235,13 +229,7 @@ pub fn split(line: &str) -> Result<Vec<String>, SplitError> {
             c if needs_escape(c) => return Err(refuse(offset, SplitProblem::Invisible(c))),
             c => {
                 if let Some(meaning) = shell_meaning(c, !in_word) {
-                    return Err(refuse(
-                        offset,
-                        SplitProblem::ShellSyntax {
-                            character: c,
-                            meaning,
-                        },
-                    ));
+                    return Err(refuse(offset, SplitProblem::ShellSyntax { character: c, meaning }));
                 }
                 word.push(c);
                 in_word = true;
@@ -275,13 +263,7 @@ fn double_quoted(open: usize, chars: &mut Chars<'_>, word: &mut String) -> Resul
             },
             Some((at, c @ ('$' | '`'))) => {
                 let meaning = shell_meaning(c, false).unwrap_or("an expansion");
-                return Err(refuse(
-                    at,
-                    SplitProblem::ShellSyntax {
-                        character: c,
-                        meaning,
-                    },
-                ));
+                return Err(refuse(at, SplitProblem::ShellSyntax { character: c, meaning }));
             }
             Some((at, c)) if needs_escape(c) => return Err(refuse(at, SplitProblem::Invisible(c))),
             Some((_, c)) => word.push(c),
@@ -310,15 +292,11 @@ fn digits(chars: &mut Chars<'_>, radix: u32, max: usize) -> (u32, usize) {
 /// The rest of a `$'...'` whose `$` is at `open`.
 fn ansi_c_quoted(open: usize, chars: &mut Chars<'_>, word: &mut String) -> Result<(), SplitError> {
     loop {
-        let (at, c) = chars
-            .next()
-            .ok_or_else(|| refuse(open, SplitProblem::Unterminated(QuoteKind::AnsiC)))?;
+        let (at, c) = chars.next().ok_or_else(|| refuse(open, SplitProblem::Unterminated(QuoteKind::AnsiC)))?;
         match c {
             '\'' => return Ok(()),
             '\\' => {
-                let (_, escape) = chars
-                    .next()
-                    .ok_or_else(|| refuse(open, SplitProblem::Unterminated(QuoteKind::AnsiC)))?;
+                let (_, escape) = chars.next().ok_or_else(|| refuse(open, SplitProblem::Unterminated(QuoteKind::AnsiC)))?;
                 let simple = match escape {
                     '\\' => Some('\\'),
                     '\'' => Some('\''),
@@ -348,23 +326,13 @@ fn ansi_c_quoted(open: usize, chars: &mut Chars<'_>, word: &mut String) -> Resul
                         (first * 8u32.pow(count as u32) + rest, count + 1)
                     }
                     _ => {
-                        return Err(refuse(
-                            at,
-                            SplitProblem::BadEscape(
-                                "a backslash before a character that is not an escape",
-                            ),
-                        ));
+                        return Err(refuse(at, SplitProblem::BadEscape("a backslash before a character that is not an escape")));
                     }
                 };
                 if count == 0 {
-                    return Err(refuse(
-                        at,
-                        SplitProblem::BadEscape("\\x, \\u and \\U need hex digits"),
-                    ));
+                    return Err(refuse(at, SplitProblem::BadEscape("\\x, \\u and \\U need hex digits")));
                 }
-                let decoded = char::from_u32(value).ok_or_else(|| {
-                    refuse(at, SplitProblem::BadEscape("not a Unicode scalar value"))
-                })?;
+                let decoded = char::from_u32(value).ok_or_else(|| refuse(at, SplitProblem::BadEscape("not a Unicode scalar value")))?;
                 word.push(decoded);
             }
             c if needs_escape(c) => return Err(refuse(at, SplitProblem::Invisible(c))),
@@ -398,34 +366,22 @@ mod tests {
         assert_eq!(quote("it's\t\\"), "$'it\\'s\\t\\\\'");
         assert_eq!(quote("evil\u{202e}txt"), "$'evil\\u202etxt'");
         assert_eq!(quote("tag\u{e0041}"), "$'tag\\U000e0041'");
-        assert_eq!(
-            quote_argv(&argv(&["git", "commit", "-m", "fix: it's done"])),
-            "git commit -m 'fix: it'\\''s done'"
-        );
+        assert_eq!(quote_argv(&argv(&["git", "commit", "-m", "fix: it's done"])), "git commit -m 'fix: it'\\''s done'");
         assert_eq!(quote_argv(&[]), "");
     }
 
     #[test]
     fn split_reads_what_a_developer_types() {
-        assert_eq!(
-            split("git push origin fix-123"),
-            Ok(argv(&["git", "push", "origin", "fix-123"]))
-        );
+        assert_eq!(split("git push origin fix-123"), Ok(argv(&["git", "push", "origin", "fix-123"])));
         assert_eq!(split("  a \t b\n"), Ok(argv(&["a", "b"])));
         assert_eq!(split(""), Ok(vec![]));
         assert_eq!(split("   "), Ok(vec![]));
         assert_eq!(split("'' \"\" $''"), Ok(argv(&["", "", ""])));
         assert_eq!(split("a'b c'd"), Ok(argv(&["ab cd"])));
-        assert_eq!(
-            split(r#""say \"hi\" \$5 \`x\` \\ \n""#),
-            Ok(argv(&[r#"say "hi" $5 `x` \ \n"#]))
-        );
+        assert_eq!(split(r#""say \"hi\" \$5 \`x\` \\ \n""#), Ok(argv(&[r#"say "hi" $5 `x` \ \n"#])));
         assert_eq!(split(r"a\ b \$x \; \*"), Ok(argv(&["a b", "$x", ";", "*"])));
         assert_eq!(split("a\\\nb"), Ok(argv(&["ab"])));
-        assert_eq!(
-            split(r#"$'\x41\102\u00e9\U0001F600\e\a\'\"\?'"#),
-            Ok(argv(&["AB\u{e9}\u{1f600}\x1b\x07'\"?"]))
-        );
+        assert_eq!(split(r#"$'\x41\102\u00e9\U0001F600\e\a\'\"\?'"#), Ok(argv(&["AB\u{e9}\u{1f600}\x1b\x07'\"?"])));
         assert_eq!(split(r"$'\x4g'"), Ok(argv(&["\x04g"])));
         assert_eq!(split("a#b x~ }"), Ok(argv(&["a#b", "x~", "}"])));
         assert_eq!(split("'#' '~'"), Ok(argv(&["#", "~"])));
@@ -458,10 +414,7 @@ mod tests {
         ];
         for &(line, offset) in cases {
             match split(line) {
-                Err(SplitError {
-                    offset: at,
-                    problem: SplitProblem::ShellSyntax { .. },
-                }) => {
+                Err(SplitError { offset: at, problem: SplitProblem::ShellSyntax { .. } }) => {
                     assert_eq!(at, offset, "{line}");
                 }
                 other => panic!("{line}: {other:?}"),
@@ -471,70 +424,18 @@ mod tests {
 
     #[test]
     fn split_refuses_malformed_and_invisible_input() {
-        let unterminated = |offset, kind| {
-            Err(SplitError {
-                offset,
-                problem: SplitProblem::Unterminated(kind),
-            })
-        };
+        let unterminated = |offset, kind| Err(SplitError { offset, problem: SplitProblem::Unterminated(kind) });
         assert_eq!(split("a 'b"), unterminated(2, QuoteKind::Single));
         assert_eq!(split("a \"b\\\""), unterminated(2, QuoteKind::Double));
         assert_eq!(split("a $'b\\'"), unterminated(2, QuoteKind::AnsiC));
         assert_eq!(split("a $'b\\"), unterminated(2, QuoteKind::AnsiC));
-        assert_eq!(
-            split("a\\"),
-            Err(SplitError {
-                offset: 1,
-                problem: SplitProblem::TrailingBackslash
-            })
-        );
-        assert!(matches!(
-            split("$'\\q'"),
-            Err(SplitError {
-                offset: 2,
-                problem: SplitProblem::BadEscape(_)
-            })
-        ));
-        assert!(matches!(
-            split("$'\\x'"),
-            Err(SplitError {
-                offset: 2,
-                problem: SplitProblem::BadEscape(_)
-            })
-        ));
-        assert!(matches!(
-            split("$'\\ud800'"),
-            Err(SplitError {
-                offset: 2,
-                problem: SplitProblem::BadEscape(_)
-            })
-        ));
-        assert!(matches!(
-            split("$'\\U00110000'"),
-            Err(SplitError {
-                offset: 2,
-                problem: SplitProblem::BadEscape(_)
-            })
-        ));
-        for line in [
-            "a\u{202e}b",
-            "'a\u{202e}'",
-            "\"\u{200b}\"",
-            "$'\u{feff}'",
-            "\\\u{2066}",
-            "a\rb",
-            "a\x1b[2J",
-        ] {
-            assert!(
-                matches!(
-                    split(line),
-                    Err(SplitError {
-                        problem: SplitProblem::Invisible(_),
-                        ..
-                    })
-                ),
-                "{line:?}"
-            );
+        assert_eq!(split("a\\"), Err(SplitError { offset: 1, problem: SplitProblem::TrailingBackslash }));
+        assert!(matches!(split("$'\\q'"), Err(SplitError { offset: 2, problem: SplitProblem::BadEscape(_) })));
+        assert!(matches!(split("$'\\x'"), Err(SplitError { offset: 2, problem: SplitProblem::BadEscape(_) })));
+        assert!(matches!(split("$'\\ud800'"), Err(SplitError { offset: 2, problem: SplitProblem::BadEscape(_) })));
+        assert!(matches!(split("$'\\U00110000'"), Err(SplitError { offset: 2, problem: SplitProblem::BadEscape(_) })));
+        for line in ["a\u{202e}b", "'a\u{202e}'", "\"\u{200b}\"", "$'\u{feff}'", "\\\u{2066}", "a\rb", "a\x1b[2J"] {
+            assert!(matches!(split(line), Err(SplitError { problem: SplitProblem::Invisible(_), .. })), "{line:?}");
         }
         let message = split("x $y").map_err(|e| e.to_string());
         assert_eq!(
@@ -685,10 +586,7 @@ mod tests {
     fn assert_round_trip(argv: &[String]) {
         let line = quote_argv(argv);
         assert_eq!(split(&line).as_deref(), Ok(argv), "line {line:?}");
-        assert!(
-            !line.chars().any(needs_escape),
-            "raw escaped character in {line:?}"
-        );
+        assert!(!line.chars().any(needs_escape), "raw escaped character in {line:?}");
     }
 
     #[test]
@@ -709,11 +607,7 @@ mod tests {
 
     #[test]
     fn every_hidden_character_round_trips_and_is_escaped() {
-        let all: Vec<String> = (0u32..=0x10_FFFF)
-            .filter_map(char::from_u32)
-            .filter(|&c| needs_escape(c))
-            .map(String::from)
-            .collect();
+        let all: Vec<String> = (0u32..=0x10_FFFF).filter_map(char::from_u32).filter(|&c| needs_escape(c)).map(String::from).collect();
         assert!(all.len() > 300, "{}", all.len());
         for chunk in all.chunks(64) {
             assert_round_trip(chunk);

@@ -70,7 +70,11 @@ pub fn agent_terminal_env(sent: &[(String, String)], tty: bool) -> Vec<(String, 
     let mut kept: Vec<(String, String)> = Vec::new();
     for (name, value) in sent {
         let terminal_only = name == "TERM" || name == "COLORTERM";
-        if AGENT_TERMINAL_ENV.contains(&name.as_str()) && (tty || !terminal_only) && acceptable_terminal_value(value) && !kept.iter().any(|(k, _)| k == name) {
+        if AGENT_TERMINAL_ENV.contains(&name.as_str())
+            && (tty || !terminal_only)
+            && acceptable_terminal_value(value)
+            && !kept.iter().any(|(k, _)| k == name)
+        {
             kept.push((name.clone(), value.clone()));
         }
     }
@@ -496,7 +500,13 @@ mod tests {
         ]);
         assert_eq!(
             agent_terminal_env(&sent, true),
-            v(&[("TERM", "xterm-256color"), ("COLORTERM", "truecolor"), ("LANG", "de_DE.UTF-8"), ("LC_TIME", "en_GB.UTF-8"), ("TZ", "Europe/Berlin")])
+            v(&[
+                ("TERM", "xterm-256color"),
+                ("COLORTERM", "truecolor"),
+                ("LANG", "de_DE.UTF-8"),
+                ("LC_TIME", "en_GB.UTF-8"),
+                ("TZ", "Europe/Berlin")
+            ])
         );
         assert_eq!(agent_terminal_env(&sent, false), v(&[("LANG", "de_DE.UTF-8"), ("LC_TIME", "en_GB.UTF-8"), ("TZ", "Europe/Berlin")]));
         assert!(acceptable_terminal_value(&"x".repeat(MAX_TERMINAL_VALUE)));
@@ -517,10 +527,7 @@ mod tests {
         stream.extend(encode(&CoordinatorMessage::Exit { status: 143 }).expect("encode"));
         let mut r = stream.as_slice();
         assert_eq!(read_message::<CoordinatorMessage>(&mut r).expect("first"), CoordinatorMessage::Stopping);
-        assert_eq!(
-            read_message::<CoordinatorMessage>(&mut r).expect("second"),
-            CoordinatorMessage::Exit { status: 143 }
-        );
+        assert_eq!(read_message::<CoordinatorMessage>(&mut r).expect("second"), CoordinatorMessage::Exit { status: 143 });
         assert!(matches!(read_message::<CoordinatorMessage>(&mut r), Err(FrameError::Closed)));
     }
 
@@ -559,7 +566,12 @@ mod tests {
         });
         let back: CoordinatorMessage = read_message(&mut encode(&prompt).expect("encode").as_slice()).expect("decode");
         assert_eq!(back, prompt);
-        for decision in [PromptDecision::Approve, PromptDecision::ApproveForDomain, PromptDecision::Deny, PromptDecision::Edit { argv: vec!["git".into()] }] {
+        for decision in [
+            PromptDecision::Approve,
+            PromptDecision::ApproveForDomain,
+            PromptDecision::Deny,
+            PromptDecision::Edit { argv: vec!["git".into()] },
+        ] {
             let answer = ClientMessage::PromptAnswer { request: "r1".into(), decision };
             let back: ClientMessage = read_message(&mut encode(&answer).expect("encode").as_slice()).expect("decode");
             assert_eq!(back, answer);

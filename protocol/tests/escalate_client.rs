@@ -20,14 +20,10 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::escalation::{
-    ClientFrame, ESCALATION_VERSION, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_client,
-    write_server,
+    ClientFrame, ESCALATION_VERSION, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_client, write_server,
 };
 use lazaret_protocol::session::{CREDENTIALS_FD, ENV_BROKER, SessionCredentials};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer};
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig, ServerConnection, StreamOwned};
@@ -81,8 +77,7 @@ struct Pki {
 fn pki(server_ca: Option<&Ca>) -> Pki {
     let domain_ca = ca("test Domain CA");
     let (client_cert_der, client_cert_pem, _, client_key_pem) = leaf(&domain_ca, "session-1", ExtendedKeyUsagePurpose::ClientAuth);
-    let (server_der, _, server_key, _) =
-        leaf(server_ca.unwrap_or(&domain_ca), "127.0.0.1", ExtendedKeyUsagePurpose::ServerAuth);
+    let (server_der, _, server_key, _) = leaf(server_ca.unwrap_or(&domain_ca), "127.0.0.1", ExtendedKeyUsagePurpose::ServerAuth);
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = RootCertStore::empty();
     roots.add(domain_ca.der.clone()).expect("root");
@@ -295,10 +290,24 @@ fn streams_binary_output_exactly_and_exits_with_the_host_status() {
             send(tls, result(Outcome::Completed { exit_status: 3 }, false))?;
             Ok(request)
         });
-        let out = run(client(&pki, addr, &[
-            "--justification", "push the fix", "--timeout", "30", "--cwd", "work/./x/../y", "--",
-            "git", "push", "--force", "an arg with spaces", "ünïcode",
-        ]));
+        let out = run(client(
+            &pki,
+            addr,
+            &[
+                "--justification",
+                "push the fix",
+                "--timeout",
+                "30",
+                "--cwd",
+                "work/./x/../y",
+                "--",
+                "git",
+                "push",
+                "--force",
+                "an arg with spaces",
+                "ünïcode",
+            ],
+        ));
         (out, server.join().expect("server thread"))
     });
     let request = request.expect("server");
@@ -343,15 +352,27 @@ fn request_ids_are_fresh_random_hex() {
 fn each_outcome_has_its_code_and_one_line() {
     let cases: Vec<(Outcome, bool, i32, &str)> = vec![
         (Outcome::Completed { exit_status: 0 }, true, 0, "lazaret-escalate: output was truncated by Lazaret's limit\n"),
-        (Outcome::Denied { reason: "rule \"no-push\"\nsays no\x1b[31m".into() }, false, exit::DENIED,
-            "lazaret-escalate: denied: rule \"no-push\"\\nsays no\\e[31m\n"),
+        (
+            Outcome::Denied { reason: "rule \"no-push\"\nsays no\x1b[31m".into() },
+            false,
+            exit::DENIED,
+            "lazaret-escalate: denied: rule \"no-push\"\\nsays no\\e[31m\n",
+        ),
         (Outcome::TimedOut, false, exit::TIMED_OUT, "lazaret-escalate: timed out\n"),
         (Outcome::Cancelled, false, exit::CANCELLED, "lazaret-escalate: cancelled\n"),
         (Outcome::Failed { reason: "git: not found".into() }, false, exit::FAILED, "lazaret-escalate: failed: git: not found\n"),
-        (Outcome::Refused { reason: "replayed request ID".into() }, false, exit::UNAVAILABLE,
-            "lazaret-escalate: unavailable: refused: replayed request ID\n"),
-        (Outcome::Completed { exit_status: 256 }, false, exit::FAILED,
-            "lazaret-escalate: failed: Lazaret reported exit status 256, which is not 0-255\n"),
+        (
+            Outcome::Refused { reason: "replayed request ID".into() },
+            false,
+            exit::UNAVAILABLE,
+            "lazaret-escalate: unavailable: refused: replayed request ID\n",
+        ),
+        (
+            Outcome::Completed { exit_status: 256 },
+            false,
+            exit::FAILED,
+            "lazaret-escalate: failed: Lazaret reported exit status 256, which is not 0-255\n",
+        ),
     ];
     let pki = pki(None);
     in_netns(|| {
@@ -616,13 +637,13 @@ fn the_static_binary_works_in_a_root_without_libc() {
 #[test]
 fn missing_environment_is_unavailable() {
     let out = run(Command::new(BIN).args(["--", "git", "push"]).env_clear().stdout(Stdio::piped()).stderr(Stdio::piped()));
-    assert_eq!(
-        stderr(&out),
-        "lazaret-escalate: unavailable: not inside a Lazaret session (LAZARET_ESCALATE_SOCKET is not set)\n"
-    );
+    assert_eq!(stderr(&out), "lazaret-escalate: unavailable: not inside a Lazaret session (LAZARET_ESCALATE_SOCKET is not set)\n");
     assert_eq!(out.status.code(), Some(exit::UNAVAILABLE));
     let nobody = format!("@lazaret-escalate/nobody-{}", std::process::id());
-    for (value, says) in [(nobody.as_str(), "cannot reach this session's escalation broker: "), ("/tmp/x", "LAZARET_ESCALATE_SOCKET is not an abstract socket name")] {
+    for (value, says) in [
+        (nobody.as_str(), "cannot reach this session's escalation broker: "),
+        ("/tmp/x", "LAZARET_ESCALATE_SOCKET is not an abstract socket name"),
+    ] {
         let out = run(Command::new(BIN)
             .args(["--", "git", "push"])
             .env_clear()

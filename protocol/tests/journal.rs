@@ -1,21 +1,13 @@
 //! Journal conformance: good journals replay, bad ones fail at the right line.
 
-use lazaret_protocol::journal::{
-    ConformanceError, DOMAIN_APPROVAL_RULE, Event, JournalEntry, Machine, TransitionError,
-};
-use lazaret_protocol::model::{
-    Action, ApprovalSource, Config, RequestPhase, SessionPhase, State, TerminalRoute, enabled, step,
-};
+use lazaret_protocol::journal::{ConformanceError, DOMAIN_APPROVAL_RULE, Event, JournalEntry, Machine, TransitionError};
+use lazaret_protocol::model::{Action, ApprovalSource, Config, RequestPhase, SessionPhase, State, TerminalRoute, enabled, step};
 use lazaret_protocol::{replay, replay_into, replay_reader, replay_reader_into};
 
 const DOMAIN: &str = "dom-7f3a";
 
 fn entry(event: Event) -> JournalEntry {
-    JournalEntry {
-        timestamp_ms: 1_700_000_000_000,
-        domain: DOMAIN.to_owned(),
-        event,
-    }
+    JournalEntry { timestamp_ms: 1_700_000_000_000, domain: DOMAIN.to_owned(), event }
 }
 
 fn session(id: &str) -> String {
@@ -28,23 +20,13 @@ fn argv(words: &[&str]) -> Vec<String> {
 
 /// A `VerifyRequest` as a coordinator writes it.
 fn verify(session: &str, request: &str, words: &[&str], auto_approved: bool) -> Event {
-    Event::verify_request(
-        session,
-        request,
-        &argv(words),
-        "/work",
-        "the agent's reason",
-        auto_approved,
-    )
+    Event::verify_request(session, request, &argv(words), "/work", "the agent's reason", auto_approved)
 }
 
 /// Domain start-up as a coordinator journals it.
 fn startup(launcher: &str) -> Vec<JournalEntry> {
     vec![
-        entry(Event::AcquireDomainLock {
-            session: session(launcher),
-            fingerprint: "sha256:aa".into(),
-        }),
+        entry(Event::AcquireDomainLock { session: session(launcher), fingerprint: "sha256:aa".into() }),
         entry(Event::MountStateAnchor),
         entry(Event::CreateTrustAnchor),
         entry(Event::StartSidecar),
@@ -55,13 +37,8 @@ fn startup(launcher: &str) -> Vec<JournalEntry> {
 
 fn join(id: &str) -> Vec<JournalEntry> {
     vec![
-        entry(Event::ConnectSession {
-            session: session(id),
-        }),
-        entry(Event::RegisterSession {
-            session: session(id),
-            fingerprint: "sha256:aa".into(),
-        }),
+        entry(Event::ConnectSession { session: session(id) }),
+        entry(Event::RegisterSession { session: session(id), fingerprint: "sha256:aa".into() }),
     ]
 }
 
@@ -82,59 +59,28 @@ fn good_journal() -> Vec<JournalEntry> {
     journal.extend(join("sess-b"));
     journal.extend([
         entry(verify("sess-a", "req-1", &["git", "fetch"], true)),
-        entry(Event::AutoApprove {
-            request: "req-1".into(),
-            rule: "git-fetch".into(),
-        }),
-        entry(Event::StartHostExecution {
-            request: "req-1".into(),
-        }),
+        entry(Event::AutoApprove { request: "req-1".into(), rule: "git-fetch".into() }),
+        entry(Event::StartHostExecution { request: "req-1".into() }),
         entry(verify("sess-b", "req-2", &["make", "install"], false)),
-        entry(Event::PromptDeveloper {
-            request: "req-2".into(),
-        }),
-        entry(Event::developer_edit_approve(
-            "req-2",
-            &argv(&["make", "install", "PREFIX=/tmp/x"]),
-        )),
-        entry(Event::CompleteHostExecution {
-            request: "req-1".into(),
-            exit_status: Some(0),
-        }),
-        entry(Event::DeliverResult {
-            request: "req-1".into(),
-        }),
-        entry(Event::StartHostExecution {
-            request: "req-2".into(),
-        }),
-        entry(Event::CancelRequest {
-            request: "req-2".into(),
-        }),
-        entry(Event::DeliverResult {
-            request: "req-2".into(),
-        }),
+        entry(Event::PromptDeveloper { request: "req-2".into() }),
+        entry(Event::developer_edit_approve("req-2", &argv(&["make", "install", "PREFIX=/tmp/x"]))),
+        entry(Event::CompleteHostExecution { request: "req-1".into(), exit_status: Some(0) }),
+        entry(Event::DeliverResult { request: "req-1".into() }),
+        entry(Event::StartHostExecution { request: "req-2".into() }),
+        entry(Event::CancelRequest { request: "req-2".into() }),
+        entry(Event::DeliverResult { request: "req-2".into() }),
         entry(verify("sess-a", "req-3", &["make", "install"], false)),
-        entry(Event::PromptDeveloper {
-            request: "req-3".into(),
-        }),
+        entry(Event::PromptDeveloper { request: "req-3".into() }),
         // The session goes away while the developer looks at the prompt.
-        entry(Event::DisconnectSession {
-            session: session("sess-a"),
-        }),
-        entry(Event::DisconnectSession {
-            session: session("sess-b"),
-        }),
+        entry(Event::DisconnectSession { session: session("sess-a") }),
+        entry(Event::DisconnectSession { session: session("sess-b") }),
     ]);
     journal.extend(teardown());
     journal
 }
 
 fn to_lines(journal: &[JournalEntry]) -> String {
-    journal
-        .iter()
-        .map(|e| e.to_json_line().expect("journal entries serialize"))
-        .collect::<Vec<_>>()
-        .join("\n")
+    journal.iter().map(|e| e.to_json_line().expect("journal entries serialize")).collect::<Vec<_>>().join("\n")
 }
 
 #[test]
@@ -151,17 +97,11 @@ fn a_full_domain_lifetime_replays() {
         assert!(retiring.request_index(id).is_none() && retiring.is_retired_request(id), "{id}");
     }
     assert_eq!(retiring.retired_ids(), 5);
-    let machine =
-        replay_into(Machine::keeping_history(), &journal).expect("the journal conforms");
+    let machine = replay_into(Machine::keeping_history(), &journal).expect("the journal conforms");
     let state = machine.state();
     assert_eq!(state.domains.len(), 1);
     assert_eq!(state.sessions.len(), 2);
-    assert!(
-        state
-            .sessions
-            .iter()
-            .all(|s| s.phase == SessionPhase::Closed)
-    );
+    assert!(state.sessions.iter().all(|s| s.phase == SessionPhase::Closed));
     let phase = |id: &str| state.requests[machine.request_index(id).expect("known").0].phase;
     assert_eq!(phase("req-1"), RequestPhase::Completed);
     assert_eq!(phase("req-2"), RequestPhase::Cancelled);
@@ -172,15 +112,8 @@ fn a_full_domain_lifetime_replays() {
 #[test]
 fn json_lines_round_trip_and_replay() {
     let text = to_lines(&good_journal());
-    assert!(
-        text.lines()
-            .next()
-            .is_some_and(|l| l.contains("\"action\":\"AcquireDomainLock\""))
-    );
-    let parsed: Vec<JournalEntry> = text
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("parses"))
-        .collect();
+    assert!(text.lines().next().is_some_and(|l| l.contains("\"action\":\"AcquireDomainLock\"")));
+    let parsed: Vec<JournalEntry> = text.lines().map(|l| serde_json::from_str(l).expect("parses")).collect();
     assert_eq!(parsed, good_journal());
     replay_reader(text.as_bytes()).expect("conforms");
 }
@@ -191,19 +124,8 @@ fn json_lines_round_trip_and_replay() {
 fn expect_refusal(journal: &[JournalEntry], line: usize, event: &str, guard: &str) {
     expect_refused_or_retired(journal, line);
     match replay_into(Machine::keeping_history(), journal) {
-        Err(ConformanceError::Transition {
-            line: got_line,
-            source:
-                TransitionError::Refused {
-                    event: got_event,
-                    refused,
-                },
-        }) => {
-            assert_eq!(
-                (got_line, got_event),
-                (line, event),
-                "wrong line or action: {refused}"
-            );
+        Err(ConformanceError::Transition { line: got_line, source: TransitionError::Refused { event: got_event, refused } }) => {
+            assert_eq!((got_line, got_event), (line, event), "wrong line or action: {refused}");
             assert_eq!(refused.guard, guard);
         }
         other => panic!("expected line {line} ({event}) to be refused, got {other:?}"),
@@ -223,23 +145,12 @@ fn result_after_disconnect_is_refused() {
     journal.extend(join("sess-a"));
     journal.extend([
         entry(verify("sess-a", "req-1", &["ls"], true)),
-        entry(Event::TimeoutRequest {
-            request: "req-1".into(),
-        }),
-        entry(Event::DisconnectSession {
-            session: session("sess-a"),
-        }),
-        entry(Event::DeliverResult {
-            request: "req-1".into(),
-        }),
+        entry(Event::TimeoutRequest { request: "req-1".into() }),
+        entry(Event::DisconnectSession { session: session("sess-a") }),
+        entry(Event::DeliverResult { request: "req-1".into() }),
     ]);
     let line = journal.len();
-    expect_refusal(
-        &journal,
-        line,
-        "DeliverResult",
-        "requestPhase[r] \\in PendingResultPhases",
-    );
+    expect_refusal(&journal, line, "DeliverResult", "requestPhase[r] \\in PendingResultPhases");
 }
 
 #[test]
@@ -248,40 +159,20 @@ fn execution_without_approval_is_refused() {
     journal.extend(join("sess-a"));
     journal.extend([
         entry(verify("sess-a", "req-1", &["rm", "-rf", "/"], false)),
-        entry(Event::StartHostExecution {
-            request: "req-1".into(),
-        }),
+        entry(Event::StartHostExecution { request: "req-1".into() }),
     ]);
     let line = journal.len();
-    expect_refusal(
-        &journal,
-        line,
-        "StartHostExecution",
-        "requestPhase[r] = \"Approved\"",
-    );
+    expect_refusal(&journal, line, "StartHostExecution", "requestPhase[r] = \"Approved\"");
 }
 
 #[test]
 fn foreign_fingerprint_cannot_register_but_can_be_rejected() {
     let mut journal = startup("sess-a");
-    journal.push(entry(Event::ConnectSession {
-        session: session("sess-x"),
-    }));
+    journal.push(entry(Event::ConnectSession { session: session("sess-x") }));
     let mut bad = journal.clone();
-    bad.push(entry(Event::RegisterSession {
-        session: session("sess-x"),
-        fingerprint: "sha256:bb".into(),
-    }));
-    expect_refusal(
-        &bad,
-        bad.len(),
-        "RegisterSession",
-        "SessionFingerprint[s] = DomainFingerprint[d]",
-    );
-    journal.push(entry(Event::RejectSession {
-        session: session("sess-x"),
-        fingerprint: "sha256:bb".into(),
-    }));
+    bad.push(entry(Event::RegisterSession { session: session("sess-x"), fingerprint: "sha256:bb".into() }));
+    expect_refusal(&bad, bad.len(), "RegisterSession", "SessionFingerprint[s] = DomainFingerprint[d]");
+    journal.push(entry(Event::RejectSession { session: session("sess-x"), fingerprint: "sha256:bb".into() }));
     replay(&journal).expect("rejection conforms");
 }
 
@@ -290,33 +181,18 @@ fn teardown_with_a_connected_session_is_refused() {
     let mut journal = startup("sess-a");
     journal.extend(join("sess-a"));
     journal.push(entry(Event::BeginTeardown));
-    expect_refusal(
-        &journal,
-        journal.len(),
-        "BeginTeardown",
-        "connected[d] = {}",
-    );
+    expect_refusal(&journal, journal.len(), "BeginTeardown", "connected[d] = {}");
 }
 
 #[test]
 fn unknown_request_and_garbage_lines_are_reported_with_their_line() {
     let mut journal = startup("sess-a");
-    journal.push(entry(Event::DeliverResult {
-        request: "nope".into(),
-    }));
+    journal.push(entry(Event::DeliverResult { request: "nope".into() }));
     match replay(&journal) {
-        Err(ConformanceError::Transition {
-            line: 7,
-            source: TransitionError::Unknown {
-                kind: "request", ..
-            },
-        }) => {}
+        Err(ConformanceError::Transition { line: 7, source: TransitionError::Unknown { kind: "request", .. } }) => {}
         other => panic!("unexpected {other:?}"),
     }
-    let text = format!(
-        "{}\n\n{{\"timestamp_ms\": 1}}\n",
-        to_lines(&startup("sess-a"))
-    );
+    let text = format!("{}\n\n{{\"timestamp_ms\": 1}}\n", to_lines(&startup("sess-a")));
     match replay_reader(text.as_bytes()) {
         Err(err @ ConformanceError::Parse { line: 8, .. }) => {
             assert!(err.to_string().starts_with("journal line 8:"));
@@ -332,10 +208,7 @@ fn refused_entries_leave_the_machine_unchanged() {
         machine.apply(&e).expect("start-up conforms");
     }
     let before = machine.state().clone();
-    let bad = entry(Event::RegisterSession {
-        session: session("sess-new"),
-        fingerprint: "sha256:aa".into(),
-    });
+    let bad = entry(Event::RegisterSession { session: session("sess-new"), fingerprint: "sha256:aa".into() });
     assert!(machine.apply(&bad).is_err());
     assert_eq!(machine.state(), &before);
     assert!(machine.session_index("sess-new").is_none());
@@ -346,19 +219,14 @@ fn fixture_entry(config: &Config, action: &Action) -> JournalEntry {
     let s = |id: lazaret_protocol::model::SessionId| config.sessions[id.0].name.clone();
     let r = |id: lazaret_protocol::model::RequestId| config.requests[id.0].name.clone();
     let event = match *action {
-        Action::AcquireDomainLock(id) => Event::AcquireDomainLock {
-            session: s(id),
-            fingerprint: config.domains[0].fingerprint.clone(),
-        },
+        Action::AcquireDomainLock(id) => Event::AcquireDomainLock { session: s(id), fingerprint: config.domains[0].fingerprint.clone() },
         Action::MountStateAnchor(_) => Event::MountStateAnchor,
         Action::CreateTrustAnchor(_) => Event::CreateTrustAnchor,
         Action::StartSidecar(_) => Event::StartSidecar,
         Action::StartSandbox(_) => Event::StartSandbox,
         Action::AbortUnsafeStart(_) => Event::AbortUnsafeStart,
         Action::PublishDomain(_) => Event::PublishDomain,
-        Action::FailDomain(_) => Event::FailDomain {
-            reason: "test".into(),
-        },
+        Action::FailDomain(_) => Event::FailDomain { reason: "test".into() },
         Action::BeginTeardown(_) => Event::BeginTeardown,
         Action::StopSandbox(_) => Event::StopSandbox,
         Action::StopSidecar(_) => Event::StopSidecar,
@@ -366,14 +234,8 @@ fn fixture_entry(config: &Config, action: &Action) -> JournalEntry {
         Action::UnmountStateAnchor(_) => Event::UnmountStateAnchor,
         Action::ReleaseDomainLock(_) => Event::ReleaseDomainLock,
         Action::ConnectSession(id) => Event::ConnectSession { session: s(id) },
-        Action::RegisterSession(id) => Event::RegisterSession {
-            session: s(id),
-            fingerprint: config.sessions[id.0].fingerprint.clone(),
-        },
-        Action::RejectSession(id) => Event::RejectSession {
-            session: s(id),
-            fingerprint: config.sessions[id.0].fingerprint.clone(),
-        },
+        Action::RegisterSession(id) => Event::RegisterSession { session: s(id), fingerprint: config.sessions[id.0].fingerprint.clone() },
+        Action::RejectSession(id) => Event::RejectSession { session: s(id), fingerprint: config.sessions[id.0].fingerprint.clone() },
         Action::DisconnectSession(id) => Event::DisconnectSession { session: s(id) },
         Action::EvictSession(id) => Event::EvictSession { session: s(id) },
         Action::AbandonLaunch(id) => Event::AbandonLaunch { session: s(id) },
@@ -391,42 +253,21 @@ fn fixture_entry(config: &Config, action: &Action) -> JournalEntry {
                 justification: String::new(),
             }
         }
-        Action::AutoApprove(id) => Event::AutoApprove {
-            request: r(id),
-            rule: "fixture-rule".into(),
-        },
+        Action::AutoApprove(id) => Event::AutoApprove { request: r(id), rule: "fixture-rule".into() },
         Action::PromptDeveloper(id) => Event::PromptDeveloper { request: r(id) },
-        Action::DeveloperApprove(id) => Event::DeveloperApprove {
-            request: r(id),
-            for_domain: false,
-        },
-        Action::DeveloperEditApprove(id, c) => Event::DeveloperEditApprove {
-            request: r(id),
-            command: config.commands[c.0].name.clone(),
-            argv: Vec::new(),
-        },
-        Action::DeveloperDeny(id) => Event::DeveloperDeny {
-            request: r(id),
-            reason: String::new(),
-        },
+        Action::DeveloperApprove(id) => Event::DeveloperApprove { request: r(id), for_domain: false },
+        Action::DeveloperEditApprove(id, c) => {
+            Event::DeveloperEditApprove { request: r(id), command: config.commands[c.0].name.clone(), argv: Vec::new() }
+        }
+        Action::DeveloperDeny(id) => Event::DeveloperDeny { request: r(id), reason: String::new() },
         Action::StartHostExecution(id) => Event::StartHostExecution { request: r(id) },
-        Action::CompleteHostExecution(id) => Event::CompleteHostExecution {
-            request: r(id),
-            exit_status: Some(0),
-        },
+        Action::CompleteHostExecution(id) => Event::CompleteHostExecution { request: r(id), exit_status: Some(0) },
         Action::TimeoutRequest(id) => Event::TimeoutRequest { request: r(id) },
         Action::CancelRequest(id) => Event::CancelRequest { request: r(id) },
-        Action::FailHostExecution(id) => Event::FailHostExecution {
-            request: r(id),
-            reason: "test".into(),
-        },
+        Action::FailHostExecution(id) => Event::FailHostExecution { request: r(id), reason: "test".into() },
         Action::DeliverResult(id) => Event::DeliverResult { request: r(id) },
     };
-    JournalEntry {
-        timestamp_ms: 0,
-        domain: config.domains[0].name.clone(),
-        event,
-    }
+    JournalEntry { timestamp_ms: 0, domain: config.domains[0].name.clone(), event }
 }
 
 /// A small deterministic generator (xorshift), so failures reproduce.
@@ -462,27 +303,11 @@ fn assert_same(config: &Config, model: &State, machine: &Machine) {
         };
         let got = &replayed.sessions[s.0];
         assert_eq!(
-            (
-                expected.phase,
-                expected.connection,
-                expected.route,
-                expected.registered,
-                expected.connected
-            ),
-            (
-                got.phase,
-                got.connection,
-                got.route,
-                got.registered,
-                got.connected
-            )
+            (expected.phase, expected.connection, expected.route, expected.registered, expected.connected),
+            (got.phase, got.connection, got.route, got.registered, got.connected)
         );
-        let name_in_model = expected
-            .active_request
-            .map(|r| config.requests[r.0].name.clone());
-        let name_replayed = got
-            .active_request
-            .map(|r| machine.config().requests[r.0].name.clone());
+        let name_in_model = expected.active_request.map(|r| config.requests[r.0].name.clone());
+        let name_replayed = got.active_request.map(|r| machine.config().requests[r.0].name.clone());
         assert_eq!(name_in_model, name_replayed);
     }
     for (i, spec) in config.requests.iter().enumerate() {
@@ -497,20 +322,9 @@ fn assert_same(config: &Config, model: &State, machine: &Machine) {
             continue;
         };
         let got = &replayed.requests[r.0];
-        assert_eq!(
-            (
-                expected.phase,
-                expected.approval_source,
-                expected.host_running
-            ),
-            (got.phase, got.approval_source, got.host_running)
-        );
-        let cmd_model = expected
-            .approved_command
-            .map(|c| config.commands[c.0].name.clone());
-        let cmd_replayed = got
-            .approved_command
-            .map(|c| machine.config().commands[c.0].name.clone());
+        assert_eq!((expected.phase, expected.approval_source, expected.host_running), (got.phase, got.approval_source, got.host_running));
+        let cmd_model = expected.approved_command.map(|c| config.commands[c.0].name.clone());
+        let cmd_replayed = got.approved_command.map(|c| machine.config().commands[c.0].name.clone());
         assert_eq!(cmd_model, cmd_replayed);
     }
 }
@@ -525,16 +339,9 @@ fn random_behaviours_of_the_model_replay_and_disabled_steps_are_refused() {
     // Each walk once with a retiring machine and once keeping history.
     for walk in 0..400 {
         let mut state = State::initial(&config);
-        let mut machine = if walk % 2 == 0 {
-            Machine::new()
-        } else {
-            Machine::keeping_history()
-        };
+        let mut machine = if walk % 2 == 0 { Machine::new() } else { Machine::keeping_history() };
         for _ in 0..60 {
-            let enabled_now: Vec<&Action> = actions
-                .iter()
-                .filter(|a| enabled(&config, &state, a))
-                .collect();
+            let enabled_now: Vec<&Action> = actions.iter().filter(|a| enabled(&config, &state, a)).collect();
             // A disabled action must be refused by the journal machine too.
             // VerifyRequest of the forged R3 and AbortUnsafeStart are excluded:
             // a journal records only verified requests and checked sandboxes.
@@ -558,9 +365,7 @@ fn random_behaviours_of_the_model_replay_and_disabled_steps_are_refused() {
             }
             let action = enabled_now[rng.below(enabled_now.len())];
             state = step(&config, &state, action).expect("enabled");
-            let line = fixture_entry(&config, action)
-                .to_json_line()
-                .expect("serializes");
+            let line = fixture_entry(&config, action).to_json_line().expect("serializes");
             let parsed: JournalEntry = serde_json::from_str(&line).expect("parses");
             machine.apply(&parsed).expect("a model behaviour conforms");
             replayed_steps += 1;
@@ -578,29 +383,14 @@ fn request_event(kind: &str, request: &str) -> Event {
     let request = request.to_owned();
     match kind {
         "prompt" => Event::PromptDeveloper { request },
-        "approve" => Event::DeveloperApprove {
-            request,
-            for_domain: false,
-        },
-        "approve-for-domain" => Event::DeveloperApprove {
-            request,
-            for_domain: true,
-        },
-        "deny" => Event::DeveloperDeny {
-            request,
-            reason: String::new(),
-        },
+        "approve" => Event::DeveloperApprove { request, for_domain: false },
+        "approve-for-domain" => Event::DeveloperApprove { request, for_domain: true },
+        "deny" => Event::DeveloperDeny { request, reason: String::new() },
         "start" => Event::StartHostExecution { request },
-        "complete" => Event::CompleteHostExecution {
-            request,
-            exit_status: Some(0),
-        },
+        "complete" => Event::CompleteHostExecution { request, exit_status: Some(0) },
         "timeout" => Event::TimeoutRequest { request },
         "cancel" => Event::CancelRequest { request },
-        "fail" => Event::FailHostExecution {
-            request,
-            reason: "spawn failed: No such file or directory".into(),
-        },
+        "fail" => Event::FailHostExecution { request, reason: "spawn failed: No such file or directory".into() },
         "deliver" => Event::DeliverResult { request },
         other => panic!("unknown step {other}"),
     }
@@ -608,17 +398,11 @@ fn request_event(kind: &str, request: &str) -> Event {
 
 /// Entries for `steps` of `request`, in order.
 fn steps(request: &str, kinds: &[&str]) -> Vec<JournalEntry> {
-    kinds
-        .iter()
-        .map(|kind| entry(request_event(kind, request)))
-        .collect()
+    kinds.iter().map(|kind| entry(request_event(kind, request))).collect()
 }
 
 fn auto_approve(request: &str, rule: &str) -> JournalEntry {
-    entry(Event::AutoApprove {
-        request: request.into(),
-        rule: rule.into(),
-    })
+    entry(Event::AutoApprove { request: request.into(), rule: rule.into() })
 }
 
 /// A running Domain with `sessions` registered.
@@ -663,10 +447,7 @@ fn rule_approved_request_completes_and_the_session_can_ask_again() {
     assert_eq!(request.approval_source, Some(ApprovalSource::AutoRule));
     assert!(!request.host_running);
     let s = session_of(&machine, "sess-a");
-    assert_eq!(
-        (s.phase, s.route, s.active_request),
-        (SessionPhase::Attached, TerminalRoute::Sandbox, None)
-    );
+    assert_eq!((s.phase, s.route, s.active_request), (SessionPhase::Attached, TerminalRoute::Sandbox, None));
     // The next request of the same session is accepted.
     journal.push(entry(verify("sess-a", "req-2", &["git", "fetch"], true)));
     replayed(&journal);
@@ -674,119 +455,65 @@ fn rule_approved_request_completes_and_the_session_can_ask_again() {
     let mut bad = domain_with(&["sess-a"]);
     bad.push(entry(verify("sess-a", "req-1", &["git", "push"], false)));
     bad.push(auto_approve("req-1", "git-fetch"));
-    expect_refusal(
-        &bad,
-        bad.len(),
-        "AutoApprove",
-        "RequestCommand[r] \\in AutoApprovedCommands",
-    );
+    expect_refusal(&bad, bad.len(), "AutoApprove", "RequestCommand[r] \\in AutoApprovedCommands");
     // And an auto-approved one is never prompted.
     let mut bad = domain_with(&["sess-a"]);
     bad.push(entry(verify("sess-a", "req-1", &["git", "fetch"], true)));
     bad.extend(steps("req-1", &["prompt"]));
-    expect_refusal(
-        &bad,
-        bad.len(),
-        "PromptDeveloper",
-        "RequestCommand[r] \\notin AutoApprovedCommands",
-    );
+    expect_refusal(&bad, bad.len(), "PromptDeveloper", "RequestCommand[r] \\notin AutoApprovedCommands");
 }
 
 #[test]
 fn prompt_routes_the_terminal_and_approval_runs_the_command() {
     let mut journal = domain_with(&["sess-a"]);
-    journal.push(entry(verify(
-        "sess-a",
-        "req-1",
-        &["git", "push", "origin", "fix-123"],
-        false,
-    )));
+    journal.push(entry(verify("sess-a", "req-1", &["git", "push", "origin", "fix-123"], false)));
     journal.extend(steps("req-1", &["prompt"]));
     let machine = replayed(&journal);
     let s = session_of(&machine, "sess-a");
-    assert_eq!(
-        (s.phase, s.route),
-        (SessionPhase::Prompting, TerminalRoute::Prompt)
-    );
+    assert_eq!((s.phase, s.route), (SessionPhase::Prompting, TerminalRoute::Prompt));
     // Nothing runs while the prompt is up.
     let mut early = journal.clone();
     early.extend(steps("req-1", &["start"]));
-    expect_refusal(
-        &early,
-        early.len(),
-        "StartHostExecution",
-        "requestPhase[r] = \"Approved\"",
-    );
+    expect_refusal(&early, early.len(), "StartHostExecution", "requestPhase[r] = \"Approved\"");
 
     journal.extend(steps("req-1", &["approve", "start"]));
     let machine = replayed(&journal);
     let s = session_of(&machine, "sess-a");
-    assert_eq!(
-        (s.phase, s.route),
-        (SessionPhase::Executing, TerminalRoute::HostProcess)
-    );
+    assert_eq!((s.phase, s.route), (SessionPhase::Executing, TerminalRoute::HostProcess));
     // No result while the command runs.
     let mut early = journal.clone();
     early.extend(steps("req-1", &["deliver"]));
-    expect_refusal(
-        &early,
-        early.len(),
-        "DeliverResult",
-        "requestPhase[r] \\in PendingResultPhases",
-    );
+    expect_refusal(&early, early.len(), "DeliverResult", "requestPhase[r] \\in PendingResultPhases");
 
     journal.extend(steps("req-1", &["complete", "deliver"]));
     let machine = replayed(&journal);
     assert_eq!(phase(&machine, "req-1"), RequestPhase::Completed);
     let request = machine.request_state("req-1").expect("known");
     assert_eq!(request.approval_source, Some(ApprovalSource::Developer));
-    assert!(!machine.is_domain_approved(
-        DOMAIN,
-        &argv(&["git", "push", "origin", "fix-123"]),
-        "/work"
-    ));
+    assert!(!machine.is_domain_approved(DOMAIN, &argv(&["git", "push", "origin", "fix-123"]), "/work"));
 }
 
 #[test]
 fn prompt_edit_approve_runs_the_edited_argv() {
     let edited = argv(&["git", "push", "--dry-run", "origin", "fix 123"]);
     let mut journal = domain_with(&["sess-a"]);
-    journal.push(entry(verify(
-        "sess-a",
-        "req-1",
-        &["git", "push", "origin", "fix 123"],
-        false,
-    )));
+    journal.push(entry(verify("sess-a", "req-1", &["git", "push", "origin", "fix 123"], false)));
     journal.extend(steps("req-1", &["prompt"]));
     journal.push(entry(Event::developer_edit_approve("req-1", &edited)));
     journal.extend(steps("req-1", &["start", "complete", "deliver"]));
     let machine = replayed(&journal);
     assert_eq!(phase(&machine, "req-1"), RequestPhase::Completed);
-    let approved = machine
-        .request_state("req-1")
-        .and_then(|r| r.approved_command)
-        .expect("approved");
+    let approved = machine.request_state("req-1").and_then(|r| r.approved_command).expect("approved");
     let command = &machine.config().commands[approved.0];
     assert_eq!(command.name, "git push --dry-run origin 'fix 123'");
-    assert!(
-        !command.auto_approved,
-        "an edited command is never auto-approved"
-    );
+    assert!(!command.auto_approved, "an edited command is never auto-approved");
 
     // An "edit" that changes nothing is not an edit.
     let mut same = domain_with(&["sess-a"]);
     same.push(entry(verify("sess-a", "req-1", &["git", "push"], false)));
     same.extend(steps("req-1", &["prompt"]));
-    same.push(entry(Event::developer_edit_approve(
-        "req-1",
-        &argv(&["git", "push"]),
-    )));
-    expect_refusal(
-        &same,
-        same.len(),
-        "DeveloperEditApprove",
-        "c # RequestCommand[r]",
-    );
+    same.push(entry(Event::developer_edit_approve("req-1", &argv(&["git", "push"]))));
+    expect_refusal(&same, same.len(), "DeveloperEditApprove", "c # RequestCommand[r]");
 
     // The command string must be the argv, quoted.
     let mut forged = domain_with(&["sess-a"]);
@@ -797,47 +524,23 @@ fn prompt_edit_approve_runs_the_edited_argv() {
         command: "git status".into(),
         argv: argv(&["rm", "-rf", "/"]),
     }));
-    assert!(matches!(
-        replay(&forged),
-        Err(ConformanceError::Transition {
-            source: TransitionError::Inconsistent { .. },
-            ..
-        })
-    ));
+    assert!(matches!(replay(&forged), Err(ConformanceError::Transition { source: TransitionError::Inconsistent { .. }, .. })));
 }
 
 #[test]
 fn denied_requests_get_a_result_and_never_run() {
     for reason in ["", "the session has no terminal"] {
         let mut journal = domain_with(&["sess-a"]);
-        journal.push(entry(verify(
-            "sess-a",
-            "req-1",
-            &["curl", "evil.example"],
-            false,
-        )));
+        journal.push(entry(verify("sess-a", "req-1", &["curl", "evil.example"], false)));
         journal.extend(steps("req-1", &["prompt"]));
-        journal.push(entry(Event::DeveloperDeny {
-            request: "req-1".into(),
-            reason: reason.into(),
-        }));
+        journal.push(entry(Event::DeveloperDeny { request: "req-1".into(), reason: reason.into() }));
         let mut run_anyway = journal.clone();
         run_anyway.extend(steps("req-1", &["start"]));
-        expect_refusal(
-            &run_anyway,
-            run_anyway.len(),
-            "StartHostExecution",
-            "requestPhase[r] = \"Approved\"",
-        );
+        expect_refusal(&run_anyway, run_anyway.len(), "StartHostExecution", "requestPhase[r] = \"Approved\"");
         journal.extend(steps("req-1", &["deliver"]));
         let machine = replayed(&journal);
         assert_eq!(phase(&machine, "req-1"), RequestPhase::Denied);
-        assert_eq!(
-            machine
-                .request_state("req-1")
-                .and_then(|r| r.approval_source),
-            None
-        );
+        assert_eq!(machine.request_state("req-1").and_then(|r| r.approval_source), None);
     }
 }
 
@@ -848,19 +551,11 @@ fn unanswered_prompt_and_overlong_command_time_out() {
     journal.extend(steps("req-1", &["prompt", "timeout"]));
     let machine = replayed(&journal);
     let s = session_of(&machine, "sess-a");
-    assert_eq!(
-        (s.phase, s.route),
-        (SessionPhase::Attached, TerminalRoute::Sandbox)
-    );
+    assert_eq!((s.phase, s.route), (SessionPhase::Attached, TerminalRoute::Sandbox));
     // The developer's late answer is refused.
     let mut late = journal.clone();
     late.extend(steps("req-1", &["approve"]));
-    expect_refusal(
-        &late,
-        late.len(),
-        "DeveloperApprove",
-        "requestPhase[r] = \"AwaitingApproval\"",
-    );
+    expect_refusal(&late, late.len(), "DeveloperApprove", "requestPhase[r] = \"AwaitingApproval\"");
     journal.extend(steps("req-1", &["deliver"]));
     assert_eq!(phase(&replayed(&journal), "req-1"), RequestPhase::TimedOut);
 
@@ -868,20 +563,10 @@ fn unanswered_prompt_and_overlong_command_time_out() {
     journal.push(entry(verify("sess-a", "req-2", &["sleep", "999"], true)));
     journal.push(auto_approve("req-2", "sleep"));
     journal.extend(steps("req-2", &["start", "timeout"]));
-    assert!(
-        !replayed(&journal)
-            .request_state("req-2")
-            .expect("known")
-            .host_running
-    );
+    assert!(!replayed(&journal).request_state("req-2").expect("known").host_running);
     let mut late = journal.clone();
     late.extend(steps("req-2", &["complete"]));
-    expect_refusal(
-        &late,
-        late.len(),
-        "CompleteHostExecution",
-        "requestPhase[r] = \"Executing\"",
-    );
+    expect_refusal(&late, late.len(), "CompleteHostExecution", "requestPhase[r] = \"Executing\"");
     journal.extend(steps("req-2", &["deliver"]));
     assert_eq!(phase(&replayed(&journal), "req-2"), RequestPhase::TimedOut);
 }
@@ -889,12 +574,7 @@ fn unanswered_prompt_and_overlong_command_time_out() {
 #[test]
 fn cancel_while_executing_kills_and_reports_cancelled() {
     let mut journal = domain_with(&["sess-a"]);
-    journal.push(entry(verify(
-        "sess-a",
-        "req-1",
-        &["cargo", "publish"],
-        false,
-    )));
+    journal.push(entry(verify("sess-a", "req-1", &["cargo", "publish"], false)));
     journal.extend(steps("req-1", &["prompt", "approve", "start", "cancel"]));
     let machine = replayed(&journal);
     assert!(!machine.request_state("req-1").expect("known").host_running);
@@ -902,23 +582,13 @@ fn cancel_while_executing_kills_and_reports_cancelled() {
     assert_eq!(s.route, TerminalRoute::Sandbox);
     let mut late = journal.clone();
     late.extend(steps("req-1", &["complete"]));
-    expect_refusal(
-        &late,
-        late.len(),
-        "CompleteHostExecution",
-        "requestPhase[r] = \"Executing\"",
-    );
+    expect_refusal(&late, late.len(), "CompleteHostExecution", "requestPhase[r] = \"Executing\"");
     journal.extend(steps("req-1", &["deliver"]));
     assert_eq!(phase(&replayed(&journal), "req-1"), RequestPhase::Cancelled);
 
     // Cancelling a pending prompt withdraws it.
     let mut journal = domain_with(&["sess-a"]);
-    journal.push(entry(verify(
-        "sess-a",
-        "req-1",
-        &["cargo", "publish"],
-        false,
-    )));
+    journal.push(entry(verify("sess-a", "req-1", &["cargo", "publish"], false)));
     journal.extend(steps("req-1", &["prompt", "cancel", "deliver"]));
     assert_eq!(phase(&replayed(&journal), "req-1"), RequestPhase::Cancelled);
 
@@ -942,12 +612,7 @@ fn a_command_that_cannot_start_fails_after_start() {
     journal.push(auto_approve("req-1", "tool"));
     let mut bare = journal.clone();
     bare.extend(steps("req-1", &["fail"]));
-    expect_refusal(
-        &bare,
-        bare.len(),
-        "FailHostExecution",
-        "requestPhase[r] = \"Executing\"",
-    );
+    expect_refusal(&bare, bare.len(), "FailHostExecution", "requestPhase[r] = \"Executing\"");
     journal.extend(steps("req-1", &["start", "fail", "deliver"]));
     assert_eq!(phase(&replayed(&journal), "req-1"), RequestPhase::Failed);
 }
@@ -958,29 +623,21 @@ fn a_session_disconnecting_mid_execution_ends_its_request_without_a_result() {
     journal.push(entry(verify("sess-a", "req-1", &["sleep", "999"], true)));
     journal.push(auto_approve("req-1", "sleep"));
     journal.extend(steps("req-1", &["start"]));
-    journal.push(entry(Event::DisconnectSession {
-        session: session("sess-a"),
-    }));
+    journal.push(entry(Event::DisconnectSession { session: session("sess-a") }));
     let machine = replayed(&journal);
     let request = machine.request_state("req-1").expect("known");
     // CloseSession: the request is cancelled, its host process gone.
     assert_eq!(request.phase, RequestPhase::Cancelled);
     assert!(!request.host_running);
     let s = session_of(&machine, "sess-a");
-    assert_eq!(
-        (s.phase, s.route, s.active_request),
-        (SessionPhase::Closed, TerminalRoute::Detached, None)
-    );
+    assert_eq!((s.phase, s.route, s.active_request), (SessionPhase::Closed, TerminalRoute::Detached, None));
     for late in ["complete", "deliver", "cancel", "timeout"] {
         let mut after = journal.clone();
         after.extend(steps("req-1", &[late]));
         assert!(
             matches!(
                 replay(&after),
-                Err(ConformanceError::Transition {
-                    source: TransitionError::Refused { .. } | TransitionError::Retired { .. },
-                    ..
-                })
+                Err(ConformanceError::Transition { source: TransitionError::Refused { .. } | TransitionError::Retired { .. }, .. })
             ),
             "{late} after the disconnect must be refused"
         );
@@ -992,12 +649,7 @@ fn a_session_disconnecting_mid_execution_ends_its_request_without_a_result() {
     assert_eq!(phase(&replayed(&journal), "req-2"), RequestPhase::Completed);
     // A closed session's certificate is worthless.
     journal.push(entry(verify("sess-a", "req-3", &["true"], true)));
-    expect_refusal(
-        &journal,
-        journal.len(),
-        "VerifyRequest",
-        "s \\in registered[d]",
-    );
+    expect_refusal(&journal, journal.len(), "VerifyRequest", "s \\in registered[d]");
 }
 
 #[test]
@@ -1005,16 +657,7 @@ fn approve_for_domain_makes_the_same_request_auto_approved() {
     let words = ["git", "push", "origin", "fix-123"];
     let mut journal = domain_with(&["sess-a", "sess-b"]);
     journal.push(entry(verify("sess-a", "req-1", &words, false)));
-    journal.extend(steps(
-        "req-1",
-        &[
-            "prompt",
-            "approve-for-domain",
-            "start",
-            "complete",
-            "deliver",
-        ],
-    ));
+    journal.extend(steps("req-1", &["prompt", "approve-for-domain", "start", "complete", "deliver"]));
     let machine = replayed(&journal);
     assert!(machine.is_domain_approved(DOMAIN, &argv(&words), "/work"));
     assert!(!machine.is_domain_approved(DOMAIN, &argv(&words), "/work/sub"));
@@ -1030,12 +673,7 @@ fn approve_for_domain_makes_the_same_request_auto_approved() {
     }
     let machine = replayed(&later);
     assert_eq!(phase(&machine, "req-3"), RequestPhase::Completed);
-    assert_eq!(
-        machine
-            .request_state("req-2")
-            .and_then(|r| r.approval_source),
-        Some(ApprovalSource::AutoRule)
-    );
+    assert_eq!(machine.request_state("req-2").and_then(|r| r.approval_source), Some(ApprovalSource::AutoRule));
     // And back: a later prompted request of it is fine too (a rule set may say so).
     later.push(entry(verify("sess-a", "req-4", &words, false)));
     later.extend(steps("req-4", &["prompt", "deny", "deliver"]));
@@ -1043,32 +681,20 @@ fn approve_for_domain_makes_the_same_request_auto_approved() {
 
     // "domain-approval" is checked: another working directory was not approved...
     let mut other_cwd = journal.clone();
-    other_cwd.push(entry(Event::verify_request(
-        "sess-b",
-        "req-2",
-        &argv(&words),
-        "/work/sub",
-        "",
-        true,
-    )));
+    other_cwd.push(entry(Event::verify_request("sess-b", "req-2", &argv(&words), "/work/sub", "", true)));
     other_cwd.push(auto_approve("req-2", DOMAIN_APPROVAL_RULE));
     assert_inconsistent(&other_cwd, other_cwd.len());
     // ...nor anything by a once-only approval...
     let mut once = domain_with(&["sess-a"]);
     once.push(entry(verify("sess-a", "req-1", &words, false)));
-    once.extend(steps(
-        "req-1",
-        &["prompt", "approve", "start", "complete", "deliver"],
-    ));
+    once.extend(steps("req-1", &["prompt", "approve", "start", "complete", "deliver"]));
     once.push(entry(verify("sess-a", "req-2", &words, true)));
     once.push(auto_approve("req-2", DOMAIN_APPROVAL_RULE));
     assert_inconsistent(&once, once.len());
     // ...and approvals end with the Domain's life.
     let mut next_life = journal.clone();
     for s in ["sess-a", "sess-b"] {
-        next_life.push(entry(Event::DisconnectSession {
-            session: session(s),
-        }));
+        next_life.push(entry(Event::DisconnectSession { session: session(s) }));
     }
     next_life.extend(teardown());
     next_life.extend(domain_with(&["sess-c"]));
@@ -1082,27 +708,20 @@ fn approve_for_domain_makes_the_same_request_auto_approved() {
 /// because it names a retired ID.
 fn expect_refused_or_retired(journal: &[JournalEntry], line: usize) {
     match replay(journal) {
-        Err(ConformanceError::Transition {
-            line: got,
-            source: TransitionError::Refused { .. } | TransitionError::Retired { .. },
-        }) if got == line => {}
+        Err(ConformanceError::Transition { line: got, source: TransitionError::Refused { .. } | TransitionError::Retired { .. } })
+            if got == line => {}
         other => panic!("expected line {line} to be refused (or retired), got {other:?}"),
     }
 }
 
 fn assert_inconsistent(journal: &[JournalEntry], line: usize) {
     match replay(journal) {
-        Err(ConformanceError::Transition {
-            line: got,
-            source: TransitionError::Inconsistent { .. } | TransitionError::Retired { .. },
-        }) if got == line => {}
+        Err(ConformanceError::Transition { line: got, source: TransitionError::Inconsistent { .. } | TransitionError::Retired { .. } })
+            if got == line => {}
         other => panic!("expected line {line} to be inconsistent or retired, got {other:?}"),
     }
     match replay_into(Machine::keeping_history(), journal) {
-        Err(ConformanceError::Transition {
-            line: got,
-            source: TransitionError::Inconsistent { .. },
-        }) if got == line => {}
+        Err(ConformanceError::Transition { line: got, source: TransitionError::Inconsistent { .. } }) if got == line => {}
         other => panic!("expected line {line} to be inconsistent, got {other:?}"),
     }
 }
@@ -1123,29 +742,16 @@ fn two_sessions_interleave_and_neither_blocks_the_other() {
         journal.extend(steps(r, &["complete", "deliver"]));
     }
     let machine = replayed(&journal);
-    assert_eq!(
-        session_of(&machine, "sess-a").route,
-        TerminalRoute::HostProcess
-    );
+    assert_eq!(session_of(&machine, "sess-a").route, TerminalRoute::HostProcess);
     assert_eq!(session_of(&machine, "sess-b").route, TerminalRoute::Sandbox);
     // One request at a time per session: A cannot ask again yet.
     let mut second = journal.clone();
     second.push(entry(verify("sess-a", "req-a2", &["ls"], true)));
-    expect_refusal(
-        &second,
-        second.len(),
-        "VerifyRequest",
-        "sessionPhase[s] = \"Attached\"",
-    );
+    expect_refusal(&second, second.len(), "VerifyRequest", "sessionPhase[s] = \"Attached\"");
     journal.extend(steps("req-a1", &["complete"]));
     let mut second = journal.clone();
     second.push(entry(verify("sess-a", "req-a2", &["ls"], true)));
-    expect_refusal(
-        &second,
-        second.len(),
-        "VerifyRequest",
-        "activeRequest[s] = NoRequest",
-    );
+    expect_refusal(&second, second.len(), "VerifyRequest", "activeRequest[s] = NoRequest");
     journal.extend(steps("req-a1", &["deliver"]));
     journal.push(entry(verify("sess-a", "req-a2", &["ls"], true)));
     let machine = replayed(&journal);
@@ -1162,39 +768,21 @@ fn a_replayed_request_id_is_refused() {
     // While the first is open...
     let mut open = journal.clone();
     open.push(entry(verify("sess-a", "req-1", &["true"], true)));
-    expect_refusal(
-        &open,
-        open.len(),
-        "VerifyRequest",
-        "requestPhase[r] = \"Unused\"",
-    );
+    expect_refusal(&open, open.len(), "VerifyRequest", "requestPhase[r] = \"Unused\"");
     journal.push(auto_approve("req-1", "true"));
     journal.extend(steps("req-1", &["start", "complete", "deliver"]));
     // ...after it is finished, with another command...
     let mut again = journal.clone();
     again.push(entry(verify("sess-a", "req-1", &["rm", "-rf", "/"], false)));
-    expect_refusal(
-        &again,
-        again.len(),
-        "VerifyRequest",
-        "requestPhase[r] = \"Unused\"",
-    );
+    expect_refusal(&again, again.len(), "VerifyRequest", "requestPhase[r] = \"Unused\"");
     // ...and from another session.
     let mut stolen = journal.clone();
     stolen.push(entry(verify("sess-b", "req-1", &["true"], true)));
     assert_inconsistent(&stolen, stolen.len());
     // Machine::check lets a coordinator ask before acting, changing nothing.
     let machine = replayed(&journal);
-    assert!(
-        machine
-            .check(&entry(verify("sess-a", "req-1", &["true"], true)))
-            .is_err()
-    );
-    assert!(
-        machine
-            .check(&entry(verify("sess-a", "req-2", &["true"], true)))
-            .is_ok()
-    );
+    assert!(machine.check(&entry(verify("sess-a", "req-1", &["true"], true))).is_err());
+    assert!(machine.check(&entry(verify("sess-a", "req-2", &["true"], true))).is_ok());
     assert!(machine.request_index("req-2").is_none());
 }
 
@@ -1237,8 +825,7 @@ fn journals_written_before_decision_details_still_replay() {
         text.push_str(line);
     }
     replay_reader(text.as_bytes()).expect("an old journal conforms");
-    let machine = replay_reader_into(Machine::keeping_history(), text.as_bytes())
-        .expect("an old journal conforms");
+    let machine = replay_reader_into(Machine::keeping_history(), text.as_bytes()).expect("an old journal conforms");
     assert_eq!(phase(&machine, "r1"), RequestPhase::Completed);
     assert_eq!(phase(&machine, "r2"), RequestPhase::Cancelled);
     assert_eq!(phase(&machine, "r3"), RequestPhase::Approved);
@@ -1247,25 +834,11 @@ fn journals_written_before_decision_details_still_replay() {
 #[test]
 fn decision_details_survive_the_json_line() {
     let events = [
-        verify(
-            "sess-a",
-            "req-1",
-            &["printf", "%s\n", "\u{1b}[2J\u{202e}"],
-            false,
-        ),
-        Event::AutoApprove {
-            request: "req-1".into(),
-            rule: "printf".into(),
-        },
-        Event::DeveloperApprove {
-            request: "req-1".into(),
-            for_domain: true,
-        },
+        verify("sess-a", "req-1", &["printf", "%s\n", "\u{1b}[2J\u{202e}"], false),
+        Event::AutoApprove { request: "req-1".into(), rule: "printf".into() },
+        Event::DeveloperApprove { request: "req-1".into(), for_domain: true },
         Event::developer_edit_approve("req-1", &argv(&["printf", "ok"])),
-        Event::DeveloperDeny {
-            request: "req-1".into(),
-            reason: "the session has no terminal".into(),
-        },
+        Event::DeveloperDeny { request: "req-1".into(), reason: "the session has no terminal".into() },
     ];
     for event in events {
         let line = entry(event.clone()).to_json_line().expect("serializes");

@@ -3,8 +3,7 @@
 
 use lazaret_protocol::checker::{CheckOptions, CheckReport, Violation, check};
 use lazaret_protocol::model::{
-    Action, Config, ConnectionState, Invariant, Mutation, RequestId, RequestPhase, State,
-    check_invariants, step, step_mutated,
+    Action, Config, ConnectionState, Invariant, Mutation, RequestId, RequestPhase, State, check_invariants, step, step_mutated,
 };
 
 fn report(label: &str, config: &Config, report: &CheckReport) {
@@ -21,19 +20,12 @@ fn report(label: &str, config: &Config, report: &CheckReport) {
             Violation::Invariant { invariant, trace } => {
                 println!("{invariant:?} violated after:\n{}", trace.describe(config));
             }
-            Violation::Liveness {
-                property,
-                prefix,
-                cycle,
-            } => {
+            Violation::Liveness { property, prefix, cycle } => {
                 println!(
                     "{} violated after:\n{}\nthen forever: {:?}",
                     property.describe(config),
                     prefix.describe(config),
-                    cycle
-                        .iter()
-                        .map(|a| a.display(config).to_string())
-                        .collect::<Vec<_>>()
+                    cycle.iter().map(|a| a.display(config).to_string()).collect::<Vec<_>>()
                 );
             }
         }
@@ -64,10 +56,7 @@ fn user_fixture_satisfies_every_invariant_and_liveness_property() {
     let result = check(&config, CheckOptions::default());
     report("user fixture (D1; S1, S2; R1..R3)", &config, &result);
     assert!(result.violation.is_none(), "the model violates a property");
-    assert_eq!(
-        result.liveness_checked, 4,
-        "3 SessionEventuallyResolves + 1 DomainEventuallyTearsDown"
-    );
+    assert_eq!(result.liveness_checked, 4, "3 SessionEventuallyResolves + 1 DomainEventuallyTearsDown");
     // Non-vacuity: every action the fixture can exercise is taken somewhere.
     // AbortUnsafeStart needs an unsafe sandbox and RejectSession a foreign
     // fingerprint; the fixture has neither.
@@ -77,10 +66,7 @@ fn user_fixture_satisfies_every_invariant_and_liveness_property() {
         if expected_unused.contains(&name) {
             assert_eq!(taken, 0, "{name} should be impossible in the fixture");
         } else {
-            assert!(
-                taken > 0,
-                "{name} is never taken: the model is vacuous there"
-            );
+            assert!(taken > 0, "{name} is never taken: the model is vacuous there");
         }
     }
 }
@@ -92,13 +78,7 @@ fn forged_request_is_never_accepted_in_the_fixture() {
     let config = Config::user_fixture();
     let r3 = lazaret_protocol::model::RequestId(2);
     assert!(!config.requests[r3.0].certificate_valid);
-    let result = check(
-        &config,
-        CheckOptions {
-            mutation: Mutation::None,
-            liveness: false,
-        },
-    );
+    let result = check(&config, CheckOptions { mutation: Mutation::None, liveness: false });
     assert!(result.violation.is_none());
     assert!(taken(&result, "VerifyRequest") > 0);
 }
@@ -107,128 +87,71 @@ fn forged_request_is_never_accepted_in_the_fixture() {
 fn two_domain_fixture_keeps_domains_apart_and_refuses_unsafe_sandboxes() {
     let config = Config::two_domain_fixture();
     let result = check(&config, CheckOptions::default());
-    report(
-        "two domains (D2 with an unsafe sandbox spec)",
-        &config,
-        &result,
-    );
+    report("two domains (D2 with an unsafe sandbox spec)", &config, &result);
     assert!(result.violation.is_none());
     assert!(taken(&result, "AbortUnsafeStart") > 0);
 }
 
 fn assert_mutant_caught(mutation: Mutation, expected: &[Invariant]) -> State {
     let config = Config::user_fixture();
-    let result = check(
-        &config,
-        CheckOptions {
-            mutation,
-            liveness: false,
-        },
-    );
+    let result = check(&config, CheckOptions { mutation, liveness: false });
     report(&format!("mutant {mutation:?}"), &config, &result);
     let Some(Violation::Invariant { invariant, trace }) = &result.violation else {
         panic!("mutant {mutation:?} was not caught");
     };
-    assert!(
-        expected.contains(invariant),
-        "{mutation:?} caught by unexpected {invariant:?}"
-    );
+    assert!(expected.contains(invariant), "{mutation:?} caught by unexpected {invariant:?}");
     assert!(!trace.steps.is_empty(), "counterexample trace is empty");
-    assert!(
-        !invariant.holds(&config, trace.last_state()),
-        "the trace does not end in a violating state"
-    );
+    assert!(!invariant.holds(&config, trace.last_state()), "the trace does not end in a violating state");
     // The bad state is the mutant's doing, not the correct model's.
-    assert!(
-        correct_model_avoids(&config, &trace.actions()),
-        "the correct model reaches the same violation"
-    );
+    assert!(correct_model_avoids(&config, &trace.actions()), "the correct model reaches the same violation");
     trace.last_state().clone()
 }
 
 #[test]
 fn mutant_sandbox_before_sidecar_ready_is_caught() {
-    assert_mutant_caught(
-        Mutation::SandboxBeforeSidecarReady,
-        &[Invariant::OrderedNetworkStartup],
-    );
+    assert_mutant_caught(Mutation::SandboxBeforeSidecarReady, &[Invariant::OrderedNetworkStartup]);
 }
 
 #[test]
 fn mutant_result_to_disconnected_session_is_caught() {
     let bad = assert_mutant_caught(
         Mutation::ResultToDisconnectedSession,
-        &[
-            Invariant::AuthenticatedEscalation,
-            Invariant::ActiveRequestConsistent,
-            Invariant::ResultDeliveryStateConsistent,
-        ],
+        &[Invariant::AuthenticatedEscalation, Invariant::ActiveRequestConsistent, Invariant::ResultDeliveryStateConsistent],
     );
     // The state reached has a result queued for delivery to a disconnected
     // session, which the mutant's DeliverResult would then deliver.
     let config = Config::user_fixture();
     assert!(!Invariant::ResultDeliveryStateConsistent.holds(&config, &bad));
-    let queued = bad
-        .requests
-        .iter()
-        .enumerate()
-        .find(|(_, r)| r.phase.is_pending_result());
+    let queued = bad.requests.iter().enumerate().find(|(_, r)| r.phase.is_pending_result());
     let (r, _) = queued.expect("a pending result");
     let s = config.requests[r].session;
     assert_eq!(bad.sessions[s.0].connection, ConnectionState::Disconnected);
     let deliver = Action::DeliverResult(RequestId(r));
-    assert!(
-        step_mutated(
-            &config,
-            &bad,
-            &deliver,
-            Mutation::ResultToDisconnectedSession
-        )
-        .is_ok()
-    );
+    assert!(step_mutated(&config, &bad, &deliver, Mutation::ResultToDisconnectedSession).is_ok());
 }
 
 #[test]
 fn mutant_host_process_outliving_request_is_caught() {
     let bad = assert_mutant_caught(
         Mutation::HostProcessOutlivesRequest,
-        &[
-            Invariant::NoOrphanHostProcess,
-            Invariant::ResultDeliveryStateConsistent,
-        ],
+        &[Invariant::NoOrphanHostProcess, Invariant::ResultDeliveryStateConsistent],
     );
     // A host process still runs for a request that is no longer Executing.
-    assert!(
-        bad.requests
-            .iter()
-            .any(|r| r.host_running && r.phase != RequestPhase::Executing)
-    );
+    assert!(bad.requests.iter().any(|r| r.host_running && r.phase != RequestPhase::Executing));
 }
 
 #[test]
 fn mutant_execution_without_certificate_is_caught() {
-    assert_mutant_caught(
-        Mutation::ExecuteWithoutCertificate,
-        &[Invariant::AuthenticatedEscalation],
-    );
+    assert_mutant_caught(Mutation::ExecuteWithoutCertificate, &[Invariant::AuthenticatedEscalation]);
 }
 
 #[test]
 fn liveness_mutants_are_caught_with_a_fair_lasso() {
     let config = Config::user_fixture();
     for mutation in Mutation::LIVENESS_MUTANTS {
-        let result = check(
-            &config,
-            CheckOptions {
-                mutation,
-                liveness: true,
-            },
-        );
+        let result = check(&config, CheckOptions { mutation, liveness: true });
         report(&format!("liveness mutant {mutation:?}"), &config, &result);
-        let Some(Violation::Liveness {
-            property, prefix, ..
-        }) = &result.violation
-        else {
+        let Some(Violation::Liveness { property, prefix, .. }) = &result.violation else {
             panic!("liveness mutant {mutation:?} was not caught");
         };
         assert!(!prefix.steps.is_empty());
@@ -242,11 +165,7 @@ fn liveness_mutants_are_caught_with_a_fair_lasso() {
 fn larger_configuration_satisfies_every_property() {
     let config = Config::larger_fixture();
     let result = check(&config, CheckOptions::default());
-    report(
-        "larger (D1; S1..S3 with S3 foreign; R1..R4)",
-        &config,
-        &result,
-    );
+    report("larger (D1; S1..S3 with S3 foreign; R1..R4)", &config, &result);
     assert!(result.violation.is_none());
     assert!(taken(&result, "RejectSession") > 0);
 }

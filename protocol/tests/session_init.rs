@@ -70,7 +70,9 @@ fn signal(r: &Running, signal: i32) {
 fn the_agent_s_status_is_kept_and_what_it_left_is_killed() {
     // A background child, a double-forked one in its own session, and one
     // that ignores SIGTERM and SIGHUP.
-    let mut r = start("sleep 1000 & echo $!; sh -c 'echo $$; exec setsid sleep 1000' & (trap '' TERM HUP; sh -c 'echo $$; exec sleep 1000' &); sleep 0.3; exit 7");
+    let mut r = start(
+        "sleep 1000 & echo $!; sh -c 'echo $$; exec setsid sleep 1000' & (trap '' TERM HUP; sh -c 'echo $$; exec sleep 1000' &); sleep 0.3; exit 7",
+    );
     let mut lines = BufReader::new(r.0.stdout.take().expect("stdout")).lines();
     let left = pids(&mut lines, 3);
     assert_eq!(wait(&mut r), Some(7));

@@ -33,7 +33,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let journal_path = std::path::Path::new(&journal_dir).join(format!("hostexec-bench-{}.jsonl", std::process::id()));
     let mut journal = std::fs::OpenOptions::new().create(true).append(true).open(&journal_path)?;
     let line = [b'x'; 200];
-    let open_dir = || -> Result<OwnedFd, nix::Error> { nix::fcntl::open(dir.path(), OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) };
+    let open_dir = || -> Result<OwnedFd, nix::Error> {
+        nix::fcntl::open(dir.path(), OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
+    };
     let mut seq = 0usize;
     let mut command = || -> Result<HostCommand, nix::Error> {
         seq += 1;

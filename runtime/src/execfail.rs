@@ -68,7 +68,12 @@ pub fn classify(status: i32, started: bool, log: &str) -> Option<ExecFailure> {
     let message = log
         .lines()
         .rev()
-        .map(|l| serde_json::from_str::<serde_json::Value>(l).ok().and_then(|v| v.get("msg").and_then(|m| m.as_str()).map(String::from)).unwrap_or_else(|| l.to_string()))
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l)
+                .ok()
+                .and_then(|v| v.get("msg").and_then(|m| m.as_str()).map(String::from))
+                .unwrap_or_else(|| l.to_string())
+        })
         .find(|m| m.contains("executing command"));
     let Some(message) = message else {
         return Some(ExecFailure::Other(String::new()));

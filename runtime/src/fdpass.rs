@@ -6,7 +6,7 @@ use std::io::IoSlice;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags};
+use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
 
 /// Most descriptors accepted in one message; extra ones are closed.
 pub const MAX_FDS: usize = 3;

@@ -125,17 +125,17 @@ use std::ffi::CString;
 use std::io::Read;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::path::{Component, Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
 use nix::fcntl::{FcntlArg, OFlag};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
-use nix::sys::socket::{send, socketpair, AddressFamily, MsgFlags, SockFlag, SockType};
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, send, socketpair};
 use nix::sys::stat::Mode;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::sys;
@@ -404,8 +404,7 @@ struct StopInner {
 impl StopSignal {
     /// A signal that has not fired.
     pub fn new() -> Result<StopSignal, HostExecError> {
-        let (read, write) =
-            nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(sys_err("creating the stop pipe"))?;
+        let (read, write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(sys_err("creating the stop pipe"))?;
         Ok(StopSignal { inner: Arc::new(StopInner { fired: AtomicBool::new(false), read, write }) })
     }
 
@@ -497,8 +496,7 @@ pub fn prepare(cmd: HostCommand) -> Result<HeldProcess, HostExecError> {
             .map_err(|e| HostExecError::Cgroup { context: "opening cgroup.procs of", path: cgroup.path.clone(), source: e.into() })?,
     )?;
     let stdin = above_stdio(
-        nix::fcntl::open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty())
-            .map_err(open_err("opening /dev/null"))?,
+        nix::fcntl::open("/dev/null", OFlag::O_RDONLY | OFlag::O_CLOEXEC, Mode::empty()).map_err(open_err("opening /dev/null"))?,
     )?;
     let (out_r, out_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(open_err("creating the stdout pipe"))?;
     let (err_r, err_w) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(open_err("creating the stderr pipe"))?;
@@ -906,14 +904,13 @@ fn program_candidates(program: &str, env: &[(String, String)]) -> Result<Vec<Str
     if program.contains('/') {
         return Ok(vec![program.to_string()]);
     }
-    let path = env.iter().find(|(k, _)| k == "PATH").map(|(_, v)| v.as_str()).ok_or_else(|| {
-        HostExecError::Invalid(format!("{program} has no '/' and the environment has no PATH to search"))
-    })?;
-    let candidates: Vec<String> = path
-        .split(':')
-        .filter(|dir| dir.starts_with('/'))
-        .map(|dir| format!("{}/{program}", dir.trim_end_matches('/')))
-        .collect();
+    let path = env
+        .iter()
+        .find(|(k, _)| k == "PATH")
+        .map(|(_, v)| v.as_str())
+        .ok_or_else(|| HostExecError::Invalid(format!("{program} has no '/' and the environment has no PATH to search")))?;
+    let candidates: Vec<String> =
+        path.split(':').filter(|dir| dir.starts_with('/')).map(|dir| format!("{}/{program}", dir.trim_end_matches('/'))).collect();
     if candidates.is_empty() {
         return Err(HostExecError::Invalid(format!("{program} has no '/' and PATH has no absolute directory")));
     }
@@ -935,9 +932,7 @@ impl Cgroup {
             return Err(HostExecError::Invalid(format!("cgroup path {} is not absolute and normal", path.display())));
         }
         let existing = path.ancestors().skip(1).find(|a| a.exists()).unwrap_or(Path::new("/"));
-        let is_v2 = |p: &Path| {
-            nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC)
-        };
+        let is_v2 = |p: &Path| nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type() == nix::sys::statfs::CGROUP2_SUPER_MAGIC);
         if !is_v2(existing) {
             return Err(HostExecError::NoCgroupV2 { path: path.to_path_buf() });
         }
@@ -1128,12 +1123,10 @@ mod tests {
 
     #[test]
     fn exec_errors_read_like_a_shell_s() {
-        let e = |errno, program: &str| HostExecError::Exec {
-            program: program.into(),
-            stage: ExecStage::Exec,
-            source: std::io::Error::from_raw_os_error(errno),
-        }
-        .to_string();
+        let e = |errno, program: &str| {
+            HostExecError::Exec { program: program.into(), stage: ExecStage::Exec, source: std::io::Error::from_raw_os_error(errno) }
+                .to_string()
+        };
         assert_eq!(e(libc::ENOENT, "gti"), "gti: command not found");
         assert_eq!(e(libc::EACCES, "./x"), "./x: permission denied");
         assert!(e(libc::ENOEXEC, "./x").contains("#!"));

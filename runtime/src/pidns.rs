@@ -27,11 +27,11 @@ use std::os::fd::AsFd;
 
 use nix::sys::signal::Signal;
 use nix::sys::termios;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
-use crate::signals::Signals;
 use crate::ExitStatus;
+use crate::signals::Signals;
 
 /// Why the namespace init could not be started.
 #[derive(Debug, thiserror::Error)]
@@ -60,8 +60,7 @@ pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signa
     }
     let stdin = std::io::stdin();
     let saved_modes = if stdin.is_terminal() { termios::tcgetattr(stdin.as_fd()).ok() } else { None };
-    crate::sys::unshare_pid_and_cgroup()
-        .map_err(|source| PidNsError::Sys { context: "creating PID and cgroup namespaces", source })?;
+    crate::sys::unshare_pid_and_cgroup().map_err(|source| PidNsError::Sys { context: "creating PID and cgroup namespaces", source })?;
     use std::io::Write;
     let _ = std::io::stdout().flush();
     let _ = std::io::stderr().flush();

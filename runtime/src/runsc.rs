@@ -42,9 +42,7 @@ impl Platform {
 
     /// The platform whose [`Platform::as_flag`] name is `name`, if any.
     pub fn from_flag(name: &str) -> Option<Platform> {
-        [Platform::Systrap, Platform::Ptrace, Platform::Kvm]
-            .into_iter()
-            .find(|platform| platform.as_flag() == name)
+        [Platform::Systrap, Platform::Ptrace, Platform::Kvm].into_iter().find(|platform| platform.as_flag() == name)
     }
 }
 
@@ -64,7 +62,9 @@ pub enum NetworkMode {
 #[derive(Debug, thiserror::Error)]
 pub enum RunscError {
     /// No runsc at the configured path or on PATH.
-    #[error("runsc not found (looked {searched}); install it with `scripts/install-runsc.sh` (Debian 13's runsc, which runs on Debian 12) or set `[runsc] path` in the configuration")]
+    #[error(
+        "runsc not found (looked {searched}); install it with `scripts/install-runsc.sh` (Debian 13's runsc, which runs on Debian 12) or set `[runsc] path` in the configuration"
+    )]
     NotFound {
         /// Where we looked.
         searched: String,
@@ -78,7 +78,9 @@ pub enum RunscError {
         output: String,
     },
     /// The runsc is older than [`MIN_RELEASE`].
-    #[error("{path} is runsc release {release}, too old to run modern images (Lazaret needs {min} or newer; Debian 12's own package is 20221219); install Debian 13's runsc with `scripts/install-runsc.sh` or set `[runsc] path`")]
+    #[error(
+        "{path} is runsc release {release}, too old to run modern images (Lazaret needs {min} or newer; Debian 12's own package is 20221219); install Debian 13's runsc with `scripts/install-runsc.sh` or set `[runsc] path`"
+    )]
     TooOld {
         /// The binary.
         path: PathBuf,
@@ -96,7 +98,9 @@ pub enum RunscError {
         flag: &'static str,
     },
     /// No cgroup file system where runsc makes each container's cgroup.
-    #[error("there is no cgroup file system at {path} in this mount namespace, and runsc needs one to start a sandbox; under `ip netns exec`, which mounts a fresh /sys without it, run Lazaret with `nsenter --net=/run/netns/NAME` instead; otherwise mount the cgroup hierarchy (systemd does this at boot)")]
+    #[error(
+        "there is no cgroup file system at {path} in this mount namespace, and runsc needs one to start a sandbox; under `ip netns exec`, which mounts a fresh /sys without it, run Lazaret with `nsenter --net=/run/netns/NAME` instead; otherwise mount the cgroup hierarchy (systemd does this at boot)"
+    )]
     NoCgroups {
         /// Where runsc looks.
         path: PathBuf,
@@ -157,7 +161,8 @@ fn prepare_debug_log_dir(dir: &Path) -> Result<(), RunscError> {
         Err(e) => return Err(RunscError::Io { context: format!("creating runsc debug log directory {}", dir.display()), source: e }),
     }
     let metadata = std::fs::symlink_metadata(dir).map_err(io_err(format!("inspecting {}", dir.display())))?;
-    debug_log_dir_problem(metadata.is_dir(), metadata.uid(), metadata.mode()).map_or(Ok(()), |problem| Err(RunscError::DebugLogDirUnsafe { dir: dir.to_path_buf(), problem }))
+    debug_log_dir_problem(metadata.is_dir(), metadata.uid(), metadata.mode())
+        .map_or(Ok(()), |problem| Err(RunscError::DebugLogDirUnsafe { dir: dir.to_path_buf(), problem }))
 }
 
 /// What is wrong with a debug log directory of that type, owner and mode.
@@ -222,10 +227,7 @@ impl RunscInfo {
 pub fn parse_release(version_output: &str) -> Option<u32> {
     let line = version_output.lines().next()?;
     let rest = line.strip_prefix("runsc version ")?.trim();
-    let rest = rest
-        .strip_prefix("release-")
-        .or_else(|| rest.strip_prefix("0.0~"))
-        .unwrap_or(rest);
+    let rest = rest.strip_prefix("release-").or_else(|| rest.strip_prefix("0.0~")).unwrap_or(rest);
     let digits: String = rest.chars().take_while(|c| c.is_ascii_digit()).collect();
     if digits.len() != 8 {
         return None;
@@ -270,7 +272,8 @@ impl Runsc {
                 Err(RunscError::NotFound { searched: format!("at the configured path {}", p.display()) })
             };
         }
-        let path_var = std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
+        let path_var =
+            std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"));
         for dir in std::env::split_paths(&path_var) {
             let candidate = dir.join("runsc");
             if is_executable(&candidate) {
@@ -288,13 +291,9 @@ impl Runsc {
             .output()
             .map_err(io_err(format!("running {} --version", path.display())))?;
         let text = String::from_utf8_lossy(&out.stdout).into_owned();
-        let release = parse_release(&text)
-            .ok_or_else(|| RunscError::UnknownVersion { path: path.to_path_buf(), output: text.clone() })?;
-        let flags = Command::new(path)
-            .arg("flags")
-            .stdin(Stdio::null())
-            .output()
-            .map_err(io_err(format!("running {} flags", path.display())))?;
+        let release = parse_release(&text).ok_or_else(|| RunscError::UnknownVersion { path: path.to_path_buf(), output: text.clone() })?;
+        let flags =
+            Command::new(path).arg("flags").stdin(Stdio::null()).output().map_err(io_err(format!("running {} flags", path.display())))?;
         let flags = String::from_utf8_lossy(&flags.stdout).into_owned() + &String::from_utf8_lossy(&flags.stderr);
         let has = |f: &str| flags.lines().any(|l| l.trim_start().starts_with(&format!("-{f} ")) || l.trim() == format!("-{f}"));
         Ok(RunscInfo {
@@ -413,11 +412,7 @@ impl Runsc {
     }
 
     fn run_quiet(&self, mut cmd: Command, subcommand: &'static str, container: &str) -> Result<String, RunscError> {
-        let out = cmd
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .output()
-            .map_err(io_err(format!("running runsc {subcommand}")))?;
+        let out = cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).output().map_err(io_err(format!("running runsc {subcommand}")))?;
         if out.status.success() {
             Ok(String::from_utf8_lossy(&out.stdout).into_owned())
         } else {
@@ -535,7 +530,8 @@ impl Runsc {
         use nix::sys::memfd::{MFdFlags, memfd_create};
         use std::io::Write;
         use std::os::fd::AsRawFd;
-        let memfd = memfd_create(c"lazaret-process", MFdFlags::MFD_CLOEXEC).map_err(|e| RunscError::Io { context: "creating the process spec's memory file".into(), source: e.into() })?;
+        let memfd = memfd_create(c"lazaret-process", MFdFlags::MFD_CLOEXEC)
+            .map_err(|e| RunscError::Io { context: "creating the process spec's memory file".into(), source: e.into() })?;
         let mut spec = std::fs::File::from(memfd);
         spec.write_all(process_json).map_err(io_err("writing the process spec's memory file"))?;
         // runsc's own failure to start the process is told from the agent's
@@ -694,11 +690,7 @@ fn read_tail(path: &Path, max: usize) -> std::io::Result<Vec<u8>> {
 /// `where_` (so an error never ends in an empty or misleading message).
 fn messages_or_silence(output: &[u8], where_: &str) -> String {
     let messages = runsc_messages(output);
-    if messages.is_empty() {
-        format!("runsc printed no message {where_}")
-    } else {
-        messages
-    }
+    if messages.is_empty() { format!("runsc printed no message {where_}") } else { messages }
 }
 
 /// runsc's own messages out of what it printed or logged, newest last, at
@@ -825,10 +817,7 @@ mod tests {
     fn platform_names_round_trip_and_serialise_as_flags() {
         for platform in [Platform::Systrap, Platform::Ptrace, Platform::Kvm] {
             assert_eq!(Platform::from_flag(platform.as_flag()), Some(platform));
-            assert_eq!(
-                serde_json::to_string(&platform).expect("serialise"),
-                format!("\"{}\"", platform.as_flag())
-            );
+            assert_eq!(serde_json::to_string(&platform).expect("serialise"), format!("\"{}\"", platform.as_flag()));
         }
         assert_eq!(Platform::from_flag("firecracker"), None);
         assert_eq!(Platform::from_flag("Systrap"), None);
@@ -862,11 +851,26 @@ mod tests {
     }
 
     fn info(release: u32) -> RunscInfo {
-        RunscInfo { path: "/x/runsc".into(), version: String::new(), release, systrap: true, overlay2: true, host_uds: true, directfs: true }
+        RunscInfo {
+            path: "/x/runsc".into(),
+            version: String::new(),
+            release,
+            systrap: true,
+            overlay2: true,
+            host_uds: true,
+            directfs: true,
+        }
     }
 
     fn opts() -> RunscOptions {
-        RunscOptions { path: None, state_root: "/run/x".into(), platform: Platform::Systrap, network: NetworkMode::None, debug_log_dir: None, probe_cache: None }
+        RunscOptions {
+            path: None,
+            state_root: "/run/x".into(),
+            platform: Platform::Systrap,
+            network: NetworkMode::None,
+            debug_log_dir: None,
+            probe_cache: None,
+        }
     }
 
     #[test]
@@ -911,7 +915,12 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let bin = dir.path().join("runsc");
         let count = dir.path().join("count");
-        let script = |release: &str| format!("#!/bin/sh\necho x >> {}\n[ \"$1\" = --version ] && echo 'runsc version 0.0~{release}.0'\n[ \"$1\" = flags ] && echo '  -overlay2 value'\nexit 0\n", count.display());
+        let script = |release: &str| {
+            format!(
+                "#!/bin/sh\necho x >> {}\n[ \"$1\" = --version ] && echo 'runsc version 0.0~{release}.0'\n[ \"$1\" = flags ] && echo '  -overlay2 value'\nexit 0\n",
+                count.display()
+            )
+        };
         std::fs::write(&bin, script("20240729")).expect("write");
         std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).expect("chmod");
         let cache = dir.path().join("probe.json");

@@ -9,7 +9,7 @@ use std::process::Command;
 
 use nix::mount::MsFlags;
 use nix::sched::CloneFlags;
-use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags};
+use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
 use nix::unistd::ForkResult;
 
 use crate::fdpass::MAX_FDS;

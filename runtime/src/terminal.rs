@@ -159,7 +159,7 @@ mod tests {
 
     #[test]
     fn both_ends_of_a_new_pty_are_close_on_exec() {
-        use nix::fcntl::{fcntl, FcntlArg, FdFlag};
+        use nix::fcntl::{FcntlArg, FdFlag, fcntl};
         let pty = open_pty().expect("open_pty");
         for fd in [&pty.master, &pty.slave] {
             let flags = FdFlag::from_bits_truncate(fcntl(fd, FcntlArg::F_GETFD).expect("F_GETFD"));

@@ -369,7 +369,11 @@ fn dropping_a_process_kills_its_tree() {
 fn output_past_the_cap_is_cut_and_reported_while_the_command_completes() {
     let f = fixture();
     let stop = StopSignal::new().expect("stop");
-    let ran = run_with(f.command(&["sh", "-c", "head -c 1000000 /dev/zero; echo done >&2; exit 4"]), limits(Duration::from_secs(30), 1000), &stop);
+    let ran = run_with(
+        f.command(&["sh", "-c", "head -c 1000000 /dev/zero; echo done >&2; exit 4"]),
+        limits(Duration::from_secs(30), 1000),
+        &stop,
+    );
     assert_eq!(exit_code(&ran), 4, "the command was not left to complete");
     assert!(ran.finished.truncated);
     assert_eq!(ran.stdout.len() + ran.stderr.len(), 1000);

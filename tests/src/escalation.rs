@@ -10,7 +10,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::pty::TestTerminal;
-use crate::{lazaret_bin, random_suffix, sibling_bin, test_user, text, TestEnv, TEST_USER};
+use crate::{TEST_USER, TestEnv, lazaret_bin, random_suffix, sibling_bin, test_user, text};
 
 /// The static `lazaret-escalate` in `../lib/lazaret/` of the `lazaret`
 /// under test (where Lazaret looks for it); fails naming the command that
@@ -66,7 +66,14 @@ pub struct Rule {
 impl Rule {
     /// A rule approving exactly `command`.
     pub fn new(name: &str, command: &[&str]) -> Rule {
-        Rule { name: name.into(), command: command.iter().map(|s| s.to_string()).collect(), allow_extra_args: false, cwd: None, timeout: None, env: Vec::new() }
+        Rule {
+            name: name.into(),
+            command: command.iter().map(|s| s.to_string()).collect(),
+            allow_extra_args: false,
+            cwd: None,
+            timeout: None,
+            env: Vec::new(),
+        }
     }
 
     /// The same rule with `allow_extra_args = true`.
@@ -85,7 +92,12 @@ impl Rule {
     /// (`escalation.rules` or `profiles.NAME.escalation.rules`).
     pub fn toml(&self, table: &str) -> String {
         let list = |items: &[String]| items.iter().map(|s| toml_str(s)).collect::<Vec<_>>().join(", ");
-        let mut s = format!("\n[[{table}]]\nname = {}\ncommand = [{}]\nallow_extra_args = {}\n", toml_str(&self.name), list(&self.command), self.allow_extra_args);
+        let mut s = format!(
+            "\n[[{table}]]\nname = {}\ncommand = [{}]\nallow_extra_args = {}\n",
+            toml_str(&self.name),
+            list(&self.command),
+            self.allow_extra_args
+        );
         if let Some(cwd) = &self.cwd {
             s.push_str(&format!("cwd = {}\n", toml_str(cwd)));
         }
@@ -134,7 +146,8 @@ pub fn developer_env(extra: &str) -> TestEnv {
 
 /// `chown -R` without following symlinks.
 pub fn chown_tree(path: &Path, uid: u32, gid: u32) {
-    nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW).expect("chown");
+    nix::unistd::fchownat(nix::fcntl::AT_FDCWD, path, Some(uid.into()), Some(gid.into()), nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW)
+        .expect("chown");
     if fs::symlink_metadata(path).expect("stat").is_dir() {
         for e in fs::read_dir(path).expect("read_dir").flatten() {
             chown_tree(&e.path(), uid, gid);
@@ -232,7 +245,12 @@ pub fn host_processes(cmdline: &str) -> Vec<HostProcess> {
             continue;
         }
         let status = fs::read_to_string(e.path().join("status")).unwrap_or_default();
-        let uid = status.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|l| l.split_whitespace().next()).and_then(|u| u.parse().ok()).unwrap_or(u32::MAX);
+        let uid = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Uid:"))
+            .and_then(|l| l.split_whitespace().next())
+            .and_then(|u| u.parse().ok())
+            .unwrap_or(u32::MAX);
         found.push(HostProcess { pid, uid, cmdline: args.join(" ") });
     }
     found
@@ -320,7 +338,10 @@ mod tests {
         let mut timed = Rule::new("t", &["true"]);
         timed.timeout = Some(5);
         timed.env = vec!["GH_TOKEN".into()];
-        assert_eq!(rules_toml(&[timed]), "\n[[escalation.rules]]\nname = \"t\"\ncommand = [\"true\"]\nallow_extra_args = false\ntimeout = 5\nenv = [\"GH_TOKEN\"]\n");
+        assert_eq!(
+            rules_toml(&[timed]),
+            "\n[[escalation.rules]]\nname = \"t\"\ncommand = [\"true\"]\nallow_extra_args = false\ntimeout = 5\nenv = [\"GH_TOKEN\"]\n"
+        );
     }
 
     #[test]

@@ -190,7 +190,11 @@ pub fn install_in(workspace: &Path, name: &str, script: &str) -> PathBuf {
     let tool = workspace.join(".escape-tool.pl");
     fs::write(&tool, PERL_TOOL).expect("writing the escape tool");
     let path = workspace.join(format!(".escape-{name}.sh"));
-    let text = format!("W={}\nTOOL={}\nexport W TOOL\n{PRELUDE}\n{script}\necho 'case script-finished: done'\n", workspace.display(), tool.display());
+    let text = format!(
+        "W={}\nTOOL={}\nexport W TOOL\n{PRELUDE}\n{script}\necho 'case script-finished: done'\n",
+        workspace.display(),
+        tool.display()
+    );
     fs::write(&path, text).expect("writing the escape script");
     fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).expect("chmod escape script");
     path

@@ -6,7 +6,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::process::Command;
 
-use crate::{lazaret_bin, text, TestEnv};
+use crate::{TestEnv, lazaret_bin, text};
 
 /// The name of the image without a C library (see [`ensure_nolibc_image`]).
 pub const NOLIBC_IMAGE: &str = "nolibc";
@@ -31,7 +31,8 @@ pub fn ensure_nolibc_image(env: &TestEnv) {
         "{STATIC_BUSYBOX} is not statically linked ({}): install Debian's busybox-static, not busybox",
         file.trim()
     );
-    let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open("/var/cache/lazaret/test-storage.lock").expect("lock file");
+    let lock =
+        fs::OpenOptions::new().create(true).truncate(false).write(true).open("/var/cache/lazaret/test-storage.lock").expect("lock file");
     let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).expect("flock");
     let ls = env.run(["image", "ls"]);
     assert!(ls.status.success(), "lazaret image ls failed: {}", text(&ls.stderr));
@@ -50,6 +51,12 @@ pub fn ensure_nolibc_image(env: &TestEnv) {
         fs::create_dir(root.path().join(dir)).expect("rootfs dir");
     }
     fs::set_permissions(root.path().join("tmp"), fs::Permissions::from_mode(0o1777)).expect("chmod tmp");
-    let out = Command::new(lazaret_bin()).arg("--config").arg(&env.config).args(["image", "import", NOLIBC_IMAGE]).arg(root.path()).output().expect("lazaret image import");
+    let out = Command::new(lazaret_bin())
+        .arg("--config")
+        .arg(&env.config)
+        .args(["image", "import", NOLIBC_IMAGE])
+        .arg(root.path())
+        .output()
+        .expect("lazaret image import");
     assert!(out.status.success(), "importing the no-libc image failed: {}", text(&out.stderr));
 }

@@ -127,7 +127,12 @@ fn ensure_test_image() {
     DONE.get_or_init(|| {
         let tarball = test_image_tarball();
         fs::create_dir_all("/var/cache/lazaret").expect("creating /var/cache/lazaret");
-        let lock = fs::OpenOptions::new().create(true).truncate(false).write(true).open("/var/cache/lazaret/test-storage.lock").expect("lock file");
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open("/var/cache/lazaret/test-storage.lock")
+            .expect("lock file");
         let _held = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).expect("flock");
         let cfg = Path::new("/var/cache/lazaret/test-storage.toml");
         write_config(cfg, &format!("storage_root = \"{TEST_STORAGE}\"\n[profiles.test]\nimage = \"{TEST_IMAGE}\"\n"));
@@ -135,7 +140,13 @@ fn ensure_test_image() {
         assert!(ls.status.success(), "lazaret image ls failed: {}", String::from_utf8_lossy(&ls.stderr));
         let listed = String::from_utf8_lossy(&ls.stdout).lines().skip(1).any(|l| l.split_whitespace().next() == Some(TEST_IMAGE));
         if !listed {
-            let out = Command::new(lazaret_bin()).arg("--config").arg(cfg).args(["image", "import", TEST_IMAGE]).arg(&tarball).output().expect("lazaret image import");
+            let out = Command::new(lazaret_bin())
+                .arg("--config")
+                .arg(cfg)
+                .args(["image", "import", TEST_IMAGE])
+                .arg(&tarball)
+                .output()
+                .expect("lazaret image import");
             assert!(out.status.success(), "importing the test image failed: {}", String::from_utf8_lossy(&out.stderr));
         }
     });
@@ -228,7 +239,10 @@ impl TestEnv {
         require_root();
         ensure_test_image();
         assert!(parent.is_dir(), "{} is not a directory", parent.display());
-        assert!(Path::new(ws_rel).is_relative() && !ws_rel.split('/').any(|c| c.is_empty() || c == "." || c == ".."), "bad workspace path {ws_rel:?}");
+        assert!(
+            Path::new(ws_rel).is_relative() && !ws_rel.split('/').any(|c| c.is_empty() || c == "." || c == ".."),
+            "bad workspace path {ws_rel:?}"
+        );
         let scratch = parent.join(format!("lazaret-e2e-{}", random_suffix()));
         fs::create_dir(&scratch).unwrap_or_else(|e| panic!("creating {}: {e}", scratch.display()));
         // Owned by the env from here on: removed even if the rest fails.
@@ -379,9 +393,12 @@ impl TestEnv {
         assert_eq!(self.leftover_containers(), Vec::<String>::new(), "runsc containers left behind");
         for id in self.domain_ids() {
             let dir = self.runtime_dir.join(&id);
-            let runs: Vec<_> = fs::read_dir(&dir).map(|rd| rd.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("run-")).collect()).unwrap_or_default();
+            let runs: Vec<_> = fs::read_dir(&dir)
+                .map(|rd| rd.flatten().map(|e| e.file_name()).filter(|n| n.to_string_lossy().starts_with("run-")).collect())
+                .unwrap_or_default();
             assert!(runs.is_empty(), "run directories left in {}: {runs:?}", dir.display());
-            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
+            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default()
+            {
                 let cg = hierarchy.join("lazaret").join(&id);
                 assert!(!cg.exists(), "cgroup left behind: {}", cg.display());
             }
@@ -514,7 +531,9 @@ impl HostCounts {
                 }
             }
         }
-        let pinned = fs::read_dir("/run/netns").map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("lz")).count()).unwrap_or(0);
+        let pinned = fs::read_dir("/run/netns")
+            .map(|d| d.flatten().filter(|e| e.file_name().to_string_lossy().starts_with("lz")).count())
+            .unwrap_or(0);
         let mut ip = match netns {
             Some(p) => {
                 let mut c = Command::new("nsenter");
@@ -584,7 +603,8 @@ impl Drop for TestEnv {
         }
         for id in self.domain_ids() {
             let _ = fs::remove_dir_all(self.storage.join("domains").join(&id));
-            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default() {
+            for hierarchy in fs::read_dir("/sys/fs/cgroup").map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>()).unwrap_or_default()
+            {
                 remove_cgroup_tree(&hierarchy.join("lazaret").join(&id));
             }
         }
@@ -598,7 +618,9 @@ impl Drop for TestEnv {
 /// every v1 hierarchy). Processes just sent SIGKILL take a moment to leave
 /// their cgroup, so a busy one is retried for up to a second.
 fn remove_cgroup_tree(dir: &Path) {
-    let children: Vec<PathBuf> = fs::read_dir(dir).map(|rd| rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect()).unwrap_or_default();
+    let children: Vec<PathBuf> = fs::read_dir(dir)
+        .map(|rd| rd.flatten().filter(|e| e.file_type().is_ok_and(|t| t.is_dir())).map(|e| e.path()).collect())
+        .unwrap_or_default();
     for child in &children {
         remove_cgroup_tree(child);
     }
@@ -747,7 +769,8 @@ pub struct PipedSession {
 impl PipedSession {
     /// `lazaret ARGS` in `env`.
     pub fn start(env: &TestEnv, args: &[&str]) -> PipedSession {
-        let mut child = env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
+        let mut child =
+            env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
         let lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
         PipedSession { child, lines }
     }
@@ -809,7 +832,10 @@ mod tests {
     fn runsc_keys_join_an_existing_runsc_table_or_start_one() {
         assert_eq!(with_runsc_keys("a = 1\n", "path = \"x\"\n"), "a = 1\n\n[runsc]\npath = \"x\"\n");
         let config = "a = 1\n[runsc]\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n";
-        assert_eq!(with_runsc_keys(config, "path = \"x\"\n"), "a = 1\n[runsc]\npath = \"x\"\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n");
+        assert_eq!(
+            with_runsc_keys(config, "path = \"x\"\n"),
+            "a = 1\n[runsc]\npath = \"x\"\nplatform = \"ptrace\"\n\n[profiles.test]\nb = 2\n"
+        );
         assert_eq!(with_runsc_keys("[runsc]", "path = \"x\"\n"), "[runsc]\npath = \"x\"\n");
     }
 }

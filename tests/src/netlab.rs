@@ -130,7 +130,8 @@ impl NetLab {
         let (host_holder, host) = new_namespace();
         let (world_holder, world) = new_namespace();
         let world_pid = world_holder.id().to_string();
-        let mut lab = NetLab { holders: vec![host_holder, world_holder], host: host.clone(), world: world.clone(), servers: Vec::new(), log };
+        let mut lab =
+            NetLab { holders: vec![host_holder, world_holder], host: host.clone(), world: world.clone(), servers: Vec::new(), log };
         // Created directly inside the lab: the veth never exists in the
         // machine's real namespace.
         if !ipv6 {
@@ -196,11 +197,7 @@ impl NetLab {
     }
 
     fn start_server(&mut self, ns: &Path, args: &[&str], logged: bool) {
-        let out = if logged {
-            Stdio::from(fs::File::create(&self.log).expect("lab log"))
-        } else {
-            Stdio::piped()
-        };
+        let out = if logged { Stdio::from(fs::File::create(&self.log).expect("lab log")) } else { Stdio::piped() };
         let mut child = Command::new("nsenter")
             .arg(format!("--net={}", ns.display()))
             .arg("--")

@@ -6,12 +6,12 @@ use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use lazaret_runtime::terminal::{WindowSize, open_pty, set_window_size};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::termios;
 
 use crate::screen::Screen;
-use crate::{lazaret_bin, TestEnv};
+use crate::{TestEnv, lazaret_bin};
 
 /// The test's terminal.
 pub struct TestTerminal {
@@ -59,7 +59,13 @@ impl TestTerminal {
     /// stdio.
     pub fn command(&self, env: &TestEnv, args: &[&str]) -> Command {
         let mut cmd = Command::new("setsid");
-        cmd.arg("-c").args(["unshare", "--net", "--"]).arg(lazaret_bin()).arg("--config").arg(&env.config).args(args).current_dir(&env.workspace);
+        cmd.arg("-c")
+            .args(["unshare", "--net", "--"])
+            .arg(lazaret_bin())
+            .arg("--config")
+            .arg(&env.config)
+            .args(args)
+            .current_dir(&env.workspace);
         for (k, v) in &env.env {
             cmd.env(k, v);
         }
@@ -68,7 +74,12 @@ impl TestTerminal {
 
     /// [`TestTerminal::command`] with all three streams on the terminal.
     pub fn spawn(&self, env: &TestEnv, args: &[&str]) -> Child {
-        self.command(env, args).stdin(self.io()).stdout(self.io()).stderr(self.io()).spawn().expect("spawning setsid -c lazaret (util-linux)")
+        self.command(env, args)
+            .stdin(self.io())
+            .stdout(self.io())
+            .stderr(self.io())
+            .spawn()
+            .expect("spawning setsid -c lazaret (util-linux)")
     }
 
     /// Reads the master until `needle` has been seen (fails after 60 s),

@@ -30,9 +30,7 @@ const OCI_CONFIG: &str = "application/vnd.oci.image.config.v1+json";
 
 /// Fails the test unless `binary` is installed, naming its Debian package.
 pub fn require_binary(binary: &str, package: &str) {
-    let found = std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(binary).is_file()))
-        .unwrap_or(false);
+    let found = std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(binary).is_file())).unwrap_or(false);
     assert!(found, "`{binary}` not found: install the Debian package `{package}` (scripts/setup.sh does)");
 }
 
@@ -91,10 +89,55 @@ impl TestCa {
         require_binary("openssl", "openssl");
         fs::create_dir_all(dir).expect("ca dir");
         let p = |name: &str| dir.join(name);
-        run_ok(Command::new("openssl").args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "2", "-subj", "/CN=lazaret test CA"]).arg("-keyout").arg(p("ca.key")).arg("-out").arg(p("ca.crt")).args(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]));
-        run_ok(Command::new("openssl").args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.1"]).arg("-keyout").arg(p("server.key")).arg("-out").arg(p("server.csr")));
-        fs::write(p("ext.cnf"), "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n").expect("ext.cnf");
-        run_ok(Command::new("openssl").args(["x509", "-req", "-days", "2"]).arg("-in").arg(p("server.csr")).arg("-CA").arg(p("ca.crt")).arg("-CAkey").arg(p("ca.key")).arg("-CAcreateserial").arg("-out").arg(p("server.crt")).arg("-extfile").arg(p("ext.cnf")));
+        run_ok(
+            Command::new("openssl")
+                .args([
+                    "req",
+                    "-x509",
+                    "-newkey",
+                    "ec",
+                    "-pkeyopt",
+                    "ec_paramgen_curve:prime256v1",
+                    "-nodes",
+                    "-days",
+                    "2",
+                    "-subj",
+                    "/CN=lazaret test CA",
+                ])
+                .arg("-keyout")
+                .arg(p("ca.key"))
+                .arg("-out")
+                .arg(p("ca.crt"))
+                .args(["-addext", "basicConstraints=critical,CA:TRUE", "-addext", "keyUsage=critical,keyCertSign,cRLSign"]),
+        );
+        run_ok(
+            Command::new("openssl")
+                .args(["req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", "/CN=127.0.0.1"])
+                .arg("-keyout")
+                .arg(p("server.key"))
+                .arg("-out")
+                .arg(p("server.csr")),
+        );
+        fs::write(
+            p("ext.cnf"),
+            "basicConstraints=CA:FALSE\nsubjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\nkeyUsage=digitalSignature\n",
+        )
+        .expect("ext.cnf");
+        run_ok(
+            Command::new("openssl")
+                .args(["x509", "-req", "-days", "2"])
+                .arg("-in")
+                .arg(p("server.csr"))
+                .arg("-CA")
+                .arg(p("ca.crt"))
+                .arg("-CAkey")
+                .arg(p("ca.key"))
+                .arg("-CAcreateserial")
+                .arg("-out")
+                .arg(p("server.crt"))
+                .arg("-extfile")
+                .arg(p("ext.cnf")),
+        );
         // skopeo reads every *.key in a cert dir as a client key: the trust
         // directory holds the CA certificate alone.
         let trust = dir.join("trust");
@@ -342,7 +385,14 @@ impl LayoutBuilder {
             fs::write(&target, content).expect("layer file");
         }
         let tar = root.with_extension("tar");
-        run_ok(Command::new("tar").args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-C"]).arg(&root).arg("-cf").arg(&tar).arg("."));
+        run_ok(
+            Command::new("tar")
+                .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-C"])
+                .arg(&root)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        );
         self.compressed_layer(&tar, compression)
     }
 
@@ -385,7 +435,14 @@ impl LayoutBuilder {
         fs::write(root.join("etc/passwd"), "root:x:0:0:root:/root:/bin/sh\n").expect("passwd");
         fs::write(root.join("etc/group"), "root:x:0:\n").expect("group");
         let tar = root.with_extension("tar");
-        run_ok(Command::new("tar").args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-C"]).arg(&root).arg("-cf").arg(&tar).arg("."));
+        run_ok(
+            Command::new("tar")
+                .args(["--sort=name", "--owner=0", "--group=0", "--numeric-owner", "--mtime=@0", "-C"])
+                .arg(&root)
+                .arg("-cf")
+                .arg(&tar)
+                .arg("."),
+        );
         self.compressed_layer(&tar, compression)
     }
 

@@ -195,7 +195,12 @@ pub struct Screen {
 impl Screen {
     /// An empty screen of `rows` × `cols`.
     pub fn new(rows: u16, cols: u16) -> Screen {
-        Screen { vt: avt::Vt::new(usize::from(cols), usize::from(rows)), parser: vte::Parser::new(), tracker: Tracker::default(), partial: Vec::new() }
+        Screen {
+            vt: avt::Vt::new(usize::from(cols), usize::from(rows)),
+            parser: vte::Parser::new(),
+            tracker: Tracker::default(),
+            partial: Vec::new(),
+        }
     }
 
     /// `bytes` rendered on a fresh screen.
@@ -260,7 +265,10 @@ impl Screen {
         if want.is_empty() || log.len() < want.len() {
             return None;
         }
-        (0..=log.len() - want.len()).rev().find(|&i| log[i..i + want.len()].iter().map(|p| p.c).eq(want.iter().copied())).map(|i| log[i..i + want.len()].iter().all(|p| !p.hidden))
+        (0..=log.len() - want.len())
+            .rev()
+            .find(|&i| log[i..i + want.len()].iter().map(|p| p.c).eq(want.iter().copied()))
+            .map(|i| log[i..i + want.len()].iter().all(|p| !p.hidden))
     }
 
     /// What the terminal sends for `key` in its current keyboard modes.

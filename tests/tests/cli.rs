@@ -14,7 +14,11 @@ use lazaret_tests::*;
 fn on_terminal(env: &TestEnv, args: &str, extra_env: &[(&str, &str)]) -> (String, Option<i32>) {
     let line = format!("unshare --net -- {} --config {} {args}", lazaret_bin().display(), env.config.display());
     let mut cmd = Command::new("script");
-    cmd.args(["-qec", &line, "/dev/null"]).current_dir(&env.workspace).env("TERM", "xterm-256color").env_remove("NO_COLOR").stdin(Stdio::null());
+    cmd.args(["-qec", &line, "/dev/null"])
+        .current_dir(&env.workspace)
+        .env("TERM", "xterm-256color")
+        .env_remove("NO_COLOR")
+        .stdin(Stdio::null());
     for (k, v) in extra_env {
         cmd.env(k, v);
     }
@@ -24,7 +28,8 @@ fn on_terminal(env: &TestEnv, args: &str, extra_env: &[(&str, &str)]) -> (String
 }
 
 fn json_of(out: &Output, what: &str) -> serde_json::Value {
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}\nstderr: {}", text(&out.stdout), text(&out.stderr)))
+    serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("{what}: not JSON ({e}): {}\nstderr: {}", text(&out.stdout), text(&out.stderr)))
 }
 
 #[test]
@@ -87,8 +92,12 @@ fn every_listing_command_speaks_json() {
     let ls = json_of(&env.run(["ls", "--json"]), "ls");
     assert!(ls.is_array(), "{ls}");
     let images = json_of(&env.run(["image", "ls", "--json"]), "image ls");
-    let test = images.as_array().and_then(|a| a.iter().find(|i| i["name"] == TEST_IMAGE)).unwrap_or_else(|| panic!("no {TEST_IMAGE} in {images}"));
-    assert!(test["digest"].as_str().is_some_and(|d| d.starts_with("sha256:")) && test["size"].is_u64() && test["created"].is_string(), "{test}");
+    let test =
+        images.as_array().and_then(|a| a.iter().find(|i| i["name"] == TEST_IMAGE)).unwrap_or_else(|| panic!("no {TEST_IMAGE} in {images}"));
+    assert!(
+        test["digest"].as_str().is_some_and(|d| d.starts_with("sha256:")) && test["size"].is_u64() && test["created"].is_string(),
+        "{test}"
+    );
     let inspect = json_of(&env.run(["image", "inspect", TEST_IMAGE, "--json"]), "image inspect");
     assert!(inspect.is_object(), "{inspect}");
     let policy = json_of(&env.run(["policy", "show", "test", "--json"]), "policy show");
@@ -96,15 +105,25 @@ fn every_listing_command_speaks_json() {
     assert!(rules.iter().any(|r| r["prefix"] == "10.0.0.0/8" && r["action"] == "deny" && r["origin"].is_string()), "{policy}");
     assert!(policy["resolvers"].is_array() && policy["ipv6"].is_boolean(), "{policy}");
     let verdict = json_of(&env.run(["policy", "explain", "test", "10.1.2.3", "--json"]), "policy explain");
-    assert_eq!((&verdict["address"], &verdict["action"], &verdict["rule"]["prefix"]), (&"10.1.2.3".into(), &"deny".into(), &"10.0.0.0/8".into()), "{verdict}");
+    assert_eq!(
+        (&verdict["address"], &verdict["action"], &verdict["rule"]["prefix"]),
+        (&"10.1.2.3".into(), &"deny".into(), &"10.0.0.0/8".into()),
+        "{verdict}"
+    );
     let journal = json_of(&env.run(["journal", "test", "--json"]), "journal");
     let entries = journal.as_array().unwrap_or_else(|| panic!("{journal}"));
     assert!(entries.iter().any(|e| e["event"] == "PublishDomain" || e.to_string().contains("PublishDomain")), "{journal}");
     let checked = json_of(&env.run(["journal", "test", "--check", "--json"]), "journal --check");
-    assert!(checked.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|c| c["entries"].is_u64() && c["complete"].is_boolean())), "{checked}");
+    assert!(
+        checked.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|c| c["entries"].is_u64() && c["complete"].is_boolean())),
+        "{checked}"
+    );
     // doctor may find a failing check on this machine (exit 1); its JSON holds either way.
     let doctor = json_of(&env.run(["doctor", "--json"]), "doctor");
-    assert!(doctor.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|c| c["name"].is_string() && c["ok"].is_boolean())), "{doctor}");
+    assert!(
+        doctor.as_array().is_some_and(|a| !a.is_empty() && a.iter().all(|c| c["name"].is_string() && c["ok"].is_boolean())),
+        "{doctor}"
+    );
     let show = json_of(&env.run(["config", "show", "--json"]), "config show");
     assert!(show.is_object(), "{show}");
     let check = json_of(&env.run(["config", "check", "--json"]), "config check");
@@ -158,7 +177,8 @@ fn the_status_line_is_drawn_on_a_terminal_and_erased_before_the_agent_s_output()
     let (shown, code) = on_terminal(&env, "run test -- sh -c 'echo agent-speaks'", &[]);
     assert_eq!(code, Some(0), "{shown:?}");
     let status = shown.rfind("lazaret: starting Domain test").unwrap_or_else(|| panic!("no status line: {shown:?}"));
-    let erased = shown[status..].find("\r\x1b[2K").map(|i| status + i).unwrap_or_else(|| panic!("the status line is never erased: {shown:?}"));
+    let erased =
+        shown[status..].find("\r\x1b[2K").map(|i| status + i).unwrap_or_else(|| panic!("the status line is never erased: {shown:?}"));
     let agent = shown.find("agent-speaks").unwrap_or_else(|| panic!("{shown:?}"));
     assert!(erased < agent, "the agent's output starts before the status line is erased: {shown:?}");
     assert!(!shown[agent..].contains("lazaret: starting"), "status drawn over the agent's screen: {shown:?}");
@@ -191,7 +211,11 @@ fn quiet_hides_warnings_and_verbose_shows_the_stages() {
     std::os::unix::fs::symlink("README", env.workspace.join("link")).expect("symlink");
     let out = env.run(["run", "test", "--", "true"]);
     assert_eq!(out.status.code(), Some(0), "stderr: {}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("lazaret: warning: link: ignored but a symlink"), "the warning this test relies on: {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("lazaret: warning: link: ignored but a symlink"),
+        "the warning this test relies on: {}",
+        text(&out.stderr)
+    );
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
 
     let out = env.run(["--quiet", "run", "test", "--", "sh", "-c", "echo agent-err >&2"]);

@@ -16,7 +16,8 @@ type Session = PipedSession;
 fn ls_json(env: &TestEnv) -> Vec<serde_json::Value> {
     let out = env.run(["ls", "--json"]);
     assert!(out.status.success(), "ls: {}", text(&out.stderr));
-    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout).unwrap_or_else(|e| panic!("ls --json output {:?}: {e}", text(&out.stdout)))
+    serde_json::from_slice::<Vec<serde_json::Value>>(&out.stdout)
+        .unwrap_or_else(|e| panic!("ls --json output {:?}: {e}", text(&out.stdout)))
 }
 
 fn actions(env: &TestEnv, name: &str) -> usize {
@@ -26,7 +27,10 @@ fn actions(env: &TestEnv, name: &str) -> usize {
 #[test]
 fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     let env = TestEnv::new();
-    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo marker-aaa > /tmp/from-a; echo a-ready; read x; cat /tmp/from-b; echo a-done"]);
+    let mut a = Session::start(
+        &env,
+        &["run", "test", "--", "sh", "-c", "echo marker-aaa > /tmp/from-a; echo a-ready; read x; cat /tmp/from-b; echo a-done"],
+    );
     assert_eq!(a.next_line(), "a-ready");
     // B sees A's file and A's process (its own command line spells the
     // marker as a pattern that does not match itself; A's subreaper,
@@ -56,7 +60,16 @@ fn two_sessions_share_one_sandbox_and_the_domain_ends_with_the_last() {
     let dbg = env.run(["debug", "test"]);
     let shown = text(&dbg.stdout);
     assert!(dbg.status.success(), "debug: {}", text(&dbg.stderr));
-    for needle in ["sandbox process: PID", "sandbox netns: net:[", "sidecar netns: net:[", "IPv4 routes (all tables):", "table main", "IPv4 rules:", "mounts made by the coordinator", "rootfs"] {
+    for needle in [
+        "sandbox process: PID",
+        "sandbox netns: net:[",
+        "sidecar netns: net:[",
+        "IPv4 routes (all tables):",
+        "table main",
+        "IPv4 rules:",
+        "mounts made by the coordinator",
+        "rootfs",
+    ] {
         assert!(shown.contains(needle), "debug output lacks {needle:?}: {shown}");
     }
     a.send(b"go\n");
@@ -116,7 +129,17 @@ fn a_killed_client_takes_only_its_own_agent_along() {
 #[test]
 fn a_killed_clients_double_forked_processes_go_too() {
     let env = TestEnv::new();
-    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up; read x; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^[s]leep 1000'"]);
+    let mut a = Session::start(
+        &env,
+        &[
+            "run",
+            "test",
+            "--",
+            "sh",
+            "-c",
+            "echo up; read x; for f in /proc/[0-9]*/cmdline; do tr '\\0' ' ' < $f; echo; done | grep -c '^[s]leep 1000'",
+        ],
+    );
     assert_eq!(a.next_line(), "up");
     let mut c = Session::start(&env, &["run", "test", "--", "sh", "-c", "(sleep 1000 &); echo c-up; sleep 1000"]);
     assert_eq!(c.next_line(), "c-up");
@@ -167,7 +190,10 @@ fn wait_sessions(env: &TestEnv, n: usize) {
 fn an_agent_that_exits_takes_its_daemonised_children_along() {
     let env = TestEnv::new();
     let count = count_gone_inside(&["sleep 1001", "sleep 1002"]);
-    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; sleep 1009 & read x; {count}; read x; echo a-alive; kill $!")]);
+    let mut a = Session::start(
+        &env,
+        &["run", "test", "--", "sh", "-c", &format!("echo up; sleep 1009 & read x; {count}; read x; echo a-alive; kill $!")],
+    );
     assert_eq!(a.next_line(), "up");
     let c = env.run(["run", "test", "--", "sh", "-c", "(setsid sleep 1001 &); sleep 1002 & echo c-done; exit 7"]);
     assert_eq!(c.status.code(), Some(7), "stderr: {}", text(&c.stderr));
@@ -190,7 +216,17 @@ fn an_agent_that_exits_takes_its_daemonised_children_along() {
 fn a_killed_terminal_clients_double_forked_pty_holder_goes_too() {
     let env = TestEnv::new();
     let count = count_gone_inside(&["sleep 1003", "sleep 1004"]);
-    let mut a = Session::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; sleep 1008 & read x; {count}; echo a-alive; {}; kill $!", count_inside(&["sleep 1008"]))]);
+    let mut a = Session::start(
+        &env,
+        &[
+            "run",
+            "test",
+            "--",
+            "sh",
+            "-c",
+            &format!("echo up; sleep 1008 & read x; {count}; echo a-alive; {}; kill $!", count_inside(&["sleep 1008"])),
+        ],
+    );
     assert_eq!(a.next_line(), "up");
     let mut pty = lazaret_tests::pty::TestTerminal::new(24, 80);
     let mut c = pty.spawn(&env, &["run", "test", "--", "sh", "-c", "(setsid sh -c 'exec sleep 1003' &); echo c-up; sleep 1004"]);
@@ -296,7 +332,8 @@ fn a_changed_config_is_refused_and_another_profile_gets_its_own_domain() {
 #[test]
 fn sixteen_concurrent_runs_make_one_coordinator_and_sixteen_sessions() {
     let env = TestEnv::new();
-    let mut sessions: Vec<Session> = (0..16).map(|_| Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up-$$; read x; echo bye"])).collect();
+    let mut sessions: Vec<Session> =
+        (0..16).map(|_| Session::start(&env, &["run", "test", "--", "sh", "-c", "echo up-$$; read x; echo bye"])).collect();
     for s in sessions.iter_mut() {
         let line = s.next_line();
         assert!(line.starts_with("up-"), "a session printed {line:?}");
@@ -353,7 +390,8 @@ fn a_crash_at_every_stage_is_recovered_by_the_next_run() {
 #[test]
 fn stop_tells_sessions_then_terms_then_kills() {
     let env = TestEnv::new();
-    let mut polite = Session::start(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.2; done"]);
+    let mut polite =
+        Session::start(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-term; exit 3' TERM; echo up; while :; do sleep 0.2; done"]);
     assert_eq!(polite.next_line(), "up");
     let mut stubborn = Session::start(&env, &["run", "test", "--", "sh", "-c", "trap '' TERM; echo up; while :; do sleep 0.2; done"]);
     assert_eq!(stubborn.next_line(), "up");
@@ -413,10 +451,18 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     // wrong version and a cut-off frame are not.
     for (what, data) in [
         ("garbage", b"GET / HTTP/1.1\r\n\r\n".to_vec()),
-        ("oversized", { let mut v = (u32::MAX).to_be_bytes().to_vec(); v.extend_from_slice(&[b'x'; 4096]); v }),
+        ("oversized", {
+            let mut v = (u32::MAX).to_be_bytes().to_vec();
+            v.extend_from_slice(&[b'x'; 4096]);
+            v
+        }),
         ("unknown message", frame("{\"type\":\"Launch\",\"command\":\"rm -rf /\"}")),
         ("malformed json", frame("{\"type\":")),
-        ("cut-off frame", { let mut v = frame("{\"type\":\"Status\",\"version\":2}"); v.truncate(9); v }),
+        ("cut-off frame", {
+            let mut v = frame("{\"type\":\"Status\",\"version\":2}");
+            v.truncate(9);
+            v
+        }),
     ] {
         let back = poke(&socket, &data);
         assert!(back.is_empty(), "{what}: the coordinator answered {back:?}");
@@ -428,7 +474,13 @@ fn hostile_clients_are_disconnected_and_sessions_carry_on() {
     let (uid, gid) = test_user();
     let script = "import socket,struct,sys\ns=socket.socket(socket.AF_UNIX)\ns.connect(sys.argv[1])\nb=b'{\"type\":\"Status\",\"version\":2}'\ntry:\n  s.sendall(struct.pack('>I',len(b))+b)\n  print(len(s.recv(65536)))\nexcept (BrokenPipeError, ConnectionResetError):\n  print(0)\n";
     let other = std::process::Command::new("setpriv")
-        .args([format!("--reuid={uid}"), format!("--regid={gid}"), "--clear-groups".into(), "--inh-caps=+dac_override".into(), "--ambient-caps=+dac_override".into()])
+        .args([
+            format!("--reuid={uid}"),
+            format!("--regid={gid}"),
+            "--clear-groups".into(),
+            "--inh-caps=+dac_override".into(),
+            "--ambient-caps=+dac_override".into(),
+        ])
         .args(["python3", "-c", script])
         .arg(&socket)
         .output()
@@ -463,7 +515,12 @@ fn bench_join_latency_and_idle_rss() {
     for p in processes_mentioning(&env.runtime_dir.display().to_string()).iter().filter(|p| p.contains("__coordinator")) {
         let pid = p.split(':').next().unwrap_or_default();
         let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-        let kib: u64 = status.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|n| n.parse().ok()).unwrap_or(0);
+        let kib: u64 = status
+            .lines()
+            .find(|l| l.starts_with("VmRSS:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
         rss_kib += kib;
         rss_main = rss_main.max(kib);
     }
@@ -482,7 +539,12 @@ fn bench_join_latency_and_idle_rss() {
     }
     joins.sort();
     firsts.sort();
-    println!("join latency, `lazaret run -- true` on a running Domain: median {:?} (min {:?}, max {:?})", joins[joins.len() / 2], joins[0], joins[joins.len() - 1]);
+    println!(
+        "join latency, `lazaret run -- true` on a running Domain: median {:?} (min {:?}, max {:?})",
+        joins[joins.len() / 2],
+        joins[0],
+        joins[joins.len() - 1]
+    );
     println!("join latency, command to first output of `echo x`: median {:?}", firsts[firsts.len() / 2]);
     println!("coordinator idle RSS: largest process {} KiB, all three processes {} KiB", rss_main, rss_kib);
     a.send(b"x\n");

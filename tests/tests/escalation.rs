@@ -17,7 +17,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use lazaret_tests::escalation::*;
-use lazaret_tests::images::{ensure_nolibc_image, NOLIBC_IMAGE};
+use lazaret_tests::images::{NOLIBC_IMAGE, ensure_nolibc_image};
 use lazaret_tests::pty::TestTerminal;
 use lazaret_tests::*;
 use sha2::Digest;
@@ -90,7 +90,11 @@ const ARMING: Duration = Duration::from_millis(700);
 
 /// The coordinator logs of `env`'s Domains, for failure messages.
 fn coordinator_logs(env: &TestEnv) -> String {
-    env.domain_ids().iter().map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default()).collect::<Vec<_>>().join("\n---\n")
+    env.domain_ids()
+        .iter()
+        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 fn finish(env: &TestEnv) {
@@ -190,7 +194,11 @@ fn a_rule_approved_command_runs_on_the_host_as_the_developer() {
          echo stdin=$(readlink /proc/self/fd/0); echo home=$HOME; echo user=$USER; echo agent-var=${{AGENT_VAR-unset}}; \
          echo lazaret-vars=$(env | grep -c '^LAZARET_'); echo ran-as-$(id -u) > {h}/marker"
     );
-    let rules = [Rule::new("identity", &["sh", "-c", &script]), Rule::new("exit-7", &["sh", "-c", "exit 7"]), Rule::new("killed", &["sh", "-c", "kill -TERM $$"])];
+    let rules = [
+        Rule::new("identity", &["sh", "-c", &script]),
+        Rule::new("exit-7", &["sh", "-c", "exit 7"]),
+        Rule::new("killed", &["sh", "-c", "kill -TERM $$"]),
+    ];
     let env = esc_env("", &rules_toml(&rules));
     let sub = env.workspace.join("sub/dir");
     fs::create_dir_all(&sub).expect("sub/dir");
@@ -228,8 +236,12 @@ fn a_rule_approved_command_runs_on_the_host_as_the_developer() {
     let approvals: Vec<String> = journal_with(&env, "AutoApprove").iter().filter_map(|e| e["rule"].as_str().map(String::from)).collect();
     assert_eq!(approvals, ["identity", "identity", "exit-7", "killed"], "AutoApprove rules in the journal");
     let id = only_request(&env, &["sh", "-c", "exit 7"]);
-    assert_eq!(request_actions(&env, &id), ["VerifyRequest", "AutoApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]);
-    let complete = journal_with(&env, "CompleteHostExecution").into_iter().find(|e| e["request"] == id.as_str()).expect("CompleteHostExecution");
+    assert_eq!(
+        request_actions(&env, &id),
+        ["VerifyRequest", "AutoApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]
+    );
+    let complete =
+        journal_with(&env, "CompleteHostExecution").into_iter().find(|e| e["request"] == id.as_str()).expect("CompleteHostExecution");
     assert_eq!(complete["exit_status"], 7);
     finish(&env);
 }
@@ -266,7 +278,9 @@ fn stdout_and_stderr_come_back_exactly_binary_and_megabytes() {
 fn output_arrives_while_the_host_command_still_runs() {
     let host = HostDir::new();
     let go = host.arg("go");
-    let script = format!("echo first-line; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo second-line; test -e {go}");
+    let script = format!(
+        "echo first-line; i=0; while [ ! -e {go} ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; echo second-line; test -e {go}"
+    );
     let env = esc_env("", &rules_toml(&[Rule::new("stream", &["sh", "-c", &script])]));
     let mut child = spawn_piped(&env, &["run", "test", "--", "lazaret-escalate", "--", "sh", "-c", &script]);
     let stdout = child.stdout.take().expect("stdout");
@@ -361,7 +375,10 @@ fn host_commands_run_only_in_repositories_protected_since_the_start() {
     assert_eq!(field(&stdout, "plain-beside-made"), FAILED.to_string(), "git could recurse into the agent's repository: {stderr}");
     assert!(stderr.contains("git could enter the repository made/.git"), "{stderr}");
     assert_eq!(field(&stdout, "git-dir"), "0", "{stderr}");
-    assert!(stdout.lines().any(|l| Path::new(l) == env.workspace.join(".git")), "git was not pinned to the workspace's repository (GIT_DIR): {stdout}");
+    assert!(
+        stdout.lines().any(|l| Path::new(l) == env.workspace.join(".git")),
+        "git was not pinned to the workspace's repository (GIT_DIR): {stdout}"
+    );
     finish(&env);
 }
 
@@ -422,7 +439,8 @@ fn a_prompt_names_the_request_and_approving_runs_it_once() {
     let script = format!("echo ran-as-$(id -u) > {marker}; echo host-says-$((6*7))");
     let env = esc_env("", "");
     let mut pty = TestTerminal::new(40, 200);
-    let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "lazaret-escalate", "--justification", "push the fix", "--", "sh", "-c", &script]);
+    let mut child =
+        tty_spawn(&pty, &env, &["run", "test", "--", "lazaret-escalate", "--justification", "push the fix", "--", "sh", "-c", &script]);
     let prompt = pty.expect_text(PROMPT_KEYS);
     let sessions = sessions(&env);
     assert_eq!(sessions.len(), 1, "{sessions:?}");
@@ -437,7 +455,10 @@ fn a_prompt_names_the_request_and_approving_runs_it_once() {
     assert_eq!(wait_with_limit(&mut child).code(), Some(0), "terminal showed {:?}", pty.seen());
     assert_eq!(fs::read_to_string(host.file("marker")).expect("marker"), format!("ran-as-{uid}\n"));
     let id = only_request(&env, &["sh", "-c", &script]);
-    assert_eq!(request_actions(&env, &id), ["VerifyRequest", "PromptDeveloper", "DeveloperApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]);
+    assert_eq!(
+        request_actions(&env, &id),
+        ["VerifyRequest", "PromptDeveloper", "DeveloperApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]
+    );
     let approve = journal_with(&env, "DeveloperApprove");
     assert_eq!(approve[0]["for_domain"], false);
     finish(&env);
@@ -461,7 +482,11 @@ fn denying_a_prompt_exits_77_and_ls_shows_the_pending_request() {
     let ls = env.run(["ls"]);
     let listing = text(&ls.stdout);
     assert_eq!(ls.status.code(), Some(0), "{}", text(&ls.stderr));
-    assert!(listing.contains(&sessions[0]) && listing.contains(&marker), "lazaret ls does not show the pending request of {}:\n{listing}", sessions[0]);
+    assert!(
+        listing.contains(&sessions[0]) && listing.contains(&marker),
+        "lazaret ls does not show the pending request of {}:\n{listing}",
+        sessions[0]
+    );
     answer(&pty, b"n");
     assert_eq!(wait_with_limit(&mut child).code(), Some(DENIED), "terminal showed {:?}", pty.seen());
     assert!(!host.file("denied").exists(), "a denied command ran");
@@ -494,7 +519,10 @@ fn editing_a_prompt_runs_the_edited_command_after_confirmation() {
     assert!(env.workspace.join("with space").exists(), "the quoted argument was not one argument");
     assert!(!host.file("original").exists(), "the original command ran");
     let id = only_request(&env, &["touch", &original]);
-    assert_eq!(request_actions(&env, &id), ["VerifyRequest", "PromptDeveloper", "DeveloperEditApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]);
+    assert_eq!(
+        request_actions(&env, &id),
+        ["VerifyRequest", "PromptDeveloper", "DeveloperEditApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"]
+    );
     let edit = journal_with(&env, "DeveloperEditApprove");
     assert_eq!(edit[0]["argv"], serde_json::json!(["touch", edited, "with space"]));
     finish(&env);
@@ -582,10 +610,18 @@ fn a_justification_full_of_escape_sequences_is_shown_inert() {
 fn two_sessions_prompting_at_once_each_see_only_their_own() {
     let env = esc_env("", "");
     let mut pa = TestTerminal::new(40, 200);
-    let mut a = tty_spawn(&pa, &env, &["run", "test", "--", "lazaret-escalate", "--justification", "from-session-A", "--", "sh", "-c", "echo A-ran"]);
+    let mut a = tty_spawn(
+        &pa,
+        &env,
+        &["run", "test", "--", "lazaret-escalate", "--justification", "from-session-A", "--", "sh", "-c", "echo A-ran"],
+    );
     let prompt_a = pa.expect_text(PROMPT_KEYS);
     let mut pb = TestTerminal::new(40, 200);
-    let mut b = tty_spawn(&pb, &env, &["run", "test", "--", "lazaret-escalate", "--justification", "from-session-B", "--", "sh", "-c", "echo B-ran"]);
+    let mut b = tty_spawn(
+        &pb,
+        &env,
+        &["run", "test", "--", "lazaret-escalate", "--justification", "from-session-B", "--", "sh", "-c", "echo B-ran"],
+    );
     let prompt_b = pb.expect_text(PROMPT_KEYS);
     assert_eq!(prompt_field(&prompt_a, "why"), "from-session-A");
     assert_eq!(prompt_field(&prompt_b, "why"), "from-session-B");
@@ -722,7 +758,9 @@ fn cases(stdout: &str) -> Vec<(String, String)> {
 }
 
 fn pwned(dir: &Path) -> Vec<String> {
-    fs::read_dir(dir).map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("pwned")).collect()).unwrap_or_default()
+    fs::read_dir(dir)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n.starts_with("pwned")).collect())
+        .unwrap_or_default()
 }
 
 /// Prints the session's client certificate and key, each followed by a
@@ -773,7 +811,11 @@ fn foreign_self_made_missing_and_malformed_credentials_and_frames_are_refused() 
     let stdout = ok(&out);
     println!("{stdout}");
     let foreign = field(&stdout, "foreign");
-    assert!(foreign.starts_with("seen: refused") || foreign.starts_with("seen: connection error"), "another Domain's certificate: {foreign}: {}", describe(&out));
+    assert!(
+        foreign.starts_with("seen: refused") || foreign.starts_with("seen: connection error"),
+        "another Domain's certificate: {foreign}: {}",
+        describe(&out)
+    );
     assert_eq!(field(&stdout, "hostile"), "0", "{}", describe(&out));
     let cases = cases(&stdout);
     let names: Vec<&str> = cases.iter().map(|(n, _)| n.as_str()).collect();
@@ -823,7 +865,11 @@ fn an_ended_sessions_certificate_is_refused() {
     let (new, _) = credentials(&stdout);
     assert_ne!(old, new, "two sessions got the same certificate");
     let ended = field(&stdout, "ended");
-    assert!(ended.starts_with("seen: refused") || ended.starts_with("seen: connection error"), "an ended session's certificate: {ended}: {}", describe(&out));
+    assert!(
+        ended.starts_with("seen: refused") || ended.starts_with("seen: connection error"),
+        "an ended session's certificate: {ended}: {}",
+        describe(&out)
+    );
     assert_eq!(field(&stdout, "valid"), "0", "{}", describe(&out));
     assert_eq!(pwned(&env.workspace), Vec::<String>::new());
     assert!(env.workspace.join("valid-after").exists());
@@ -836,9 +882,12 @@ fn an_ended_sessions_certificate_is_refused() {
 
 #[test]
 fn escalation_works_from_a_profile_that_denies_all_egress() {
-    use lazaret_tests::netlab::{NetLab, DNS, PORT, PUBLIC};
+    use lazaret_tests::netlab::{DNS, NetLab, PORT, PUBLIC};
     let lab = NetLab::new();
-    let mut env = esc_env(&format!("dns = [\"{DNS}\"]\ndeny_egress = [\"0.0.0.0/0\", \"::/0\"]\n"), &rules_toml(&[Rule::new("echo", &["echo", "escalated"])]));
+    let mut env = esc_env(
+        &format!("dns = [\"{DNS}\"]\ndeny_egress = [\"0.0.0.0/0\", \"::/0\"]\n"),
+        &rules_toml(&[Rule::new("echo", &["echo", "escalated"])]),
+    );
     env.netns = Some(lab.host.clone());
     let probe = env.install_probe().display().to_string();
     let script = format!("{probe} tcp {PUBLIC} {PORT} unreachable; echo probe=$?; lazaret-escalate -- echo escalated; echo escalate=$?");

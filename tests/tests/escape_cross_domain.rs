@@ -52,7 +52,12 @@ kill $p1 $p2 $p3
 "#
     );
     let path_a = escape::install(&env, "domain-a", &script_a);
-    let mut a = env.lazaret(["run".as_ref(), "test".as_ref(), "--".as_ref(), "sh".as_ref(), path_a.as_os_str()]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning Domain A's session");
+    let mut a = env
+        .lazaret(["run".as_ref(), "test".as_ref(), "--".as_ref(), "sh".as_ref(), path_a.as_os_str()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawning Domain A's session");
     let mut a_out = String::new();
     let mut lines = BufReader::new(a.stdout.take().expect("A's stdout")).lines();
     let a_ip = loop {
@@ -65,7 +70,10 @@ kill $p1 $p2 $p3
     };
     let a_results = escape::cases(&a_out);
     for own in ["a-reaches-own-tcp", "a-reaches-own-abstract", "a-reaches-own-path-socket"] {
-        assert!(a_results.get(own).is_some_and(|v| v.starts_with("ok")), "Domain A cannot reach its own listener ({own}): the attempts from B prove nothing\n{a_out}");
+        assert!(
+            a_results.get(own).is_some_and(|v| v.starts_with("ok")),
+            "Domain A cannot reach its own listener ({own}): the attempts from B prove nothing\n{a_out}"
+        );
     }
     let a_id = env.domain_ids().into_iter().next().expect("Domain A's runtime directory");
 

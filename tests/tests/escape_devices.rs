@@ -46,7 +46,8 @@ const CHAR_DEVICES: &[(&str, u32, u32)] = &[
 ];
 
 /// Entries /dev may have inside: the sandbox's own, harmless devices.
-const DEV_ALLOWED: &[&str] = &["null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm", "fd", "stdin", "stdout", "stderr", "net", "fuse", "mqueue"];
+const DEV_ALLOWED: &[&str] =
+    &["null", "zero", "full", "random", "urandom", "tty", "ptmx", "pts", "shm", "fd", "stdin", "stdout", "stderr", "net", "fuse", "mqueue"];
 
 #[test]
 fn no_device_node_reaches_a_host_device() {
@@ -56,14 +57,23 @@ fn no_device_node_reaches_a_host_device() {
     let mut script = String::from("echo \"case dev-listing: $(ls -A /dev | tr '\\n' ' ')\"\n");
     let mut names = Vec::new();
     for (name, maj, min) in &blocks {
-        script.push_str(&format!("must_fail block-{name}-in-tmp sh -c 'perl \"$TOOL\" mknod /tmp/b-{name} b {maj} {min}; perl \"$TOOL\" readdev /tmp/b-{name}'\n"));
+        script.push_str(&format!(
+            "must_fail block-{name}-in-tmp sh -c 'perl \"$TOOL\" mknod /tmp/b-{name} b {maj} {min}; perl \"$TOOL\" readdev /tmp/b-{name}'\n"
+        ));
         script.push_str(&format!("must_fail block-{name}-in-workspace sh -c 'perl \"$TOOL\" mknod \"$W/b-{name}\" b {maj} {min}; perl \"$TOOL\" readdev \"$W/b-{name}\"'\n"));
         script.push_str(&format!("must_fail block-{name}-in-dev test -e /dev/{name}\n"));
         script.push_str(&format!("must_fail mount-host-disk-{name} sh -c 'mkdir -p /tmp/m-{name}; mount -t ext4 /tmp/b-{name} /tmp/m-{name} || mount -t ext4 /dev/{name} /tmp/m-{name}'\n"));
-        names.extend([format!("block-{name}-in-tmp"), format!("block-{name}-in-workspace"), format!("block-{name}-in-dev"), format!("mount-host-disk-{name}")]);
+        names.extend([
+            format!("block-{name}-in-tmp"),
+            format!("block-{name}-in-workspace"),
+            format!("block-{name}-in-dev"),
+            format!("mount-host-disk-{name}"),
+        ]);
     }
     for (name, maj, min) in CHAR_DEVICES {
-        script.push_str(&format!("must_fail char-{name}-in-tmp sh -c 'perl \"$TOOL\" mknod /tmp/c-{name} c {maj} {min}; perl \"$TOOL\" readdev /tmp/c-{name}'\n"));
+        script.push_str(&format!(
+            "must_fail char-{name}-in-tmp sh -c 'perl \"$TOOL\" mknod /tmp/c-{name} c {maj} {min}; perl \"$TOOL\" readdev /tmp/c-{name}'\n"
+        ));
         script.push_str(&format!("must_fail char-{name}-in-workspace sh -c 'perl \"$TOOL\" mknod \"$W/c-{name}\" c {maj} {min}; perl \"$TOOL\" readdev \"$W/c-{name}\"'\n"));
         script.push_str(&format!("must_fail char-{name}-in-dev perl \"$TOOL\" readdev /dev/{name}\n"));
         names.extend([format!("char-{name}-in-tmp"), format!("char-{name}-in-workspace"), format!("char-{name}-in-dev")]);
@@ -76,7 +86,10 @@ must_fail loop-mount sh -c 'dd if=/dev/zero of=/tmp/img bs=1k count=64 2>/dev/nu
 must_fail dev-block-dir sh -c 'ls /dev/block /dev/disk 2>/dev/null | grep .'
 "#,
     );
-    names.extend(["sys-block-lists-disks", "proc-partitions-lists-disks", "losetup-finds-a-loop-device", "loop-mount", "dev-block-dir"].map(String::from));
+    names.extend(
+        ["sys-block-lists-disks", "proc-partitions-lists-disks", "losetup-finds-a-loop-device", "loop-mount", "dev-block-dir"]
+            .map(String::from),
+    );
     let path = escape::install(&env, "devices", &script);
     let out = env.run(["run".as_ref(), "test".as_ref(), "--".as_ref(), "sh".as_ref(), path.as_os_str()]);
     let stdout = text(&out.stdout);

@@ -107,7 +107,11 @@ kill %1
         ],
         &shown,
     );
-    assert_eq!(results.get("stdio-on-terminal").map(String::as_str), Some("yes"), "the agent is not on a terminal: the session does not test the client's terminal\n{shown}");
+    assert_eq!(
+        results.get("stdio-on-terminal").map(String::as_str),
+        Some("yes"),
+        "the agent is not on a terminal: the session does not test the client's terminal\n{shown}"
+    );
     // Every descriptor inside names something of the sandbox's own, and no
     // socket but the session broker's. gVisor
     // shows a descriptor donated from the host as `host:[N]`: only the

@@ -346,14 +346,19 @@ fn a_long_request_does_not_push_the_start_of_the_command_off_the_screen() {
     let padding = "x".repeat(3000);
     let why = "because ".repeat(120);
     let script = env.workspace.join(".long.sh");
-    fs::write(&script, format!("lazaret-escalate --justification '{why}' -- sh -c 'echo DANGER-START; : {padding}'\necho \"rc=$?\"\n")).expect("writing the script");
+    fs::write(&script, format!("lazaret-escalate --justification '{why}' -- sh -c 'echo DANGER-START; : {padding}'\necho \"rc=$?\"\n"))
+        .expect("writing the script");
     let mut pty = TestTerminal::new(24, 80);
     let path = script.display().to_string();
     let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "sh", &path]);
     let screen = prompt_screen(&mut pty, Duration::from_millis(400));
     let rows = screen.visible_rows();
     assert_eq!(rows.first().map(String::as_str), Some(HEADER), "the header is not on the screen:\n{}", screen.dump());
-    assert!(rows.iter().any(|r| r.starts_with("  command: sh -c 'echo DANGER-START; : xxx")), "the start of the command is not on the screen:\n{}", screen.dump());
+    assert!(
+        rows.iter().any(|r| r.starts_with("  command: sh -c 'echo DANGER-START; : xxx")),
+        "the start of the command is not on the screen:\n{}",
+        screen.dump()
+    );
     assert!(rows.iter().any(|r| r.contains("…[+")), "nothing says the request was cut:\n{}", screen.dump());
     assert!(rows.last().is_some_and(|r| r.starts_with(KEY_LINE)), "the key line is not last:\n{}", screen.dump());
     std::thread::sleep(ARMING);
@@ -372,7 +377,8 @@ fn a_long_request_does_not_push_the_start_of_the_command_off_the_screen() {
 fn a_sequence_cut_by_the_prompt_is_finished_by_the_agent_afterwards() {
     let env = env();
     let script = env.workspace.join(".cut.sh");
-    fs::write(&script, "printf 'before\\r\\n\\033[3'\nlazaret-escalate -- true 2>/dev/null\nprintf '1mRED\\033[m after\\r\\n'\n").expect("writing the script");
+    fs::write(&script, "printf 'before\\r\\n\\033[3'\nlazaret-escalate -- true 2>/dev/null\nprintf '1mRED\\033[m after\\r\\n'\n")
+        .expect("writing the script");
     let mut pty = TestTerminal::new(ROWS, COLS);
     let path = script.display().to_string();
     let mut child = tty_spawn(&pty, &env, &["run", "test", "--", "sh", &path]);

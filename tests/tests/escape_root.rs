@@ -26,7 +26,8 @@ fn a_root_agent_cannot_lift_protections_or_reach_the_host_with_mounts_and_namesp
     fs::write(&marker, "host\n").expect("marker");
     // What a program the agent got the host to run would leave.
     let ran = env.scratch.join("ran-on-host");
-    let host_disks: Vec<String> = fs::read_dir("/sys/block").expect("/sys/block").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let host_disks: Vec<String> =
+        fs::read_dir("/sys/block").expect("/sys/block").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
 
     let script = format!(
         r#"MARKER={marker}; RAN={ran}; HOSTPID={pid}; DISKS='{disks}'
@@ -92,7 +93,8 @@ sleep 1
     let results = escape::cases(&stdout);
     escape::assert_refused(&results, &names, &stdout);
     assert_eq!(fs::read(ws.join(".git/config")).expect("config"), config_before, "the protected config changed on the host");
-    let hooks: Vec<String> = fs::read_dir(ws.join(".git/hooks")).expect("hooks").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let hooks: Vec<String> =
+        fs::read_dir(ws.join(".git/hooks")).expect("hooks").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     assert!(!hooks.iter().any(|h| h == "post-commit"), "a hook was planted on the host: {hooks:?}");
     let hostname_after = fs::read_to_string("/proc/sys/kernel/hostname").expect("hostname");
     if hostname_after != hostname_before {

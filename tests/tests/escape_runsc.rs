@@ -28,7 +28,13 @@ fn runsc_its_state_and_the_hosts_proc_are_out_of_reach() {
     // A file only the host has, in a directory only the host has.
     let marker = env.scratch.join("host-only-marker");
     fs::write(&marker, "host\n").expect("marker");
-    let sysctls = ["/proc/sys/kernel/core_pattern", "/proc/sys/kernel/sysrq", "/proc/sys/kernel/hostname", "/sys/kernel/uevent_helper", "/proc/sys/kernel/modprobe"];
+    let sysctls = [
+        "/proc/sys/kernel/core_pattern",
+        "/proc/sys/kernel/sysrq",
+        "/proc/sys/kernel/hostname",
+        "/sys/kernel/uevent_helper",
+        "/proc/sys/kernel/modprobe",
+    ];
     let before: Vec<String> = sysctls.iter().map(|p| fs::read_to_string(p).unwrap_or_else(|e| format!("unreadable: {e}"))).collect();
 
     let script = format!(

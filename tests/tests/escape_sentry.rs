@@ -91,11 +91,21 @@ fn snapshot(path: &Path, into: &mut BTreeMap<String, String>) {
             return;
         }
     };
-    let content = if meta.is_file() { fs::read(path).map(|b| format!("{:x?}", sha2_digest(&b))).unwrap_or_default() } else { String::new() };
+    let content =
+        if meta.is_file() { fs::read(path).map(|b| format!("{:x?}", sha2_digest(&b))).unwrap_or_default() } else { String::new() };
     let xattrs = xattr_names(path);
     into.insert(
         path.display().to_string(),
-        format!("mode={:o} uid={} gid={} size={} nlink={} mtime={}.{} xattrs={xattrs:?} content={content}", meta.mode(), meta.uid(), meta.gid(), meta.size(), meta.nlink(), meta.mtime(), meta.mtime_nsec()),
+        format!(
+            "mode={:o} uid={} gid={} size={} nlink={} mtime={}.{} xattrs={xattrs:?} content={content}",
+            meta.mode(),
+            meta.uid(),
+            meta.gid(),
+            meta.size(),
+            meta.nlink(),
+            meta.mtime(),
+            meta.mtime_nsec()
+        ),
     );
     if meta.is_dir() {
         let mut names: Vec<_> = fs::read_dir(path).expect("read_dir").flatten().map(|e| e.path()).collect();
@@ -160,7 +170,10 @@ fn every_write_route_to_every_git_sentry_protected_path_fails_and_the_host_is_un
         }
     }
     for (name, cmd) in GITDIR_ROUTES {
-        script.push_str(&format!("must_fail {name} sh -c 'W=$1; TOOL=$2; tool() {{ perl \"$TOOL\" \"$@\"; }}; {}' - \"$W\" \"$TOOL\"\n", cmd.replace('\'', "'\\''")));
+        script.push_str(&format!(
+            "must_fail {name} sh -c 'W=$1; TOOL=$2; tool() {{ perl \"$TOOL\" \"$@\"; }}; {}' - \"$W\" \"$TOOL\"\n",
+            cmd.replace('\'', "'\\''")
+        ));
         names.push(name.to_string());
     }
     // Controls: the same routes do work on an unprotected file and
@@ -198,10 +211,19 @@ ctl setxattr tool setxattr "$W/control" user.ok x
     }
     // The agent's own leftovers next to protected paths are its business;
     // only what existed (and what appeared inside protected directories) counts.
-    let changed: Vec<String> = before.keys().chain(after.keys()).filter(|k| before.get(*k) != after.get(*k)).map(|k| format!("{k}: {:?} -> {:?}", before.get(k), after.get(k))).collect();
+    let changed: Vec<String> = before
+        .keys()
+        .chain(after.keys())
+        .filter(|k| before.get(*k) != after.get(*k))
+        .map(|k| format!("{k}: {:?} -> {:?}", before.get(k), after.get(k)))
+        .collect();
     escape::assert_refused(&results, &names, &stdout);
     assert!(changed.is_empty(), "protected paths changed on the host:\n  {}", changed.join("\n  "));
-    assert_eq!(fs::symlink_metadata(ws.join(".git")).map(|m| (m.is_dir(), m.ino())).ok(), Some((true, git_dir_ino)), "the workspace's .git was swapped");
+    assert_eq!(
+        fs::symlink_metadata(ws.join(".git")).map(|m| (m.is_dir(), m.ino())).ok(),
+        Some((true, git_dir_ino)),
+        "the workspace's .git was swapped"
+    );
     assert_eq!(git(&ws, &["rev-parse", "HEAD"]), head);
     // The developer's git on the host still reads the same configuration.
     assert_eq!(git(&ws, &["config", "core.hooksPath"]).trim(), ".githooks");

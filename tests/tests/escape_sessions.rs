@@ -47,7 +47,11 @@ fn one_session_can_neither_read_nor_use_another_sessions_escalation_identity() {
     assert_eq!(wait_with_limit(&mut holder).code(), Some(0), "session A failed");
 
     assert!(out.status.success() && stdout.contains("\ndone\n"), "the probe did not finish: {}", text(&out.stderr));
-    assert_eq!(lines_with(&stdout, "environ-key"), Vec::<&str>::new(), "another process's environment holds a session key the agent can read");
+    assert_eq!(
+        lines_with(&stdout, "environ-key"),
+        Vec::<&str>::new(),
+        "another process's environment holds a session key the agent can read"
+    );
     assert_eq!(lines_with(&stdout, "stolen-key"), Vec::<&str>::new());
     assert_eq!(lines_with(&stdout, "fd-key"), Vec::<&str>::new(), "another process's descriptor yields a session key");
     // Session A's agent announces its broker (its environment is the
@@ -81,7 +85,13 @@ fn the_agent_holds_no_capabilities_and_runs_as_the_developer_under_a_root_sessio
     let sub = env.workspace.join("sub");
     std::fs::create_dir(&sub).expect("sub");
     chown_tree(&env.workspace, uid, gid);
-    let out = env.lazaret(["run", "test", "--", "sh", "-c", script]).current_dir(&sub).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn");
+    let out = env
+        .lazaret(["run", "test", "--", "sh", "-c", script])
+        .current_dir(&sub)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
     let out = wait_output(out);
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
@@ -91,7 +101,10 @@ fn the_agent_holds_no_capabilities_and_runs_as_the_developer_under_a_root_sessio
     }
     assert!(stdout.contains("parent=0\n"), "the session's init is not root's:\n{stdout}");
     assert!(stdout.contains(&format!("pwd={}\n", sub.display())), "the agent did not start in the client's directory:\n{stdout}");
-    assert!(stdout.contains("parent-key=no\n"), "the session's key is in its init's environment (which gVisor lets every process read):\n{stdout}");
+    assert!(
+        stdout.contains("parent-key=no\n"),
+        "the session's key is in its init's environment (which gVisor lets every process read):\n{stdout}"
+    );
     assert!(stdout.ends_with("0\n"), "escalation credentials in the agent's environment:\n{stdout}");
     env.assert_nothing_left();
 }

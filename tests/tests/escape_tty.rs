@@ -51,7 +51,9 @@ fn terminal_ioctls_never_reach_a_host_terminal() {
     }
     // Whatever was injected anywhere would arrive as input here (the
     // client relays its terminal's input to the agent).
-    script.push_str(&format!("must_fail injected-input-arrives bash -c 'read -r -t 2 l; case \"$l\" in *{INJECTED}*) exit 0;; esac; exit 1'\n"));
+    script.push_str(&format!(
+        "must_fail injected-input-arrives bash -c 'read -r -t 2 l; case \"$l\" in *{INJECTED}*) exit 0;; esac; exit 1'\n"
+    ));
     // Its own terminal the agent may resize; the client's stays as it is.
     script.push_str("tool ioctl 0 5414 pack:S4 99,199,0,0 >/dev/null; echo \"case own-resize: $(stty size)\"\n");
     let path = escape::install(&env, "tty", &script);
@@ -70,6 +72,10 @@ fn terminal_ioctls_never_reach_a_host_terminal() {
     assert_eq!(pty.window_size(), (24, 80), "the agent's resize reached the client's terminal");
     assert_eq!(pty.modes(), before, "the client's terminal modes changed");
     let pending = pty.pending_input();
-    assert!(!String::from_utf8_lossy(&pending).contains(INJECTED), "injected input is queued on the client's terminal: {:?}", String::from_utf8_lossy(&pending));
+    assert!(
+        !String::from_utf8_lossy(&pending).contains(INJECTED),
+        "injected input is queued on the client's terminal: {:?}",
+        String::from_utf8_lossy(&pending)
+    );
     env.assert_nothing_left();
 }

@@ -39,7 +39,10 @@ fn image_not_imported() {
     let env = TestEnv::new();
     std::fs::write(
         &env.config,
-        format!("storage_root = \"{TEST_STORAGE}\"\nruntime_dir = \"{}\"\n[profiles.test]\nimage = \"never-imported\"\n", env.runtime_dir.display()),
+        format!(
+            "storage_root = \"{TEST_STORAGE}\"\nruntime_dir = \"{}\"\n[profiles.test]\nimage = \"never-imported\"\n",
+            env.runtime_dir.display()
+        ),
     )
     .expect("config");
     let out = env.run(["run", "test", "--", "true"]);
@@ -167,7 +170,11 @@ fn failures_leave_no_image_half_imported() {
     assert!(text(&out.stderr).contains(".."), "stderr: {}", text(&out.stderr));
     let ls = env.run(["image", "ls"]);
     assert!(!text(&ls.stdout).contains(&name), "half-imported image listed: {}", text(&ls.stdout));
-    for escaped in [env.scratch.join("escaped"), std::path::PathBuf::from("/var/cache/lazaret/escaped"), std::path::PathBuf::from("/var/cache/escaped")] {
+    for escaped in [
+        env.scratch.join("escaped"),
+        std::path::PathBuf::from("/var/cache/lazaret/escaped"),
+        std::path::PathBuf::from("/var/cache/escaped"),
+    ] {
         assert!(!escaped.exists(), "{} was written outside the store", escaped.display());
     }
 }
@@ -177,7 +184,18 @@ fn doctor_reports_every_check_with_ok_or_a_fix() {
     let env = TestEnv::new();
     let out = env.run(["doctor"]);
     let report = text(&out.stdout);
-    for name in ["root", "overlayfs", "namespaces", "cgroups", "config", "runsc", "runsc --overlay2", "netns work-around", "storage root", "runtime dir"] {
+    for name in [
+        "root",
+        "overlayfs",
+        "namespaces",
+        "cgroups",
+        "config",
+        "runsc",
+        "runsc --overlay2",
+        "netns work-around",
+        "storage root",
+        "runtime dir",
+    ] {
         assert!(report.lines().any(|l| l.starts_with("OK") && l.contains(&format!(" {name}:"))), "doctor: {name} not OK:\n{report}");
     }
     assert_eq!(out.status.code(), Some(0), "{report}");
@@ -231,7 +249,8 @@ fn developer_env(top: &str, profile: &str) -> TestEnv {
     let mut env = TestEnv::new();
     env.env.push(("SUDO_UID".into(), uid.to_string()));
     env.env.push(("SUDO_GID".into(), gid.to_string()));
-    std::fs::write(&env.config, format!("{top}[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{profile}")).expect("config");
+    std::fs::write(&env.config, format!("{top}[profiles.test]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{profile}"))
+        .expect("config");
     nix::unistd::chown(&env.config, Some(uid.into()), Some(gid.into())).expect("chown config");
     nix::unistd::chown(&env.workspace, Some(uid.into()), Some(gid.into())).expect("chown workspace");
     env
@@ -243,17 +262,32 @@ fn developer_env(top: &str, profile: &str) -> TestEnv {
 #[test]
 fn developer_owned_configuration_cannot_use_roots_power() {
     let cases: [(&str, &str, &[&str]); 5] = [
-        ("[runsc]\npath = \"/usr/local/bin/runsc\"\n", "", &["config.toml:2:8: `runsc.path`", "execute /usr/local/bin/runsc as root", "sudo chown root:"]),
-        ("[runsc]\ndebug_log_dir = \"/var/tmp/lazaret-runsc-debug\"\n", "", &["config.toml:2:17: `runsc.debug_log_dir`", "sudo chown root:"]),
+        (
+            "[runsc]\npath = \"/usr/local/bin/runsc\"\n",
+            "",
+            &["config.toml:2:8: `runsc.path`", "execute /usr/local/bin/runsc as root", "sudo chown root:"],
+        ),
+        (
+            "[runsc]\ndebug_log_dir = \"/var/tmp/lazaret-runsc-debug\"\n",
+            "",
+            &["config.toml:2:17: `runsc.debug_log_dir`", "sudo chown root:"],
+        ),
         ("storage_root = \"/etc/lazaret-e2e\"\n", "", &["config.toml:1:16: `storage_root`", "owned by root"]),
         ("", "user = \"0:42\"\n", &["config.toml:4:8: `profiles.test.user`", "ids that are not yours", "use `user = \"developer\"`"]),
-        ("", "volumes = [\"/etc/shadow:/shadow:ro\"]\n", &["config.toml:4:12: volume \"/etc/shadow:/shadow:ro\"", "may not read /etc/shadow yourself", "as root, would mount it"]),
+        (
+            "",
+            "volumes = [\"/etc/shadow:/shadow:ro\"]\n",
+            &["config.toml:4:12: volume \"/etc/shadow:/shadow:ro\"", "may not read /etc/shadow yourself", "as root, would mount it"],
+        ),
     ];
     for (top, profile, needles) in cases {
         let env = developer_env(top, profile);
         let out = env.run(["run", "test", "--", "true"]);
         assert_refused(&env, &out, needles);
-        assert!(!std::path::Path::new("/var/tmp/lazaret-runsc-debug").exists() && !std::path::Path::new("/etc/lazaret-e2e").exists(), "a refused key was acted on");
+        assert!(
+            !std::path::Path::new("/var/tmp/lazaret-runsc-debug").exists() && !std::path::Path::new("/etc/lazaret-e2e").exists(),
+            "a refused key was acted on"
+        );
     }
 }
 
@@ -279,6 +313,15 @@ fn a_configuration_symlink_inside_a_volume_is_refused() {
     std::fs::write(&env.config, format!("{cfg}volumes = [\"{}:/vol\"]\n", volume.display())).expect("config");
     let link = volume.join("config.toml");
     std::os::unix::fs::symlink(&env.config, &link).expect("symlink");
-    let out = env.in_netns().arg(lazaret_bin()).arg("--config").arg(&link).args(["run", "test", "--", "true"]).current_dir(&env.workspace).stdin(std::process::Stdio::null()).output().expect("lazaret");
+    let out = env
+        .in_netns()
+        .arg(lazaret_bin())
+        .arg("--config")
+        .arg(&link)
+        .args(["run", "test", "--", "true"])
+        .current_dir(&env.workspace)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("lazaret");
     assert_refused(&env, &out, &["lies inside the volume", "move the configuration"]);
 }

@@ -47,7 +47,11 @@ fn one_line<'a>(stderr: &'a str, needles: &[&str]) -> &'a str {
 }
 
 fn coordinator_log(env: &TestEnv) -> String {
-    env.domain_ids().iter().map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default()).collect::<Vec<_>>().join("\n---\n")
+    env.domain_ids()
+        .iter()
+        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 /// A [`TestEnv`] in `lab`'s host namespace, with `profile` keys.
@@ -81,14 +85,20 @@ fn runsc_processes(env: &TestEnv, argv0: &str) -> Vec<i32> {
 }
 
 fn kill9(pid: i32) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL).unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL)
+        .unwrap_or_else(|e| panic!("kill -9 {pid}: {e}"));
 }
 
 /// The Domain is gone without a trace, its journal conforms, and a new run
 /// of the same profile works (the Domain starts afresh).
 fn clean_and_restartable(env: &TestEnv, lab: &NetLab, baseline: &HostCounts) {
     env.assert_nothing_left();
-    assert_eq!(&HostCounts::take(env, Some(&lab.host)), baseline, "host counts differ after the fault; coordinator log:\n{}", coordinator_log(env));
+    assert_eq!(
+        &HostCounts::take(env, Some(&lab.host)),
+        baseline,
+        "host counts differ after the fault; coordinator log:\n{}",
+        coordinator_log(env)
+    );
     let out = env.run(["run", "test", "--", "echo", "again"]);
     assert_eq!(out.status.code(), Some(0), "the run after the fault: {}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "again\n");
@@ -189,7 +199,10 @@ struct SmallStorage {
 impl SmallStorage {
     fn new(megabytes: u64) -> SmallStorage {
         for tool in ["mkfs.ext4", "losetup", "mount", "umount"] {
-            assert!(Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success()), "{tool} missing: install e2fsprogs / util-linux");
+            assert!(
+                Command::new("sh").args(["-c", &format!("command -v {tool}")]).output().is_ok_and(|o| o.status.success()),
+                "{tool} missing: install e2fsprogs / util-linux"
+            );
         }
         let dir = std::env::temp_dir().join(format!("lazaret-small-{}", std::process::id()));
         fs::create_dir_all(dir.join("mnt")).expect("mount point");
@@ -330,7 +343,9 @@ fn a_client_killed_mid_prompt_ends_its_request_and_the_domain_goes_on() {
     let session = waiting[0]["session"].as_str().expect("the request's session").to_string();
     child.kill().expect("killing the prompting client");
     let _ = child.wait();
-    wait_for("the killed client's session to end", Duration::from_secs(30), || (sessions(&env).len() == 1 && pending(&env).is_empty()).then_some(()));
+    wait_for("the killed client's session to end", Duration::from_secs(30), || {
+        (sessions(&env).len() == 1 && pending(&env).is_empty()).then_some(())
+    });
     assert!(!host.file("never").exists(), "the request of a killed client ran");
     let log = coordinator_log(&env);
     // The coordinator saw the client go (end of stream), or the agent died
@@ -369,7 +384,9 @@ fn a_killed_coordinator_takes_its_host_commands_along_and_the_next_run_recovers(
     let baseline = HostCounts::take(&env, Some(&lab.host));
     let client = spawn_piped(&env, &["run", "test", "--", "lazaret-escalate", "--", "sh", "-c", &script]);
     let (sa, sb) = (format!("sleep {a}"), format!("sleep {b}"));
-    wait_for("both host sleeps", Duration::from_secs(90), || (!host_processes(&sa).is_empty() && !host_processes(&sb).is_empty()).then_some(()));
+    wait_for("both host sleeps", Duration::from_secs(90), || {
+        (!host_processes(&sa).is_empty() && !host_processes(&sb).is_empty()).then_some(())
+    });
     let coordinators = env.coordinator_pids();
     assert_eq!(coordinators.len(), 1, "{coordinators:?}");
     let started = Instant::now();
@@ -379,7 +396,9 @@ fn a_killed_coordinator_takes_its_host_commands_along_and_the_next_run_recovers(
     let line = one_line(&stderr, &["lost the connection to the Domain's coordinator", "coordinator.log"]);
     assert!(line.ends_with("coordinator.log"), "the cause is said once, in the parentheses: {line}");
     assert_eq!(out.status.code(), Some(125), "{}", text(&out.stderr));
-    wait_for("the host commands to go", Duration::from_secs(15), || (host_processes(&sa).is_empty() && host_processes(&sb).is_empty()).then_some(()));
+    wait_for("the host commands to go", Duration::from_secs(15), || {
+        (host_processes(&sa).is_empty() && host_processes(&sb).is_empty()).then_some(())
+    });
     eprintln!("client and host commands gone {:?} after the kill", started.elapsed());
     assert_eq!(env.wait_no_processes(), Vec::<String>::new());
     // The next run recovers what the dead coordinator left.

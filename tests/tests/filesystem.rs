@@ -54,9 +54,17 @@ fn git_sentry_keeps_hooks_and_config_read_only_and_host_hooks_still_run() {
     let probe = env.install_probe();
     let w = ws.display().to_string();
     let out = env.run([
-        "run".to_string(), "test".into(), "--".into(), probe.display().to_string(), "cannot-write".into(),
-        format!("{w}/.git/hooks/pre-commit"), format!("{w}/.git/hooks/post-commit"), format!("{w}/.git/config"),
-        format!("{w}/.git/config.worktree"), format!("{w}/.githooks/pre-commit"), format!("{w}/.githooks/new-hook"),
+        "run".to_string(),
+        "test".into(),
+        "--".into(),
+        probe.display().to_string(),
+        "cannot-write".into(),
+        format!("{w}/.git/hooks/pre-commit"),
+        format!("{w}/.git/hooks/post-commit"),
+        format!("{w}/.git/config"),
+        format!("{w}/.git/config.worktree"),
+        format!("{w}/.githooks/pre-commit"),
+        format!("{w}/.githooks/new-hook"),
     ]);
     assert_eq!(out.status.code(), Some(PROBE_PASS), "probe stderr: {}", text(&out.stderr));
     assert_eq!(fs::read_to_string(ws.join(".git/hooks/post-commit")).expect("hook"), "#!/bin/sh\ntrue\n");
@@ -112,7 +120,9 @@ fn persistent_dirs_persist_and_everything_else_is_fresh() {
 
 #[test]
 fn two_profiles_on_one_workspace_have_separate_state() {
-    let env = TestEnv::with_profile("user = \"root\"\npersistent_dirs = [\"/root\"]\n\n[profiles.other]\nimage = \"test\"\ncommand = [\"/bin/sh\"]\nuser = \"root\"\npersistent_dirs = [\"/root\"]\n");
+    let env = TestEnv::with_profile(
+        "user = \"root\"\npersistent_dirs = [\"/root\"]\n\n[profiles.other]\nimage = \"test\"\ncommand = [\"/bin/sh\"]\nuser = \"root\"\npersistent_dirs = [\"/root\"]\n",
+    );
     fs::write(env.workspace.join(".gitignore"), "node_modules/\n").expect(".gitignore");
     ok(&sh(&env, "set -e; echo mine > /root/keep; mkdir -p node_modules; echo mine > node_modules/x"));
     let out = env.run(["run", "other", "--", "sh", "-c", "ls /root/keep node_modules/x 2>&1 | wc -l"]);
@@ -211,7 +221,10 @@ fn isolation_stays_until_reset(secret: &str, untie: &str) {
 
     let out = fresh_start(&env, &format!("set -e; cat {secret}; echo agent > {secret}; {untie}"));
     assert_eq!(ok(&out), "", "run 1 saw the host's {secret}");
-    assert!(!git(ws, &["status", "--porcelain", "--ignored"]).contains(&format!("!! {secret}")), "the agent's change did not un-ignore {secret} on the host");
+    assert!(
+        !git(ws, &["status", "--porcelain", "--ignored"]).contains(&format!("!! {secret}")),
+        "the agent's change did not un-ignore {secret} on the host"
+    );
     let record = isolation_record(&env);
     let meta = fs::symlink_metadata(&record).expect("the record exists in the Domain Root");
     assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600), "the record must be root's alone");
@@ -219,7 +232,11 @@ fn isolation_stays_until_reset(secret: &str, untie: &str) {
 
     let out = fresh_start(&env, &format!("cat {secret}; echo again > {secret}"));
     assert_eq!(ok(&out), "agent\n", "run 2 must see the Domain's own {secret}, not the host's");
-    assert!(text(&out.stderr).contains("lazaret: note: 1 path(s) stay isolated") && text(&out.stderr).contains("lazaret reset-isolation test"), "stderr: {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("lazaret: note: 1 path(s) stay isolated") && text(&out.stderr).contains("lazaret reset-isolation test"),
+        "stderr: {}",
+        text(&out.stderr)
+    );
     assert_eq!(fs::read_to_string(ws.join(secret)).expect("host secret"), "s3cret\n", "the sandbox wrote the host's {secret}");
     let log = coordinator_log(&env);
     assert!(log.contains(&format!("sticky isolation: {secret} stays isolated")), "coordinator.log: {log}");
@@ -279,7 +296,9 @@ fn reset_isolation_is_refused_while_the_domain_runs_and_a_damaged_record_stops_t
         .spawn()
         .expect("spawn");
     let deadline = std::time::Instant::now() + COMMAND_LIMIT;
-    while env.domain_dir().is_none_or(|d| !lazaret_coordinator::layout::DomainDir::new(d).socket().exists()) && std::time::Instant::now() < deadline {
+    while env.domain_dir().is_none_or(|d| !lazaret_coordinator::layout::DomainDir::new(d).socket().exists())
+        && std::time::Instant::now() < deadline
+    {
         std::thread::sleep(std::time::Duration::from_millis(50));
     }
     let refused = env.run(["reset-isolation", "test"]);
@@ -294,7 +313,11 @@ fn reset_isolation_is_refused_while_the_domain_runs_and_a_damaged_record_stops_t
     fs::write(&record, "{\"version\": 1, \"paths\": [").expect("damage the record");
     let out = fresh_start(&env, "cat .env");
     assert_eq!(out.status.code(), Some(125), "a damaged record must stop the start; stdout: {}", text(&out.stdout));
-    assert!(text(&out.stderr).contains("isolated-paths.json") && text(&out.stderr).contains("reset-isolation"), "stderr: {}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("isolated-paths.json") && text(&out.stderr).contains("reset-isolation"),
+        "stderr: {}",
+        text(&out.stderr)
+    );
     let out = env.run(["reset-isolation", "test"]);
     assert!(ok(&out).starts_with("deleted the unreadable"), "{}", text(&out.stdout));
     assert_eq!(ok(&fresh_start(&env, "cat .env")), "", "still ignored by the current rules: isolated");
@@ -311,7 +334,10 @@ fn renaming_the_parent_of_an_isolated_path_is_refused() {
     fs::write(ws.join(".gitignore"), "/app/.env\n").expect(".gitignore");
     fs::create_dir_all(ws.join("app")).expect("app");
     fs::write(ws.join("app/.env"), "s3cret\n").expect("secret");
-    let out = fresh_start(&env, "mv app app2 2>/dev/null && echo moved; mv app/.env app/moved 2>/dev/null && echo moved; : > .gitignore; echo mine > app/.env");
+    let out = fresh_start(
+        &env,
+        "mv app app2 2>/dev/null && echo moved; mv app/.env app/moved 2>/dev/null && echo moved; : > .gitignore; echo mine > app/.env",
+    );
     assert_eq!(ok(&out), "", "an isolated path or its parent was renamed");
     assert!(!ws.join("app2").exists() && !ws.join("app/moved").exists());
     assert_eq!(fs::read_to_string(ws.join("app/.env")).expect("secret"), "s3cret\n");

@@ -90,7 +90,10 @@ const ROUTES: &[(&str, &str)] = &[
     ("commondir-wt-rename", "mv $W/.git/worktrees/wt/commondir $W/.git/worktrees/wt/commondir.old"),
     ("commondir-nested-rewrite", "echo ../../evil > $W/linked/.git/commondir"),
     ("commondir-target-config", "printf \"[core]\\n\\tfsmonitor = touch $M/commondir-target-config\\n\" >> $W/shared/.git/config"),
-    ("commondir-target-hook", "printf \"#!/bin/sh\\ntouch $M/commondir-target-hook\\n\" > $W/shared/.git/hooks/post-commit && chmod +x $W/shared/.git/hooks/post-commit"),
+    (
+        "commondir-target-hook",
+        "printf \"#!/bin/sh\\ntouch $M/commondir-target-hook\\n\" > $W/shared/.git/hooks/post-commit && chmod +x $W/shared/.git/hooks/post-commit",
+    ),
     ("commondir-stale-rewrite", "echo ../../../evil > $W/.git/worktrees/stale/commondir"),
     // includes
     ("include-direct", "printf \"[core]\\n\\tfsmonitor = touch $M/include-direct\\n\" >> $W/included.cfg"),
@@ -106,8 +109,14 @@ const ROUTES: &[(&str, &str)] = &[
     ("worktree-swap-dir", "mv $W/.git/worktrees/wt $W/.git/worktrees/wt-old"),
     // submodule gitdirs
     ("module-config", "printf \"[core]\\n\\tfsmonitor = touch $M/module-config\\n\" >> $W/.git/modules/sub/config"),
-    ("module-hook", "printf \"#!/bin/sh\\ntouch $M/module-hook\\n\" > $W/.git/modules/sub/hooks/post-commit && chmod +x $W/.git/modules/sub/hooks/post-commit"),
-    ("module-nested-config", "printf \"[core]\\n\\tfsmonitor = touch $M/module-nested-config\\n\" >> $W/.git/modules/sub/modules/inner/config"),
+    (
+        "module-hook",
+        "printf \"#!/bin/sh\\ntouch $M/module-hook\\n\" > $W/.git/modules/sub/hooks/post-commit && chmod +x $W/.git/modules/sub/hooks/post-commit",
+    ),
+    (
+        "module-nested-config",
+        "printf \"[core]\\n\\tfsmonitor = touch $M/module-nested-config\\n\" >> $W/.git/modules/sub/modules/inner/config",
+    ),
     ("module-nested-hook", "printf \"#!/bin/sh\\ntouch $M/module-nested-hook\\n\" > $W/.git/modules/sub/modules/inner/hooks/pre-commit"),
     ("module-swap-dir", "mv $W/.git/modules/sub $W/.git/modules/sub-old"),
     // the next start's ignored set
@@ -155,7 +164,9 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
     // read-only `.git/config`. That needs the run-time guard (configs left
     // writable, changes undone), not a start-time bind.
     // A control: a write the agent may make is seen as written.
-    script.push_str("if ( echo x > $W/evil/control ) 2>/dev/null; then echo 'route control=written'; else echo 'route control=refused'; fi; ");
+    script.push_str(
+        "if ( echo x > $W/evil/control ) 2>/dev/null; then echo 'route control=written'; else echo 'route control=refused'; fi; ",
+    );
     script.push_str(
         "set -e; echo plain > $W/agent-file; cd $W; echo a > a.txt; git add a.txt; git commit -qm agent-commit; \
          git branch agent-branch; cd $W/wt; echo b > b.txt; git add b.txt; git commit -qm wt-commit; cd $W; \
@@ -174,14 +185,19 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
     let mut written = Vec::new();
     for (name, _) in ROUTES {
         let line = format!("route {name}=");
-        let result = stdout.lines().find_map(|l| l.strip_prefix(line.as_str())).unwrap_or_else(|| panic!("no result for {name}:\n{stdout}"));
+        let result =
+            stdout.lines().find_map(|l| l.strip_prefix(line.as_str())).unwrap_or_else(|| panic!("no result for {name}:\n{stdout}"));
         if result != "refused" {
             written.push(*name);
         }
     }
     assert!(stdout.contains("route control=written"), "the route check cannot tell a write: {stdout}");
     assert!(stdout.contains("done=yes"), "{stdout}");
-    assert_eq!(stdout.lines().find_map(|l| l.strip_prefix("sub-head=")).map(str::trim), Some(recorded_sub.trim()), "checking out the submodule inside");
+    assert_eq!(
+        stdout.lines().find_map(|l| l.strip_prefix("sub-head=")).map(str::trim),
+        Some(recorded_sub.trim()),
+        "checking out the submodule inside"
+    );
     // Known limitation (see above): flip this when the run-time guard lets
     // git rewrite a submodule's config.
     assert!(stdout.contains("submodule-update=failed") && stdout.contains("core.worktree"), "git submodule update inside: {stdout}");
@@ -201,7 +217,10 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
     }
     dev_git_ok(&ws, &["submodule", "status", "--recursive"]);
     let ran = markers(&marker_dir);
-    assert!(ran.is_empty() && written.is_empty(), "the host's git ran what the agent planted: {ran:?}; routes that could write: {written:?}");
+    assert!(
+        ran.is_empty() && written.is_empty(),
+        "the host's git ran what the agent planted: {ran:?}; routes that could write: {written:?}"
+    );
 
     // What the agent did by ordinary means is there.
     assert_eq!(dev_git_ok(&ws, &["log", "-1", "--format=%s", "HEAD~1"]).trim(), "agent-commit");

@@ -19,8 +19,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use lazaret_tests::escalation::chown_tree;
-use lazaret_tests::*;
 use lazaret_tests::netlab;
+use lazaret_tests::*;
 
 const GIT_ENV: &str = "env = { GIT_AUTHOR_NAME = \"Agent Smith\", GIT_AUTHOR_EMAIL = \"agent@example.invalid\", GIT_COMMITTER_NAME = \"Agent Smith\", GIT_COMMITTER_EMAIL = \"agent@example.invalid\" }\n";
 
@@ -43,7 +43,8 @@ fn marker_dir(env: &TestEnv) -> PathBuf {
 }
 
 fn markers(dir: &Path) -> Vec<String> {
-    let mut m: Vec<String> = fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut m: Vec<String> =
+        fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     m.sort();
     m
 }
@@ -56,7 +57,11 @@ fn developer_git_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Outpu
     for (k, v) in env {
         cmd.arg(format!("{k}={}", v.display()));
     }
-    cmd.args(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C"]).arg(dir).args(args).output().expect("running the developer's git")
+    cmd.args(["git", "-c", "user.name=Dev", "-c", "user.email=dev@example.invalid", "-C"])
+        .arg(dir)
+        .args(args)
+        .output()
+        .expect("running the developer's git")
 }
 
 /// Runs the agent's script in one session; it must print `done=yes`.

@@ -43,7 +43,11 @@ fn field<'a>(out: &'a str, key: &str) -> &'a str {
 
 /// The coordinator logs of `env`'s Domains, for failure messages.
 fn coordinator_logs(env: &TestEnv) -> String {
-    env.domain_ids().iter().map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default()).collect::<Vec<_>>().join("\n---\n")
+    env.domain_ids()
+        .iter()
+        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
 }
 
 /// `lazaret run PROFILE -- sh -c SCRIPT`, with the Workspace Guard off when
@@ -137,7 +141,11 @@ fn a_host_commands_git_never_enters_a_repository_the_agent_made() {
     let stderr = text(&out.stderr);
     println!("{}", describe(&out));
     assert_eq!(field(&stdout, "planted"), "ok", "the agent could not plant its submodule: {stderr}");
-    assert!(!host.file("fsmonitor-ran").exists(), "a host command's git ran the core.fsmonitor of the agent's submodule\n{}", describe(&out));
+    assert!(
+        !host.file("fsmonitor-ran").exists(),
+        "a host command's git ran the core.fsmonitor of the agent's submodule\n{}",
+        describe(&out)
+    );
     for case in ["status", "diff-files", "describe", "shell-status"] {
         assert_eq!(field(&stdout, case), FAILED.to_string(), "{case}: refused, naming the repository\n{stderr}");
     }
@@ -148,7 +156,12 @@ fn a_host_commands_git_never_enters_a_repository_the_agent_made() {
     fs::remove_dir_all(env.workspace.join("sub")).expect("removing the agent's repository");
     dev_git_ok(&env.workspace, &["rm", "-q", "--cached", "sub"]);
     fs::remove_file(env.workspace.join(".gitmodules")).expect(".gitmodules");
-    let out = run(&env, "test", "lazaret-escalate -- git status --short; echo status=$?; lazaret-escalate -- git rev-parse --show-toplevel; echo top=$?", false);
+    let out = run(
+        &env,
+        "test",
+        "lazaret-escalate -- git status --short; echo status=$?; lazaret-escalate -- git rev-parse --show-toplevel; echo top=$?",
+        false,
+    );
     let stdout = text(&out.stdout);
     assert_eq!(field(&stdout, "status"), "0", "{}", describe(&out));
     assert_eq!(field(&stdout, "top"), "0", "{}", describe(&out));
@@ -167,7 +180,11 @@ fn a_host_commands_git_never_enters_a_repository_the_agent_made() {
     println!("{}", describe(&out));
     let stdout = text(&out.stdout);
     assert_eq!(field(&stdout, "planted"), "ok", "{}", describe(&out));
-    assert!(!host.file("fsmonitor-ran").exists(), "a host command's git ran the core.fsmonitor of the agent's module git directory\n{}", describe(&out));
+    assert!(
+        !host.file("fsmonitor-ran").exists(),
+        "a host command's git ran the core.fsmonitor of the agent's module git directory\n{}",
+        describe(&out)
+    );
     assert_eq!(field(&stdout, "status"), FAILED.to_string(), "{}", describe(&out));
     assert!(text(&out.stderr).contains(".git/modules/m"), "the reason names the module git directory: {}", describe(&out));
     env.assert_nothing_left();
@@ -184,7 +201,10 @@ fn a_host_commands_git_never_enters_a_repository_the_agent_made() {
 fn a_repository_one_profiles_agent_made_is_not_trusted_by_another_profile() {
     let host = HostDir::new();
     let marker = host.arg("fsmonitor-ran");
-    let rules = [Rule::new("status-n", &["git", "-C", "n", "status", "--short"]), Rule::new("status-dev", &["git", "-C", "dev", "status", "--short"])];
+    let rules = [
+        Rule::new("status-n", &["git", "-C", "n", "status", "--short"]),
+        Rule::new("status-dev", &["git", "-C", "dev", "status", "--short"]),
+    ];
     let profile_b = format!("\n[profiles.b]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{GIT_ENV}");
     let env = developer_env(&format!("{GIT_ENV}{profile_b}{}", rules_toml(&rules)));
     // The developer's own nested repository, there before any Domain.
@@ -197,12 +217,20 @@ fn a_repository_one_profiles_agent_made_is_not_trusted_by_another_profile() {
 
     let ask = "lazaret-escalate -- git -C n status --short; echo n=$?; lazaret-escalate -- git -C dev status --short; echo dev=$?";
     // Profile test's agent makes its repository, and its Domain keeps running.
-    let holder = Holder::start(&env, "test", &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"));
+    let holder = Holder::start(
+        &env,
+        "test",
+        &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"),
+    );
     assert!(env.workspace.join("n/.git/config").is_file(), "the agent's repository was not made");
     let out = run(&env, "b", ask, false);
     println!("while test runs: {}", describe(&out));
     let stdout = text(&out.stdout);
-    assert!(!host.file("fsmonitor-ran").exists(), "profile b's host command ran the config of a repository profile test's agent made\n{}", describe(&out));
+    assert!(
+        !host.file("fsmonitor-ran").exists(),
+        "profile b's host command ran the config of a repository profile test's agent made\n{}",
+        describe(&out)
+    );
     assert_eq!(field(&stdout, "n"), FAILED.to_string(), "{}", describe(&out));
     assert!(text(&out.stderr).contains("n/.git"), "the reason names the repository: {}", describe(&out));
     assert_eq!(field(&stdout, "dev"), "0", "the developer's own nested repository: {}\n{}", describe(&out), coordinator_logs(&env));
@@ -215,7 +243,11 @@ fn a_repository_one_profiles_agent_made_is_not_trusted_by_another_profile() {
         let out = run(&env, profile, ask, false);
         println!("after test stopped, {profile}: {}", describe(&out));
         let stdout = text(&out.stdout);
-        assert!(!host.file("fsmonitor-ran").exists(), "profile {profile}'s host command ran the config of the agent's leftover repository\n{}", describe(&out));
+        assert!(
+            !host.file("fsmonitor-ran").exists(),
+            "profile {profile}'s host command ran the config of the agent's leftover repository\n{}",
+            describe(&out)
+        );
         assert_eq!(field(&stdout, "n"), FAILED.to_string(), "{profile}: {}", describe(&out));
         assert_eq!(field(&stdout, "dev"), "0", "{profile}: {}", describe(&out));
         env.wait_domains_unlocked();
@@ -244,17 +276,29 @@ fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repo
     let profile_b = format!("\n[profiles.b]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{GIT_ENV}");
     let env = developer_env(&format!("{GIT_ENV}{profile_b}"));
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
-    let mut holder = Holder::start(&env, "test", &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"));
+    let mut holder = Holder::start(
+        &env,
+        "test",
+        &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"),
+    );
     let ids = env.domain_ids();
     assert_eq!(ids.len(), 1, "{ids:?}");
     let coordinators = env.coordinator_pids();
     assert_eq!(coordinators.len(), 1, "{coordinators:?}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(coordinators[0]), nix::sys::signal::Signal::SIGKILL).expect("kill -9 the coordinator");
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(coordinators[0]), nix::sys::signal::Signal::SIGKILL)
+        .expect("kill -9 the coordinator");
     let _ = wait_with_limit(&mut holder.child);
     assert!(env.wait_no_processes().is_empty(), "the crashed Domain's processes are gone");
     let domain_root = env.storage.join("domains").join(&ids[0]);
-    fs::write(domain_root.join("guard-run.json"), format!(r#"{{"started_ms":{started_ms},"protected":[".git/config",".git/hooks",".git/info"],"git_dirs":[]}}"#)).expect("crash marker");
-    assert!(fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"), "the agent's config as written");
+    fs::write(
+        domain_root.join("guard-run.json"),
+        format!(r#"{{"started_ms":{started_ms},"protected":[".git/config",".git/hooks",".git/info"],"git_dirs":[]}}"#),
+    )
+    .expect("crash marker");
+    assert!(
+        fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"),
+        "the agent's config as written"
+    );
 
     // Profile b starts on the same workspace.
     let out = run(&env, "b", "echo b-ran", false);
@@ -262,8 +306,15 @@ fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repo
     // The developer, on the host, in the repository left behind.
     let status = developer_git(&env.workspace.join("n"), &["status", "--short"]);
     println!("developer's git status in n: {}", describe(&status));
-    assert!(!host.file("fsmonitor-ran").exists(), "the developer's git in n ran the agent's core.fsmonitor after profile b's Domain adopted it\n{}", coordinator_logs(&env));
-    assert!(!fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"), "n's config was not filtered");
+    assert!(
+        !host.file("fsmonitor-ran").exists(),
+        "the developer's git in n ran the agent's core.fsmonitor after profile b's Domain adopted it\n{}",
+        coordinator_logs(&env)
+    );
+    assert!(
+        !fs::read_to_string(env.workspace.join("n/.git/config")).expect("n's config").contains("fsmonitor"),
+        "n's config was not filtered"
+    );
     // The crashed Domain starts again and recovers what it left.
     let out = run(&env, "test", "echo recovered", false);
     assert_eq!(text(&out.stdout), "recovered\n", "{}", describe(&out));
@@ -282,7 +333,8 @@ fn a_repository_another_domains_agent_made_through_a_volume_is_not_trusted() {
     let rules = [Rule::new("status-n", &["git", "-C", "n", "status", "--short"])];
     let env = developer_env("");
     let ws = env.workspace.clone();
-    let profile_v = format!("\n[profiles.v]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\nvolumes = [\"{}:/vol\"]\n{GIT_ENV}", ws.display());
+    let profile_v =
+        format!("\n[profiles.v]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\nvolumes = [\"{}:/vol\"]\n{GIT_ENV}", ws.display());
     env.write_config(&format!("{GIT_ENV}{profile_v}{}", rules_toml(&rules)));
     let ws_v = env.scratch.join("ws-v");
     fs::create_dir(&ws_v).expect("the other workspace");
@@ -308,7 +360,11 @@ fn a_repository_another_domains_agent_made_through_a_volume_is_not_trusted() {
 
     let out = run(&env, "test", "lazaret-escalate -- git -C n status --short; echo n=$?", false);
     println!("{}", describe(&out));
-    assert!(!host.file("fsmonitor-ran").exists(), "profile test's host command ran the config of the repository profile v's agent made through its volume\n{}", describe(&out));
+    assert!(
+        !host.file("fsmonitor-ran").exists(),
+        "profile test's host command ran the config of the repository profile v's agent made through its volume\n{}",
+        describe(&out)
+    );
     assert_eq!(field(&text(&out.stdout), "n"), FAILED.to_string(), "{}", describe(&out));
     env.assert_nothing_left();
 }

@@ -47,7 +47,11 @@ fn lazaret(args: &[&str], sudo_user: Option<(u32, u32)>) -> Output {
 
 /// The agents' state directories below `home` that do not exist yet.
 fn missing_state_dirs(home: &Path) -> Vec<PathBuf> {
-    [".claude", ".codex", ".gemini", ".grok", ".config/opencode", ".local/share/opencode"].iter().map(|d| home.join(d)).filter(|d| !d.exists()).collect()
+    [".claude", ".codex", ".gemini", ".grok", ".config/opencode", ".local/share/opencode"]
+        .iter()
+        .map(|d| home.join(d))
+        .filter(|d| !d.exists())
+        .collect()
 }
 
 #[test]

@@ -88,7 +88,13 @@ fn a_thousand_escalation_round_trips_over_eight_sessions_none_lost_or_duplicated
     let env = developer_env(&format!("user = \"root\"\n{}", rules_toml(&[Rule::new("append", &["sh", "-c", &append, "sh"]).extra_args()])));
     let probe = install_escprobe(&env).display().to_string();
     let holder = {
-        let mut child = env.lazaret(["run", "test", "--", "sh", "-c", "echo up; read x"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().expect("holder");
+        let mut child = env
+            .lazaret(["run", "test", "--", "sh", "-c", "echo up; read x"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("holder");
         let mut line = String::new();
         BufReader::new(child.stdout.take().expect("stdout")).read_line(&mut line).expect("holder output");
         assert_eq!(line, "up\n");
@@ -137,7 +143,11 @@ fn a_thousand_escalation_round_trips_over_eight_sessions_none_lost_or_duplicated
     }
     assert_eq!(by_request.len(), expected.len(), "request IDs in the journal");
     for (id, actions) in &by_request {
-        assert_eq!(actions, &["VerifyRequest", "AutoApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"], "request {id}");
+        assert_eq!(
+            actions,
+            &["VerifyRequest", "AutoApprove", "StartHostExecution", "CompleteHostExecution", "DeliverResult"],
+            "request {id}"
+        );
     }
     let mut holder = holder;
     send(holder.stdin.as_mut().expect("stdin"), b"\n");

@@ -9,7 +9,14 @@ fn show_and_explain_name_the_deciding_rule() {
     assert!(show.status.success(), "stderr: {}", text(&show.stderr));
     let table = text(&show.stdout);
     let cfg = env.config.display().to_string();
-    for line in ["10.222.0.0/16    allow", "10.0.0.0/8       deny", "169.254.0.0/16   deny", "0.0.0.0/0        allow", "10.53.0.53/32    allow", "::/0             deny"] {
+    for line in [
+        "10.222.0.0/16    allow",
+        "10.0.0.0/8       deny",
+        "169.254.0.0/16   deny",
+        "0.0.0.0/0        allow",
+        "10.53.0.53/32    allow",
+        "::/0             deny",
+    ] {
         assert!(table.contains(line), "policy show lacks {line:?}:\n{table}");
     }
     assert!(table.contains(&format!("config: {cfg}:")), "no config location in:\n{table}");
@@ -35,7 +42,10 @@ fn check_error(extra: &str, needles: &[&str]) {
 
 #[test]
 fn equal_prefix_conflict_names_both_entries() {
-    check_error("allow_egress = [\"10.1.0.0/16\"]\ndeny_egress = [\"10.1.0.0/16\"]\n", &["10.1.0.0/16", ":8:", "line 7", "allowed", "denied"]);
+    check_error(
+        "allow_egress = [\"10.1.0.0/16\"]\ndeny_egress = [\"10.1.0.0/16\"]\n",
+        &["10.1.0.0/16", ":8:", "line 7", "allowed", "denied"],
+    );
 }
 
 #[test]
@@ -51,18 +61,34 @@ fn host_bits_set_is_located_with_the_network_form() {
 
 #[test]
 fn locked_show_and_explain_cover_names() {
-    let env = TestEnv::with_profile("egress = \"locked\"\nallow_egress = [\"api.anthropic.com\", \"*.npmjs.org\", \"github.com:22\", \"10.222.0.0/16\"]\ndns = [\"10.53.0.53\"]\n");
+    let env = TestEnv::with_profile(
+        "egress = \"locked\"\nallow_egress = [\"api.anthropic.com\", \"*.npmjs.org\", \"github.com:22\", \"10.222.0.0/16\"]\ndns = [\"10.53.0.53\"]\n",
+    );
     let cfg = env.config.display().to_string();
     let show = env.run(["policy", "show", "test"]);
     assert!(show.status.success(), "stderr: {}", text(&show.stderr));
     let table = text(&show.stdout);
-    for line in ["Egress: locked", "0.0.0.0/0        names", "10.222.0.0/16    allow", &format!("*.npmjs.org        config: {cfg}:8:"), &format!("github.com:22      config: {cfg}:8:")] {
+    for line in [
+        "Egress: locked",
+        "0.0.0.0/0        names",
+        "10.222.0.0/16    allow",
+        &format!("*.npmjs.org        config: {cfg}:8:"),
+        &format!("github.com:22      config: {cfg}:8:"),
+    ] {
         assert!(table.contains(line), "policy show lacks {line:?}:\n{table}");
     }
     let explain = env.run(["policy", "explain", "test", "registry.npmjs.org"]);
-    assert!(text(&explain.stdout).starts_with(&format!("registry.npmjs.org: allow, all ports (rule allow *.npmjs.org, config: {cfg}:8:")), "{}", text(&explain.stdout));
+    assert!(
+        text(&explain.stdout).starts_with(&format!("registry.npmjs.org: allow, all ports (rule allow *.npmjs.org, config: {cfg}:8:")),
+        "{}",
+        text(&explain.stdout)
+    );
     let explain = env.run(["policy", "explain", "test", "github.com"]);
-    assert!(text(&explain.stdout).starts_with("github.com: allow, TCP/UDP port 22 only (rule allow github.com:22"), "{}", text(&explain.stdout));
+    assert!(
+        text(&explain.stdout).starts_with("github.com: allow, TCP/UDP port 22 only (rule allow github.com:22"),
+        "{}",
+        text(&explain.stdout)
+    );
     let explain = env.run(["policy", "explain", "test", "evil.example"]);
     assert!(text(&explain.stdout).starts_with("evil.example: refused (no allow_egress name rule matches"), "{}", text(&explain.stdout));
     let explain = env.run(["policy", "explain", "test", "11.1.1.1"]);

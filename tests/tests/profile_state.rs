@@ -70,7 +70,10 @@ fn a_login_written_in_one_checkout_is_in_the_others_and_not_in_the_hosts_home() 
     assert!(!host_own.exists(), "{} exists before the test: remove it", host_own.display());
 
     // Written as CLIs write their files: a temporary file renamed over it.
-    let out = ok_sh(&a, "echo token-of-a > ~/.fakecli/token.tmp && mv ~/.fakecli/token.tmp ~/.fakecli/token && stat -c 'owner=%U mode=%a' ~/.fakecli");
+    let out = ok_sh(
+        &a,
+        "echo token-of-a > ~/.fakecli/token.tmp && mv ~/.fakecli/token.tmp ~/.fakecli/token && stat -c 'owner=%U mode=%a' ~/.fakecli",
+    );
     assert!(out.contains("owner=lazaret-test mode=700") || out.contains(&format!("owner={TEST_USER} mode=700")), "{out}");
     assert_eq!(a.wait_domains_unlocked(), Vec::<String>::new());
     // Another checkout: another Domain (another persistent home), same state.
@@ -111,7 +114,14 @@ fn two_domains_of_a_profile_run_at_once_and_a_reset_waits_for_both_to_stop() {
     assert_eq!(reset(&a).0, 0, "starting from a reset");
     // A stays up until B tells it to stop, through the shared state.
     let long = a
-        .lazaret(["run", "test", "--", "sh", "-c", "echo from-a > ~/.fakecli/from-a; while [ ! -e ~/.fakecli/stop ]; do sleep 0.2; done; cat ~/.fakecli/from-b"])
+        .lazaret([
+            "run",
+            "test",
+            "--",
+            "sh",
+            "-c",
+            "echo from-a > ~/.fakecli/from-a; while [ ! -e ~/.fakecli/stop ]; do sleep 0.2; done; cat ~/.fakecli/from-b",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -198,7 +208,10 @@ fn profile_state_over_the_workspace_or_a_volume_is_refused_with_its_place() {
     let env = checkout("volumes = [\"/usr/share:~/.fakecli/share:ro\"]\n");
     let (code, stdout, stderr) = run_sh(&env, "echo started");
     assert_ne!(code, 0, "{stdout}");
-    assert!(stderr.contains("profile state ~/.fakecli is /home/") && stderr.contains("where volume \"/usr/share:~/.fakecli/share:ro\""), "{stderr}");
+    assert!(
+        stderr.contains("profile state ~/.fakecli is /home/") && stderr.contains("where volume \"/usr/share:~/.fakecli/share:ro\""),
+        "{stderr}"
+    );
     assert!(stderr.contains(&format!("{}:", env.config.display())), "no FILE:LINE:COL: {stderr}");
     env.assert_nothing_left();
 
@@ -209,7 +222,13 @@ fn profile_state_over_the_workspace_or_a_volume_is_refused_with_its_place() {
     env.write_config(&format!("profile_state = [\"~/{scratch}/src\"]\n"));
     let (code, stdout, stderr) = run_sh(&env, "echo started");
     assert_ne!(code, 0, "{stdout}");
-    assert!(stderr.contains(&format!("profile state ~/{scratch}/src is /home/{TEST_USER}/{scratch}/src, and the workspace is {}", env.workspace.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!(
+            "profile state ~/{scratch}/src is /home/{TEST_USER}/{scratch}/src, and the workspace is {}",
+            env.workspace.display()
+        )),
+        "{stderr}"
+    );
     assert!(stderr.contains("hint: keep the workspace out of the agent's state directories"), "{stderr}");
     env.assert_nothing_left();
 }

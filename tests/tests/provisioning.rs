@@ -34,7 +34,10 @@ const AGENT: [&str; 3] = ["sh", "-c", "fake-agent; echo runs=$(wc -l < /var/lib/
 const SECRET: &str = "setup-must-not-see-this-4f1c";
 
 fn profile(lab_dns: &str, steps: &[String]) -> String {
-    format!("dns = [\"{lab_dns}\"]\npersistent_dirs = [\"/usr\", \"/var\"]\nenv = {{ LAZARET_TEST_TOKEN = \"{SECRET}\" }}\nsetup = [\n  {}\n]\n", steps.join(",\n  "))
+    format!(
+        "dns = [\"{lab_dns}\"]\npersistent_dirs = [\"/usr\", \"/var\"]\nenv = {{ LAZARET_TEST_TOKEN = \"{SECRET}\" }}\nsetup = [\n  {}\n]\n",
+        steps.join(",\n  ")
+    )
 }
 
 fn lab_env(lab: &NetLab) -> TestEnv {
@@ -155,7 +158,12 @@ fn a_second_terminal_waits_for_a_running_setup_and_joins_after_it() {
     let slow = "[\"sh\", \"-c\", \"echo SETUP-SLOW; sleep 4\"]".to_string();
     env.write_config(&profile(DNS, &[install_step(&env.workspace), slow, COUNT_STEP.to_string()]));
 
-    let first = env.lazaret(["run", "test", "--", "sh", "-c", "fake-agent; echo runs=$(wc -l < /var/lib/setup-runs); sleep 2"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("first lazaret");
+    let first = env
+        .lazaret(["run", "test", "--", "sh", "-c", "fake-agent; echo runs=$(wc -l < /var/lib/setup-runs); sleep 2"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("first lazaret");
     // Wait until the setup runs (its marker is in the Domain directory).
     let deadline = Instant::now() + COMMAND_LIMIT;
     let marker = loop {
@@ -173,9 +181,16 @@ fn a_second_terminal_waits_for_a_running_setup_and_joins_after_it() {
     for (name, out) in [("first", &first), ("second", &second)] {
         let stdout = text(&out.stdout);
         assert_eq!(out.status.code(), Some(0), "{name}: {stdout}\n{}", text(&out.stderr));
-        assert!(stdout.contains("installed: hello from") && stdout.contains("runs=1\n"), "{name}: the agent starts after the one setup: {stdout}");
+        assert!(
+            stdout.contains("installed: hello from") && stdout.contains("runs=1\n"),
+            "{name}: the agent starts after the one setup: {stdout}"
+        );
     }
-    assert!(text(&second.stderr).contains("is running its setup (started by another terminal); waiting for it"), "{}", text(&second.stderr));
+    assert!(
+        text(&second.stderr).contains("is running its setup (started by another terminal); waiting for it"),
+        "{}",
+        text(&second.stderr)
+    );
     assert!(!setup_ran(&second), "the second terminal ran no setup: {}", text(&second.stderr));
     assert!(!marker.exists(), "the marker is gone after setup");
     env.assert_nothing_left();
@@ -213,7 +228,8 @@ fn on_a_terminal_the_status_line_names_the_step_and_the_output_stays_off_the_scr
     // No network needed: the step only prints and waits, so a fresh empty
     // network namespace (`unshare --net`) does.
     let env = TestEnv::with_profile("persistent_dirs = [\"/usr\"]\nsetup = [[\"sh\", \"-c\", \"echo SETUP-OFF-SCREEN; sleep 1\"]]\n");
-    let line = format!("unshare --net -- {} --config {} run test -- sh -c 'echo agent-speaks'", lazaret_bin().display(), env.config.display());
+    let line =
+        format!("unshare --net -- {} --config {} run test -- sh -c 'echo agent-speaks'", lazaret_bin().display(), env.config.display());
     let child = std::process::Command::new("script")
         .args(["-qec", &line, "/dev/null"])
         .current_dir(&env.workspace)
@@ -226,7 +242,11 @@ fn on_a_terminal_the_status_line_names_the_step_and_the_output_stays_off_the_scr
     let out = wait_output(child);
     let shown = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{shown:?}");
-    assert!(shown.contains("lazaret: starting Domain test (setup 1/1: sh -c 'echo SETUP-OFF-SCREEN; sleep 1')") || shown.contains("lazaret: starting Domain test (setup 1/1: sh -c 'echo SETUP-OFF-SCREEN"), "the status line names the step: {shown:?}");
+    assert!(
+        shown.contains("lazaret: starting Domain test (setup 1/1: sh -c 'echo SETUP-OFF-SCREEN; sleep 1')")
+            || shown.contains("lazaret: starting Domain test (setup 1/1: sh -c 'echo SETUP-OFF-SCREEN"),
+        "the status line names the step: {shown:?}"
+    );
     let agent = shown.find("agent-speaks").unwrap_or_else(|| panic!("{shown:?}"));
     assert!(!shown[agent..].contains("lazaret: starting"), "status drawn over the agent's screen: {shown:?}");
     // Only the status line mentions the step; its output is not shown.

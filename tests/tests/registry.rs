@@ -246,7 +246,9 @@ fn a_pull_killed_half_way_is_completed_by_the_next_one() {
     let scratch = Scratch::new("kill");
     let mut layout = LayoutBuilder::new(&scratch.path.join("layout"));
     let random = scratch.path.join("random.bin");
-    run_ok(std::process::Command::new("head").args(["-c", "8388608", "/dev/urandom"]).stdout(fs::File::create(&random).expect("random file")));
+    run_ok(
+        std::process::Command::new("head").args(["-c", "8388608", "/dev/urandom"]).stdout(fs::File::create(&random).expect("random file")),
+    );
     let big = fs::read(&random).expect("random bytes");
     let small = layout.layer(&[("etc/small", b"small\n")], LayerCompression::Gzip);
     let large = layout.layer(&[("big.bin", big.as_slice())], LayerCompression::Zstd);
@@ -285,7 +287,13 @@ fn a_pull_killed_half_way_is_completed_by_the_next_one() {
 
     assert_ok(&store.lazaret(["image", "gc"]), "gc");
     let info = store.inspect(&reference);
-    let mut referenced: Vec<String> = info["blobs"].as_array().expect("blobs").iter().filter_map(|b| b.as_str()).map(|d| d.trim_start_matches("sha256:").to_string()).collect();
+    let mut referenced: Vec<String> = info["blobs"]
+        .as_array()
+        .expect("blobs")
+        .iter()
+        .filter_map(|b| b.as_str())
+        .map(|d| d.trim_start_matches("sha256:").to_string())
+        .collect();
     referenced.sort();
     assert_eq!(store.entries("blobs/sha256"), referenced, "stray blobs after gc");
     assert!(store.entries("tmp").is_empty(), "tmp not cleaned: {:?}", store.entries("tmp"));

@@ -33,10 +33,19 @@ fn kernel_pids_and_hostname_are_the_sandboxs() {
     let me = std::process::id().to_string();
     let host = nix::unistd::gethostname().expect("hostname").to_string_lossy().into_owned();
     let out = env.run([
-        "run".as_ref(), "test".as_ref(), "--".as_ref(), probe.as_os_str(),
-        "gvisor".as_ref(), host_kernel_release().as_ref(), "--".as_ref(),
-        "no-host-pids".as_ref(), me.as_ref(), "1".as_ref(), "--".as_ref(),
-        "hostname-is-not".as_ref(), host.as_ref(),
+        "run".as_ref(),
+        "test".as_ref(),
+        "--".as_ref(),
+        probe.as_os_str(),
+        "gvisor".as_ref(),
+        host_kernel_release().as_ref(),
+        "--".as_ref(),
+        "no-host-pids".as_ref(),
+        me.as_ref(),
+        "1".as_ref(),
+        "--".as_ref(),
+        "hostname-is-not".as_ref(),
+        host.as_ref(),
     ]);
     assert_eq!(out.status.code(), Some(PROBE_PASS), "probe stderr: {}", text(&out.stderr));
     env.assert_nothing_left();
@@ -60,10 +69,8 @@ fn sandbox_process_has_its_own_namespaces() {
     // runsc's pid file holds a PID of the sandbox's own PID namespace; find
     // the sandbox process from the host by its command line instead.
     let runtime = env.runtime_dir.display().to_string();
-    let sandbox = processes_mentioning(&runtime)
-        .into_iter()
-        .find(|p| p.contains("runsc-sandbox"))
-        .expect("the runsc-sandbox process of this test");
+    let sandbox =
+        processes_mentioning(&runtime).into_iter().find(|p| p.contains("runsc-sandbox")).expect("the runsc-sandbox process of this test");
     let pid = sandbox.split(':').next().expect("pid").to_string();
     for ns in ["pid", "ipc", "uts", "net", "mnt", "cgroup"] {
         let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).expect("own ns");

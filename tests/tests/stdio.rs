@@ -57,14 +57,22 @@ fn stdout_and_stderr_on_one_file_keep_their_order_and_pipes_see_exact_bytes() {
     let log = env.scratch.join("log");
     let out = shell(
         &env,
-        &format!("{{ echo start; $LZ run test -- sh -c 'echo a; echo b >&2; echo c; echo d >&2; printf e'; echo; echo end; }} > {} 2>&1", log.display()),
+        &format!(
+            "{{ echo start; $LZ run test -- sh -c 'echo a; echo b >&2; echo c; echo d >&2; printf e'; echo; echo end; }} > {} 2>&1",
+            log.display()
+        ),
     );
     assert!(out.status.success(), "status {:?}", out.status);
     assert_eq!(agent_lines(&log), "start\na\nb\nc\nd\ne\nend\n");
     // A pipe in and a pipe out: the bytes, exactly, and the exit status.
     let out = shell(&env, "printf 'l1\\nl2\\n' | $LZ run test -- sh -c 'cat; printf tail; exit 3' | od -c");
     let expected = wait_output(
-        Command::new("sh").args(["-c", "printf 'l1\\nl2\\n' | sh -c 'cat; printf tail; exit 3' | od -c"]).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("sh"),
+        Command::new("sh")
+            .args(["-c", "printf 'l1\\nl2\\n' | sh -c 'cat; printf tail; exit 3' | od -c"])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("sh"),
     );
     assert_eq!(text(&out.stdout), text(&expected.stdout), "stderr: {}", text(&out.stderr));
     let status = shell(&env, "echo in | $LZ run test -- sh -c 'read l; test \"$l\" = in && exit 5'");
@@ -150,12 +158,21 @@ fn a_terminal_on_stdin_with_stdout_piped_never_reaches_the_sandbox() {
 fn a_sessions_pty_reaches_only_its_own_runsc_exec() {
     let env = TestEnv::new();
     let mut term = TestTerminal::leaky();
-    let mut a = term.command(&env, &["run", "test", "--", "sh", "-c", "echo a-up; read x; echo a-done"]).stdin(term.io()).stdout(term.io()).stderr(term.io()).spawn().expect("spawning session A");
+    let mut a = term
+        .command(&env, &["run", "test", "--", "sh", "-c", "echo a-up; read x; echo a-done"])
+        .stdin(term.io())
+        .stdout(term.io())
+        .stderr(term.io())
+        .spawn()
+        .expect("spawning session A");
     term.expect("a-up");
     let a_exec = wait_execs(&env, 1)[0];
     let a_fds = fds_of(a_exec);
     let ptys: Vec<_> = a_fds.iter().filter(|(_, l)| is_pty(l)).collect();
-    assert!(ptys.iter().all(|(n, l)| *n <= 2 && l.starts_with("/dev/pts/")), "A's runsc exec holds PTY descriptors beyond its stdio: {a_fds:?}");
+    assert!(
+        ptys.iter().all(|(n, l)| *n <= 2 && l.starts_with("/dev/pts/")),
+        "A's runsc exec holds PTY descriptors beyond its stdio: {a_fds:?}"
+    );
     assert_eq!(ptys.len(), 3, "{a_fds:?}");
     let mut b = env
         .lazaret(["run", "test", "--", "sh", "-c", "echo b-up; read x; echo b-done"])

@@ -56,7 +56,9 @@ fn input_reaches_the_agent_on_a_terminal() {
 
 /// The developer's terminal settings that `env` passes to `lazaret`.
 fn with_terminal_settings(env: &mut TestEnv) {
-    for (k, v) in [("TERM", "xterm-256color"), ("COLORTERM", "truecolor"), ("LANG", "C.UTF-8"), ("LC_TIME", "C.UTF-8"), ("TZ", "Europe/Berlin")] {
+    for (k, v) in
+        [("TERM", "xterm-256color"), ("COLORTERM", "truecolor"), ("LANG", "C.UTF-8"), ("LC_TIME", "C.UTF-8"), ("TZ", "Europe/Berlin")]
+    {
         env.env.push((k.into(), v.into()));
     }
 }
@@ -110,8 +112,16 @@ printf 'got[%s]\n' "$got""#,
     let status = wait_with_limit(&mut child);
     assert_eq!(status.code(), Some(0), "terminal showed {:?}", pty.seen());
     let received = pty.received();
-    assert!(contains(received, b"\x1b[?1049h\x1b[?2004h\x1b[?1000h"), "the modes did not reach the terminal as sent: {:?}", String::from_utf8_lossy(received));
-    assert!(contains(received, b"\x1b[?1000l\x1b[?2004l\x1b[?1049l"), "the modes were not switched off as sent: {:?}", String::from_utf8_lossy(received));
+    assert!(
+        contains(received, b"\x1b[?1049h\x1b[?2004h\x1b[?1000h"),
+        "the modes did not reach the terminal as sent: {:?}",
+        String::from_utf8_lossy(received)
+    );
+    assert!(
+        contains(received, b"\x1b[?1000l\x1b[?2004l\x1b[?1049l"),
+        "the modes were not switched off as sent: {:?}",
+        String::from_utf8_lossy(received)
+    );
     assert_eq!(pty.modes(), before, "outer terminal modes changed");
     env.assert_nothing_left();
     env.assert_journal_conforms();
@@ -121,7 +131,12 @@ printf 'got[%s]\n' "$got""#,
 /// terminal's width) in what the terminal received.
 fn header_widths(received: &[u8]) -> Vec<usize> {
     let text = String::from_utf8_lossy(received);
-    text.split("\x1b[7m").skip(1).filter_map(|rest| rest.split('\x1b').next()).filter(|h| h.contains("COMMAND")).map(|h| h.chars().count()).collect()
+    text.split("\x1b[7m")
+        .skip(1)
+        .filter_map(|rest| rest.split('\x1b').next())
+        .filter(|h| h.contains("COMMAND"))
+        .map(|h| h.chars().count())
+        .collect()
 }
 
 /// `top`, the image's full-screen program, draws for the terminal's size,
@@ -155,7 +170,8 @@ fn top_redraws_for_a_resize_and_quits() {
 fn ctrl_c_interrupts_the_agent() {
     let env = TestEnv::new();
     let mut pty = TestTerminal::new(24, 80);
-    let mut child = pty.spawn(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-int; exit 3' INT; echo armed; while :; do sleep 0.1; done"]);
+    let mut child =
+        pty.spawn(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-int; exit 3' INT; echo armed; while :; do sleep 0.1; done"]);
     pty.expect("armed");
     pty.write(b"\x03");
     pty.expect("got-int");
@@ -174,7 +190,8 @@ impl Piped {
     fn start(env: &TestEnv, args: &[&str]) -> Piped {
         use std::io::BufRead as _;
         use std::process::Stdio;
-        let mut child = env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
+        let mut child =
+            env.lazaret(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn lazaret");
         let lines = std::io::BufReader::new(child.stdout.take().expect("stdout")).lines();
         Piped { child, lines }
     }
@@ -226,7 +243,9 @@ fn wait_hung_up(child: &mut std::process::Child, env: &TestEnv) -> std::process:
             let left = processes_mentioning(&env.runtime_dir.to_string_lossy());
             let _ = child.kill();
             let _ = child.wait();
-            panic!("the hung-up client (pid {pid}) was still running after {HANGUP_LIMIT:?}: stat {state:?}, wchan {wchan:?}; the env's processes: {left:#?}");
+            panic!(
+                "the hung-up client (pid {pid}) was still running after {HANGUP_LIMIT:?}: stat {state:?}, wchan {wchan:?}; the env's processes: {left:#?}"
+            );
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -254,7 +273,8 @@ fn a_hung_up_terminal_ends_an_agent_that_ignores_sighup() {
     let mut a = Piped::start(&env, &["run", "test", "--", "sh", "-c", &format!("echo up; read x; {count}; echo a-alive")]);
     assert_eq!(a.next_line(), "up");
     let mut pty = TestTerminal::new(24, 80);
-    let mut c = pty.spawn(&env, &["run", "test", "--", "sh", "-c", "trap '' HUP; (setsid sleep 1021 &); echo c-up; while :; do sleep 1022; done"]);
+    let mut c =
+        pty.spawn(&env, &["run", "test", "--", "sh", "-c", "trap '' HUP; (setsid sleep 1021 &); echo c-up; while :; do sleep 1022; done"]);
     pty.expect("c-up");
     let started = Instant::now();
     pty.hang_up();
@@ -285,9 +305,11 @@ fn a_hung_up_terminal_ends_an_agent_that_ignores_sighup() {
 #[test]
 fn sighup_without_a_terminal_ends_an_agent_that_ignores_it() {
     let env = TestEnv::new();
-    let mut stubborn = Piped::start(&env, &["run", "test", "--", "sh", "-c", "trap '' HUP; (setsid sleep 1023 &); echo up; while :; do sleep 1024; done"]);
+    let mut stubborn =
+        Piped::start(&env, &["run", "test", "--", "sh", "-c", "trap '' HUP; (setsid sleep 1023 &); echo up; while :; do sleep 1024; done"]);
     assert_eq!(stubborn.next_line(), "up");
-    let mut polite = Piped::start(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-hup; exit 5' HUP; echo up; while :; do sleep 0.1; done"]);
+    let mut polite =
+        Piped::start(&env, &["run", "test", "--", "sh", "-c", "trap 'echo got-hup; exit 5' HUP; echo up; while :; do sleep 0.1; done"]);
     assert_eq!(polite.next_line(), "up");
     for client in [&stubborn, &polite] {
         nix::sys::signal::kill(client.pid(), nix::sys::signal::Signal::SIGHUP).expect("SIGHUP to the client");

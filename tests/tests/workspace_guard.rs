@@ -41,7 +41,8 @@ fn marker_dir(env: &TestEnv) -> PathBuf {
 }
 
 fn markers(dir: &Path) -> Vec<String> {
-    let mut m: Vec<String> = fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    let mut m: Vec<String> =
+        fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
     m.sort();
     m
 }
@@ -81,7 +82,15 @@ fn neutralised_below(entries: &[serde_json::Value], prefix: &str) -> bool {
 fn host_git_everywhere(ws: &Path, dirs: &[&str]) {
     for dir in dirs {
         let dir = ws.join(dir);
-        for args in [&["status"][..], &["status", "--porcelain", "--ignored"], &["log", "-1"], &["diff"], &["diff", "--cached"], &["rev-parse", "--show-toplevel"], &["commit", "-q", "--allow-empty", "-m", "host commit"]] {
+        for args in [
+            &["status"][..],
+            &["status", "--porcelain", "--ignored"],
+            &["log", "-1"],
+            &["diff"],
+            &["diff", "--cached"],
+            &["rev-parse", "--show-toplevel"],
+            &["commit", "-q", "--allow-empty", "-m", "host commit"],
+        ] {
             let _ = developer_git(&dir, args);
         }
     }
@@ -138,28 +147,52 @@ fn build_workspace(env: &TestEnv) {
 /// directory, `$W` the workspace.
 const CONTROL_ROUTES: &[(&str, &str)] = &[
     // A1: a linked worktree added in the run gets its own config.worktree.
-    ("a1-new-worktree-config", "git -C $W worktree add -q $W/wt2 -b wt2-branch; printf '[core]\\n\\tfsmonitor = touch %s/a1\\n' $M > $W/.git/worktrees/wt2/config.worktree"),
+    (
+        "a1-new-worktree-config",
+        "git -C $W worktree add -q $W/wt2 -b wt2-branch; printf '[core]\\n\\tfsmonitor = touch %s/a1\\n' $M > $W/.git/worktrees/wt2/config.worktree",
+    ),
     // A2: a commondir created in Git Sentry's own submodule gitdir points
     // git at a configuration the agent wrote.
-    ("a2-module-commondir", "mkdir -p $W/evil-common; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/a2\\n' $M > $W/evil-common/config; echo ../../../evil-common > $W/.git/modules/sub/commondir"),
+    (
+        "a2-module-commondir",
+        "mkdir -p $W/evil-common; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/a2\\n' $M > $W/evil-common/config; echo ../../../evil-common > $W/.git/modules/sub/commondir",
+    ),
     // A3: a new submodule gitdir under .git/modules, with a hook, reached
     // through a gitdir file.
-    ("a3-new-module-gitdir", "git init -q --separate-git-dir $W/.git/modules/planted $W/planted; printf '[core]\\n\\tfsmonitor = touch %s/a3-config\\n' $M >> $W/.git/modules/planted/config; printf '#!/bin/sh\\ntouch %s/a3-hook\\n' $M > $W/.git/modules/planted/hooks/post-commit; chmod +x $W/.git/modules/planted/hooks/post-commit 2>/dev/null || true"),
+    (
+        "a3-new-module-gitdir",
+        "git init -q --separate-git-dir $W/.git/modules/planted $W/planted; printf '[core]\\n\\tfsmonitor = touch %s/a3-config\\n' $M >> $W/.git/modules/planted/config; printf '#!/bin/sh\\ntouch %s/a3-hook\\n' $M > $W/.git/modules/planted/hooks/post-commit; chmod +x $W/.git/modules/planted/hooks/post-commit 2>/dev/null || true",
+    ),
     // A4: a worktree gitdir assembled elsewhere (its config.worktree
     // first), renamed into .git/worktrees, and only then given the
     // commondir a real linked worktree has, its work tree pointing at it.
-    ("a4-renamed-worktree-gitdir", "mkdir -p $W/.stage/wt3 $W/wt3; printf '[core]\\n\\tfsmonitor = touch %s/a4\\n' $M > $W/.stage/wt3/config.worktree; echo 'ref: refs/heads/main' > $W/.stage/wt3/HEAD; echo $W/wt3/.git > $W/.stage/wt3/gitdir; echo \"gitdir: $W/.git/worktrees/wt3\" > $W/wt3/.git; mv $W/.stage/wt3 $W/.git/worktrees/wt3; echo ../.. > $W/.git/worktrees/wt3/commondir"),
+    (
+        "a4-renamed-worktree-gitdir",
+        "mkdir -p $W/.stage/wt3 $W/wt3; printf '[core]\\n\\tfsmonitor = touch %s/a4\\n' $M > $W/.stage/wt3/config.worktree; echo 'ref: refs/heads/main' > $W/.stage/wt3/HEAD; echo $W/wt3/.git > $W/.stage/wt3/gitdir; echo \"gitdir: $W/.git/worktrees/wt3\" > $W/wt3/.git; mv $W/.stage/wt3 $W/.git/worktrees/wt3; echo ../.. > $W/.git/worktrees/wt3/commondir",
+    ),
     // B1: git init, then a config key and a hook.
-    ("b1-init", "git init -q $W/b1; git -C $W/b1 config core.fsmonitor \"touch $M/b1-config\"; printf '#!/bin/sh\\ntouch %s/b1-hook\\n' $M > $W/b1/.git/hooks/pre-commit; chmod +x $W/b1/.git/hooks/pre-commit 2>/dev/null || true"),
+    (
+        "b1-init",
+        "git init -q $W/b1; git -C $W/b1 config core.fsmonitor \"touch $M/b1-config\"; printf '#!/bin/sh\\ntouch %s/b1-hook\\n' $M > $W/b1/.git/hooks/pre-commit; chmod +x $W/b1/.git/hooks/pre-commit 2>/dev/null || true",
+    ),
     // B2: a repository assembled piece by piece under another name (HEAD
     // last, hooks first), then renamed to .git.
-    ("b2-assembled-and-renamed", "mkdir -p $W/b2/dotgit/hooks $W/b2/dotgit/objects $W/b2/dotgit/refs/heads; printf '#!/bin/sh\\ntouch %s/b2-hook\\n' $M > $W/b2/dotgit/hooks/post-commit; { chmod +x $W/b2/dotgit/hooks/post-commit 2>/dev/null || true; }; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = touch %s/b2-config\\n' $M > $W/b2/dotgit/config; echo 'ref: refs/heads/main' > $W/b2/dotgit/HEAD; mv $W/b2/dotgit $W/b2/.git"),
+    (
+        "b2-assembled-and-renamed",
+        "mkdir -p $W/b2/dotgit/hooks $W/b2/dotgit/objects $W/b2/dotgit/refs/heads; printf '#!/bin/sh\\ntouch %s/b2-hook\\n' $M > $W/b2/dotgit/hooks/post-commit; { chmod +x $W/b2/dotgit/hooks/post-commit 2>/dev/null || true; }; printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tfsmonitor = touch %s/b2-config\\n' $M > $W/b2/dotgit/config; echo 'ref: refs/heads/main' > $W/b2/dotgit/HEAD; mv $W/b2/dotgit $W/b2/.git",
+    ),
     // B3: a nested repository registered as a gitlink in the workspace's
     // index: the host's `git status` at the top looks inside it.
-    ("b3-gitlink", "git init -q $W/b3; echo x > $W/b3/f; git -C $W/b3 add f; git -C $W/b3 commit -qm x; git -C $W/b3 config core.fsmonitor \"touch $M/b3\"; git -C $W add b3"),
+    (
+        "b3-gitlink",
+        "git init -q $W/b3; echo x > $W/b3/f; git -C $W/b3 add f; git -C $W/b3 commit -qm x; git -C $W/b3 config core.fsmonitor \"touch $M/b3\"; git -C $W add b3",
+    ),
     // B4: a separate gitdir (a `gitdir:` file) whose config points the
     // hooks at a directory in the work tree.
-    ("b4-gitdir-file-hookspath", "git init -q --separate-git-dir $W/.b4-gitdir $W/b4; mkdir $W/b4/.hk; printf '#!/bin/sh\\ntouch %s/b4\\n' $M > $W/b4/.hk/post-commit; chmod +x $W/b4/.hk/post-commit; git -C $W/b4 config core.hooksPath $W/b4/.hk"),
+    (
+        "b4-gitdir-file-hookspath",
+        "git init -q --separate-git-dir $W/.b4-gitdir $W/b4; mkdir $W/b4/.hk; printf '#!/bin/sh\\ntouch %s/b4\\n' $M > $W/b4/.hk/post-commit; chmod +x $W/b4/.hk/post-commit; git -C $W/b4 config core.hooksPath $W/b4/.hk",
+    ),
     // B5: a clone of a nested project, configured at clone time.
     ("b5-clone-config", "git clone -q -c core.fsmonitor=\"touch $M/b5\" $W/b3 $W/b5"),
 ];
@@ -196,17 +229,38 @@ fn control_files_and_repositories_created_in_a_run_run_nothing_on_the_host() {
     assert!(stdout.contains("b1-hook=gone"), "the hook planted in a new repository was still there a second later: {stdout}");
     assert!(stdout.contains("b1-fsmonitor=\n"), "the new repository's core.fsmonitor was still set a second later: {stdout}");
     // Shown on the session's terminal (its stderr), one line each.
-    assert!(stderr.lines().any(|l| l.starts_with("lazaret: workspace guard: ") && l.contains("b1/.git/hooks/pre-commit")), "no terminal line for the quarantined hook: {stderr}");
+    assert!(
+        stderr.lines().any(|l| l.starts_with("lazaret: workspace guard: ") && l.contains("b1/.git/hooks/pre-commit")),
+        "no terminal line for the quarantined hook: {stderr}"
+    );
 
     let journalled = neutralisations(&env);
-    for prefix in [".git/worktrees/wt2/", ".git/modules/sub/commondir", ".git/modules/planted/", ".git/worktrees/wt3/", "b1/.git/", "b2/", "b3/.git/", ".b4-gitdir/", "b5/.git/"] {
+    for prefix in [
+        ".git/worktrees/wt2/",
+        ".git/modules/sub/commondir",
+        ".git/modules/planted/",
+        ".git/worktrees/wt3/",
+        "b1/.git/",
+        "b2/",
+        "b3/.git/",
+        ".b4-gitdir/",
+        "b5/.git/",
+    ] {
         assert!(neutralised_below(&journalled, prefix), "nothing journalled below {prefix}: {journalled:#?}");
     }
     let audited = audit_json(&env);
     assert_eq!(audited.len(), journalled.len(), "lazaret audit lists every journalled neutralisation: {audited:#?}");
-    assert!(audited.iter().any(|e| e["kind"] == "quarantined" && e["in_quarantine"] == true && e["quarantined"]["id"] == e["quarantine_id"]), "{audited:#?}");
+    assert!(
+        audited.iter().any(|e| e["kind"] == "quarantined" && e["in_quarantine"] == true && e["quarantined"]["id"] == e["quarantine_id"]),
+        "{audited:#?}"
+    );
     let human = env.run(["audit", "test"]);
-    assert!(human.status.success() && text(&human.stdout).contains("b1/.git/hooks/pre-commit"), "{}{}", text(&human.stdout), text(&human.stderr));
+    assert!(
+        human.status.success() && text(&human.stdout).contains("b1/.git/hooks/pre-commit"),
+        "{}{}",
+        text(&human.stdout),
+        text(&human.stderr)
+    );
 
     // What the agent did by ordinary means is still there.
     assert!(dev_git_ok(&ws, &["worktree", "list"]).contains(&ws.join("wt2").display().to_string()));
@@ -261,7 +315,10 @@ fn a_linked_worktree_cannot_plant_control_files_in_its_main_repository() {
     assert!(!main.join(".git/commondir").exists(), "the planted commondir is still in the main repository");
     let label = format!("git-dir:{}", main.join(".git").display());
     let journalled = neutralisations(&env);
-    assert!(journalled.iter().any(|e| e["root"] == label.as_str() && e["path"] == "commondir"), "not journalled under {label}: {journalled:#?}");
+    assert!(
+        journalled.iter().any(|e| e["root"] == label.as_str() && e["path"] == "commondir"),
+        "not journalled under {label}: {journalled:#?}"
+    );
     let audit = env.lazaret(["audit", "test"]).current_dir(&wt).output().expect("lazaret audit");
     assert!(audit.status.success() && text(&audit.stdout).contains("commondir"), "{}{}", text(&audit.stdout), text(&audit.stderr));
     // The worktree and the agent's commit are intact, seen from the main
@@ -295,7 +352,10 @@ fn a_repository_in_a_volume_runs_nothing_the_agent_planted() {
     assert_detector_sees_an_attack(&shared, &marker_dir);
 
     let routes: &[(&str, &str)] = &[
-        ("volume-hook", "printf '#!/bin/sh\\ntouch %s/volume-hook\\n' $M > $V/.git/hooks/pre-commit; chmod +x $V/.git/hooks/pre-commit 2>/dev/null || true"),
+        (
+            "volume-hook",
+            "printf '#!/bin/sh\\ntouch %s/volume-hook\\n' $M > $V/.git/hooks/pre-commit; chmod +x $V/.git/hooks/pre-commit 2>/dev/null || true",
+        ),
         ("volume-config", "git -C $V config core.fsmonitor \"touch $M/volume-config\""),
     ];
     let mut script = route_script(&format!("M={}; V=/work/shared; W={}", marker_dir.display(), env.workspace.display()), routes);
@@ -313,7 +373,10 @@ fn a_repository_in_a_volume_runs_nothing_the_agent_planted() {
     assert_eq!(markers(&marker_dir), ["developer-hook"], "only the developer's own hook may run on the host");
     let journalled = neutralisations(&env);
     for path in [".git/hooks/pre-commit", ".git/config"] {
-        assert!(journalled.iter().any(|e| e["root"] == "volume:/work/shared" && e["path"] == path), "{path} not journalled: {journalled:#?}");
+        assert!(
+            journalled.iter().any(|e| e["root"] == "volume:/work/shared" && e["path"] == path),
+            "{path} not journalled: {journalled:#?}"
+        );
     }
     let log = dev_git_ok(&shared, &["log", "--format=%s"]);
     assert!(log.contains("agent-in-volume"), "{log}");
@@ -362,7 +425,10 @@ fn a_rebase_left_in_progress_runs_nothing_when_the_developer_continues_it() {
         }
     }
     let journalled = neutralisations(&env);
-    assert!(journalled.iter().any(|e| e["kind"] == "disabled_rebase_exec" && e["path"] == ".git/rebase-merge/git-rebase-todo"), "{journalled:#?}");
+    assert!(
+        journalled.iter().any(|e| e["kind"] == "disabled_rebase_exec" && e["path"] == ".git/rebase-merge/git-rebase-todo"),
+        "{journalled:#?}"
+    );
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
@@ -386,7 +452,14 @@ fn ignored_set_route(untie: &str) {
     chown_tree(&ws, uid, gid);
     let marker_dir = marker_dir(&env);
 
-    let out = env.run(["run", "test", "--", "sh", "-c", &format!("cat .env app/secret.key; echo agent-env > .env; echo agent-key > app/secret.key; {untie}")]);
+    let out = env.run([
+        "run",
+        "test",
+        "--",
+        "sh",
+        "-c",
+        &format!("cat .env app/secret.key; echo agent-env > .env; echo agent-key > app/secret.key; {untie}"),
+    ]);
     let stdout = text(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "run 1: {stdout}{}", text(&out.stderr));
     assert!(!stdout.contains("host-"), "run 1 saw host content: {stdout}");
@@ -522,7 +595,16 @@ fn a_root_agents_files_belong_to_the_developer_and_carry_no_privileges() {
     assert_eq!(out.status.code(), Some(0), "{stdout}{}", text(&out.stderr));
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
     // Ownership: everything the agent made is the developer's.
-    let mut made = vec![ws.join("r-su"), ws.join("r-file"), ws.join("r-dir"), ws.join("r-dir/deep"), ws.join("r-dir/deep/f"), ws.join("r-link"), ws.join("r-cap"), ws.join("r-repo/n")];
+    let mut made = vec![
+        ws.join("r-su"),
+        ws.join("r-file"),
+        ws.join("r-dir"),
+        ws.join("r-dir/deep"),
+        ws.join("r-dir/deep/f"),
+        ws.join("r-link"),
+        ws.join("r-cap"),
+        ws.join("r-repo/n"),
+    ];
     made.extend(walk(&ws.join("r-repo/.git")));
     for p in &made {
         let meta = fs::symlink_metadata(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()));
@@ -595,7 +677,11 @@ fn ordinary_git_work_inside_keeps_working_and_is_seen_on_both_sides() {
     // Seen on the host.
     assert_eq!(dev_git_ok(&ws, &["log", "-1", "--format=%s"]).trim(), "agent-b");
     assert_eq!(dev_git_ok(&ws, &["log", "-1", "--format=%s", "feature"]).trim(), "agent-f");
-    assert_eq!(dev_git_ok(&ws, &["merge-base", "main", "feature"]).trim(), dev_git_ok(&ws, &["rev-parse", "main"]).trim(), "feature was rebased onto main");
+    assert_eq!(
+        dev_git_ok(&ws, &["merge-base", "main", "feature"]).trim(),
+        dev_git_ok(&ws, &["rev-parse", "main"]).trim(),
+        "feature was rebased onto main"
+    );
     assert!(dev_git_ok(&ws, &["stash", "list"]).trim().is_empty());
     assert_eq!(dev_git_ok(&ws.join("wt-new"), &["log", "-1", "--format=%s"]).trim(), "agent-wt");
     assert_eq!(dev_git_ok(&ws.join("nested"), &["log", "-1", "--format=%s"]).trim(), "agent-nested");
@@ -608,7 +694,10 @@ fn ordinary_git_work_inside_keeps_working_and_is_seen_on_both_sides() {
     // docs/workspace-guard.md): flip these when .git/config becomes
     // writable under the guard. The developer finishes it on the host.
     assert!(stdout.contains("submodule-add=ok"), "git submodule add inside: {stdout}");
-    assert!(stdout.contains("submodule-update=failed") && stdout.contains("could not write config file .git/config"), "git submodule update inside: {stdout}");
+    assert!(
+        stdout.contains("submodule-update=failed") && stdout.contains("could not write config file .git/config"),
+        "git submodule update inside: {stdout}"
+    );
     assert!(fs::read_to_string(ws.join(".gitmodules")).expect(".gitmodules").contains("path = sub2"));
     assert!(dev_git_ok(&ws, &["ls-files", "-s", "sub2"]).starts_with("160000"), "sub2 is a gitlink");
     dev_git_ok(&ws, &["-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init", "sub2"]);
@@ -622,7 +711,14 @@ fn ordinary_git_work_inside_keeps_working_and_is_seen_on_both_sides() {
     // The host's work, seen inside in the next run.
     dev_git_ok(&ws, &["commit", "-q", "--allow-empty", "-m", "host-commit"]);
     dev_git_ok(&ws.join("nested"), &["commit", "-q", "--allow-empty", "-m", "host-nested"]);
-    let out = env.run(["run", "test", "--", "sh", "-c", "git log -1 --format=%s; git -C nested log -1 --format=%s; git -C wt-new status --short | wc -l"]);
+    let out = env.run([
+        "run",
+        "test",
+        "--",
+        "sh",
+        "-c",
+        "git log -1 --format=%s; git -C nested log -1 --format=%s; git -C wt-new status --short | wc -l",
+    ]);
     assert_eq!(text(&out.stdout), "host-commit\nhost-nested\n0\n", "{}", text(&out.stderr));
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
     assert!(markers(&marker_dir).is_empty());
@@ -641,7 +737,10 @@ fn audit_lists_a_quarantined_hook_and_restore_puts_it_back() {
     // Written elsewhere and renamed in, so the quarantine holds the whole
     // hook (a hook created in place is taken away at its creation, and the
     // shell's write then fails: the guard wins that race by design).
-    let script = format!("set -e; git init -q r; printf '{}' > hook.tmp; chmod 755 hook.tmp; mv hook.tmp r/.git/hooks/post-commit; sleep 0.5", hook_body.replace('\n', "\\n"));
+    let script = format!(
+        "set -e; git init -q r; printf '{}' > hook.tmp; chmod 755 hook.tmp; mv hook.tmp r/.git/hooks/post-commit; sleep 0.5",
+        hook_body.replace('\n', "\\n")
+    );
     let out = env.run(["run", "test", "--", "sh", "-c", &script]);
     assert_eq!(out.status.code(), Some(0), "{}{}", text(&out.stdout), text(&out.stderr));
     assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new());
@@ -649,7 +748,8 @@ fn audit_lists_a_quarantined_hook_and_restore_puts_it_back() {
     assert!(!hook.exists(), "the hook is still in place");
 
     let audited = audit_json(&env);
-    let entry = audited.iter().find(|e| e["path"] == "r/.git/hooks/post-commit").unwrap_or_else(|| panic!("the hook is not audited: {audited:#?}"));
+    let entry =
+        audited.iter().find(|e| e["path"] == "r/.git/hooks/post-commit").unwrap_or_else(|| panic!("the hook is not audited: {audited:#?}"));
     assert_eq!((entry["kind"].as_str(), entry["in_quarantine"].as_bool()), (Some("quarantined"), Some(true)), "{entry:#}");
     let id = entry["quarantine_id"].as_str().expect("a quarantine id").to_string();
     let human = env.run(["audit", "test"]);

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use lazaret_protocol::wire::{ClientMessage, CoordinatorMessage, DomainStatus, WIRE_VERSION};
 
-use crate::context::{load_config, require_root, Context, ContextError};
+use crate::context::{Context, ContextError, load_config, require_root};
 use crate::identity::Developer;
 use crate::layout::DomainDir;
 use crate::transport;
@@ -133,7 +133,11 @@ pub fn debug(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result
 /// `lazaret policy log`: the names the running locked Domain of `profile`
 /// on the workspace at `dir` refused, most frequent first; `None` when the
 /// Domain's egress is open (it has no resolver of its own).
-pub fn refused_names(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<Option<Vec<lazaret_netpolicy::topology::RefusedName>>, ClientError> {
+pub fn refused_names(
+    config: Option<&Path>,
+    profile: Option<&str>,
+    dir: &Path,
+) -> Result<Option<Vec<lazaret_netpolicy::topology::RefusedName>>, ClientError> {
     let (ctx, domain) = running(config, profile, dir)?;
     if ctx.profile.egress != crate::config::EgressMode::Locked {
         return Ok(None);
@@ -150,7 +154,11 @@ pub fn refused_names(config: Option<&Path>, profile: Option<&str>, dir: &Path) -
 /// `lazaret policy log`: the destinations the sidecar of the running Domain
 /// of `profile` on the workspace at `dir` refused recently (open and locked
 /// egress alike), most refused first.
-pub fn refused_destinations(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result<Vec<lazaret_protocol::wire::RefusedDestination>, ClientError> {
+pub fn refused_destinations(
+    config: Option<&Path>,
+    profile: Option<&str>,
+    dir: &Path,
+) -> Result<Vec<lazaret_protocol::wire::RefusedDestination>, ClientError> {
     let (_, domain) = running(config, profile, dir)?;
     match request(&domain, &ClientMessage::RefusedDestinations { version: WIRE_VERSION })? {
         CoordinatorMessage::RefusedDestinations { destinations } => Ok(destinations),

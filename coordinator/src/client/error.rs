@@ -28,13 +28,17 @@ pub enum ClientError {
     #[error("interrupted by {0} before the sandbox started; nothing is left behind")]
     Interrupted(String),
     /// `--reset-anchor` while the Domain runs.
-    #[error("--reset-anchor needs the Domain stopped, and profile {profile:?} is running on this workspace\n  hint: stop it with `lazaret stop {profile}` first")]
+    #[error(
+        "--reset-anchor needs the Domain stopped, and profile {profile:?} is running on this workspace\n  hint: stop it with `lazaret stop {profile}` first"
+    )]
     ResetWhileRunning {
         /// The profile.
         profile: String,
     },
     /// `--reprovision` while the Domain runs.
-    #[error("--reprovision needs the Domain stopped, and profile {profile:?} is running on this workspace\n  hint: stop it with `lazaret stop {profile}` first")]
+    #[error(
+        "--reprovision needs the Domain stopped, and profile {profile:?} is running on this workspace\n  hint: stop it with `lazaret stop {profile}` first"
+    )]
     ReprovisionWhileRunning {
         /// The profile.
         profile: String,

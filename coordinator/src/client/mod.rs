@@ -25,18 +25,18 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::wire::{ClientMessage, CoordinatorMessage, FrameError, WIRE_VERSION};
-use lazaret_runtime::signals::Signals;
 use lazaret_runtime::ExitStatus;
+use lazaret_runtime::signals::Signals;
 
-use crate::context::{require_root, Context, ContextError};
+use crate::context::{Context, ContextError, require_root};
 use crate::layout::DomainDir;
-use crate::{transport, EXIT_BUSY};
+use crate::{EXIT_BUSY, transport};
 
 pub use control::{debug, journal_location, list, refused_destinations, refused_names, stop, stop_all, wait_unlocked};
 pub use error::ClientError;
-pub use spawn::Verbosity;
 #[doc(hidden)]
 pub use prompt::fuzzing as prompt_fuzzing;
+pub use spawn::Verbosity;
 
 /// How long `lazaret run` waits for a coordinator to publish its socket.
 const START_LIMIT: Duration = Duration::from_secs(120);
@@ -144,7 +144,7 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
                             return Err(match l.status.errors() {
                                 Some(reason) => ClientError::StartFailed(reason),
                                 None => ClientError::StartFailedSilently { status: code, log: dir.log() },
-                            })
+                            });
                         }
                     }
                 }
@@ -158,7 +158,10 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
             deadline = Instant::now() + START_LIMIT;
             if launched.is_none() && !told_waiting && req.verbosity != Verbosity::Quiet {
                 told_waiting = true;
-                eprintln!("lazaret: note: the Domain of profile {} is running its setup (started by another terminal); waiting for it", ctx.profile.name);
+                eprintln!(
+                    "lazaret: note: the Domain of profile {} is running its setup (started by another terminal); waiting for it",
+                    ctx.profile.name
+                );
             }
         }
         if Instant::now() > deadline {

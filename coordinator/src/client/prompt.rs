@@ -151,7 +151,16 @@ impl Prompt {
     /// A prompt for `request`, on its first screen.
     pub(super) fn new(request: PromptRequest) -> Prompt {
         let secs_left = request.timeout_secs;
-        Prompt { request, mode: Mode::Choose, keys: Keys::default(), width: DEFAULT_WIDTH, secs_left, height: 0, over_alternate: false, agent_modes: Vec::new() }
+        Prompt {
+            request,
+            mode: Mode::Choose,
+            keys: Keys::default(),
+            width: DEFAULT_WIDTH,
+            secs_left,
+            height: 0,
+            over_alternate: false,
+            agent_modes: Vec::new(),
+        }
     }
 
     /// The prompt drawn over a terminal the agent's output left in `state`:
@@ -289,11 +298,7 @@ impl Prompt {
         if editor_dirty {
             self.input_line(&mut out);
         }
-        if out.bytes.is_empty() {
-            Step::Nothing
-        } else {
-            Step::Redraw(out.bytes)
-        }
+        if out.bytes.is_empty() { Step::Nothing } else { Step::Redraw(out.bytes) }
     }
 
     /// Tells the prompt how long until it times out. Returns the input line
@@ -331,7 +336,9 @@ impl Prompt {
     fn final_text(&self, decision: &PromptDecision) -> Vec<u8> {
         self.closing(match decision {
             PromptDecision::Approve => "approved: runs once",
-            PromptDecision::ApproveForDomain => "approved: runs, and this exact command runs without asking for the rest of this Domain's life",
+            PromptDecision::ApproveForDomain => {
+                "approved: runs, and this exact command runs without asking for the rest of this Domain's life"
+            }
             PromptDecision::Edit { .. } => "approved: the edited command runs once",
             PromptDecision::Deny => "denied",
         })
@@ -408,7 +415,9 @@ impl Prompt {
                 None
             }
             Mode::Confirm(argv) => match key {
-                Key::Char('y' | 'Y') => Some(if *argv == self.request.argv { PromptDecision::Approve } else { PromptDecision::Edit { argv: argv.clone() } }),
+                Key::Char('y' | 'Y') => {
+                    Some(if *argv == self.request.argv { PromptDecision::Approve } else { PromptDecision::Edit { argv: argv.clone() } })
+                }
                 Key::Char('e' | 'E') => {
                     self.mode = Mode::Edit(quote_argv(argv));
                     out.raw("\r\n");
@@ -768,7 +777,9 @@ pub mod fuzzing {
 
     use lazaret_protocol::wire::{PromptDecision, PromptRequest};
 
-    use super::{Prompt, Step, CANCEL_AND_SAVE, CLEAR, ERASE_ROW_REST, GIVE_BACK, LEAVE_OWN_SCREEN, OWN_SCREEN, REDRAW_ROW, RESET, SINGLE_WIDTH};
+    use super::{
+        CANCEL_AND_SAVE, CLEAR, ERASE_ROW_REST, GIVE_BACK, LEAVE_OWN_SCREEN, OWN_SCREEN, Prompt, REDRAW_ROW, RESET, SINGLE_WIDTH, Step,
+    };
 
     /// Something that happens to a prompt.
     #[derive(Debug, Clone)]
@@ -785,8 +796,17 @@ pub mod fuzzing {
     /// it writes is text): the start and end blocks, row erasing and
     /// redrawing, single-width rows (a sequence that contains another comes
     /// before it).
-    pub const OWN_SEQUENCES: [&[u8]; 9] =
-        [CANCEL_AND_SAVE, OWN_SCREEN, RESET, CLEAR, GIVE_BACK, LEAVE_OWN_SCREEN, REDRAW_ROW.as_bytes(), ERASE_ROW_REST.as_bytes(), SINGLE_WIDTH.as_bytes()];
+    pub const OWN_SEQUENCES: [&[u8]; 9] = [
+        CANCEL_AND_SAVE,
+        OWN_SCREEN,
+        RESET,
+        CLEAR,
+        GIVE_BACK,
+        LEAVE_OWN_SCREEN,
+        REDRAW_ROW.as_bytes(),
+        ERASE_ROW_REST.as_bytes(),
+        SINGLE_WIDTH.as_bytes(),
+    ];
 
     /// Shows a prompt for `request` and feeds it `events` until it decides:
     /// every chunk of bytes it writes, in order, and the decision, if any.
@@ -968,7 +988,12 @@ mod tests {
             p.set_width(width);
             p.set_height(height);
             let shown = p.render();
-            assert!(rows_taken(&shown, usize::from(width)) <= usize::from(height), "{height}x{width}: {} rows: {:?}", rows_taken(&shown, usize::from(width)), text(&shown));
+            assert!(
+                rows_taken(&shown, usize::from(width)) <= usize::from(height),
+                "{height}x{width}: {} rows: {:?}",
+                rows_taken(&shown, usize::from(width)),
+                text(&shown)
+            );
             let shown = text(&shown);
             assert!(shown.contains("── lazaret: the agent asks"), "{shown:?}");
             assert!(shown.contains("  command: sh -c 'DANGER-START; : xxxx"), "{shown:?}");
@@ -1007,12 +1032,15 @@ mod tests {
 
     #[test]
     fn a_hostile_justification_is_inert() {
-        let evil = "ok\x1b[2J\x1b]52;c;ZWNobyBldmls\x07\rFAKE: approved\u{202e}desrever\u{200b}\u{2066}x\u{2069}\x1bP1$r\x1b\\\u{9b}31m\nnext";
+        let evil =
+            "ok\x1b[2J\x1b]52;c;ZWNobyBldmls\x07\rFAKE: approved\u{202e}desrever\u{200b}\u{2066}x\u{2069}\x1bP1$r\x1b\\\u{9b}31m\nnext";
         let p = Prompt::new(request(&["true"], evil));
         let shown = p.render();
         // The prompt's own start clears the screen; after it, nothing may.
         let raw = text(body(&shown));
-        for forbidden in ["\x1b[2J", "\x1b]52", "\x07", "\rFAKE", "\u{202e}", "\u{200b}", "\u{2066}", "\u{2069}", "\x1bP", "\u{9b}", "\nnext"] {
+        for forbidden in
+            ["\x1b[2J", "\x1b]52", "\x07", "\rFAKE", "\u{202e}", "\u{200b}", "\u{2066}", "\u{2069}", "\x1bP", "\u{9b}", "\nnext"]
+        {
             assert!(!raw.contains(forbidden), "{forbidden:?} reached the terminal: {raw:?}");
         }
         let rest = without_own_controls(&shown);
@@ -1044,7 +1072,9 @@ mod tests {
         let mut r = request(&["echo", &"a".repeat(10_000)], &long);
         r.cwd = format!("/{}", "d".repeat(3000));
         let shown = text(&Prompt::new(r).render());
-        let field = |name: &str| shown.lines().map(|l| l.trim_start_matches(SINGLE_WIDTH)).find(|l| l.starts_with(name)).map(str::to_owned).unwrap_or_default();
+        let field = |name: &str| {
+            shown.lines().map(|l| l.trim_start_matches(SINGLE_WIDTH)).find(|l| l.starts_with(name)).map(str::to_owned).unwrap_or_default()
+        };
         let why = field("  why:");
         assert!(why.contains("…[+") && why.len() < WHY_MAX + 40, "{} bytes", why.len());
         let cmd = field("  command:");
@@ -1082,7 +1112,9 @@ mod tests {
     #[test]
     fn other_keys_do_nothing() {
         let mut p = prompt();
-        for keys in [&b"x"[..], b"q", b" ", b"\t", b"1", "é".as_bytes(), b"\x1b[A", b"\x1bOB", b"\x1b[1;5C", b"\x1b[200~", b"\x1b[<0;89;10M"] {
+        for keys in
+            [&b"x"[..], b"q", b" ", b"\t", b"1", "é".as_bytes(), b"\x1b[A", b"\x1bOB", b"\x1b[1;5C", b"\x1b[200~", b"\x1b[<0;89;10M"]
+        {
             assert_eq!(p.on_input(keys), Step::Nothing, "keys {keys:?}");
         }
         assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve);

@@ -159,16 +159,19 @@ pub(super) fn spawn_coordinator(req: &RunRequest, ctx: &Context, dir: &DomainDir
     }
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::from(log));
     let mut child = cmd.spawn().map_err(ClientError::io("starting the Domain's coordinator"))?;
-    let pipe = child
-        .stdout
-        .take()
-        .map(|p| File::from(OwnedFd::from(p)))
-        .ok_or_else(|| ClientError::Io { context: "the coordinator's status pipe".into(), source: std::io::ErrorKind::BrokenPipe.into() })?;
+    let pipe = child.stdout.take().map(|p| File::from(OwnedFd::from(p))).ok_or_else(|| ClientError::Io {
+        context: "the coordinator's status pipe".into(),
+        source: std::io::ErrorKind::BrokenPipe.into(),
+    })?;
     nix::fcntl::fcntl(&pipe, nix::fcntl::FcntlArg::F_SETFL(nix::fcntl::OFlag::O_NONBLOCK)).map_err(ClientError::errno("status pipe"))?;
     let journal = ctx.paths.domain_root(&ctx.domain_id).join(crate::journal::JOURNAL_FILE);
     let mut display = StartupDisplay::new(&ctx.profile.name, JournalTail::from_end(journal), req.verbosity);
     if req.verbosity == Verbosity::Verbose {
-        display.line(&format!("lazaret: starting the coordinator of Domain {} (its log: {})", ctx.domain_id.short(), lazaret_protocol::display::escaped(&log_path)));
+        display.line(&format!(
+            "lazaret: starting the coordinator of Domain {} (its log: {})",
+            ctx.domain_id.short(),
+            lazaret_protocol::display::escaped(&log_path)
+        ));
     }
     Ok(Launched { child, pipe, status: StatusLines::default(), display })
 }
@@ -442,9 +445,17 @@ mod tests {
         assert_eq!(status_text("shell", None, Duration::ZERO, 80), "lazaret: starting Domain shell 0.0s");
         assert_eq!(status_text("shell", None, Duration::ZERO, 11).chars().count(), 10);
         assert_eq!(status_text("shell", None, Duration::ZERO, 0).chars().count(), 1);
-        let long = status_text_of("claude", Some("setup 3/3: npm install -g @anthropic-ai/claude-code --some --more --arguments"), Duration::from_millis(41_200), 80);
+        let long = status_text_of(
+            "claude",
+            Some("setup 3/3: npm install -g @anthropic-ai/claude-code --some --more --arguments"),
+            Duration::from_millis(41_200),
+            80,
+        );
         assert_eq!(long.chars().count(), 79, "{long}");
-        assert!(long.starts_with("lazaret: starting Domain claude (setup 3/3: npm install") && long.ends_with("…) 41.2s"), "the time stays: {long}");
+        assert!(
+            long.starts_with("lazaret: starting Domain claude (setup 3/3: npm install") && long.ends_with("…) 41.2s"),
+            "the time stays: {long}"
+        );
     }
 
     #[test]
@@ -476,7 +487,11 @@ mod tests {
         let (first, rest) = lock.split_at(10);
         std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(first.as_bytes())).expect("append");
         assert!(tail.new_entries().is_empty(), "half a line is not an event");
-        std::fs::OpenOptions::new().append(true).open(&path).and_then(|mut f| f.write_all(format!("{rest}not json\n").as_bytes())).expect("append");
+        std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(format!("{rest}not json\n").as_bytes()))
+            .expect("append");
         assert_eq!(tail.new_entries().iter().map(|e| &e.event).filter_map(stage_started_by).collect::<Vec<_>>(), [Stage::Lock]);
         // A crashed run's journal is moved aside and a new one begun.
         std::fs::rename(&path, dir.path().join("aside.jsonl")).expect("move aside");

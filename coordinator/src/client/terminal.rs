@@ -29,22 +29,22 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::fcntl::{fcntl, FcntlArg, OFlag};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use nix::fcntl::{FcntlArg, OFlag, fcntl};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::signal::Signal;
 
 use lazaret_protocol::escalation::MAX_TIMEOUT_SECS;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, PromptDecision, PromptRequest};
-use lazaret_runtime::signals::Signals;
-use lazaret_runtime::terminal::{is_terminal, sync_window_size, RawModeGuard};
 use lazaret_runtime::ExitStatus;
+use lazaret_runtime::signals::Signals;
+use lazaret_runtime::terminal::{RawModeGuard, is_terminal, sync_window_size};
 
-use crate::layout::DomainDir;
 use crate::LAZARET_FAILED;
+use crate::layout::DomainDir;
 
+use super::ClientError;
 use super::prompt::{Prompt, Step};
 use super::vtstate::StreamState;
-use super::ClientError;
 
 /// The client's own stdin, stdout and stderr, by number.
 struct Std {
@@ -132,12 +132,20 @@ impl SessionIo {
 
 /// Whether two descriptors are the same file (device and inode).
 fn same_file(a: BorrowedFd<'_>, b: BorrowedFd<'_>) -> bool {
-    let meta = |fd: BorrowedFd<'_>| fd.try_clone_to_owned().ok().map(std::fs::File::from).and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()));
+    let meta = |fd: BorrowedFd<'_>| {
+        fd.try_clone_to_owned().ok().map(std::fs::File::from).and_then(|f| f.metadata().ok()).map(|m| (m.dev(), m.ino()))
+    };
     matches!((meta(a), meta(b)), (Some(x), Some(y)) if x == y)
 }
 
 /// Serves the session until the coordinator reports the agent's exit.
-pub(super) fn attach(stream: &UnixStream, master: Option<OwnedFd>, io: SessionIo, signals: &mut Signals, dir: &DomainDir) -> Result<ExitStatus, ClientError> {
+pub(super) fn attach(
+    stream: &UnixStream,
+    master: Option<OwnedFd>,
+    io: SessionIo,
+    signals: &mut Signals,
+    dir: &DomainDir,
+) -> Result<ExitStatus, ClientError> {
     let SessionIo { terminal, agent, stdin, outputs } = io;
     // The agent's ends are with the coordinator now: ours must go, or the
     // agent would never see end of file.
@@ -417,7 +425,8 @@ impl Relay<'_> {
         // A prompt takes the keyboard whatever the agent's backlog.
         let wanted = if self.prompt.is_some() { true } else { destination && self.to_agent.len() < INPUT_BACKLOG };
         let input = if self.input_open && wanted { add(&mut fds, self.std.fd(0), PollFlags::POLLIN) } else { None };
-        let outputs: Vec<Option<usize>> = self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
+        let outputs: Vec<Option<usize>> =
+            self.outputs.iter().map(|o| o.fd.as_ref().and_then(|f| add(&mut fds, f.as_fd(), PollFlags::POLLIN))).collect();
         // No events asked: a terminal reports POLLHUP when it hung up, even
         // while nothing is read from it or written to it. Once gone, it is
         // not polled again (it would report POLLHUP on every round).
@@ -838,7 +847,8 @@ impl Relay<'_> {
 
     /// Denies the prompt on screen and the waiting ones.
     fn deny_all(&mut self, why: &str) {
-        let ids: Vec<String> = self.prompt.iter().map(|s| s.prompt.request_id().to_owned()).chain(self.queued.iter().map(|q| q.request.clone())).collect();
+        let ids: Vec<String> =
+            self.prompt.iter().map(|s| s.prompt.request_id().to_owned()).chain(self.queued.iter().map(|q| q.request.clone())).collect();
         for id in ids {
             self.answer(&id, PromptDecision::Deny);
         }
@@ -950,7 +960,7 @@ mod tests {
     use std::os::unix::net::UnixListener;
     use std::process::{Child, Command, Stdio};
 
-    use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
+    use lazaret_runtime::terminal::{WindowSize, open_pty, set_window_size};
     use nix::sys::termios;
 
     use crate::transport;
@@ -1030,13 +1040,16 @@ mod tests {
             let coordinator = loop {
                 match listener.accept() {
                     Ok((stream, _)) => break stream,
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => self.read_for(Duration::from_millis(20)),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && Instant::now() < deadline => {
+                        self.read_for(Duration::from_millis(20))
+                    }
                     Err(e) => panic!("the client did not connect ({e}); its terminal: {:?}", self.seen),
                 }
             };
             coordinator.set_nonblocking(false).expect("blocking");
             coordinator.set_read_timeout(Some(LIMIT)).expect("timeout");
-            transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent_master.as_fd()]).expect("send the master");
+            transport::write_frame_with_fds(&coordinator, &CoordinatorMessage::Notice { text: "master".into() }, &[agent_master.as_fd()])
+                .expect("send the master");
             coordinator
         }
 

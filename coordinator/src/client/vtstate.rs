@@ -19,7 +19,8 @@ use std::collections::BTreeMap;
 /// 1000-1003, 1005, 1006, 1015, 1016), focus events (1004), bracketed paste
 /// (2004), synchronized output (2026), win32-input-mode (9001: keys sent as
 /// sequences).
-pub(super) const PROMPT_DEC_MODES: &[u16] = &[1, 5, 6, 7, 25, 66, 69, 9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 9001];
+pub(super) const PROMPT_DEC_MODES: &[u16] =
+    &[1, 5, 6, 7, 25, 66, 69, 9, 1000, 1001, 1002, 1003, 1004, 1005, 1006, 1015, 1016, 2004, 2026, 9001];
 /// ANSI modes likewise: insert (IRM, 4), send/receive (SRM, 12: local
 /// echo), newline (LNM, 20).
 pub(super) const PROMPT_ANSI_MODES: &[u16] = &[4, 12, 20];
@@ -339,11 +340,35 @@ mod tests {
 
     #[test]
     fn sequences_and_strings_left_open_are_seen() {
-        for open in [&b"\x1b"[..], b"\x1b[", b"\x1b[38;5", b"\x1b[?", b"\x1b(", b"\x1b#", b"\x1b]0;title", b"\x1b]8;;http://x/", b"\x1bP1$r", b"\x1b_G", b"\x1b^pm", b"\x1bXsos"] {
+        for open in [
+            &b"\x1b"[..],
+            b"\x1b[",
+            b"\x1b[38;5",
+            b"\x1b[?",
+            b"\x1b(",
+            b"\x1b#",
+            b"\x1b]0;title",
+            b"\x1b]8;;http://x/",
+            b"\x1bP1$r",
+            b"\x1b_G",
+            b"\x1b^pm",
+            b"\x1bXsos",
+        ] {
             assert!(after(open).mid_sequence(), "{open:?}");
             assert!(!after(&[open, b"\x18"].concat()).mid_sequence(), "{open:?} then CAN");
         }
-        for closed in [&b"text"[..], b"\x1b[1;2H", b"\x1b]0;t\x07", b"\x1b]0;t\x1b\\", b"\x1bP1$r\x1b\\", b"\x1b(B", b"\x1b#8", b"\x1b=", b"\x1b[?2004h", b"\xe2\x94\x80"] {
+        for closed in [
+            &b"text"[..],
+            b"\x1b[1;2H",
+            b"\x1b]0;t\x07",
+            b"\x1b]0;t\x1b\\",
+            b"\x1bP1$r\x1b\\",
+            b"\x1b(B",
+            b"\x1b#8",
+            b"\x1b=",
+            b"\x1b[?2004h",
+            b"\xe2\x94\x80",
+        ] {
             assert!(!after(closed).mid_sequence(), "{closed:?}");
         }
         // A BEL ends an OSC, not a DCS.

@@ -45,10 +45,7 @@ pub enum ConfinementError {
 /// of a parent directory is caught too. A mount whose host path does not
 /// exist cannot contain the (existing) configuration file and is skipped.
 /// Hard links to the configuration file elsewhere are not detected.
-pub fn check_confinement(
-    config_file: &Path,
-    mounts: &[(String, PathBuf)],
-) -> Result<(), ConfinementError> {
+pub fn check_confinement(config_file: &Path, mounts: &[(String, PathBuf)]) -> Result<(), ConfinementError> {
     let io = |path: &Path| {
         let path = path.to_path_buf();
         move |source| ConfinementError::Io { path, source }
@@ -64,10 +61,9 @@ pub fn check_confinement(
             break;
         }
         let parent = current.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let name = current.file_name().ok_or_else(|| ConfinementError::Io {
-            path: current.clone(),
-            source: std::io::Error::other("the path has no file name"),
-        })?;
+        let name = current
+            .file_name()
+            .ok_or_else(|| ConfinementError::Io { path: current.clone(), source: std::io::Error::other("the path has no file name") })?;
         let link = std::fs::canonicalize(parent).map_err(io(parent))?.join(name);
         check_one(&link, mounts)?;
         let next = std::fs::read_link(&current).map_err(io(&current))?;
@@ -97,21 +93,12 @@ fn check_one(config_file: &Path, mounts: &[(String, PathBuf)]) -> Result<(), Con
             Ok(path) => path,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => continue,
             Err(source) => {
-                return Err(ConfinementError::Io {
-                    path: host_path.clone(),
-                    source,
-                });
+                return Err(ConfinementError::Io { path: host_path.clone(), source });
             }
         };
         let metadata = std::fs::metadata(&canonical).map_err(io(&canonical))?;
-        if config_file.starts_with(&canonical)
-            || enclosing.contains(&(metadata.dev(), metadata.ino()))
-        {
-            return Err(ConfinementError::Inside {
-                config_file,
-                mount: label.clone(),
-                mount_path: canonical,
-            });
+        if config_file.starts_with(&canonical) || enclosing.contains(&(metadata.dev(), metadata.ino())) {
+            return Err(ConfinementError::Inside { config_file, mount: label.clone(), mount_path: canonical });
         }
     }
     Ok(())

@@ -71,20 +71,9 @@ impl<'a> SourceMap<'a> {
         format!("{}:{}:{}", self.file, line, column)
     }
 
-    pub(crate) fn diagnostic(
-        &self,
-        span: &Range<usize>,
-        message: impl Into<String>,
-        hint: Option<String>,
-    ) -> Diagnostic {
+    pub(crate) fn diagnostic(&self, span: &Range<usize>, message: impl Into<String>, hint: Option<String>) -> Diagnostic {
         let (line, column) = self.line_column(span.start);
-        Diagnostic {
-            file: self.file.clone(),
-            line,
-            column,
-            message: message.into(),
-            hint,
-        }
+        Diagnostic { file: self.file.clone(), line, column, message: message.into(), hint }
     }
 }
 
@@ -175,12 +164,7 @@ fn known_profiles(known: &[String]) -> String {
 /// Suggests the candidate closest to `word` (small edit distance), if any.
 pub(crate) fn nearest<'c>(word: &str, candidates: &[&'c str]) -> Option<&'c str> {
     let limit = (word.chars().count() / 3).max(2);
-    candidates
-        .iter()
-        .map(|c| (edit_distance(word, c), *c))
-        .filter(|(d, _)| *d <= limit)
-        .min_by_key(|(d, _)| *d)
-        .map(|(_, c)| c)
+    candidates.iter().map(|c| (edit_distance(word, c), *c)).filter(|(d, _)| *d <= limit).min_by_key(|(d, _)| *d).map(|(_, c)| c)
 }
 
 fn edit_distance(a: &str, b: &str) -> usize {
@@ -191,9 +175,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
         let mut current = vec![i + 1];
         for (j, cb) in b.iter().enumerate() {
             let cost = usize::from(ca != cb);
-            let value = (previous[j] + cost)
-                .min(previous[j + 1] + 1)
-                .min(current[j] + 1);
+            let value = (previous[j] + cost).min(previous[j + 1] + 1).min(current[j] + 1);
             current.push(value);
         }
         previous = current;

@@ -36,11 +36,7 @@ impl fmt::Display for ConfigPathSource {
 /// `~/.config/lazaret/config.toml` with `~` the developer's home from the
 /// password database (under sudo that is `SUDO_UID`'s home, not root's).
 /// Empty variables count as unset.
-pub fn config_path(
-    cli: Option<&Path>,
-    env: &dyn Fn(&str) -> Option<OsString>,
-    developer: &Developer,
-) -> PathBuf {
+pub fn config_path(cli: Option<&Path>, env: &dyn Fn(&str) -> Option<OsString>, developer: &Developer) -> PathBuf {
     config_path_with_source(cli, env, developer).0
 }
 
@@ -60,19 +56,9 @@ pub fn config_path_with_source(
     if let Some(xdg) = non_empty("XDG_CONFIG_HOME").map(PathBuf::from)
         && xdg.is_absolute()
     {
-        return (
-            xdg.join("lazaret").join("config.toml"),
-            ConfigPathSource::XdgConfigHome,
-        );
+        return (xdg.join("lazaret").join("config.toml"), ConfigPathSource::XdgConfigHome);
     }
-    (
-        developer
-            .home
-            .join(".config")
-            .join("lazaret")
-            .join("config.toml"),
-        ConfigPathSource::DeveloperHome,
-    )
+    (developer.home.join(".config").join("lazaret").join("config.toml"), ConfigPathSource::DeveloperHome)
 }
 
 impl super::Config {
@@ -85,10 +71,9 @@ impl super::Config {
     ) -> Result<super::Config, super::ConfigError> {
         let (path, source) = config_path_with_source(cli, env, developer);
         match super::Config::load(&path, developer) {
-            Err(super::ConfigError::NotFound { path, .. }) => Err(super::ConfigError::NotFound {
-                path,
-                source_of_path: source.to_string(),
-            }),
+            Err(super::ConfigError::NotFound { path, .. }) => {
+                Err(super::ConfigError::NotFound { path, source_of_path: source.to_string() })
+            }
             other => other,
         }
     }

@@ -111,9 +111,7 @@ pub(crate) fn fingerprint(config: &Config, profile: &Profile) -> Result<Fingerpr
         pids_limit: profile.pids_limit,
         setup: &profile.setup,
     };
-    let bytes = serde_json::to_vec(&canonical).map_err(|error| ConfigError::Render {
-        message: error.to_string(),
-    })?;
+    let bytes = serde_json::to_vec(&canonical).map_err(|error| ConfigError::Render { message: error.to_string() })?;
     Ok(Fingerprint(hex::encode(Sha256::digest(&bytes))))
 }
 
@@ -133,22 +131,14 @@ pub(crate) fn render_toml(config: &Config) -> Result<String, ConfigError> {
         }
     }
     let body = toml::to_string_pretty(&table).map_err(|error| render_error(error.to_string()))?;
-    Ok(format!(
-        "# Validated configuration from {} (defaults filled in)\n{body}",
-        config.file.display()
-    ))
+    Ok(format!("# Validated configuration from {} (defaults filled in)\n{body}", config.file.display()))
 }
 
 pub(crate) fn render_json(config: &Config) -> Result<String, ConfigError> {
-    let render_error = |error: serde_json::Error| ConfigError::Render {
-        message: error.to_string(),
-    };
+    let render_error = |error: serde_json::Error| ConfigError::Render { message: error.to_string() };
     let mut value = serde_json::to_value(config).map_err(render_error)?;
     if let serde_json::Value::Object(map) = &mut value {
-        map.insert(
-            "file".to_string(),
-            serde_json::Value::String(config.file.display().to_string()),
-        );
+        map.insert("file".to_string(), serde_json::Value::String(config.file.display().to_string()));
     }
     serde_json::to_string_pretty(&value).map_err(render_error)
 }

@@ -25,10 +25,7 @@ pub struct Located<T> {
 impl<T> Located<T> {
     /// `value`, written at `origin` (`FILE:LINE:COLUMN`).
     pub fn new(value: T, origin: impl Into<String>) -> Self {
-        Self {
-            value,
-            origin: origin.into(),
-        }
+        Self { value, origin: origin.into() }
     }
 }
 

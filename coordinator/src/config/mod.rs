@@ -45,15 +45,15 @@ pub use confine::{ConfinementError, check_confinement};
 pub use diag::{ConfigError, Diagnostic};
 pub use discover::{ConfigPathSource, config_path, config_path_with_source};
 pub use fingerprint::Fingerprint;
-pub use located::Located;
-/// One `volumes` entry (the mounts crate's type and parser), its sandbox
-/// side as written, and the entry resolved for one agent.
-pub use lazaret_mounts::volumes::{SandboxPath, Volume, VolumeMount};
 /// One `profile_state` entry: a directory of the agent's home kept per
 /// (developer, profile).
 pub use lazaret_mounts::profile_state::StateEntry;
+/// One `volumes` entry (the mounts crate's type and parser), its sandbox
+/// side as written, and the entry resolved for one agent.
+pub use lazaret_mounts::volumes::{SandboxPath, Volume, VolumeMount};
 /// The gVisor platform of `[runsc] platform` (runsc's own type).
 pub use lazaret_runtime::Platform;
+pub use located::Located;
 
 /// Default Storage Root when the configuration does not set `storage_root`.
 pub const DEFAULT_STORAGE_ROOT: &str = "/var/lib/lazaret";
@@ -117,11 +117,7 @@ pub struct RunscSettings {
 
 impl Default for RunscSettings {
     fn default() -> Self {
-        Self {
-            path: None,
-            platform: Platform::Systrap,
-            debug_log_dir: None,
-        }
+        Self { path: None, platform: Platform::Systrap, debug_log_dir: None }
     }
 }
 
@@ -472,10 +468,7 @@ impl Profile {
     pub fn host_mounts(&self, workspace: &Path) -> Vec<(String, PathBuf)> {
         let mut mounts = vec![("workspace".to_string(), workspace.to_path_buf())];
         for volume in &self.volumes {
-            mounts.push((
-                format!("volume {} ({})", volume.written, volume.origin),
-                volume.host.clone(),
-            ));
+            mounts.push((format!("volume {} ({})", volume.written, volume.origin), volume.host.clone()));
         }
         mounts
     }
@@ -496,12 +489,25 @@ fn check_directories(file: &std::fs::File, path: &Path, developer: &Developer) -
         let others_may_write = metadata.mode() & 0o022 != 0 && metadata.mode() & 0o1000 == 0;
         if !owner_ok || others_may_write {
             let reason = if owner_ok {
-                format!("its directory {} is writable by group or others (mode {:o}), who could replace the file", dir.display(), metadata.mode() & 0o7777)
+                format!(
+                    "its directory {} is writable by group or others (mode {:o}), who could replace the file",
+                    dir.display(),
+                    metadata.mode() & 0o7777
+                )
             } else {
-                format!("its directory {} is owned by uid {}, neither root nor the developer (uid {}), who could replace the file", dir.display(), metadata.uid(), developer.uid)
+                format!(
+                    "its directory {} is owned by uid {}, neither root nor the developer (uid {}), who could replace the file",
+                    dir.display(),
+                    metadata.uid(),
+                    developer.uid
+                )
             };
             let hint = if real.as_path() != path {
-                format!("{} is where {} points; keep the configuration in a directory only you (or root) may change", real.display(), path.display())
+                format!(
+                    "{} is where {} points; keep the configuration in a directory only you (or root) may change",
+                    real.display(),
+                    path.display()
+                )
             } else {
                 format!("keep the configuration in a directory only you (or root) may change, e.g. `chmod go-w {}`", dir.display())
             };
@@ -529,7 +535,10 @@ impl Config {
                 Ok(Err(errno @ (nix::errno::Errno::EACCES | nix::errno::Errno::EPERM))) => {
                     return Err(ConfigError::Insecure {
                         path: path.to_path_buf(),
-                        reason: format!("you (uid {}) may not read it yourself ({errno}), and Lazaret reads it as root only on your behalf", developer.uid),
+                        reason: format!(
+                            "you (uid {}) may not read it yourself ({errno}), and Lazaret reads it as root only on your behalf",
+                            developer.uid
+                        ),
                         hint: "point --config (or $LAZARET_CONFIG) at a configuration you may read".to_string(),
                     });
                 }
@@ -539,29 +548,17 @@ impl Config {
         }
         // One open, then fstat: the checked file is the file that is read.
         // O_NONBLOCK: opening a FIFO planted at the path must not hang.
-        let opened = std::fs::OpenOptions::new()
-            .read(true)
-            .custom_flags(libc::O_NONBLOCK)
-            .open(path);
+        let opened = std::fs::OpenOptions::new().read(true).custom_flags(libc::O_NONBLOCK).open(path);
         let mut file = match opened {
             Ok(file) => file,
             Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ConfigError::NotFound {
-                    path: path.to_path_buf(),
-                    source_of_path: "the given path".to_string(),
-                });
+                return Err(ConfigError::NotFound { path: path.to_path_buf(), source_of_path: "the given path".to_string() });
             }
             Err(source) => {
-                return Err(ConfigError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                });
+                return Err(ConfigError::Read { path: path.to_path_buf(), source });
             }
         };
-        let read_error = |source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        };
+        let read_error = |source| ConfigError::Read { path: path.to_path_buf(), source };
         let metadata = file.metadata().map_err(read_error)?;
         if !metadata.is_file() {
             return Err(ConfigError::Insecure {
@@ -573,21 +570,14 @@ impl Config {
         if metadata.uid() != 0 && metadata.uid() != developer.uid {
             return Err(ConfigError::Insecure {
                 path: path.to_path_buf(),
-                reason: format!(
-                    "owned by uid {}, neither root nor the developer (uid {})",
-                    metadata.uid(),
-                    developer.uid
-                ),
+                reason: format!("owned by uid {}, neither root nor the developer (uid {})", metadata.uid(), developer.uid),
                 hint: format!("chown {} {}", developer.uid, path.display()),
             });
         }
         if metadata.mode() & 0o022 != 0 {
             return Err(ConfigError::Insecure {
                 path: path.to_path_buf(),
-                reason: format!(
-                    "writable by group or others (mode {:o})",
-                    metadata.mode() & 0o7777
-                ),
+                reason: format!("writable by group or others (mode {:o})", metadata.mode() & 0o7777),
                 hint: format!("chmod go-w {}", path.display()),
             });
         }
@@ -609,10 +599,7 @@ impl Config {
     pub fn profile(&self, name: &str) -> Result<&Profile, ConfigError> {
         self.profiles
             .get(name)
-            .ok_or_else(|| ConfigError::UnknownProfile {
-                name: name.to_string(),
-                known: self.profiles.keys().cloned().collect(),
-            })
+            .ok_or_else(|| ConfigError::UnknownProfile { name: name.to_string(), known: self.profiles.keys().cloned().collect() })
     }
 
     /// The profile named on the command line, else `default_profile`, else
@@ -623,18 +610,14 @@ impl Config {
         }
         match self.profiles.values().next() {
             Some(only) if self.profiles.len() == 1 => Ok(only),
-            _ => Err(ConfigError::NoProfileSelected {
-                known: self.profiles.keys().cloned().collect(),
-            }),
+            _ => Err(ConfigError::NoProfileSelected { known: self.profiles.keys().cloned().collect() }),
         }
     }
 
     /// The developer's host-private runtime directory: `runtime_dir` if
     /// configured, else `/run/lazaret/<uid>`.
     pub fn runtime_dir(&self, developer: &Developer) -> PathBuf {
-        self.runtime_dir
-            .clone()
-            .unwrap_or_else(|| Path::new(DEFAULT_RUNTIME_PARENT).join(developer.uid.to_string()))
+        self.runtime_dir.clone().unwrap_or_else(|| Path::new(DEFAULT_RUNTIME_PARENT).join(developer.uid.to_string()))
     }
 
     /// The Configuration Fingerprint of a Domain using `profile`: SHA-256 over

@@ -15,9 +15,7 @@ pub(crate) fn describe(text: &str, error: &PrefixError) -> (String, String) {
             let length = if text.contains(':') { 128 } else { 32 };
             (
                 format!("{text:?} has no prefix length"),
-                format!(
-                    "write the prefix length explicitly, e.g. \"{text}/{length}\" for a single host"
-                ),
+                format!("write the prefix length explicitly, e.g. \"{text}/{length}\" for a single host"),
             )
         }
         PrefixError::Malformed { .. } => bad_address(text),
@@ -25,33 +23,21 @@ pub(crate) fn describe(text: &str, error: &PrefixError) -> (String, String) {
         PrefixError::BadLength { max, .. } => {
             let length = text.split_once('/').map_or("", |(_, length)| length);
             let family = if *max == 32 { "IPv4" } else { "IPv6" };
-            (
-                format!("prefix length {length:?} is not valid for {family} (0..={max})"),
-                format!("use a length between 0 and {max}"),
-            )
+            (format!("prefix length {length:?} is not valid for {family} (0..={max})"), format!("use a length between 0 and {max}"))
         }
         PrefixError::HostBitsSet { suggestion, .. } => {
             // The address and length as read, e.g. `10.222.0.1/16`.
             let written = text
                 .split_once('/')
                 .and_then(|(address, _)| address.parse::<IpAddr>().ok())
-                .map_or_else(
-                    || text.to_string(),
-                    |address| format!("{address}/{}", suggestion.prefix_len()),
-                );
-            (
-                format!("{written} has host bits set"),
-                format!("did you mean \"{suggestion}\"?"),
-            )
+                .map_or_else(|| text.to_string(), |address| format!("{address}/{}", suggestion.prefix_len()));
+            (format!("{written} has host bits set"), format!("did you mean \"{suggestion}\"?"))
         }
     }
 }
 
 fn bad_address(address: &str) -> (String, String) {
-    (
-        format!("{address:?} is not an IPv4 or IPv6 address"),
-        "use CIDR notation such as \"10.222.0.0/16\" or \"fd00::/8\"".to_string(),
-    )
+    (format!("{address:?} is not an IPv4 or IPv6 address"), "use CIDR notation such as \"10.222.0.0/16\" or \"fd00::/8\"".to_string())
 }
 
 #[cfg(test)]
@@ -93,34 +79,18 @@ mod tests {
             problem("10.0.0.1"),
             (
                 "\"10.0.0.1\" has no prefix length".to_string(),
-                "write the prefix length explicitly, e.g. \"10.0.0.1/32\" for a single host"
-                    .to_string()
+                "write the prefix length explicitly, e.g. \"10.0.0.1/32\" for a single host".to_string()
             )
         );
         assert!(problem("fd00::1").1.contains("\"fd00::1/128\""));
-        assert_eq!(
-            problem("10.0.0.0/33").0,
-            "prefix length \"33\" is not valid for IPv4 (0..=32)"
-        );
-        assert_eq!(
-            problem("10.0.0.0/+8").0,
-            "prefix length \"+8\" is not valid for IPv4 (0..=32)"
-        );
+        assert_eq!(problem("10.0.0.0/33").0, "prefix length \"33\" is not valid for IPv4 (0..=32)");
+        assert_eq!(problem("10.0.0.0/+8").0, "prefix length \"+8\" is not valid for IPv4 (0..=32)");
         assert_eq!(
             problem("fd00::/129"),
-            (
-                "prefix length \"129\" is not valid for IPv6 (0..=128)".to_string(),
-                "use a length between 0 and 128".to_string()
-            )
+            ("prefix length \"129\" is not valid for IPv6 (0..=128)".to_string(), "use a length between 0 and 128".to_string())
         );
-        assert_eq!(
-            problem("10.0.0/8").0,
-            "\"10.0.0\" is not an IPv4 or IPv6 address"
-        );
-        assert_eq!(
-            problem("example.com").0,
-            "\"example.com\" is not an IPv4 or IPv6 address"
-        );
+        assert_eq!(problem("10.0.0/8").0, "\"10.0.0\" is not an IPv4 or IPv6 address");
+        assert_eq!(problem("example.com").0, "\"example.com\" is not an IPv4 or IPv6 address");
         assert_eq!(problem("fd00::1/64").0, "fd00::1/64 has host bits set");
     }
 

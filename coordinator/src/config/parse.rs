@@ -14,25 +14,15 @@ use toml::de::{DeArray, DeTable, DeValue};
 
 use super::diag::{ConfigError, Diagnostic, SourceMap, nearest};
 use super::{
-    Config, DEFAULT_COMMAND, DEFAULT_ESCALATION_TIMEOUT, DEFAULT_PROMPT_TIMEOUT,
-    DEFAULT_STORAGE_ROOT, ESCALATION_TIMEOUT_RANGE, EnvValue, EscalationOverrides,
-    AllowName, EgressMode, EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
+    AllowName, Config, DEFAULT_COMMAND, DEFAULT_ESCALATION_TIMEOUT, DEFAULT_PROMPT_TIMEOUT, DEFAULT_STORAGE_ROOT, ESCALATION_TIMEOUT_RANGE,
+    EgressMode, EnvValue, EscalationOverrides, EscalationSettings, Located, NetworkSettings, OUTPUT_LIMIT_RANGE, PROMPT_TIMEOUT_RANGE,
     Platform, Profile, Rule, RunscSettings, SETUP_LIMITS, StateEntry, UserChoice, net,
 };
 use crate::escalation::rules::{HOST_COMMAND_PATH, RelativeDirProblem, refused_env, workspace_relative};
 
 type Value<'i> = Spanned<DeValue<'i>>;
 
-const TOP_KEYS: &[&str] = &[
-    "storage_root",
-    "runtime_dir",
-    "runsc",
-    "dns",
-    "escalation",
-    "network",
-    "default_profile",
-    "profiles",
-];
+const TOP_KEYS: &[&str] = &["storage_root", "runtime_dir", "runsc", "dns", "escalation", "network", "default_profile", "profiles"];
 const NETWORK_KEYS: &[&str] = &["pool", "pool6"];
 const RUNSC_KEYS: &[&str] = &["path", "platform", "debug_log_dir"];
 const ESCALATION_KEYS: &[&str] = &["prompt_timeout", "timeout", "output_limit", "rules"];
@@ -76,12 +66,7 @@ pub(crate) fn parse(text: &str, file: &Path, home: &Path) -> Result<Config, Conf
             .collect();
         return Err(ConfigError::Invalid { diagnostics });
     }
-    let mut walker = Walker {
-        map,
-        home,
-        diagnostics: Vec::new(),
-        origins: BTreeMap::new(),
-    };
+    let mut walker = Walker { map, home, diagnostics: Vec::new(), origins: BTreeMap::new() };
     let config = walker.document(file, document.get_ref(), &document.span());
     let config = config.map(|mut config| {
         config.origins = std::mem::take(&mut walker.origins);
@@ -126,33 +111,19 @@ impl<'a> Walker<'a> {
     /// Reports an error at a location previously recorded as an origin.
     fn error_at_origin(&mut self, origin: &str, message: String, hint: &str) {
         let (line, column) = parse_origin_position(origin).unwrap_or((1, 1));
-        self.diagnostics.push(Diagnostic {
-            file: self.map.file().to_string(),
-            line,
-            column,
-            message,
-            hint: Some(hint.to_string()),
-        });
+        self.diagnostics.push(Diagnostic { file: self.map.file().to_string(), line, column, message, hint: Some(hint.to_string()) });
     }
 
     /// Reports keys that are not in `allowed` and returns the table for
     /// lookups.
-    fn entries<'t, 'i>(
-        &mut self,
-        table: &'t DeTable<'i>,
-        allowed: &[&str],
-        what: &str,
-    ) -> Entries<'t, 'i> {
+    fn entries<'t, 'i>(&mut self, table: &'t DeTable<'i>, allowed: &[&str], what: &str) -> Entries<'t, 'i> {
         for key in table.keys() {
             let name: &str = key.get_ref();
             if allowed.contains(&name) {
                 continue;
             }
             let hint = match nearest(name, allowed) {
-                Some(candidate) => format!(
-                    "did you mean `{candidate}`? valid keys: {}",
-                    allowed.join(", ")
-                ),
+                Some(candidate) => format!("did you mean `{candidate}`? valid keys: {}", allowed.join(", ")),
                 None => format!("valid keys: {}", allowed.join(", ")),
             };
             self.error(&key.span(), format!("unknown key `{name}` in {what}"), hint);
@@ -162,19 +133,10 @@ impl<'a> Walker<'a> {
 
     fn type_error(&mut self, value: &Value<'_>, key: &str, expected: &str, example: &str) {
         let found = value.get_ref().type_str();
-        self.error(
-            &value.span(),
-            format!("`{key}` must be {expected}, found {found}"),
-            format!("for example: {key} = {example}"),
-        );
+        self.error(&value.span(), format!("`{key}` must be {expected}, found {found}"), format!("for example: {key} = {example}"));
     }
 
-    fn table<'t, 'i>(
-        &mut self,
-        value: &'t Value<'i>,
-        key: &str,
-        example: &str,
-    ) -> Option<&'t DeTable<'i>> {
+    fn table<'t, 'i>(&mut self, value: &'t Value<'i>, key: &str, example: &str) -> Option<&'t DeTable<'i>> {
         match value.get_ref() {
             DeValue::Table(table) => Some(table),
             _ => {
@@ -188,11 +150,7 @@ impl<'a> Walker<'a> {
         match value.get_ref() {
             DeValue::String(text) => {
                 if text.contains('\0') {
-                    self.error(
-                        &value.span(),
-                        format!("`{key}` contains a NUL character"),
-                        "",
-                    );
+                    self.error(&value.span(), format!("`{key}` contains a NUL character"), "");
                     return None;
                 }
                 Some(text)
@@ -214,12 +172,7 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn array<'t, 'i>(
-        &mut self,
-        value: &'t Value<'i>,
-        key: &str,
-        example: &str,
-    ) -> Option<&'t DeArray<'i>> {
+    fn array<'t, 'i>(&mut self, value: &'t Value<'i>, key: &str, example: &str) -> Option<&'t DeArray<'i>> {
         match value.get_ref() {
             DeValue::Array(array) => Some(array),
             _ => {
@@ -231,24 +184,13 @@ impl<'a> Walker<'a> {
 
     /// An array of strings; elements of the wrong type are reported and
     /// skipped.
-    fn strings<'t>(
-        &mut self,
-        value: &'t Value<'_>,
-        key: &str,
-        example: &str,
-    ) -> Option<Vec<(&'t str, Range<usize>)>> {
+    fn strings<'t>(&mut self, value: &'t Value<'_>, key: &str, example: &str) -> Option<Vec<(&'t str, Range<usize>)>> {
         let array = self.array(value, key, example)?;
         let mut out = Vec::new();
         for element in array.iter() {
             match element.get_ref() {
-                DeValue::String(text) if !text.contains('\0') => {
-                    out.push((&**text, element.span()))
-                }
-                DeValue::String(_) => self.error(
-                    &element.span(),
-                    format!("an element of `{key}` contains a NUL character"),
-                    "",
-                ),
+                DeValue::String(text) if !text.contains('\0') => out.push((&**text, element.span())),
+                DeValue::String(_) => self.error(&element.span(), format!("an element of `{key}` contains a NUL character"), ""),
                 other => {
                     let found = other.type_str();
                     self.error(
@@ -267,17 +209,12 @@ impl<'a> Walker<'a> {
         let example = if sizes { "\"4G\"" } else { "4096" };
         match value.get_ref() {
             DeValue::Integer(integer) => {
-                let parsed =
-                    i64::from_str_radix(&integer.as_str().replace('_', ""), integer.radix())
-                        .ok()
-                        .and_then(|n| u64::try_from(n).ok())
-                        .filter(|n| *n > 0);
+                let parsed = i64::from_str_radix(&integer.as_str().replace('_', ""), integer.radix())
+                    .ok()
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| *n > 0);
                 if parsed.is_none() {
-                    self.error(
-                        &value.span(),
-                        format!("`{key}` must be a positive integer"),
-                        format!("for example: {key} = {example}"),
-                    );
+                    self.error(&value.span(), format!("`{key}` must be a positive integer"), format!("for example: {key} = {example}"));
                 }
                 parsed
             }
@@ -293,11 +230,7 @@ impl<'a> Walker<'a> {
                 parsed
             }
             _ => {
-                let expected = if sizes {
-                    "a positive integer (bytes) or a size string"
-                } else {
-                    "a positive integer"
-                };
+                let expected = if sizes { "a positive integer (bytes) or a size string" } else { "a positive integer" };
                 self.type_error(value, key, expected, example);
                 None
             }
@@ -305,13 +238,7 @@ impl<'a> Walker<'a> {
     }
 
     /// An absolute, normalised path without `..`, other than `/` itself.
-    fn absolute_path(
-        &mut self,
-        text: &str,
-        span: &Range<usize>,
-        key: &str,
-        example: &str,
-    ) -> Option<PathBuf> {
+    fn absolute_path(&mut self, text: &str, span: &Range<usize>, key: &str, example: &str) -> Option<PathBuf> {
         match normalise_absolute(text) {
             Ok(path) => Some(path),
             Err(problem) => {
@@ -328,21 +255,14 @@ impl<'a> Walker<'a> {
         self.absolute_path(text, &value.span(), key, example)
     }
 
-    fn document(
-        &mut self,
-        file: &Path,
-        root: &DeTable<'_>,
-        root_span: &Range<usize>,
-    ) -> Option<Config> {
+    fn document(&mut self, file: &Path, root: &DeTable<'_>, root_span: &Range<usize>) -> Option<Config> {
         let top = self.entries(root, TOP_KEYS, "the top level");
         let storage_root = match top.get("storage_root") {
             Some(value) => self.path_value(value, "storage_root", DEFAULT_STORAGE_ROOT),
             None => Some(PathBuf::from(DEFAULT_STORAGE_ROOT)),
         };
         let runtime_dir = match top.get("runtime_dir") {
-            Some(value) => self
-                .path_value(value, "runtime_dir", "/run/lazaret/1000")
-                .map(Some),
+            Some(value) => self.path_value(value, "runtime_dir", "/run/lazaret/1000").map(Some),
             None => Some(None),
         };
         let runsc = match top.get("runsc") {
@@ -354,9 +274,7 @@ impl<'a> Walker<'a> {
             None => Some(Vec::new()),
         };
         let escalation = match top.get("escalation") {
-            Some(value) => self
-                .escalation(value, "escalation", &[])
-                .map(|own| own.apply_to(&EscalationSettings::default())),
+            Some(value) => self.escalation(value, "escalation", &[]).map(|own| own.apply_to(&EscalationSettings::default())),
             None => Some(EscalationSettings::default()),
         };
         // Profiles add to the global escalation settings; when those are
@@ -366,13 +284,8 @@ impl<'a> Walker<'a> {
             Some(value) => self.network(value),
             None => Some(NetworkSettings::default()),
         };
-        let default_profile = top.get("default_profile").map(|value| {
-            (
-                self.string(value, "default_profile", "\"claude\"")
-                    .map(str::to_string),
-                value.span(),
-            )
-        });
+        let default_profile =
+            top.get("default_profile").map(|value| (self.string(value, "default_profile", "\"claude\"").map(str::to_string), value.span()));
 
         let mut profiles = BTreeMap::new();
         let mut profiles_ok = true;
@@ -388,7 +301,11 @@ impl<'a> Walker<'a> {
                         }
                     }
                     if table.is_empty() {
-                        self.error(&value.span(), "`profiles` defines no profile", "add a table such as [profiles.shell] with at least `image`");
+                        self.error(
+                            &value.span(),
+                            "`profiles` defines no profile",
+                            "add a table such as [profiles.shell] with at least `image`",
+                        );
                     }
                 }
                 None => profiles_ok = false,
@@ -407,17 +324,10 @@ impl<'a> Walker<'a> {
                 if profiles_ok && !profiles.contains_key(&name) {
                     let known: Vec<&str> = profiles.keys().map(String::as_str).collect();
                     let hint = match nearest(&name, &known) {
-                        Some(candidate) => format!(
-                            "did you mean {candidate:?}? defined profiles: {}",
-                            known.join(", ")
-                        ),
+                        Some(candidate) => format!("did you mean {candidate:?}? defined profiles: {}", known.join(", ")),
                         None => format!("defined profiles: {}", known.join(", ")),
                     };
-                    self.error(
-                        &span,
-                        format!("`default_profile` names {name:?}, which is not defined"),
-                        hint,
-                    );
+                    self.error(&span, format!("`default_profile` names {name:?}, which is not defined"), hint);
                 }
                 Some(name)
             }
@@ -476,11 +386,7 @@ impl<'a> Walker<'a> {
                 None => return None,
             },
         };
-        ok.then_some(RunscSettings {
-            path,
-            platform,
-            debug_log_dir,
-        })
+        ok.then_some(RunscSettings { path, platform, debug_log_dir })
     }
 
     fn network(&mut self, value: &Value<'_>) -> Option<NetworkSettings> {
@@ -500,7 +406,11 @@ impl<'a> Walker<'a> {
             }
             Ok(prefix) => {
                 let family = if v4 { "IPv4" } else { "IPv6" };
-                self.error(&value.span(), format!("`{key}` must be an {family} prefix of length /{max_length} or shorter, not {prefix}"), format!("e.g. {key} = {example}"));
+                self.error(
+                    &value.span(),
+                    format!("`{key}` must be an {family} prefix of length /{max_length} or shorter, not {prefix}"),
+                    format!("e.g. {key} = {example}"),
+                );
                 None
             }
             Err(error) => {
@@ -521,11 +431,7 @@ impl<'a> Walker<'a> {
                 Ok(address) => {
                     if let Some((_, first)) = seen.iter().find(|(a, _)| *a == address) {
                         let first = short_origin(&self.map.origin(first));
-                        self.error(
-                            &span,
-                            format!("DNS server {address} is listed twice"),
-                            format!("remove one; the first is at {first}"),
-                        );
+                        self.error(&span, format!("DNS server {address} is listed twice"), format!("remove one; the first is at {first}"));
                         ok = false;
                     } else {
                         seen.push((address, span));
@@ -552,7 +458,8 @@ impl<'a> Walker<'a> {
         let table = self.table(value, prefix, "{ timeout = 600, rules = [] }")?;
         let keys = self.entries(table, ESCALATION_KEYS, &format!("[{prefix}]"));
         let mut ok = true;
-        let prompt_timeout = keys.get("prompt_timeout").map(|v| self.seconds(v, "prompt_timeout", PROMPT_TIMEOUT_RANGE, DEFAULT_PROMPT_TIMEOUT));
+        let prompt_timeout =
+            keys.get("prompt_timeout").map(|v| self.seconds(v, "prompt_timeout", PROMPT_TIMEOUT_RANGE, DEFAULT_PROMPT_TIMEOUT));
         let timeout = keys.get("timeout").map(|v| self.seconds(v, "timeout", ESCALATION_TIMEOUT_RANGE, DEFAULT_ESCALATION_TIMEOUT));
         let output_limit = keys.get("output_limit").map(|v| self.output_limit(v));
         let mut rules: Vec<Rule> = Vec::new();
@@ -619,7 +526,11 @@ impl<'a> Walker<'a> {
         } else {
             self.error(
                 &value.span(),
-                format!("`output_limit` must be between 1M ({}) and 1G ({}) bytes, found {limit}", OUTPUT_LIMIT_RANGE.start(), OUTPUT_LIMIT_RANGE.end()),
+                format!(
+                    "`output_limit` must be between 1M ({}) and 1G ({}) bytes, found {limit}",
+                    OUTPUT_LIMIT_RANGE.start(),
+                    OUTPUT_LIMIT_RANGE.end()
+                ),
                 "for example: output_limit = \"64M\" (the default)",
             );
             None
@@ -628,11 +539,7 @@ impl<'a> Walker<'a> {
 
     /// One `[[PREFIX.rules]]` entry.
     fn rule(&mut self, value: &Value<'_>, prefix: &str) -> Option<Rule> {
-        let table = self.table(
-            value,
-            &format!("{prefix}.rules[..]"),
-            "{ name = \"git-fetch\", command = [\"git\", \"fetch\"] }",
-        )?;
+        let table = self.table(value, &format!("{prefix}.rules[..]"), "{ name = \"git-fetch\", command = [\"git\", \"fetch\"] }")?;
         let keys = self.entries(table, RULE_KEYS, &format!("an [[{prefix}.rules]] entry"));
         let origin = self.map.origin(&value.span());
         let name = match keys.get("name") {
@@ -676,15 +583,7 @@ impl<'a> Walker<'a> {
             Some(v) => self.rule_env(v),
             None => Some(Vec::new()),
         };
-        Some(Rule {
-            name: name?,
-            command: command?,
-            allow_extra_args: allow_extra_args?,
-            cwd: cwd?,
-            timeout: timeout?,
-            env: env?,
-            origin,
-        })
+        Some(Rule { name: name?, command: command?, allow_extra_args: allow_extra_args?, cwd: cwd?, timeout: timeout?, env: env?, origin })
     }
 
     /// A rule's `command`: a non-empty array of non-empty strings whose
@@ -694,11 +593,7 @@ impl<'a> Walker<'a> {
         let items = self.strings(value, "command", example)?;
         let total = self.array(value, "command", example).map_or(0, |a| a.len());
         if total == 0 {
-            self.error(
-                &value.span(),
-                "`command` is empty",
-                format!("give the program and its arguments, e.g. command = {example}"),
-            );
+            self.error(&value.span(), "`command` is empty", format!("give the program and its arguments, e.g. command = {example}"));
             return None;
         }
         let mut ok = items.len() == total;
@@ -731,8 +626,12 @@ impl<'a> Walker<'a> {
             Err(problem) => {
                 let hint = match problem {
                     RelativeDirProblem::Empty => "use \".\" for the workspace root or a directory below it, e.g. cwd = \"frontend\"",
-                    RelativeDirProblem::Absolute => "`cwd` is relative to the workspace root, so the rule means the same in every workspace; e.g. cwd = \".\" or cwd = \"frontend\"",
-                    RelativeDirProblem::DotDot => "host commands run inside the workspace only; name a directory in it without `..`, e.g. cwd = \"frontend\"",
+                    RelativeDirProblem::Absolute => {
+                        "`cwd` is relative to the workspace root, so the rule means the same in every workspace; e.g. cwd = \".\" or cwd = \"frontend\""
+                    }
+                    RelativeDirProblem::DotDot => {
+                        "host commands run inside the workspace only; name a directory in it without `..`, e.g. cwd = \"frontend\""
+                    }
                 };
                 let message = match problem {
                     RelativeDirProblem::Empty => "`cwd` is empty".to_string(),
@@ -753,10 +652,18 @@ impl<'a> Walker<'a> {
         let mut names: Vec<(&str, Range<usize>)> = Vec::new();
         for (name, span) in items {
             if !valid_env_name(name) {
-                self.error(&span, format!("{name:?} is not a valid environment variable name"), "use letters, digits and `_`, not starting with a digit, e.g. GH_TOKEN");
+                self.error(
+                    &span,
+                    format!("{name:?} is not a valid environment variable name"),
+                    "use letters, digits and `_`, not starting with a digit, e.g. GH_TOKEN",
+                );
                 ok = false;
             } else if let Some(reason) = refused_env(name) {
-                self.error(&span, format!("a rule may not pass {name}"), format!("{reason}; see docs/escalation.md for the environment of host commands"));
+                self.error(
+                    &span,
+                    format!("a rule may not pass {name}"),
+                    format!("{reason}; see docs/escalation.md for the environment of host commands"),
+                );
                 ok = false;
             } else if let Some((_, first)) = names.iter().find(|(n, _)| *n == name) {
                 let first = short_origin(&self.map.origin(first));
@@ -776,22 +683,14 @@ impl<'a> Walker<'a> {
         let items = self.strings(value, key, example)?;
         let total = self.array(value, key, example).map_or(0, |a| a.len());
         if total == 0 {
-            self.error(
-                &value.span(),
-                format!("`{key}` is empty"),
-                format!("give the program and its arguments, e.g. {key} = {example}"),
-            );
+            self.error(&value.span(), format!("`{key}` is empty"), format!("give the program and its arguments, e.g. {key} = {example}"));
             return None;
         }
         let mut ok = items.len() == total;
         if let Some((first, span)) = items.first()
             && first.is_empty()
         {
-            self.error(
-                span,
-                format!("`{key}` starts with an empty program name"),
-                format!("e.g. {key} = {example}"),
-            );
+            self.error(span, format!("`{key}` starts with an empty program name"), format!("e.g. {key} = {example}"));
             ok = false;
         }
         ok.then(|| items.into_iter().map(|(s, _)| s.to_string()).collect())
@@ -806,27 +705,17 @@ impl<'a> Walker<'a> {
         let name_text: &str = name.get_ref();
         let mut ok = true;
         if !valid_name(name_text) {
-            self.error(
-                &name.span(),
-                format!("profile name {name_text:?} is not valid"),
-                NAME_HINT,
-            );
+            self.error(&name.span(), format!("profile name {name_text:?} is not valid"), NAME_HINT);
             ok = false;
         }
         let context = format!("[profiles.{name_text}]");
-        let table = self.table(
-            value,
-            &format!("profiles.{name_text}"),
-            "{ image = \"debian-bookworm\" }",
-        )?;
+        let table = self.table(value, &format!("profiles.{name_text}"), "{ image = \"debian-bookworm\" }")?;
         let keys = self.entries(table, PROFILE_KEYS, &context);
         // A header `[profiles.x]` spans the header; point "missing key" errors there.
         let origin = self.map.origin(&value.span());
 
         let image = match keys.get("image") {
-            Some(v) => self
-                .string(v, "image", "\"debian-bookworm\"")
-                .and_then(|image| self.image(image, &v.span())),
+            Some(v) => self.string(v, "image", "\"debian-bookworm\"").and_then(|image| self.image(image, &v.span())),
             None => {
                 self.error(&value.span(), format!("{context} has no `image`"), "add e.g. image = \"debian-bookworm\" (a name imported with `lazaret image import NAME`) or a registry reference such as \"docker.io/library/debian:trixie\"");
                 None
@@ -942,11 +831,19 @@ impl<'a> Walker<'a> {
         let array = self.array(value, "setup", example)?;
         let mut ok = true;
         if array.len() > SETUP_LIMITS.steps {
-            self.error(&value.span(), format!("`setup` of {context} has {} steps, more than {}", array.len(), SETUP_LIMITS.steps), "join steps with `sh -c \"a && b\"` or move them into a script installed by one step");
+            self.error(
+                &value.span(),
+                format!("`setup` of {context} has {} steps, more than {}", array.len(), SETUP_LIMITS.steps),
+                "join steps with `sh -c \"a && b\"` or move them into a script installed by one step",
+            );
             ok = false;
         }
         if no_persistent_dirs == Some(true) && !array.is_empty() {
-            self.error(&value.span(), format!("`setup` of {context} needs `persistent_dirs`: only they keep what the steps install"), "keep the directories the steps write, e.g. persistent_dirs = [\"/usr\", \"/var\", \"/etc\", \"/opt\", \"/root\"]");
+            self.error(
+                &value.span(),
+                format!("`setup` of {context} needs `persistent_dirs`: only they keep what the steps install"),
+                "keep the directories the steps write, e.g. persistent_dirs = [\"/usr\", \"/var\", \"/etc\", \"/opt\", \"/root\"]",
+            );
             ok = false;
         }
         let mut steps = Vec::new();
@@ -954,7 +851,13 @@ impl<'a> Walker<'a> {
             let number = index + 1;
             let DeValue::Array(args) = element.get_ref() else {
                 let found = element.get_ref().type_str();
-                self.error(&element.span(), format!("setup step {number} of {context} must be an argument vector (an array of strings), found {found}"), format!("write each step as an array, e.g. setup = {example}; for a shell command line use [\"sh\", \"-c\", \"a && b\"]"));
+                self.error(
+                    &element.span(),
+                    format!("setup step {number} of {context} must be an argument vector (an array of strings), found {found}"),
+                    format!(
+                        "write each step as an array, e.g. setup = {example}; for a shell command line use [\"sh\", \"-c\", \"a && b\"]"
+                    ),
+                );
                 ok = false;
                 continue;
             };
@@ -969,7 +872,11 @@ impl<'a> Walker<'a> {
                     DeValue::String(text) => argv.push(text.to_string()),
                     other => {
                         let found = other.type_str();
-                        self.error(&arg.span(), format!("arguments of setup step {number} of {context} must be strings, found {found}"), format!("e.g. setup = {example}"));
+                        self.error(
+                            &arg.span(),
+                            format!("arguments of setup step {number} of {context} must be strings, found {found}"),
+                            format!("e.g. setup = {example}"),
+                        );
                         step_ok = false;
                     }
                 }
@@ -980,10 +887,22 @@ impl<'a> Walker<'a> {
             }
             let bytes: usize = argv.iter().map(|a| a.len() + 1).sum();
             let problem = match argv.first() {
-                None => Some((format!("setup step {number} of {context} is empty"), "give the program and its arguments, e.g. [\"apt-get\", \"update\"]".to_string())),
-                Some(program) if program.is_empty() => Some((format!("setup step {number} of {context} starts with an empty program name"), "e.g. [\"apt-get\", \"update\"]".to_string())),
-                Some(_) if argv.len() > SETUP_LIMITS.args => Some((format!("setup step {number} of {context} has {} arguments, more than {}", argv.len(), SETUP_LIMITS.args), "split it into several steps".to_string())),
-                Some(_) if bytes > SETUP_LIMITS.step_bytes => Some((format!("setup step {number} of {context} is {bytes} bytes long, more than {}", SETUP_LIMITS.step_bytes), "install a script with one step and run it with the next".to_string())),
+                None => Some((
+                    format!("setup step {number} of {context} is empty"),
+                    "give the program and its arguments, e.g. [\"apt-get\", \"update\"]".to_string(),
+                )),
+                Some(program) if program.is_empty() => Some((
+                    format!("setup step {number} of {context} starts with an empty program name"),
+                    "e.g. [\"apt-get\", \"update\"]".to_string(),
+                )),
+                Some(_) if argv.len() > SETUP_LIMITS.args => Some((
+                    format!("setup step {number} of {context} has {} arguments, more than {}", argv.len(), SETUP_LIMITS.args),
+                    "split it into several steps".to_string(),
+                )),
+                Some(_) if bytes > SETUP_LIMITS.step_bytes => Some((
+                    format!("setup step {number} of {context} is {bytes} bytes long, more than {}", SETUP_LIMITS.step_bytes),
+                    "install a script with one step and run it with the next".to_string(),
+                )),
                 Some(_) => None,
             };
             match problem {
@@ -1002,7 +921,12 @@ impl<'a> Walker<'a> {
     /// false`. Conflicts are checked on the valid elements even when a list
     /// also has bad ones, so one run reports both kinds of mistakes.
     /// Returns both lists and whether all of it was valid.
-    fn egress(&mut self, allow: Option<&Value<'_>>, deny: Option<&Value<'_>>, ipv6: Option<Option<bool>>) -> (Vec<Located<Prefix>>, Vec<Located<Prefix>>, bool) {
+    fn egress(
+        &mut self,
+        allow: Option<&Value<'_>>,
+        deny: Option<&Value<'_>>,
+        ipv6: Option<Option<bool>>,
+    ) -> (Vec<Located<Prefix>>, Vec<Located<Prefix>>, bool) {
         let (allow, allow_ok) = match allow {
             Some(v) => self.prefixes(v, "allow_egress"),
             None => (Vec::new(), true),
@@ -1019,7 +943,11 @@ impl<'a> Walker<'a> {
                     short_origin(&allowed.origin),
                     short_origin(&denied.origin)
                 );
-                self.error_at_origin(&denied.origin, message, "an equal prefix cannot be both allowed and denied; remove one of the two entries");
+                self.error_at_origin(
+                    &denied.origin,
+                    message,
+                    "an equal prefix cannot be both allowed and denied; remove one of the two entries",
+                );
                 ok = false;
             }
         }
@@ -1040,7 +968,11 @@ impl<'a> Walker<'a> {
             "open" => Some(EgressMode::Open),
             "locked" => Some(EgressMode::Locked),
             _ => {
-                self.error(&v.span(), format!("`egress` = {text:?} is not valid"), "use \"open\" (default: the public internet, private ranges denied) or \"locked\" (only what allow_egress names)");
+                self.error(
+                    &v.span(),
+                    format!("`egress` = {text:?} is not valid"),
+                    "use \"open\" (default: the public internet, private ranges denied) or \"locked\" (only what allow_egress names)",
+                );
                 None
             }
         }
@@ -1066,7 +998,11 @@ impl<'a> Walker<'a> {
                         self.error(&span, format!("`allow_egress`: {text:?} is a DNS name, but names are only allowed with egress = \"locked\""), "open mode already allows every public address; set egress = \"locked\" in the profile to allow only what allow_egress names, or write the destination as a prefix such as \"192.0.2.0/24\"");
                         ok = false;
                     } else if let Some(first) = names.iter().find(|n| **n == name) {
-                        self.error(&span, format!("{name} is listed twice in `allow_egress`"), format!("remove one; the first is at {}", short_origin(&first.origin)));
+                        self.error(
+                            &span,
+                            format!("{name} is listed twice in `allow_egress`"),
+                            format!("remove one; the first is at {}", short_origin(&first.origin)),
+                        );
                         ok = false;
                     } else {
                         names.push(name);
@@ -1086,7 +1022,11 @@ impl<'a> Walker<'a> {
         let text = self.string(v, "user", "\"developer\"")?;
         let parsed = parse_user(text);
         if parsed.is_none() {
-            self.error(&v.span(), format!("`user` = {text:?} is not valid"), "use \"developer\" (default: your uid/gid), \"root\" or numeric \"UID:GID\" such as \"1000:1000\"");
+            self.error(
+                &v.span(),
+                format!("`user` = {text:?} is not valid"),
+                "use \"developer\" (default: your uid/gid), \"root\" or numeric \"UID:GID\" such as \"1000:1000\"",
+            );
         }
         parsed
     }
@@ -1106,9 +1046,7 @@ impl<'a> Walker<'a> {
         let valid = !image.is_empty()
             && image.len() <= 255
             && !image.starts_with(['-', '.', '/', ':', '@'])
-            && image
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "._-/:@+".contains(c));
+            && image.chars().all(|c| c.is_ascii_alphanumeric() || "._-/:@+".contains(c));
         if valid {
             Some(image.to_string())
         } else {
@@ -1120,35 +1058,21 @@ impl<'a> Walker<'a> {
     fn persistent_dirs(&mut self, value: &Value<'_>) -> Option<Vec<PathBuf>> {
         let example = "[\"/root\", \"/usr\", \"/var\", \"/etc\", \"/opt\"]";
         let items = self.strings(value, "persistent_dirs", example)?;
-        let mut ok = items.len()
-            == self
-                .array(value, "persistent_dirs", example)
-                .map_or(0, |a| a.len());
+        let mut ok = items.len() == self.array(value, "persistent_dirs", example).map_or(0, |a| a.len());
         let mut dirs: Vec<(PathBuf, Range<usize>)> = Vec::new();
         for (text, span) in items {
             let Some(path) = self.absolute_path(text, &span, "persistent_dirs", "\"/opt\"") else {
                 ok = false;
                 continue;
             };
-            if let Some((first, first_span)) = dirs
-                .iter()
-                .find(|(d, _)| path.starts_with(d) || d.starts_with(&path))
-            {
+            if let Some((first, first_span)) = dirs.iter().find(|(d, _)| path.starts_with(d) || d.starts_with(&path)) {
                 let first_origin = short_origin(&self.map.origin(first_span));
                 let message = if *first == path {
                     format!("persistent directory {} is listed twice", path.display())
                 } else {
-                    format!(
-                        "persistent directories {} and {} overlap",
-                        first.display(),
-                        path.display()
-                    )
+                    format!("persistent directories {} and {} overlap", first.display(), path.display())
                 };
-                self.error(
-                    &span,
-                    message,
-                    format!("keep only the outer directory; the other entry is at {first_origin}"),
-                );
+                self.error(&span, message, format!("keep only the outer directory; the other entry is at {first_origin}"));
                 ok = false;
                 continue;
             }
@@ -1182,10 +1106,7 @@ impl<'a> Walker<'a> {
                         self.error(
                             &span,
                             format!("{prefix} is listed twice in `{key}`"),
-                            format!(
-                                "remove one; the first is at {}",
-                                short_origin(&first.origin)
-                            ),
+                            format!("remove one; the first is at {}", short_origin(&first.origin)),
                         );
                         ok = false;
                     } else {
@@ -1203,34 +1124,32 @@ impl<'a> Walker<'a> {
     }
 
     fn env(&mut self, value: &Value<'_>) -> Option<BTreeMap<String, EnvValue>> {
-        let table = self.table(
-            value,
-            "env",
-            "{ ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\" }",
-        )?;
+        let table = self.table(value, "env", "{ ANTHROPIC_API_KEY = \"env:ANTHROPIC_API_KEY\" }")?;
         let mut ok = true;
         let mut env = BTreeMap::new();
         for (name, entry) in table.iter() {
             let name_text: &str = name.get_ref();
             if !valid_env_name(name_text) {
-                self.error(&name.span(), format!("{name_text:?} is not a valid environment variable name"), "use letters, digits and `_`, not starting with a digit, e.g. ANTHROPIC_API_KEY");
+                self.error(
+                    &name.span(),
+                    format!("{name_text:?} is not a valid environment variable name"),
+                    "use letters, digits and `_`, not starting with a digit, e.g. ANTHROPIC_API_KEY",
+                );
                 ok = false;
                 continue;
             }
-            let Some(text) = self.string(
-                entry,
-                &format!("env.{name_text}"),
-                "\"env:NAME\" or \"literal value\"",
-            ) else {
+            let Some(text) = self.string(entry, &format!("env.{name_text}"), "\"env:NAME\" or \"literal value\"") else {
                 ok = false;
                 continue;
             };
             let parsed = match text.strip_prefix("env:") {
-                Some(host_name) if valid_env_name(host_name) => {
-                    EnvValue::FromHost(host_name.to_string())
-                }
+                Some(host_name) if valid_env_name(host_name) => EnvValue::FromHost(host_name.to_string()),
                 Some(host_name) => {
-                    self.error(&entry.span(), format!("{host_name:?} is not a valid environment variable name"), format!("\"env:NAME\" takes NAME from the launching session's environment, e.g. \"env:{name_text}\""));
+                    self.error(
+                        &entry.span(),
+                        format!("{host_name:?} is not a valid environment variable name"),
+                        format!("\"env:NAME\" takes NAME from the launching session's environment, e.g. \"env:{name_text}\""),
+                    );
                     ok = false;
                     continue;
                 }
@@ -1256,7 +1175,9 @@ impl<'a> Walker<'a> {
                 Ok(entry) => entry,
                 Err(error) => {
                     let hint = match error {
-                        EntryError::LooksLikeFile(_) => "name the directory that holds it: a single file is replaced by rename, which a bound file does not survive; for Claude Code keep \"~/.claude\" and set env CLAUDE_CONFIG_DIR to that directory (then its .claude.json lives there)",
+                        EntryError::LooksLikeFile(_) => {
+                            "name the directory that holds it: a single file is replaced by rename, which a bound file does not survive; for Claude Code keep \"~/.claude\" and set env CLAUDE_CONFIG_DIR to that directory (then its .claude.json lives there)"
+                        }
                         _ => "write a directory of the agent's home as ~/PATH, e.g. \"~/.claude\"",
                     };
                     self.error(&span, format!("`profile_state`: {error}"), hint);
@@ -1293,10 +1214,7 @@ impl<'a> Walker<'a> {
                     if let Some(first) = volumes.iter().find(|v| v.sandbox == volume.sandbox) {
                         self.error(
                             &span,
-                            format!(
-                                "sandbox path {} is the target of two volumes",
-                                volume.sandbox
-                            ),
+                            format!("sandbox path {} is the target of two volumes", volume.sandbox),
                             format!("the other volume is at {}", short_origin(&first.origin)),
                         );
                         ok = false;
@@ -1355,10 +1273,7 @@ const RULE_NAME_HINT: &str = "rule names use letters, digits, `_`, `.` and `-`, 
 
 /// Escalation rule names (shown in prompts and the journal).
 fn valid_rule_name(name: &str) -> bool {
-    (1..=64).contains(&name.len())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
 }
 
 const NAME_HINT: &str = "names use letters, digits, `-` and `_`, start with a letter or digit, and have at most 32 characters";
@@ -1368,15 +1283,11 @@ fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 32
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
 }
 
 fn valid_env_name(name: &str) -> bool {
-    !name.is_empty()
-        && !name.starts_with(|c: char| c.is_ascii_digit())
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+    !name.is_empty() && !name.starts_with(|c: char| c.is_ascii_digit()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
 fn valid_hostname(name: &str) -> bool {
@@ -1401,18 +1312,13 @@ fn parse_user(text: &str) -> Option<UserChoice> {
             if !digits(uid) || !digits(gid) {
                 return None;
             }
-            Some(UserChoice::Id {
-                uid: uid.parse().ok()?,
-                gid: gid.parse().ok()?,
-            })
+            Some(UserChoice::Id { uid: uid.parse().ok()?, gid: gid.parse().ok()? })
         }
     }
 }
 
 fn parse_size(text: &str) -> Option<u64> {
-    let digits_end = text
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(text.len());
+    let digits_end = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
     let (number, unit) = text.split_at(digits_end);
     if number.is_empty() {
         return None;
@@ -1452,22 +1358,10 @@ fn parse_origin_position(origin: &str) -> Option<(usize, usize)> {
 /// The diagnostic (message, hint) for the path `text` of `key`.
 fn path_problem(problem: PathProblem, text: &str, key: &str, example: &str) -> (String, String) {
     match problem {
-        PathProblem::Relative => (
-            format!("`{key}`: {text:?} is a relative path"),
-            format!("use an absolute path, e.g. {example}"),
-        ),
-        PathProblem::DotDot => (
-            format!("`{key}`: {text:?} contains `..`"),
-            format!("write the path without `..`, e.g. {example}"),
-        ),
-        PathProblem::Empty => (
-            format!("`{key}` is empty"),
-            format!("use an absolute path, e.g. {example}"),
-        ),
-        PathProblem::Root => (
-            format!("`{key}` may not be `/`"),
-            format!("name a directory below `/`, e.g. {example}"),
-        ),
+        PathProblem::Relative => (format!("`{key}`: {text:?} is a relative path"), format!("use an absolute path, e.g. {example}")),
+        PathProblem::DotDot => (format!("`{key}`: {text:?} contains `..`"), format!("write the path without `..`, e.g. {example}")),
+        PathProblem::Empty => (format!("`{key}` is empty"), format!("use an absolute path, e.g. {example}")),
+        PathProblem::Root => (format!("`{key}` may not be `/`"), format!("name a directory below `/`, e.g. {example}")),
     }
 }
 
@@ -1491,13 +1385,7 @@ mod tests {
     fn users() {
         assert_eq!(parse_user("developer"), Some(UserChoice::Developer));
         assert_eq!(parse_user("root"), Some(UserChoice::Root));
-        assert_eq!(
-            parse_user("1000:100"),
-            Some(UserChoice::Id {
-                uid: 1000,
-                gid: 100
-            })
-        );
+        assert_eq!(parse_user("1000:100"), Some(UserChoice::Id { uid: 1000, gid: 100 }));
         assert_eq!(parse_user("1000"), None);
         assert_eq!(parse_user("bob:1"), None);
         assert_eq!(parse_user("-1:1"), None);
@@ -1554,7 +1442,10 @@ mod tests {
         assert!(text.contains("setup step 2 of [profiles.claude] is empty"), "{text}");
         assert!(text.contains("/c.toml:4:"), "{text}");
         let text = errors(&format!("{DIRS}setup = [\"apt-get update\"]\n"));
-        assert!(text.contains("setup step 1 of [profiles.claude] must be an argument vector (an array of strings), found string"), "{text}");
+        assert!(
+            text.contains("setup step 1 of [profiles.claude] must be an argument vector (an array of strings), found string"),
+            "{text}"
+        );
         assert!(text.contains("[\"sh\", \"-c\""), "the hint shows how to write a command line: {text}");
         let text = errors(&format!("{DIRS}setup = [[\"npm\", 1]]\n"));
         assert!(text.contains("arguments of setup step 1 of [profiles.claude] must be strings, found integer"), "{text}");
@@ -1585,7 +1476,10 @@ mod tests {
 
     #[test]
     fn locked_egress_takes_names_wildcards_and_ports() {
-        let config = parse_profile("egress = \"locked\"\nallow_egress = [\"API.anthropic.com\", \"*.npmjs.org\", \"github.com:22\", \"10.222.0.0/16\"]\n").expect("valid");
+        let config = parse_profile(
+            "egress = \"locked\"\nallow_egress = [\"API.anthropic.com\", \"*.npmjs.org\", \"github.com:22\", \"10.222.0.0/16\"]\n",
+        )
+        .expect("valid");
         let profile = &config.profiles["claude"];
         assert_eq!(profile.egress, EgressMode::Locked);
         let names: Vec<String> = profile.allow_names.iter().map(ToString::to_string).collect();
@@ -1638,7 +1532,10 @@ mod tests {
         assert_eq!(written, ["~/.codex", "~/.config/opencode"]);
         assert!(state[1].origin.ends_with("c.toml:3:30"), "{}", state[1].origin);
         let toml = config.render_toml().expect("toml");
-        assert!(toml.contains("profile_state = [\"~/.codex\", \"~/.config/opencode\"]") || toml.contains("\"~/.config/opencode\""), "{toml}");
+        assert!(
+            toml.contains("profile_state = [\"~/.codex\", \"~/.config/opencode\"]") || toml.contains("\"~/.config/opencode\""),
+            "{toml}"
+        );
         assert!(!parse_profile("").expect("valid").render_toml().expect("toml").contains("profile_state"), "not shown when unset");
         // Order does not matter, content does; an unset list keeps older fingerprints.
         let fp = |keys: &str| parse_profile(keys).expect("valid").fingerprint("claude").expect("fingerprint");
@@ -1669,18 +1566,9 @@ mod tests {
 
     #[test]
     fn paths_are_normalised() {
-        assert_eq!(
-            normalise_absolute("/usr//local/./bin/").ok(),
-            Some(PathBuf::from("/usr/local/bin"))
-        );
-        assert!(matches!(
-            normalise_absolute("usr"),
-            Err(PathProblem::Relative)
-        ));
-        assert!(matches!(
-            normalise_absolute("/usr/../etc"),
-            Err(PathProblem::DotDot)
-        ));
+        assert_eq!(normalise_absolute("/usr//local/./bin/").ok(), Some(PathBuf::from("/usr/local/bin")));
+        assert!(matches!(normalise_absolute("usr"), Err(PathProblem::Relative)));
+        assert!(matches!(normalise_absolute("/usr/../etc"), Err(PathProblem::DotDot)));
         assert_eq!(parse_origin_position("/a:b/c.toml:12:5"), Some((12, 5)));
     }
 }

@@ -127,11 +127,18 @@ pub fn developer_access(developer: &Developer) -> impl Fn(&Path, libc::c_int) ->
 /// Checks every rule of the module documentation for `profile` of
 /// `config`, run by `developer` on `workspace`. A developer who is root
 /// (no sudo) may do anything.
-pub fn check_trust(config: &Config, profile: &Profile, developer: &Developer, workspace: &Path, access: AccessCheck<'_>) -> Result<(), TrustError> {
+pub fn check_trust(
+    config: &Config,
+    profile: &Profile,
+    developer: &Developer,
+    workspace: &Path,
+    access: AccessCheck<'_>,
+) -> Result<(), TrustError> {
     if developer.uid == 0 {
         return Ok(());
     }
-    let check = |path: &Path, mode| access(path, mode).map_err(|source| TrustError::Check { path: path.to_path_buf(), uid: developer.uid, source });
+    let check =
+        |path: &Path, mode| access(path, mode).map_err(|source| TrustError::Check { path: path.to_path_buf(), uid: developer.uid, source });
     if config.file_owner != Some(0) {
         check_developer_settings(config, profile, developer, &check)?;
     }
@@ -145,39 +152,77 @@ pub fn check_trust(config: &Config, profile: &Profile, developer: &Developer, wo
 type Checked = Result<Result<(), nix::errno::Errno>, TrustError>;
 
 /// The rules for a configuration root does not own.
-fn check_developer_settings(config: &Config, profile: &Profile, developer: &Developer, check: &dyn Fn(&Path, libc::c_int) -> Checked) -> Result<(), TrustError> {
+fn check_developer_settings(
+    config: &Config,
+    profile: &Profile,
+    developer: &Developer,
+    check: &dyn Fn(&Path, libc::c_int) -> Checked,
+) -> Result<(), TrustError> {
     let file = config.file.display().to_string();
     let chown = format!("`sudo chown root: {file}` if root means it");
     let refuse = |key: &str, why: String, hint: String| {
         let origin = config.origins.get(key).cloned().unwrap_or_else(|| format!("{file}:1:1"));
-        Err(TrustError::NeedsRootConfig { origin, key: key.to_string(), why, file: config.file.clone(), owner: OwnerShown(config.file_owner), hint })
+        Err(TrustError::NeedsRootConfig {
+            origin,
+            key: key.to_string(),
+            why,
+            file: config.file.clone(),
+            owner: OwnerShown(config.file_owner),
+            hint,
+        })
     };
     let user_key = format!("profiles.{}.user", profile.name);
     match profile.user {
         UserChoice::Developer => {}
         UserChoice::Root => {
-            return refuse(&user_key, format!("= \"root\" runs the agent as uid 0 (profile {:?}), so it can create root-owned files (setuid ones too) in your workspace", profile.name), format!("use `user = \"developer\"`, or {chown}"));
+            return refuse(
+                &user_key,
+                format!(
+                    "= \"root\" runs the agent as uid 0 (profile {:?}), so it can create root-owned files (setuid ones too) in your workspace",
+                    profile.name
+                ),
+                format!("use `user = \"developer\"`, or {chown}"),
+            );
         }
         UserChoice::Id { uid, gid } if (uid, gid) == (developer.uid, developer.gid) => {}
         UserChoice::Id { uid, gid } => {
             return refuse(
                 &user_key,
-                format!("= \"{uid}:{gid}\" runs the agent of profile {:?} with ids that are not yours ({}:{}), so it may read and write whatever those ids may in the workspace and volumes", profile.name, developer.uid, developer.gid),
+                format!(
+                    "= \"{uid}:{gid}\" runs the agent of profile {:?} with ids that are not yours ({}:{}), so it may read and write whatever those ids may in the workspace and volumes",
+                    profile.name, developer.uid, developer.gid
+                ),
                 format!("use `user = \"developer\"` (or \"{}:{}\"), or {chown}", developer.uid, developer.gid),
             );
         }
     }
     if let Some(path) = &config.runsc.path {
-        return refuse("runsc.path", format!("makes Lazaret execute {} as root", escaped(path)), format!("remove `path` from [runsc] (runsc is then found on root's PATH), or {chown}"));
+        return refuse(
+            "runsc.path",
+            format!("makes Lazaret execute {} as root", escaped(path)),
+            format!("remove `path` from [runsc] (runsc is then found on root's PATH), or {chown}"),
+        );
     }
     if config.runsc.debug_log_dir.is_some() {
-        return refuse("runsc.debug_log_dir", "makes Lazaret, as root, create and write runsc's debug logs in that directory".into(), format!("remove `debug_log_dir` from [runsc], or {chown}"));
+        return refuse(
+            "runsc.debug_log_dir",
+            "makes Lazaret, as root, create and write runsc's debug logs in that directory".into(),
+            format!("remove `debug_log_dir` from [runsc], or {chown}"),
+        );
     }
     if config.storage_root != Path::new(DEFAULT_STORAGE_ROOT) {
-        return refuse("storage_root", "is where Lazaret, as root, creates and changes its images and Domain Roots".into(), format!("remove `storage_root` (default {DEFAULT_STORAGE_ROOT}), or {chown}"));
+        return refuse(
+            "storage_root",
+            "is where Lazaret, as root, creates and changes its images and Domain Roots".into(),
+            format!("remove `storage_root` (default {DEFAULT_STORAGE_ROOT}), or {chown}"),
+        );
     }
     if config.runtime_dir.is_some() {
-        return refuse("runtime_dir", "is where Lazaret, as root, creates sockets, runsc state and logs".into(), format!("remove `runtime_dir` (default /run/lazaret/<uid>), or {chown}"));
+        return refuse(
+            "runtime_dir",
+            "is where Lazaret, as root, creates sockets, runsc state and logs".into(),
+            format!("remove `runtime_dir` (default /run/lazaret/<uid>), or {chown}"),
+        );
     }
     for volume in &profile.volumes {
         let (mode, what) = if volume.readonly { (libc::R_OK, "read") } else { (libc::R_OK | libc::W_OK, "read and write") };
@@ -190,7 +235,10 @@ fn check_developer_settings(config: &Config, profile: &Profile, developer: &Deve
                 uid: developer.uid,
                 access: what,
                 errno,
-                hint: format!("mount only paths you may {what} yourself{}, or {chown}", if volume.readonly { "" } else { " (or add `:ro`)" }),
+                hint: format!(
+                    "mount only paths you may {what} yourself{}, or {chown}",
+                    if volume.readonly { "" } else { " (or add `:ro`)" }
+                ),
             });
         }
     }
@@ -204,17 +252,31 @@ mod tests {
     use nix::errno::Errno;
 
     fn developer() -> Developer {
-        Developer { uid: 1000, gid: 1000, name: "alice".into(), home: "/home/alice".into(), shell: "/bin/sh".into(), group_name: None, groups: vec![HostGroup { gid: 27, name: None }] }
+        Developer {
+            uid: 1000,
+            gid: 1000,
+            name: "alice".into(),
+            home: "/home/alice".into(),
+            shell: "/bin/sh".into(),
+            group_name: None,
+            groups: vec![HostGroup { gid: 27, name: None }],
+        }
     }
 
     fn config(text: &str, owner: Option<u32>) -> Config {
-        let mut config = Config::parse(&format!("{text}\n[profiles.a]\nimage = \"i\"\n"), Path::new("/home/alice/.config/lazaret/config.toml"), Path::new("/home/alice")).expect("config");
+        let mut config = Config::parse(
+            &format!("{text}\n[profiles.a]\nimage = \"i\"\n"),
+            Path::new("/home/alice/.config/lazaret/config.toml"),
+            Path::new("/home/alice"),
+        )
+        .expect("config");
         config.file_owner = owner;
         config
     }
 
     fn config_with_profile(profile: &str, owner: Option<u32>) -> Config {
-        let mut config = Config::parse(&format!("[profiles.a]\nimage = \"i\"\n{profile}"), Path::new("/c.toml"), Path::new("/home/alice")).expect("config");
+        let mut config = Config::parse(&format!("[profiles.a]\nimage = \"i\"\n{profile}"), Path::new("/c.toml"), Path::new("/home/alice"))
+            .expect("config");
         config.file_owner = owner;
         config
     }
@@ -251,7 +313,9 @@ mod tests {
 
     #[test]
     fn other_ids_than_the_developers_need_a_root_owned_file() {
-        for (user, refused) in [("root", true), ("0:0", true), ("1000:42", true), ("2000:1000", true), ("1000:1000", false), ("developer", false)] {
+        for (user, refused) in
+            [("root", true), ("0:0", true), ("1000:42", true), ("2000:1000", true), ("1000:1000", false), ("developer", false)]
+        {
             let config = config_with_profile(&format!("user = \"{user}\"\n"), Some(1000));
             match run(&config, "/ws") {
                 Err(e) => {
@@ -270,7 +334,10 @@ mod tests {
     fn volumes_must_be_within_the_developers_own_reach() {
         let config = config_with_profile("volumes = [\"/tmp:/t\", \"/etc/shadow:/s:ro\"]\n", Some(1000));
         let text = run(&config, "/ws").expect_err("shadow").to_string();
-        assert!(text.starts_with("/c.toml:3:23: volume \"/etc/shadow:/s:ro\": you (uid 1000) may not read /etc/shadow yourself (EACCES"), "{text}");
+        assert!(
+            text.starts_with("/c.toml:3:23: volume \"/etc/shadow:/s:ro\": you (uid 1000) may not read /etc/shadow yourself (EACCES"),
+            "{text}"
+        );
         assert!(text.contains("hint: mount only paths you may read yourself"), "{text}");
         run(&config_with_profile("volumes = [\"/etc/shadow:/s:ro\"]\n", Some(0)), "/ws").expect("root's file may");
         run(&config_with_profile("volumes = [\"/tmp:/t\"]\n", Some(1000)), "/ws").expect("reachable");

@@ -14,8 +14,8 @@ use lazaret_netpolicy::topology::Netns;
 use lazaret_oci::ImageRecord;
 use lazaret_protocol::journal::Event;
 use lazaret_protocol::wire::CoordinatorMessage;
-use lazaret_runtime::signals::Signals;
 use lazaret_runtime::Runsc;
+use lazaret_runtime::signals::Signals;
 
 use crate::context::Context;
 use crate::journal::DomainJournal;

@@ -66,17 +66,17 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::digest_set::IdDigestSet;
-use lazaret_protocol::escalation::{ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, MAX_ARGS, MAX_ARGV_BYTES};
-use lazaret_protocol::journal::{Event, DOMAIN_APPROVAL_RULE};
+use lazaret_protocol::escalation::{ClientFrame, EscalationRequest, EscalationResult, MAX_ARGS, MAX_ARGV_BYTES, Outcome, ServerFrame};
+use lazaret_protocol::journal::{DOMAIN_APPROVAL_RULE, Event};
 use lazaret_protocol::wire::{self, CoordinatorMessage, PendingRequest, PromptDecision, PromptRequest};
 use lazaret_runtime::hostexec::{self, End, HostCommand, Limits, StopSignal, Stream};
 
 use crate::escalation::channel::TlsChannel;
-use crate::journal::{JournalError, JournalSync};
-use crate::escalation::environment::{host_environment, HostUser};
+use crate::escalation::environment::{HostUser, host_environment};
 use crate::escalation::repository;
 use crate::escalation::rules::{DomainApprovals, Rule};
 use crate::git_trust::WorkspaceTrust;
+use crate::journal::{JournalError, JournalSync};
 use crate::trust;
 
 use super::domain::Domain;
@@ -127,7 +127,13 @@ impl Escalations {
     /// The service for a Domain whose sandbox reaches it at `address`;
     /// `protected` are Git Sentry's workspace-relative read-only paths,
     /// `trust` what this run trusts of the workspace's git entries.
-    pub fn new(address: SocketAddr, server: Arc<rustls::ServerConfig>, cgroup_parent: PathBuf, protected: Vec<PathBuf>, trust: Result<WorkspaceTrust, String>) -> Escalations {
+    pub fn new(
+        address: SocketAddr,
+        server: Arc<rustls::ServerConfig>,
+        cgroup_parent: PathBuf,
+        protected: Vec<PathBuf>,
+        trust: Result<WorkspaceTrust, String>,
+    ) -> Escalations {
         Escalations {
             address,
             server,
@@ -215,7 +221,14 @@ impl SessionLink {
     /// when its stdin is a terminal, with the host environment its Hello
     /// carried.
     pub fn new(session: &str, can_prompt: bool, host_env: Vec<(String, String)>) -> SessionLink {
-        SessionLink { session: session.into(), client: Mutex::new(None), can_prompt, host_env, slot: Mutex::new(Slot::default()), changed: Condvar::new() }
+        SessionLink {
+            session: session.into(),
+            client: Mutex::new(None),
+            can_prompt,
+            host_env,
+            slot: Mutex::new(Slot::default()),
+            changed: Condvar::new(),
+        }
     }
 
     /// Gives the link the client's stream, once the session's Welcome is
@@ -297,7 +310,8 @@ impl SessionLink {
                 break Entry::Cancelled;
             }
             if slot.active.is_none() {
-                slot.active = Some(Active { id: id.into(), argv: argv.to_vec(), since: Instant::now(), state: "deciding", cancel: cancel.clone() });
+                slot.active =
+                    Some(Active { id: id.into(), argv: argv.to_vec(), since: Instant::now(), state: "deciding", cancel: cancel.clone() });
                 break Entry::Entered;
             }
             slot = self.changed.wait(slot).unwrap_or_else(|p| p.into_inner());
@@ -348,7 +362,13 @@ impl SessionLink {
         let queued = slot.queued.iter().map(|w| (w.id.as_str(), &w.argv, w.since, "queued"));
         let mut pending: Vec<PendingRequest> = active
             .chain(queued)
-            .map(|(id, argv, since, state)| PendingRequest { session: self.session.clone(), request: id.into(), argv: argv.clone(), state: state.into(), age_secs: since.elapsed().as_secs() })
+            .map(|(id, argv, since, state)| PendingRequest {
+                session: self.session.clone(),
+                request: id.into(),
+                argv: argv.clone(),
+                state: state.into(),
+                age_secs: since.elapsed().as_secs(),
+            })
             .collect();
         pending.sort_by_key(|p| std::cmp::Reverse(p.age_secs));
         pending
@@ -439,7 +459,12 @@ fn deliver(d: &Domain, chan: &TlsChannel, session: &str, req: &EscalationRequest
         // request.
         note(d, Event::DeliverResult { request: req.id.clone() });
     }
-    log(&format!("escalation {} (session {session}): {:?}{}", req.id, result.outcome, if result.truncated { ", output truncated" } else { "" }));
+    log(&format!(
+        "escalation {} (session {session}): {:?}{}",
+        req.id,
+        result.outcome,
+        if result.truncated { ", output truncated" } else { "" }
+    ));
 }
 
 /// Journals `event` and fsyncs it, after letting go of the Domain's lock
@@ -514,7 +539,11 @@ fn admit_and_run(d: &Arc<Domain>, esc: &Escalations, chan: &Arc<TlsChannel>, ses
     };
     let root = d.ctx.workspace.root();
     let Some(rel) = workspace_relative(root, &req.cwd) else {
-        return Some(refused(format!("the working directory {} is outside the workspace {}", lazaret_protocol::display::inert(&req.cwd, 512), root.display())));
+        return Some(refused(format!(
+            "the working directory {} is outside the workspace {}",
+            lazaret_protocol::display::inert(&req.cwd, 512),
+            root.display()
+        )));
     };
     let fresh = esc.seen.lock().unwrap_or_else(|p| p.into_inner()).insert(SEEN_REQUEST, &req.id);
     if !fresh {
@@ -563,7 +592,16 @@ struct Approved<'r> {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn decide_and_run(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChannel, session: &str, req: &EscalationRequest, rel: &Path, cancel: &Cancel) -> Ending {
+fn decide_and_run(
+    d: &Domain,
+    esc: &Escalations,
+    link: &SessionLink,
+    chan: &TlsChannel,
+    session: &str,
+    req: &EscalationRequest,
+    rel: &Path,
+    cancel: &Cancel,
+) -> Ending {
     let settings = &d.ctx.profile.escalation;
     let rule = settings.matching_rule(&req.argv, rel);
     let for_domain = rule.is_none() && esc.approvals.lock().unwrap_or_else(|p| p.into_inner()).is_approved(&req.argv, rel);
@@ -596,14 +634,25 @@ fn lost(link: &SessionLink) -> Ending {
     if link.gone() {
         refused("the session ended")
     } else {
-        Ending::Unjournalled(result(Outcome::Failed { reason: "the coordinator's protocol state refused the request (see coordinator.log)".into() }))
+        Ending::Unjournalled(result(Outcome::Failed {
+            reason: "the coordinator's protocol state refused the request (see coordinator.log)".into(),
+        }))
     }
 }
 
 /// Shows the prompt on the session's terminal and waits for the
 /// developer; the approved argument vector, or how the request ended.
 #[allow(clippy::too_many_arguments)]
-fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChannel, session: &str, req: &EscalationRequest, rel: &Path, cancel: &Cancel) -> Result<Vec<String>, Ending> {
+fn ask_developer(
+    d: &Domain,
+    esc: &Escalations,
+    link: &SessionLink,
+    chan: &TlsChannel,
+    session: &str,
+    req: &EscalationRequest,
+    rel: &Path,
+    cancel: &Cancel,
+) -> Result<Vec<String>, Ending> {
     let id = req.id.clone();
     if !record(d, Event::PromptDeveloper { request: id.clone() }) {
         return Err(lost(link));
@@ -622,7 +671,14 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
     // it can also win the race and show just before the prompt: it reads
     // true in both orders.
     let _ = chan.send(&ServerFrame::Status("no rule approves this command: the developer decides on their terminal".into()));
-    let cut = |s: &str| s.chars().scan(0usize, |n, c| { *n += c.len_utf8(); (*n <= PROMPT_FIELD).then_some(c) }).collect::<String>();
+    let cut = |s: &str| {
+        s.chars()
+            .scan(0usize, |n, c| {
+                *n += c.len_utf8();
+                (*n <= PROMPT_FIELD).then_some(c)
+            })
+            .collect::<String>()
+    };
     let prompt = PromptRequest {
         request: id.clone(),
         profile: d.ctx.profile.name.clone(),
@@ -663,10 +719,10 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
                     esc.approvals.lock().unwrap_or_else(|p| p.into_inner()).approve(&req.argv, rel);
                     (Event::DeveloperApprove { request: id.clone(), for_domain: true }, req.argv.clone())
                 }
-                PromptDecision::Edit { argv } if argv == req.argv => (Event::DeveloperApprove { request: id.clone(), for_domain: false }, argv),
-                PromptDecision::Edit { argv } if edited_argv_ok(&argv) => {
-                    (Event::developer_edit_approve(&id, &argv), argv)
+                PromptDecision::Edit { argv } if argv == req.argv => {
+                    (Event::DeveloperApprove { request: id.clone(), for_domain: false }, argv)
                 }
+                PromptDecision::Edit { argv } if edited_argv_ok(&argv) => (Event::developer_edit_approve(&id, &argv), argv),
                 PromptDecision::Edit { .. } | PromptDecision::Deny => {
                     let reason = "the developer denied it";
                     if !record(d, Event::DeveloperDeny { request: id, reason: reason.into() }) {
@@ -685,12 +741,25 @@ fn ask_developer(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsCh
 
 /// An edited command the developer typed obeys the channel's limits too.
 fn edited_argv_ok(argv: &[String]) -> bool {
-    !argv.is_empty() && !argv[0].is_empty() && argv.len() <= MAX_ARGS && argv.iter().map(String::len).sum::<usize>() <= MAX_ARGV_BYTES && !argv.iter().any(|a| a.contains('\0'))
+    !argv.is_empty()
+        && !argv[0].is_empty()
+        && argv.len() <= MAX_ARGS
+        && argv.iter().map(String::len).sum::<usize>() <= MAX_ARGV_BYTES
+        && !argv.iter().any(|a| a.contains('\0'))
 }
 
 /// Runs the approved command on the host and streams its output.
 #[allow(clippy::too_many_arguments)]
-fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChannel, req: &EscalationRequest, rel: &Path, cancel: &Cancel, approved: Approved<'_>) -> Ending {
+fn run_on_host(
+    d: &Domain,
+    esc: &Escalations,
+    link: &SessionLink,
+    chan: &TlsChannel,
+    req: &EscalationRequest,
+    rel: &Path,
+    cancel: &Cancel,
+    approved: Approved<'_>,
+) -> Ending {
     let id = req.id.clone();
     let settings = &d.ctx.profile.escalation;
     let mut timeout = settings.timeout_for(approved.rule);
@@ -764,7 +833,12 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
     let workspace = d.ctx.workspace.root();
     let absolute = entries.iter().map(|e| workspace.join(e)).collect();
     let mut untrusted = trust.untrusted.clone();
-    untrusted.extend(trust_record.untrusted(d.ctx.domain_id.as_str(), &absolute).into_iter().filter_map(|e| e.strip_prefix(workspace).ok().map(Path::to_path_buf)));
+    untrusted.extend(
+        trust_record
+            .untrusted(d.ctx.domain_id.as_str(), &absolute)
+            .into_iter()
+            .filter_map(|e| e.strip_prefix(workspace).ok().map(Path::to_path_buf)),
+    );
     if untrusted.contains(&own) {
         if let Err(reason) = protected_repository(root.as_fd(), &git_dir, &esc.protected, &untrusted) {
             return fail(reason);
@@ -803,7 +877,9 @@ fn run_on_host(d: &Domain, esc: &Escalations, link: &SessionLink, chan: &TlsChan
         let fsync = std::thread::Builder::new().name("escalation-fsync".into()).spawn_scoped(s, || start_line.sync());
         let held = hostexec::prepare(command);
         let synced = match fsync {
-            Ok(handle) => handle.join().unwrap_or_else(|_| Err(JournalError::Io { path: PathBuf::from("journal"), source: std::io::Error::other("the fsync thread panicked") })),
+            Ok(handle) => handle.join().unwrap_or_else(|_| {
+                Err(JournalError::Io { path: PathBuf::from("journal"), source: std::io::Error::other("the fsync thread panicked") })
+            }),
             // No thread: fsync here, after the process is made.
             Err(_) => start_line.sync(),
         };
@@ -866,7 +942,12 @@ fn host_dir(root: &Path, rel: &Path) -> PathBuf {
 /// `rel` would run git in, if Git Sentry protects it
 /// ([`repository::protected_repository`]); each `.git` on the way is
 /// looked at fd-relatively, never through a symlink.
-fn protected_repository(root: BorrowedFd<'_>, rel: &Path, protected: &[PathBuf], untrusted: &std::collections::BTreeSet<PathBuf>) -> Result<PathBuf, String> {
+fn protected_repository(
+    root: BorrowedFd<'_>,
+    rel: &Path,
+    protected: &[PathBuf],
+    untrusted: &std::collections::BTreeSet<PathBuf>,
+) -> Result<PathBuf, String> {
     use lazaret_mounts::repo::DotGit;
     use repository::DotGitEntry;
     repository::protected_repository(rel, protected, untrusted, |dir| match lazaret_mounts::repo::read_dot_git(root, dir) {

@@ -37,7 +37,7 @@
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::mpsc::{channel, Receiver, Sender};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -176,12 +176,24 @@ pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry) {
         Ok(m) => (m.guarded, UNIX_EPOCH + Duration::from_millis(m.started_ms)),
         Err(_) => (GuardedPaths::default(), SystemTime::now() - Duration::from_secs(86_400)),
     };
-    let mut roots = vec![guard::GuardRoot { label: crate::workspace_guard::WORKSPACE_LABEL.into(), path: workspace.clone(), kind: guard::RootKind::Workspace }];
+    let mut roots = vec![guard::GuardRoot {
+        label: crate::workspace_guard::WORKSPACE_LABEL.into(),
+        path: workspace.clone(),
+        kind: guard::RootKind::Workspace,
+    }];
     for dir in guarded.git_dirs.iter().filter(|d| d.is_dir()) {
-        roots.push(guard::GuardRoot { label: format!("{}{}", crate::workspace_guard::GIT_DIR_LABEL_PREFIX, dir.display()), path: dir.clone(), kind: guard::RootKind::GitDir });
+        roots.push(guard::GuardRoot {
+            label: format!("{}{}", crate::workspace_guard::GIT_DIR_LABEL_PREFIX, dir.display()),
+            path: dir.clone(),
+            kind: guard::RootKind::GitDir,
+        });
     }
     for volume in run.roots.iter().skip(1) {
-        roots.push(guard::GuardRoot { label: format!("{}{}", crate::workspace_guard::VOLUME_LABEL_PREFIX, volume.display()), path: volume.clone(), kind: guard::RootKind::Volume });
+        roots.push(guard::GuardRoot {
+            label: format!("{}{}", crate::workspace_guard::VOLUME_LABEL_PREFIX, volume.display()),
+            path: volume.clone(),
+            kind: guard::RootKind::Volume,
+        });
     }
     let config = GuardConfig {
         roots,
@@ -240,16 +252,34 @@ impl DomainGuard {
     /// `sandbox_pid_file`). `guarded` says what Git Sentry binds (read-only
     /// paths, outside git directories), `started` when this Domain's start
     /// began. Returns the guard and warnings for the launcher's terminal.
-    pub fn start(ctx: &Context, cgroups_path: &str, sandbox_pid_file: &Path, guarded: GuardedPaths, started: SystemTime, recovered: Vec<Neutralisation>) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
+    pub fn start(
+        ctx: &Context,
+        cgroups_path: &str,
+        sandbox_pid_file: &Path,
+        guarded: GuardedPaths,
+        started: SystemTime,
+        recovered: Vec<Neutralisation>,
+    ) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
         let mut warnings = Vec::new();
         let begun = Instant::now();
         let config = crate::workspace_guard::guard_config(ctx, &guarded, Some(started));
         let marker = marker_path(ctx);
         let (tx, rx) = channel();
-        let mut guard = DomainGuard { config: config.clone(), engine: Arc::new(Mutex::new(None)), reports: None, pending: None, reporter: None, marker, recovered, processes: None };
+        let mut guard = DomainGuard {
+            config: config.clone(),
+            engine: Arc::new(Mutex::new(None)),
+            reports: None,
+            pending: None,
+            reporter: None,
+            marker,
+            recovered,
+            processes: None,
+        };
         if disabled_by_test_hook() {
             log("workspace guard: OFF (test hook LAZARET_TEST_GUARD=off): nothing the sandbox writes is neutralised in this run");
-            warnings.push(format!("the Workspace Guard is OFF for this Domain (test hook {GUARD_HOOK}=off): nothing the agent writes is neutralised"));
+            warnings.push(format!(
+                "the Workspace Guard is OFF for this Domain (test hook {GUARD_HOOK}=off): nothing the agent writes is neutralised"
+            ));
             return Ok((guard, warnings));
         }
         let processes = Arc::new(SandboxProcesses::new(cgroups_path, sandbox_pid_file));
@@ -259,15 +289,26 @@ impl DomainGuard {
             Arc::new(move |pid| p.accepts(pid))
         };
         let sink_tx = tx.clone();
-        let engine = Guard::start(config, filter, Box::new(move |event| {
-            let _ = sink_tx.send(Report::Event(event));
-        }))?;
+        let engine = Guard::start(
+            config,
+            filter,
+            Box::new(move |event| {
+                let _ = sink_tx.send(Report::Event(event));
+            }),
+        )?;
         for (root, backend) in guard.config.roots.iter().zip(engine.backends()) {
             match backend {
                 Backend::Fanotify => log(&format!("workspace guard: watching {} ({})", root.label, root.path.display())),
                 Backend::SweepOnly => {
-                    log(&format!("workspace guard: {} ({}) cannot be watched by events: only sweeps protect it", root.label, root.path.display()));
-                    warnings.push(format!("{} cannot be watched by the Workspace Guard; it is swept at the end of each session instead", lazaret_protocol::display::escaped(&root.path)));
+                    log(&format!(
+                        "workspace guard: {} ({}) cannot be watched by events: only sweeps protect it",
+                        root.label,
+                        root.path.display()
+                    ));
+                    warnings.push(format!(
+                        "{} cannot be watched by the Workspace Guard; it is swept at the end of each session instead",
+                        lazaret_protocol::display::escaped(&root.path)
+                    ));
                 }
             }
         }
@@ -395,7 +436,9 @@ impl Reporter {
             };
             match report {
                 Report::Event(GuardEvent::Neutralised(n)) => self.neutralised(d, n, FoundBy::Event),
-                Report::Event(GuardEvent::Overflow { sweep_time }) => log(&format!("workspace guard: the event queue overflowed; swept everything in {sweep_time:?}")),
+                Report::Event(GuardEvent::Overflow { sweep_time }) => {
+                    log(&format!("workspace guard: the event queue overflowed; swept everything in {sweep_time:?}"))
+                }
                 Report::Event(GuardEvent::Error(e)) => log(&format!("workspace guard: {e}")),
                 Report::Sweep(why) => {
                     // Events already queued first, so both never act on one file.
@@ -440,7 +483,12 @@ impl Reporter {
         if let Action::ChangedOwner { old_uid, old_gid } = n.action {
             self.owners += 1;
             if self.owners <= OWNERSHIP_LOG_LINES {
-                log(&format!("workspace guard: {}:{} was {old_uid}:{old_gid}, now the developer's ({})", n.root, lazaret_protocol::display::escaped(&n.path), found_by.as_str()));
+                log(&format!(
+                    "workspace guard: {}:{} was {old_uid}:{old_gid}, now the developer's ({})",
+                    n.root,
+                    lazaret_protocol::display::escaped(&n.path),
+                    found_by.as_str()
+                ));
             }
             return;
         }
@@ -564,7 +612,11 @@ impl SandboxProcesses {
         if let Some(pid) = std::fs::read_to_string(sandbox_pid_file).ok().and_then(|t| t.trim().parse::<u32>().ok()) {
             known.insert(pid);
         }
-        SandboxProcesses { cgroup: cgroups_path.trim_end_matches('/').to_string(), own: std::process::id(), known: RwLock::new(KnownPids::new(known)) }
+        SandboxProcesses {
+            cgroup: cgroups_path.trim_end_matches('/').to_string(),
+            own: std::process::id(),
+            known: RwLock::new(KnownPids::new(known)),
+        }
     }
 
     /// Whether `pid` is in the container's cgroup now (false once it exited).
@@ -639,7 +691,11 @@ mod tests {
 
     #[test]
     fn the_developer_the_coordinator_and_init_are_never_the_sandbox() {
-        let p = SandboxProcesses { cgroup: "/lazaret/none/none".into(), own: std::process::id(), known: RwLock::new(KnownPids::new([4242].into())) };
+        let p = SandboxProcesses {
+            cgroup: "/lazaret/none/none".into(),
+            own: std::process::id(),
+            known: RwLock::new(KnownPids::new([4242].into())),
+        };
         assert!(p.accepts(4242));
         assert!(!p.accepts(0), "pid 0: a process outside the Domain's PID namespace");
         assert!(!p.accepts(1));
@@ -682,11 +738,30 @@ mod tests {
 
     #[test]
     fn journal_lines_carry_the_engines_action_kind() {
-        let n = Neutralisation { root: "workspace".into(), path: "a/.git/hooks/x".into(), action: Action::Quarantined, reason: "hook".into(), quarantine_id: Some("q".into()), pid: Some(7) };
-        let Event::NeutraliseSandboxWrite { kind, path, found_by, quarantine_id, .. } = journal_event(&n, "s", FoundBy::Event) else { panic!("wrong event") };
-        assert_eq!((kind.as_str(), path.as_str(), found_by.as_str(), quarantine_id.as_deref()), ("quarantined", "a/.git/hooks/x", "event", Some("q")));
+        let n = Neutralisation {
+            root: "workspace".into(),
+            path: "a/.git/hooks/x".into(),
+            action: Action::Quarantined,
+            reason: "hook".into(),
+            quarantine_id: Some("q".into()),
+            pid: Some(7),
+        };
+        let Event::NeutraliseSandboxWrite { kind, path, found_by, quarantine_id, .. } = journal_event(&n, "s", FoundBy::Event) else {
+            panic!("wrong event")
+        };
+        assert_eq!(
+            (kind.as_str(), path.as_str(), found_by.as_str(), quarantine_id.as_deref()),
+            ("quarantined", "a/.git/hooks/x", "event", Some("q"))
+        );
         // The kind is the engine's serde tag.
-        for a in [Action::Quarantined, Action::RemovedFileCapabilities, Action::ChangedOwner { old_uid: 0, old_gid: 0 }, Action::FilteredGitConfig { dropped_keys: vec![] }, Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 }, Action::DisabledRebaseExec { commands: vec![] }] {
+        for a in [
+            Action::Quarantined,
+            Action::RemovedFileCapabilities,
+            Action::ChangedOwner { old_uid: 0, old_gid: 0 },
+            Action::FilteredGitConfig { dropped_keys: vec![] },
+            Action::ClearedPrivilegeBits { old_mode: 0o4755, new_mode: 0o755 },
+            Action::DisabledRebaseExec { commands: vec![] },
+        ] {
             let tag = serde_json::to_value(&a).expect("json")["kind"].as_str().map(String::from);
             assert_eq!(tag.as_deref(), Some(action_kind(&a)));
         }

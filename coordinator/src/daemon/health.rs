@@ -212,7 +212,10 @@ fn network(d: &Domain) -> Vec<Finding> {
 fn disk(d: &Domain) -> Option<Finding> {
     let root = d.ctx.paths.domain_root(&d.ctx.domain_id);
     if let Some(why) = d.live().journal.broken() {
-        return Some(Finding::Fatal { notice: format!("the Domain's journal cannot be written ({why}); stopping the Domain"), grace: FAULT_GRACE });
+        return Some(Finding::Fatal {
+            notice: format!("the Domain's journal cannot be written ({why}); stopping the Domain"),
+            grace: FAULT_GRACE,
+        });
     }
     let vfs = nix::sys::statvfs::statvfs(&root).ok()?;
     let free = (vfs.blocks_available() as u64).saturating_mul(vfs.fragment_size() as u64);
@@ -220,7 +223,11 @@ fn disk(d: &Domain) -> Option<Finding> {
         return None;
     }
     Some(Finding::Fatal {
-        notice: format!("the Domain Root's filesystem is full ({} KiB left at {}); stopping the Domain while its journal can still record that", free / 1024, root.display()),
+        notice: format!(
+            "the Domain Root's filesystem is full ({} KiB left at {}); stopping the Domain while its journal can still record that",
+            free / 1024,
+            root.display()
+        ),
         grace: FAULT_GRACE,
     })
 }
@@ -254,7 +261,8 @@ fn republish(d: &Arc<Domain>, live: &mut Live) -> std::io::Result<()> {
     live.socket_ino = Some(std::fs::symlink_metadata(&path)?.ino());
     live.listener_fds.push(listener.as_raw_fd());
     let d2 = d.clone();
-    let acceptor = std::thread::Builder::new().name("session accept".into()).spawn(move || super::domain::accept_sessions(&d2, listener))?;
+    let acceptor =
+        std::thread::Builder::new().name("session accept".into()).spawn(move || super::domain::accept_sessions(&d2, listener))?;
     live.acceptors.push(acceptor);
     Ok(())
 }

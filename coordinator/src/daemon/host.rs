@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use lazaret_netpolicy::topology::DomainNetwork;
-use lazaret_oci::bundle::{BindMount, BundleSpec};
 use lazaret_oci::ImageRecord;
+use lazaret_oci::bundle::{BindMount, BundleSpec};
 use lazaret_runtime::{NetworkMode, Runsc, RunscOptions};
 
 use crate::context::Context;
@@ -24,7 +24,7 @@ use crate::trust::TrustAnchor;
 use crate::{cgroup, filesystem, network};
 
 use super::stages::{Effects, Stage};
-use super::{log, StartError};
+use super::{StartError, log};
 
 /// The image, a checked runsc, and the bundle of the container's first
 /// process (built once; the sandbox stage completes it).
@@ -136,7 +136,16 @@ pub struct HostEffects {
 impl HostEffects {
     /// Effects for starting `ctx`'s Domain in `dir`, with sandbox `container`.
     pub fn new(ctx: Arc<Context>, dir: DomainDir, reset_anchor: bool, container: String, stderr: StderrRoute) -> HostEffects {
-        HostEffects { ctx, dir, reset_anchor, container, stderr, setup: super::provision::SetupMode::Normal, progress: None, guarded: Default::default() }
+        HostEffects {
+            ctx,
+            dir,
+            reset_anchor,
+            container,
+            stderr,
+            setup: super::provision::SetupMode::Normal,
+            progress: None,
+            guarded: Default::default(),
+        }
     }
 
     /// `--no-setup` / `--reprovision`, and where setup progress goes (the
@@ -195,9 +204,13 @@ fn static_binary_path(name: &str) -> Result<PathBuf, StartError> {
 fn static_binary(name: &str, what: &str) -> Result<PathBuf, StartError> {
     let path = static_binary_path(name)?;
     let fix = if name == ESCALATE_NAME {
-        format!("scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" target/lib/lazaret/{name}")
+        format!(
+            "scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh)\" target/lib/lazaret/{name}"
+        )
     } else {
-        format!("scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh {name})\" target/lib/lazaret/{name}")
+        format!(
+            "scripts/setup.sh installs it; in a build tree: install -D -m 0755 \"$(bash scripts/build-escalate.sh {name})\" target/lib/lazaret/{name}"
+        )
     };
     let problem = match fs::read(&path) {
         Ok(elf) => match interpreter_of(&elf) {
@@ -207,7 +220,10 @@ fn static_binary(name: &str, what: &str) -> Result<PathBuf, StartError> {
         },
         Err(_) => "is missing",
     };
-    Err(StartError::Io { context: format!("{what} {} {problem}; {fix}", path.display()), source: std::io::Error::from(std::io::ErrorKind::InvalidData) })
+    Err(StartError::Io {
+        context: format!("{what} {} {problem}; {fix}", path.display()),
+        source: std::io::Error::from(std::io::ErrorKind::InvalidData),
+    })
 }
 
 /// Whether a 64-bit little-endian ELF executable names a program
@@ -223,7 +239,9 @@ fn interpreter_of(elf: &[u8]) -> Result<bool, &'static str> {
     let header = || -> Option<(usize, usize, usize)> { Some((usize::try_from(u64_at(0x20)?).ok()?, u16_at(0x36)?, u16_at(0x38)?)) };
     let (phoff, phentsize, phnum) = header().ok_or("has a truncated ELF header")?;
     for i in 0..phnum {
-        let entry = phoff.checked_add(i.checked_mul(phentsize).ok_or("has a corrupt program header table")?).ok_or("has a corrupt program header table")?;
+        let entry = phoff
+            .checked_add(i.checked_mul(phentsize).ok_or("has a corrupt program header table")?)
+            .ok_or("has a corrupt program header table")?;
         match u32_at(entry) {
             Some(PT_INTERP) => return Ok(true),
             Some(_) => {}
@@ -347,7 +365,15 @@ impl Effects for HostEffects {
             }
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
-            let (mut binds, outside_git_dirs) = filesystem::assemble(&self.ctx, &prepared.image, self.reset_anchor, run, &mut mountpoints, prepared.spec.mounts.clone(), &|line| self.stderr.log_only(line))?;
+            let (mut binds, outside_git_dirs) = filesystem::assemble(
+                &self.ctx,
+                &prepared.image,
+                self.reset_anchor,
+                run,
+                &mut mountpoints,
+                prepared.spec.mounts.clone(),
+                &|line| self.stderr.log_only(line),
+            )?;
             if let Some((lock, state_binds)) = filesystem::prepare_profile_state(&self.ctx)? {
                 profile_state = Some(lock);
                 binds.extend(state_binds);
@@ -402,7 +428,12 @@ impl Effects for HostEffects {
         } else {
             None
         };
-        Ok(Network { topology: Arc::new(topology), record, escalation: Arc::new(escalation), resolver: Arc::new(std::sync::Mutex::new(resolver)) })
+        Ok(Network {
+            topology: Arc::new(topology),
+            record,
+            escalation: Arc::new(escalation),
+            resolver: Arc::new(std::sync::Mutex::new(resolver)),
+        })
     }
 
     /// The profile's setup ([`super::provision`]), in a sandbox with the
@@ -442,7 +473,8 @@ impl Effects for HostEffects {
     fn create_sandbox(&mut self, prepared: &Prepared, run: &RunDir, fs_: &Filesystem, net: &Network) -> Result<Sandbox, StartError> {
         self.stderr_to_log();
         let resolv_conf = run.resolv_conf();
-        fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(&net.topology.sandbox_resolvers())).map_err(StartError::io("writing the sandbox's resolv.conf"))?;
+        fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(&net.topology.sandbox_resolvers()))
+            .map_err(StartError::io("writing the sandbox's resolv.conf"))?;
         let mut spec = prepared.spec.clone();
         spec.rootfs = run.rootfs();
         spec.cgroups_path = self.cgroups_path();
@@ -450,7 +482,11 @@ impl Effects for HostEffects {
         spec.mounts = fs_.0.binds.clone();
         spec.mounts.push(BindMount { source: resolv_conf, destination: "/etc/resolv.conf".into(), readonly: true });
         spec.mounts.extend(crate::passwd::bind_account_files(&self.ctx, &prepared.image.rootfs, run.path())?);
-        spec.mounts.push(BindMount { source: static_binary(ESCALATE_NAME, "the Escalation Client")?, destination: Path::new(ESCALATE_DIR).join(ESCALATE_NAME), readonly: true });
+        spec.mounts.push(BindMount {
+            source: static_binary(ESCALATE_NAME, "the Escalation Client")?,
+            destination: Path::new(ESCALATE_DIR).join(ESCALATE_NAME),
+            readonly: true,
+        });
         // Every session's first process (its subreaper, see session.rs).
         spec.mounts.push(BindMount {
             source: static_binary(SESSION_INIT_NAME, "the session subreaper")?,
@@ -523,7 +559,10 @@ impl Effects for HostEffects {
                 // A bug: something still holds the topology. Its last holder
                 // removes the links on drop; the NAT table is recovered by
                 // the next start through the record, which stays.
-                Err(StartError::Io { context: "tearing down the sidecar".into(), source: std::io::Error::other("its topology is still in use") })
+                Err(StartError::Io {
+                    context: "tearing down the sidecar".into(),
+                    source: std::io::Error::other("its topology is still in use"),
+                })
             }
         }
     }

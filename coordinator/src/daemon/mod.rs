@@ -107,7 +107,13 @@ pub fn coordinator_main(args: &CoordinatorArgs) -> i32 {
         }
         Err(e) => return status.fail(&e),
     };
-    log(&format!("coordinator {} owns Domain {} (profile {}, workspace {})", std::process::id(), ctx.domain_id, ctx.profile.name, ctx.workspace.root().display()));
+    log(&format!(
+        "coordinator {} owns Domain {} (profile {}, workspace {})",
+        std::process::id(),
+        ctx.domain_id,
+        ctx.profile.name,
+        ctx.workspace.root().display()
+    ));
     let mut signals = match Signals::block() {
         Ok(s) => s,
         Err(e) => return status.fail(&format!("blocking signals: {e}")),
@@ -219,7 +225,7 @@ fn namespace_init(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut stat
 /// coordinator; return the coordinator's exit status when it exits.
 fn reap_until(coordinator: nix::unistd::Pid, signals: &mut Signals) -> i32 {
     use nix::sys::signal::Signal;
-    use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+    use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
     loop {
         loop {
             match waitpid(nix::unistd::Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
@@ -244,7 +250,14 @@ fn reap_until(coordinator: nix::unistd::Pid, signals: &mut Signals) -> i32 {
 /// address, and the cgroup (the sandbox's parent, `/lazaret/<domain>`, in
 /// the unified hierarchy) under which each host command gets its own. Without it the Domain runs,
 /// and `lazaret-escalate` reports Lazaret unavailable; the log says why.
-fn escalation_service(ctx: &Context, trust: &crate::trust::TrustAnchor, network: &host::Network, cgroups_path: &str, protected: Vec<PathBuf>, git_trust: Result<crate::git_trust::WorkspaceTrust, String>) -> Option<escalation::Escalations> {
+fn escalation_service(
+    ctx: &Context,
+    trust: &crate::trust::TrustAnchor,
+    network: &host::Network,
+    cgroups_path: &str,
+    protected: Vec<PathBuf>,
+    git_trust: Result<crate::git_trust::WorkspaceTrust, String>,
+) -> Option<escalation::Escalations> {
     let address = match network.escalation.local_addr() {
         Ok(a) => a,
         Err(e) => {
@@ -284,7 +297,10 @@ fn log_git_trust(trust: &Result<crate::git_trust::WorkspaceTrust, String>) {
     match trust {
         Ok(trust) => {
             for entry in &trust.untrusted {
-                log(&format!("git trust: {} was made by an agent (in an earlier run, or in another profile's Domain on this workspace): host commands do not run in it", lazaret_protocol::display::escaped(entry)));
+                log(&format!(
+                    "git trust: {} was made by an agent (in an earlier run, or in another profile's Domain on this workspace): host commands do not run in it",
+                    lazaret_protocol::display::escaped(entry)
+                ));
             }
         }
         Err(e) => log(&format!("git trust: {e}: no host command will run in this Domain")),
@@ -298,7 +314,10 @@ fn end_git_trust(ctx: &Context) {
     match crate::git_trust::end_run(ctx) {
         Ok(made) => {
             for entry in made {
-                log(&format!("git trust: {} appeared during this run: recorded as the agent's", lazaret_protocol::display::escaped(&entry)));
+                log(&format!(
+                    "git trust: {} appeared during this run: recorded as the agent's",
+                    lazaret_protocol::display::escaped(&entry)
+                ));
             }
         }
         Err(e) => log(&format!("git trust: recording the run's end: {e}")),
@@ -359,7 +378,14 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     log_git_trust(&git_trust);
     // The Workspace Guard, before any session runs: without it the Domain
     // does not run.
-    let mut workspace_guard = match guard::DomainGuard::start(&ctx, &started.sandbox.cgroups_path, &started.run_dir.sandbox_pid(), fx.guarded_paths(), begun, recovered) {
+    let mut workspace_guard = match guard::DomainGuard::start(
+        &ctx,
+        &started.sandbox.cgroups_path,
+        &started.run_dir.sandbox_pid(),
+        fx.guarded_paths(),
+        begun,
+        recovered,
+    ) {
         Ok((g, warnings)) => {
             for w in warnings {
                 status.say(&format!("lazaret: warning: {w}"));
@@ -390,10 +416,24 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path, protected, git_trust);
     let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
     let guard_link = workspace_guard.link();
-    let domain = Arc::new(Domain::new(ctx, dir, run_dir, image, sandbox, &network, trust, escalations, fingerprint, journal, args.session.clone(), guard_link));
+    let domain = Arc::new(Domain::new(
+        ctx,
+        dir,
+        run_dir,
+        image,
+        sandbox,
+        &network,
+        trust,
+        escalations,
+        fingerprint,
+        journal,
+        args.session.clone(),
+        guard_link,
+    ));
     workspace_guard.attach(&domain);
     // Live host addresses; stopped (thread joined, its Weak gone) before teardown.
-    let host_watch = crate::network::watch_host(&network.topology, log).map_err(|e| log(&format!("not following host address changes: {e}"))).ok();
+    let host_watch =
+        crate::network::watch_host(&network.topology, log).map_err(|e| log(&format!("not following host address changes: {e}"))).ok();
     // The stack's handle must be the network's last one at teardown.
     drop(network);
     domain::serve(&domain, listener, escalation_listener, signals);

@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
 use lazaret_oci::ImageRecord;
+use lazaret_oci::bundle::{BindMount, BundleSpec, CapabilityPolicy};
 use lazaret_protocol::display::inert;
 use lazaret_protocol::shell::quote_argv;
 use lazaret_runtime::Runsc;
@@ -49,7 +49,7 @@ use sha2::{Digest, Sha256};
 use crate::context::Context;
 use crate::layout::{DomainDir, RunDir};
 
-use super::{log, StartError};
+use super::{StartError, log};
 
 /// The record of the last complete setup, in `DOMAIN_ROOT/anchor/`. The `%`
 /// keeps it apart from the persistent directories' layers there: their
@@ -343,7 +343,12 @@ pub(super) struct SetupSandbox<'a> {
 
 /// Runs the profile's setup if [`plan`] says so. `say` writes a line to the
 /// launching terminal's status pipe.
-pub(super) fn provision(sandbox: &SetupSandbox<'_>, mode: SetupMode, reset_anchor: bool, say: &mut dyn FnMut(&str)) -> Result<(), StartError> {
+pub(super) fn provision(
+    sandbox: &SetupSandbox<'_>,
+    mode: SetupMode,
+    reset_anchor: bool,
+    say: &mut dyn FnMut(&str),
+) -> Result<(), StartError> {
     let ctx = sandbox.ctx;
     let steps = &ctx.profile.setup;
     let domain_root = ctx.paths.domain_root(&ctx.domain_id);
@@ -358,7 +363,10 @@ pub(super) fn provision(sandbox: &SetupSandbox<'_>, mode: SetupMode, reset_ancho
         }
         Plan::Skipped => {
             log("setup: skipped (--no-setup)");
-            say(&format!("lazaret: note: setup of profile {} skipped (--no-setup); the next start without --no-setup runs it", ctx.profile.name));
+            say(&format!(
+                "lazaret: note: setup of profile {} skipped (--no-setup); the next start without --no-setup runs it",
+                ctx.profile.name
+            ));
             return Ok(());
         }
         Plan::Run(reason) => log(&format!("setup: running {} step(s) ({reason})", steps.len())),
@@ -419,7 +427,14 @@ fn setup_env(image: &ImageRecord, profile: &str) -> Vec<(String, String)> {
     if !image.config.env.iter().any(|kv| kv.starts_with("PATH=")) {
         set("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin");
     }
-    for (k, v) in [("HOME", "/root"), ("USER", "root"), ("LOGNAME", "root"), ("DEBIAN_FRONTEND", "noninteractive"), ("LAZARET_PROFILE", profile), ("LAZARET_SETUP", "1")] {
+    for (k, v) in [
+        ("HOME", "/root"),
+        ("USER", "root"),
+        ("LOGNAME", "root"),
+        ("DEBIAN_FRONTEND", "noninteractive"),
+        ("LAZARET_PROFILE", profile),
+        ("LAZARET_SETUP", "1"),
+    ] {
         set(k, v);
     }
     env
@@ -430,7 +445,8 @@ fn setup_env(image: &ImageRecord, profile: &str) -> Vec<(String, String)> {
 fn with_setup_sandbox(sandbox: &SetupSandbox<'_>, body: impl FnOnce(&BundleSpec) -> Result<(), StartError>) -> Result<(), StartError> {
     let run = sandbox.run;
     let resolv_conf = run.resolv_conf();
-    std::fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(&sandbox.network.sandbox_resolvers())).map_err(StartError::io("writing the sandbox's resolv.conf"))?;
+    std::fs::write(&resolv_conf, lazaret_netpolicy::sandbox_resolv_conf(&sandbox.network.sandbox_resolvers()))
+        .map_err(StartError::io("writing the sandbox's resolv.conf"))?;
     let mut spec = sandbox.base.clone();
     spec.uid = 0;
     spec.gid = 0;
@@ -470,7 +486,14 @@ fn with_setup_sandbox(sandbox: &SetupSandbox<'_>, body: impl FnOnce(&BundleSpec)
 
 /// Runs one step to its end, relaying its output; a failure is the step's
 /// [`SetupError`].
-fn run_step(sandbox: &SetupSandbox<'_>, base: &BundleSpec, index: usize, argv: &[String], marker: &Marker, say: &mut dyn FnMut(&str)) -> Result<(), StartError> {
+fn run_step(
+    sandbox: &SetupSandbox<'_>,
+    base: &BundleSpec,
+    index: usize,
+    argv: &[String],
+    marker: &Marker,
+    say: &mut dyn FnMut(&str),
+) -> Result<(), StartError> {
     let ctx = sandbox.ctx;
     let total = ctx.profile.setup.len();
     let number = index + 1;
@@ -482,7 +505,8 @@ fn run_step(sandbox: &SetupSandbox<'_>, base: &BundleSpec, index: usize, argv: &
     let mut spec = base.clone();
     spec.args = argv.to_vec();
     let process = lazaret_oci::bundle::render_process(&lazaret_oci::bundle::build_process(&spec)?)?;
-    let (read_end, write_end) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(StartError::errno("creating the setup output pipe"))?;
+    let (read_end, write_end) =
+        nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(StartError::errno("creating the setup output pipe"))?;
     let null: OwnedFd = std::fs::File::open("/dev/null").map_err(StartError::io("opening /dev/null"))?.into();
     let err_end = write_end.try_clone().map_err(StartError::io("duplicating the setup output pipe"))?;
     let pid_file = sandbox.run.setup_step_pid();
@@ -619,7 +643,11 @@ mod tests {
 
     #[test]
     fn progress_lines_round_trip() {
-        for p in [Progress::Step("1/2: apt-get update".into()), Progress::Output("Reading package lists...".into()), Progress::Done("lazaret: setup: done: 2 step(s) in 1.0s".into())] {
+        for p in [
+            Progress::Step("1/2: apt-get update".into()),
+            Progress::Output("Reading package lists...".into()),
+            Progress::Done("lazaret: setup: done: 2 step(s) in 1.0s".into()),
+        ] {
             assert_eq!(Progress::parse(&p.line()), Some(p.clone()));
         }
         assert_eq!(Progress::parse("lazaret: warning: x"), None);
@@ -646,7 +674,16 @@ mod tests {
         let lines = tail.lines();
         assert_eq!(lines.len(), TAIL_LINES);
         assert_eq!(lines[0], "line 10");
-        let e = SetupError::Step { profile: "claude".into(), origin: "/c.toml:3:1".into(), number: 2, total: 3, command: "npm install -g x".into(), how: "exit status 1".into(), tail: lines, log: PathBuf::from("/run/x/coordinator.log") };
+        let e = SetupError::Step {
+            profile: "claude".into(),
+            origin: "/c.toml:3:1".into(),
+            number: 2,
+            total: 3,
+            command: "npm install -g x".into(),
+            how: "exit status 1".into(),
+            tail: lines,
+            log: PathBuf::from("/run/x/coordinator.log"),
+        };
         let text = e.to_string();
         assert!(text.starts_with("setup step 2/3 of profile \"claude\" failed (exit status 1): npm install -g x\n"), "{text}");
         assert!(text.contains("\n  | line 29\n"), "{text}");

@@ -10,7 +10,9 @@ use super::domain::Domain;
 
 /// Why a client of another protocol version cannot talk to this Domain.
 pub(super) fn version_mismatch(version: u32) -> String {
-    format!("this Domain's coordinator speaks protocol version {WIRE_VERSION}, the client {version}: use the same lazaret binary, or stop the Domain (`lazaret stop`) and start it again")
+    format!(
+        "this Domain's coordinator speaks protocol version {WIRE_VERSION}, the client {version}: use the same lazaret binary, or stop the Domain (`lazaret stop`) and start it again"
+    )
 }
 
 /// [`version_mismatch`] as the answer to a one-shot request.
@@ -41,7 +43,8 @@ pub(super) fn refused_destinations(d: &Domain) -> Result<Vec<lazaret_protocol::w
     let Some(sidecar) = &d.network.sidecar_ns else {
         return Err("the Domain has no sidecar network namespace".into());
     };
-    let found = lazaret_netpolicy::topology::refused_destinations(sidecar).map_err(|e| format!("reading the sidecar's refused destinations: {e}"))?;
+    let found = lazaret_netpolicy::topology::refused_destinations(sidecar)
+        .map_err(|e| format!("reading the sidecar's refused destinations: {e}"))?;
     Ok(found
         .into_iter()
         .map(|r| lazaret_protocol::wire::RefusedDestination {
@@ -66,7 +69,9 @@ pub(super) fn debug_report(d: &Domain) -> String {
         Ok(pid) => {
             let _ = writeln!(out, "sandbox process: PID {pid} (in the coordinator's PID namespace)");
             for ns in ["pid", "net", "mnt", "ipc", "uts", "cgroup", "user"] {
-                let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).map(|p| p.display().to_string()).unwrap_or_else(|e| format!("? ({e})"));
+                let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}"))
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|e| format!("? ({e})"));
                 let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).map(|p| p.display().to_string()).unwrap_or_default();
                 let _ = writeln!(out, "  {ns:<7} {theirs:<24} coordinator: {ours}");
             }

@@ -5,21 +5,21 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use lazaret_protocol::journal::Event;
 use lazaret_protocol::session::AgentUser;
 use lazaret_protocol::wire::{self, ClientMessage, CoordinatorMessage, FrameError, RateLimit, WIRE_VERSION};
-use lazaret_runtime::terminal::{open_pty, set_window_size, WindowSize};
+use lazaret_runtime::terminal::{WindowSize, open_pty, set_window_size};
 
-use crate::transport;
 use crate::LAZARET_FAILED;
+use crate::transport;
 
 use super::domain::{Domain, Phase, SessionEntry, StopRequest};
 use super::escalation::SessionLink;
-use super::{log, report, StartError};
+use super::{StartError, log, report};
 
 /// How long a client may take to send its first frame.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
@@ -96,7 +96,8 @@ pub(super) fn serve_connection(d: &Arc<Domain>, stream: UnixStream) {
 
 /// Only the developer (or root) may talk to the Domain.
 fn peer_allowed(d: &Domain, stream: &UnixStream) -> Result<(), String> {
-    let cred = nix::sys::socket::getsockopt(&stream.as_fd(), nix::sys::socket::sockopt::PeerCredentials).map_err(|e| format!("SO_PEERCRED: {e}"))?;
+    let cred = nix::sys::socket::getsockopt(&stream.as_fd(), nix::sys::socket::sockopt::PeerCredentials)
+        .map_err(|e| format!("SO_PEERCRED: {e}"))?;
     let uid = cred.uid();
     if uid == 0 || uid == d.ctx.developer.uid {
         Ok(())
@@ -120,13 +121,32 @@ impl Refusal {
 /// Checks a Hello and registers its session (journalled). Returns the
 /// session's request, or why it was refused.
 fn register(d: &Domain, hello: ClientMessage, fds: usize) -> Result<SessionRequest, Refusal> {
-    let ClientMessage::Hello { version, session, profile, fingerprint, config_json, terminal, term, args, rows, cols, cwd, host_env, agent_env } = hello else {
+    let ClientMessage::Hello {
+        version,
+        session,
+        profile,
+        fingerprint,
+        config_json,
+        terminal,
+        term,
+        args,
+        rows,
+        cols,
+        cwd,
+        host_env,
+        agent_env,
+    } = hello
+    else {
         return Err(Refusal::final_("expected a Hello"));
     };
     if version != WIRE_VERSION {
         return Err(Refusal::final_(report::version_mismatch(version)));
     }
-    if profile != d.ctx.profile.name || session.is_empty() || session.len() > 64 || !session.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
+    if profile != d.ctx.profile.name
+        || session.is_empty()
+        || session.len() > 64
+        || !session.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+    {
         log(&format!("disconnected a client: bad Hello (profile {profile:?}, session {session:?})"));
         return Err(Refusal::final_("malformed session request"));
     }
@@ -324,7 +344,12 @@ fn agent_cwd(d: &Domain, cwd: Option<&str>) -> Option<PathBuf> {
 /// client's pipes and, if any stream is a terminal, a PTY whose master is
 /// returned (for the client). Every descriptor here is close-on-exec; only
 /// this session's `runsc exec` gets them, as its stdio or `--pass-fd`.
-fn start_agent(d: &Domain, req: &SessionRequest, fds: Vec<OwnedFd>, pid_file: &Path) -> Result<(std::process::Child, Option<OwnedFd>), StartError> {
+fn start_agent(
+    d: &Domain,
+    req: &SessionRequest,
+    fds: Vec<OwnedFd>,
+    pid_file: &Path,
+) -> Result<(std::process::Child, Option<OwnedFd>), StartError> {
     let mut spec = d.ctx.bundle_spec(&d.image, &req.args, req.tty)?;
     // The developer's terminal type, locale and time zone (a client of an
     // older build sends only TERM), unless the profile sets them itself.
@@ -415,19 +440,32 @@ pub const CREDENTIALS_HOOK: &str = "LAZARET_TEST_SESSION_CREDENTIALS";
 /// `session::CREDENTIALS_FD`: never in the environment (gVisor makes every
 /// process's environment readable by every other). `PATH` gets the
 /// client's directory if the image's PATH lacks it.
-fn escalation_credentials(env: &mut Vec<(String, String)>, address: std::net::SocketAddr, trust: &crate::trust::TrustAnchor, session: &str) -> Result<OwnedFd, StartError> {
+fn escalation_credentials(
+    env: &mut Vec<(String, String)>,
+    address: std::net::SocketAddr,
+    trust: &crate::trust::TrustAnchor,
+    session: &str,
+) -> Result<OwnedFd, StartError> {
     use lazaret_protocol::session::SessionCredentials;
     let issued = trust.issue_session(session)?;
-    let credentials = SessionCredentials { addr: address.to_string(), ca: trust.ca_pem().to_string(), cert: issued.cert_pem.clone(), key: issued.key_pem.clone() };
+    let credentials = SessionCredentials {
+        addr: address.to_string(),
+        ca: trust.ca_pem().to_string(),
+        cert: issued.cert_pem.clone(),
+        key: issued.key_pem.clone(),
+    };
     if std::env::var("LAZARET_TEST_HOOKS").as_deref() == Ok("1") && std::env::var(CREDENTIALS_HOOK).as_deref() == Ok("env") {
         use lazaret_protocol::escalation::{ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY};
         log(&format!("session {session}: its escalation credentials are in its agent's environment (test hook {CREDENTIALS_HOOK}=env)"));
-        for (name, value) in [(ENV_ADDR, &credentials.addr), (ENV_CA, &credentials.ca), (ENV_CERT, &credentials.cert), (ENV_KEY, &credentials.key)] {
+        for (name, value) in
+            [(ENV_ADDR, &credentials.addr), (ENV_CA, &credentials.ca), (ENV_CERT, &credentials.cert), (ENV_KEY, &credentials.key)]
+        {
             env.retain(|(k, _)| k != name);
             env.push((name.to_string(), value.clone()));
         }
     }
-    let blob = serde_json::to_vec(&credentials).map_err(|e| StartError::Io { context: "encoding the session's credentials".into(), source: std::io::Error::other(e) })?;
+    let blob = serde_json::to_vec(&credentials)
+        .map_err(|e| StartError::Io { context: "encoding the session's credentials".into(), source: std::io::Error::other(e) })?;
     // A socket, not a pipe or file: another process in the sandbox can
     // reopen those through /proc/PID/fd, never a socket. The whole blob
     // (a few KiB) fits the socket's buffer; this end closes at once.
@@ -525,6 +563,9 @@ mod tests {
     #[test]
     fn the_end_signal_is_one_runsc_kill_accepts() {
         assert!((1..=31).contains(&lazaret_protocol::session::END_SIGNAL));
-        assert!(![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP].contains(&lazaret_protocol::session::END_SIGNAL));
+        assert!(
+            ![libc::SIGKILL, libc::SIGSTOP, libc::SIGCHLD, libc::SIGTERM, libc::SIGINT, libc::SIGHUP]
+                .contains(&lazaret_protocol::session::END_SIGNAL)
+        );
     }
 }

@@ -174,7 +174,13 @@ pub trait Effects {
     /// of its own that is gone again when this returns (nothing to undo).
     fn provision(&mut self, image: &Self::Image, run: &Self::RunDir, fs: &Self::Filesystem, net: &Self::Network) -> Result<(), StartError>;
     /// [`Stage::SandboxCreated`].
-    fn create_sandbox(&mut self, image: &Self::Image, run: &Self::RunDir, fs: &Self::Filesystem, net: &Self::Network) -> Result<Self::Sandbox, StartError>;
+    fn create_sandbox(
+        &mut self,
+        image: &Self::Image,
+        run: &Self::RunDir,
+        fs: &Self::Filesystem,
+        net: &Self::Network,
+    ) -> Result<Self::Sandbox, StartError>;
     /// [`Stage::SandboxStarted`].
     fn start_sandbox(&mut self, sandbox: &Self::Sandbox, net: &Self::Network) -> Result<(), StartError>;
     /// [`Stage::Published`].
@@ -353,7 +359,13 @@ fn stage_undo_if(recorded: bool, stage: Stage) -> Option<Event> {
 
 /// Runs the stages; `at` follows the current stage and whether its journal
 /// event was recorded.
-fn run_stages<E: Effects>(fx: &mut E, journal: &mut DomainJournal, launch: &Launch, stack: &mut Stack<E>, at: &mut (Stage, bool)) -> Result<Started<E>, StartError> {
+fn run_stages<E: Effects>(
+    fx: &mut E,
+    journal: &mut DomainJournal,
+    launch: &Launch,
+    stack: &mut Stack<E>,
+    at: &mut (Stage, bool),
+) -> Result<Started<E>, StartError> {
     let mut begin = |stage: Stage, journal: &mut DomainJournal| -> Result<(), JournalError> {
         *at = (stage, false);
         if let Some(event) = stage.event(launch) {
@@ -533,7 +545,8 @@ mod tests {
 
     /// The undo log expected after the stages before `failed` succeeded.
     fn expected_unwind(failed: Stage) -> Vec<String> {
-        let done: Vec<Stage> = Stage::ALL.iter().copied().take_while(|s| *s != failed).filter(|s| has_undo(*s) && *s != Stage::Lock).collect();
+        let done: Vec<Stage> =
+            Stage::ALL.iter().copied().take_while(|s| *s != failed).filter(|s| has_undo(*s) && *s != Stage::Lock).collect();
         done.iter().rev().map(|s| format!("undo {s}")).collect()
     }
 
@@ -551,7 +564,10 @@ mod tests {
         j.record(Event::BeginTeardown).expect("begin teardown");
         let failures = started.stack.unwind(&mut fx, &mut j);
         assert!(failures.is_empty(), "{failures:?}");
-        let teardown: Vec<String> = ["published", "sandbox-created", "sidecar", "trust-anchor", "state-anchor", "run-dir"].iter().map(|s| format!("undo {s}")).collect();
+        let teardown: Vec<String> = ["published", "sandbox-created", "sidecar", "trust-anchor", "state-anchor", "run-dir"]
+            .iter()
+            .map(|s| format!("undo {s}"))
+            .collect();
         assert_eq!(fx.log, teardown);
         let checked = crate::journal::check_all(dir.path()).expect("the journal replays");
         assert!(checked.iter().all(|c| c.complete), "{checked:?}");
@@ -586,7 +602,11 @@ mod tests {
     fn a_failing_undo_is_reported_with_the_cause_and_the_rest_still_unwinds() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut j = journal(&dir);
-        let mut fx = Recorder { fail_at: Some(Stage::SandboxCreated), fail_undo: [Stage::Sidecar, Stage::StateAnchor].into(), ..Recorder::default() };
+        let mut fx = Recorder {
+            fail_at: Some(Stage::SandboxCreated),
+            fail_undo: [Stage::Sidecar, Stage::StateAnchor].into(),
+            ..Recorder::default()
+        };
         let err = match start_up(&mut fx, &mut j, &launch()) {
             Ok(_) => panic!("must fail"),
             Err(e) => e,

@@ -14,8 +14,8 @@ use std::os::fd::AsFd;
 use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use lazaret_protocol::escalation::{self, ChannelError, ClientFrame, ServerFrame, HEADER_LEN, MAX_CONTROL};
-use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+use lazaret_protocol::escalation::{self, ChannelError, ClientFrame, HEADER_LEN, MAX_CONTROL, ServerFrame};
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use rustls::ServerConnection;
 
 /// How long a send may wait for a client that does not read.

@@ -48,7 +48,12 @@ pub enum DotGitEntry {
 /// `gitdir:` file by itself) and no Domain's agent made (`untrusted`, see
 /// `crate::git_trust`). `dot_git` tells what `DIR/.git` is for a
 /// workspace-relative DIR. The error is the reason, one line.
-pub fn protected_repository(cwd: &Path, protected: &[PathBuf], untrusted: &BTreeSet<PathBuf>, dot_git: impl Fn(&Path) -> DotGitEntry) -> Result<PathBuf, String> {
+pub fn protected_repository(
+    cwd: &Path,
+    protected: &[PathBuf],
+    untrusted: &BTreeSet<PathBuf>,
+    dot_git: impl Fn(&Path) -> DotGitEntry,
+) -> Result<PathBuf, String> {
     let is_protected = |p: &Path| protected.iter().any(|q| q == p);
     for dir in cwd.ancestors() {
         let entry = dir.join(".git");
@@ -67,7 +72,11 @@ pub fn protected_repository(cwd: &Path, protected: &[PathBuf], untrusted: &BTree
                     "the working directory is in the repository {shown}, which was made during this run: its git configuration and hooks are the agent's, so Lazaret runs no host command there (run it yourself, or from a repository that existed when the Domain started)"
                 ));
             }
-            DotGitEntry::Unusable => return Err(format!("{shown} above the working directory is a symlink or special file; Lazaret runs no host command below it")),
+            DotGitEntry::Unusable => {
+                return Err(format!(
+                    "{shown} above the working directory is a symlink or special file; Lazaret runs no host command below it"
+                ));
+            }
         }
     }
     Err("no repository holds the working directory".into())
@@ -87,7 +96,9 @@ pub fn git_start_dir(argv: &[String], cwd: &Path, workspace: &Path) -> Result<Pa
         let name = arg.split_once('=').map_or(arg.as_str(), |(n, _)| n);
         match name {
             "--git-dir" | "--work-tree" | "--bare" => {
-                return Err(format!("`{name}` picks the repository itself; Lazaret runs git only in the repository that holds the working directory (drop it, or use --cwd)"));
+                return Err(format!(
+                    "`{name}` picks the repository itself; Lazaret runs git only in the repository that holds the working directory (drop it, or use --cwd)"
+                ));
             }
             "-C" => {
                 let Some(value) = args.next() else { return Ok(dir) };
@@ -170,7 +181,12 @@ pub fn no_recursion_env() -> Vec<(String, String)> {
 /// `.git` (already checked by [`protected_repository`]). An entry is the
 /// developer's when it existed at this Domain's start (`at_start`) and no
 /// Domain's agent made it (`untrusted`).
-pub fn recursion_targets(entries: &BTreeSet<PathBuf>, own: Option<&Path>, at_start: &BTreeSet<PathBuf>, untrusted: &BTreeSet<PathBuf>) -> Result<(), String> {
+pub fn recursion_targets(
+    entries: &BTreeSet<PathBuf>,
+    own: Option<&Path>,
+    at_start: &BTreeSet<PathBuf>,
+    untrusted: &BTreeSet<PathBuf>,
+) -> Result<(), String> {
     let foreign = entries.iter().filter(|e| Some(e.as_path()) != own).find(|e| !at_start.contains(*e) || untrusted.contains(*e));
     match foreign {
         None => Ok(()),
@@ -198,7 +214,13 @@ mod tests {
     #[test]
     fn the_nearest_git_decides_and_must_be_protected() {
         let protected = paths(&[".git/config", ".git/hooks", "lib/.git", "old/.git/config"]);
-        let ws = layout(&[("", DotGitEntry::Directory), ("lib", DotGitEntry::File), ("old", DotGitEntry::Directory), ("new", DotGitEntry::Directory), ("link", DotGitEntry::Unusable)]);
+        let ws = layout(&[
+            ("", DotGitEntry::Directory),
+            ("lib", DotGitEntry::File),
+            ("old", DotGitEntry::Directory),
+            ("new", DotGitEntry::Directory),
+            ("link", DotGitEntry::Unusable),
+        ]);
         assert_eq!(protected_repository(Path::new(""), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::new()));
         assert_eq!(protected_repository(Path::new("src/deep"), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::new()));
         assert_eq!(protected_repository(Path::new("lib/src"), &protected, &BTreeSet::new(), &ws), Ok(PathBuf::from("lib")));
@@ -226,11 +248,14 @@ mod tests {
         let at_start = set(&[".git", "lib/.git", ".git/modules/lib"]);
         let own = Some(Path::new(".git"));
         assert_eq!(recursion_targets(&set(&[".git", "lib/.git", ".git/modules/lib"]), own, &at_start, &BTreeSet::new()), Ok(()));
-        let made = recursion_targets(&set(&[".git", "lib/.git", "sub/.git"]), own, &at_start, &BTreeSet::new()).expect_err("made in the run");
+        let made =
+            recursion_targets(&set(&[".git", "lib/.git", "sub/.git"]), own, &at_start, &BTreeSet::new()).expect_err("made in the run");
         assert!(made.contains("sub/.git") && made.contains("during this run"), "{made}");
-        let module = recursion_targets(&set(&[".git", ".git/modules/evil"]), own, &at_start, &BTreeSet::new()).expect_err("a module gitdir made in the run");
+        let module = recursion_targets(&set(&[".git", ".git/modules/evil"]), own, &at_start, &BTreeSet::new())
+            .expect_err("a module gitdir made in the run");
         assert!(module.contains(".git/modules/evil"), "{module}");
-        let other = recursion_targets(&set(&[".git", "lib/.git"]), own, &at_start, &set(&["lib/.git"])).expect_err("made by another Domain's agent");
+        let other = recursion_targets(&set(&[".git", "lib/.git"]), own, &at_start, &set(&["lib/.git"]))
+            .expect_err("made by another Domain's agent");
         assert!(other.contains("another profile"), "{other}");
         // The repository's own entry is judged by protected_repository.
         assert_eq!(recursion_targets(&set(&["made/.git"]), Some(Path::new("made/.git")), &at_start, &BTreeSet::new()), Ok(()));
@@ -248,7 +273,10 @@ mod tests {
     #[test]
     fn an_unprotected_git_file_or_a_workspace_without_one_is_refused() {
         let ws = layout(&[("", DotGitEntry::Directory), ("wt", DotGitEntry::File)]);
-        assert!(protected_repository(Path::new("wt"), &paths(&[".git/config"]), &BTreeSet::new(), &ws).is_err(), "a gitdir file made in the run");
+        assert!(
+            protected_repository(Path::new("wt"), &paths(&[".git/config"]), &BTreeSet::new(), &ws).is_err(),
+            "a gitdir file made in the run"
+        );
         assert!(protected_repository(Path::new("a"), &[], &BTreeSet::new(), layout(&[])).is_err());
     }
 
@@ -265,7 +293,12 @@ mod tests {
         assert_eq!(start(&["git", "status", "-C", "x"], "src"), Ok(PathBuf::from("src")), "after the subcommand, -C is the subcommand's");
         assert!(start(&["git", "-C", "/etc", "status"], "").is_err());
         assert!(start(&["git", "-C", "../..", "status"], "src").is_err());
-        for picks in [&["git", "--git-dir=made/.git", "fetch"][..], &["git", "--git-dir", "made/.git", "fetch"], &["git", "--work-tree=x", "status"], &["git", "--bare", "fetch"]] {
+        for picks in [
+            &["git", "--git-dir=made/.git", "fetch"][..],
+            &["git", "--git-dir", "made/.git", "fetch"],
+            &["git", "--work-tree=x", "status"],
+            &["git", "--bare", "fetch"],
+        ] {
             assert!(start(picks, "").expect_err("refused").contains("Lazaret runs git only"), "{picks:?}");
         }
     }

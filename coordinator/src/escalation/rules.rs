@@ -31,18 +31,8 @@ pub const HOST_COMMAND_PATH: &str = "/usr/local/bin:/usr/bin:/bin";
 /// ([`HOST_COMMAND_PATH`]), `HOME`, `USER`, `LOGNAME` and `SHELL` of the
 /// developer, and [`LAUNCHING_SESSION_ENV`]. A rule's `env` may not name
 /// them.
-pub const ALWAYS_GIVEN_ENV: &[&str] = &[
-    "PATH",
-    "HOME",
-    "USER",
-    "LOGNAME",
-    "SHELL",
-    "LANG",
-    "LC_ALL",
-    "LC_CTYPE",
-    "LC_MESSAGES",
-    "SSH_AUTH_SOCK",
-];
+pub const ALWAYS_GIVEN_ENV: &[&str] =
+    &["PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LC_ALL", "LC_CTYPE", "LC_MESSAGES", "SSH_AUTH_SOCK"];
 
 /// The variables of [`ALWAYS_GIVEN_ENV`] taken from the launching
 /// `lazaret run`'s environment (sent in its Hello's `host_env`), when set
@@ -52,7 +42,10 @@ pub const LAUNCHING_SESSION_ENV: &[&str] = &["SSH_AUTH_SOCK", "LANG", "LC_ALL", 
 /// Prefixes of variable names a rule may not pass, with the reason.
 const REFUSED_PREFIXES: &[(&str, &str)] = &[
     ("LD_", "it changes which libraries the dynamic loader loads into the host program"),
-    ("GIT_", "it changes which repository, configuration or helper programs git uses (only GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME and GIT_COMMITTER_EMAIL may be passed)"),
+    (
+        "GIT_",
+        "it changes which repository, configuration or helper programs git uses (only GIT_AUTHOR_NAME, GIT_AUTHOR_EMAIL, GIT_COMMITTER_NAME and GIT_COMMITTER_EMAIL may be passed)",
+    ),
     ("LAZARET_", "the LAZARET_ prefix is reserved for Lazaret"),
 ];
 
@@ -126,10 +119,7 @@ pub fn refused_env(name: &str) -> Option<String> {
     if let Some((_, reason)) = REFUSED_NAMES.iter().find(|(refused, _)| *refused == name) {
         return Some(format!("{name} is refused: {reason}"));
     }
-    REFUSED_PREFIXES
-        .iter()
-        .find(|(prefix, _)| name.starts_with(prefix))
-        .map(|(_, reason)| format!("{name} is refused: {reason}"))
+    REFUSED_PREFIXES.iter().find(|(prefix, _)| name.starts_with(prefix)).map(|(_, reason)| format!("{name} is refused: {reason}"))
 }
 
 /// One auto-approval rule (`[[escalation.rules]]`): requests whose argument
@@ -175,11 +165,7 @@ impl Rule {
         if self.command.is_empty() {
             return false;
         }
-        let argv_ok = if self.allow_extra_args {
-            argv.starts_with(&self.command)
-        } else {
-            argv == self.command.as_slice()
-        };
+        let argv_ok = if self.allow_extra_args { argv.starts_with(&self.command) } else { argv == self.command.as_slice() };
         let cwd_ok = match &self.cwd {
             None => true,
             Some(required) => canonical_relative(required).is_some_and(|required| required == cwd),
@@ -378,11 +364,11 @@ mod tests {
     fn unicode_look_alikes_are_different_arguments() {
         let rules = [rule("push", &["git", "push", "origin"])];
         for look_alike in [
-            "\u{043e}rigin",    // Cyrillic о
-            "origin\u{200b}",   // zero-width space
-            "ori\u{0301}gin",   // combining accent
-            "ｏrigin",          // fullwidth o
-            "origin\u{202e}",   // right-to-left override
+            "\u{043e}rigin",  // Cyrillic о
+            "origin\u{200b}", // zero-width space
+            "ori\u{0301}gin", // combining accent
+            "ｏrigin",        // fullwidth o
+            "origin\u{202e}", // right-to-left override
         ] {
             assert_eq!(matching_rule(&rules, &argv(&["git", "push", look_alike]), root()), None, "{look_alike:?}");
         }
@@ -477,7 +463,26 @@ mod tests {
 
     #[test]
     fn refused_variables() {
-        for refused in ["PATH", "HOME", "SSH_AUTH_SOCK", "LC_ALL", "LD_PRELOAD", "LD_LIBRARY_PATH", "LD_AUDIT", "GIT_DIR", "GIT_CONFIG", "GIT_CONFIG_GLOBAL", "GIT_SSH_COMMAND", "GIT_EXEC_PATH", "BASH_ENV", "PYTHONPATH", "NODE_OPTIONS", "EDITOR", "LAZARET_X", "GLIBC_TUNABLES"] {
+        for refused in [
+            "PATH",
+            "HOME",
+            "SSH_AUTH_SOCK",
+            "LC_ALL",
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "LD_AUDIT",
+            "GIT_DIR",
+            "GIT_CONFIG",
+            "GIT_CONFIG_GLOBAL",
+            "GIT_SSH_COMMAND",
+            "GIT_EXEC_PATH",
+            "BASH_ENV",
+            "PYTHONPATH",
+            "NODE_OPTIONS",
+            "EDITOR",
+            "LAZARET_X",
+            "GLIBC_TUNABLES",
+        ] {
             assert!(refused_env(refused).is_some(), "{refused}");
         }
         for allowed in ["GIT_AUTHOR_NAME", "GIT_COMMITTER_EMAIL", "AWS_PROFILE", "GH_TOKEN", "LC_TIME", "LDFLAGS", "TERM"] {

@@ -155,10 +155,7 @@ mod tests {
     use super::*;
 
     fn kinds(rel: &str) -> Vec<(String, ControlFile)> {
-        control_candidates(Path::new(rel))
-            .into_iter()
-            .map(|c| (c.git_dir.to_string_lossy().into_owned(), c.kind))
-            .collect()
+        control_candidates(Path::new(rel)).into_iter().map(|c| (c.git_dir.to_string_lossy().into_owned(), c.kind)).collect()
     }
 
     #[test]
@@ -171,10 +168,7 @@ mod tests {
         assert_eq!(kinds("bare/hooks"), vec![("bare".into(), ControlFile::HooksDir)]);
         assert_eq!(kinds("config"), vec![("".into(), ControlFile::Config)], "the root itself may be a git dir");
         // A hook named `config` is both a hook of x and the config of x/hooks.
-        assert_eq!(
-            kinds("x/hooks/config"),
-            vec![("x/hooks".into(), ControlFile::Config), ("x".into(), ControlFile::Hook)]
-        );
+        assert_eq!(kinds("x/hooks/config"), vec![("x/hooks".into(), ControlFile::Config), ("x".into(), ControlFile::Hook)]);
         assert!(kinds("src/main.rs").is_empty());
         assert!(kinds(".git/refs/heads/main").is_empty());
         assert!(kinds("").is_empty());
@@ -193,7 +187,10 @@ mod tests {
     #[test]
     fn rebase_exec_steps_are_commented_out_and_named() {
         assert_eq!(kinds(".git/rebase-merge/git-rebase-todo"), vec![(".git".into(), ControlFile::OperationState(OperationFile::Todo))]);
-        assert_eq!(kinds(".git/worktrees/w/rebase-merge/git-rebase-todo"), vec![(".git/worktrees/w".into(), ControlFile::OperationState(OperationFile::Todo))]);
+        assert_eq!(
+            kinds(".git/worktrees/w/rebase-merge/git-rebase-todo"),
+            vec![(".git/worktrees/w".into(), ControlFile::OperationState(OperationFile::Todo))]
+        );
         assert!(kinds(".git/rebase-merge/done").is_empty());
         let todo = b"pick 1234 one\n  exec make test\nx touch /tmp/p\n# exec in a comment\nexecute-not 1\npick 5678 two";
         let (text, commands) = disable_rebase_exec(todo).expect("exec steps");

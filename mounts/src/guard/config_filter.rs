@@ -238,11 +238,8 @@ pub fn workspace_relative(value: &str, location: ConfigLocation<'_>) -> Option<P
         return None;
     }
     let value = Path::new(value);
-    let start = if value.is_absolute() {
-        value.strip_prefix(location.workspace_abs).ok()?.to_path_buf()
-    } else {
-        location.git_dir.join(value)
-    };
+    let start =
+        if value.is_absolute() { value.strip_prefix(location.workspace_abs).ok()?.to_path_buf() } else { location.git_dir.join(value) };
     let mut out = PathBuf::new();
     for component in start.components() {
         match component {
@@ -312,7 +309,8 @@ mod tests {
             assert!(out.dropped.is_empty(), "{:?}", out.dropped);
             assert!(!out.changes(text.as_bytes()), "{}", String::from_utf8_lossy(&out.text));
         }
-        let module = "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n[submodule \"lib\"]\n\turl = ../lib.git\n\tactive = true\n";
+        let module =
+            "[core]\n\trepositoryformatversion = 0\n\tworktree = ../../../sub\n[submodule \"lib\"]\n\turl = ../lib.git\n\tactive = true\n";
         let out = filter(module);
         assert!(out.dropped.is_empty(), "{:?}", out.dropped);
         assert!(!out.changes(module.as_bytes()));
@@ -328,7 +326,16 @@ mod tests {
         let out = filter(text);
         let kept = String::from_utf8_lossy(&out.text).into_owned();
         assert_eq!(kept, "[core]\n\tbare = false\n[submodule \"s\"]\n\turl = ../ok\n");
-        for key in ["core.fsmonitor", "core.hookspath", "include.path", "includeif.gitdir:/.path", "alias.st", "remote.o.url", "remote.o.pushurl", "submodule.s.update"] {
+        for key in [
+            "core.fsmonitor",
+            "core.hookspath",
+            "include.path",
+            "includeif.gitdir:/.path",
+            "alias.st",
+            "remote.o.url",
+            "remote.o.pushurl",
+            "submodule.s.update",
+        ] {
             assert!(out.dropped.iter().any(|d| d == key), "{key} not in {:?}", out.dropped);
         }
     }
@@ -357,7 +364,16 @@ mod tests {
         let out = filter(text);
         assert_eq!(
             out.dropped,
-            ["remote.net.url", "remote.net.pushurl", "remote.host.url", "remote.file.url", "remote.up.url", "branch.main.remote", "extensions.partialclone", "submodule.s.url"]
+            [
+                "remote.net.url",
+                "remote.net.pushurl",
+                "remote.host.url",
+                "remote.file.url",
+                "remote.up.url",
+                "branch.main.remote",
+                "extensions.partialclone",
+                "submodule.s.url"
+            ]
         );
         let kept = String::from_utf8_lossy(&out.text).into_owned();
         assert_eq!(kept, "[remote \"in\"]\n\turl = /ws/lib\n[branch \"main\"]\n\tpushremote = origin\n");

@@ -216,7 +216,9 @@ pub fn operation_verdict(file: OperationFile, contents: &[u8]) -> Verdict {
             if value.is_empty() || BUILTIN_STRATEGIES.contains(&value) {
                 Verdict::Keep
             } else {
-                Verdict::Quarantine("a merge strategy that is not one of git's own: resuming the operation would run git merge-<it> as a program")
+                Verdict::Quarantine(
+                    "a merge strategy that is not one of git's own: resuming the operation would run git merge-<it> as a program",
+                )
             }
         }
         OperationFile::SigningKey => {
@@ -272,8 +274,19 @@ fn filter_sequencer_opts(contents: &[u8]) -> Verdict {
             && !entry.value.contains(['\n', '\0', '"', '\\'])
             && match entry.key {
                 "strategy" => BUILTIN_STRATEGIES.contains(&entry.value),
-                "no-commit" | "edit" | "allow-empty" | "allow-empty-message" | "drop-redundant-commits" | "keep-redundant-commits" | "signoff"
-                | "record-origin" | "allow-ff" | "mainline" | "strategy-option" | "allow-rerere-auto" | "default-msg-cleanup" => true,
+                "no-commit"
+                | "edit"
+                | "allow-empty"
+                | "allow-empty-message"
+                | "drop-redundant-commits"
+                | "keep-redundant-commits"
+                | "signoff"
+                | "record-origin"
+                | "allow-ff"
+                | "mainline"
+                | "strategy-option"
+                | "allow-rerere-auto"
+                | "default-msg-cleanup" => true,
                 _ => false,
             };
         if !keep {
@@ -516,7 +529,9 @@ mod tests {
         assert_eq!(operation_verdict(OperationFile::SigningKey, b"\n"), Verdict::Keep);
         assert!(matches!(operation_verdict(OperationFile::ApplyOptions, b" '--directory=x'\n"), Verdict::Quarantine(_)));
         assert_eq!(operation_verdict(OperationFile::ApplyOptions, b""), Verdict::Keep);
-        let Verdict::Rewrite { text, removed } = operation_verdict(OperationFile::Todo, b"pick 1 a\nx touch /p\n") else { panic!("exec kept") };
+        let Verdict::Rewrite { text, removed } = operation_verdict(OperationFile::Todo, b"pick 1 a\nx touch /p\n") else {
+            panic!("exec kept")
+        };
         assert_eq!(removed, ["touch /p"]);
         assert!(String::from_utf8_lossy(&text).contains("# disabled by Lazaret"));
         assert_eq!(operation_verdict(OperationFile::Todo, b"pick 1 a\n"), Verdict::Keep);
@@ -574,7 +589,10 @@ mod tests {
         assert_eq!(local_place_inside("/ws/a/b", root, &[Path::new("x")]), Some(vec![PathBuf::from("a/b")]));
         assert_eq!(local_place_inside("/home/d/private", root, &[Path::new("x")]), None);
         assert_eq!(local_place_inside("/ws/../etc", root, &[Path::new("x")]), None);
-        assert_eq!(local_place_inside("../lib", root, &[Path::new("a/.git"), Path::new("a")]), Some(vec![PathBuf::from("a/lib"), PathBuf::from("lib")]));
+        assert_eq!(
+            local_place_inside("../lib", root, &[Path::new("a/.git"), Path::new("a")]),
+            Some(vec![PathBuf::from("a/lib"), PathBuf::from("lib")])
+        );
         assert_eq!(local_place_inside("../../lib", root, &[Path::new("a/.git"), Path::new("a")]), None, "outside from the work tree");
         assert!(is_remote_name("origin") && !is_remote_name("/home/d/p") && !is_remote_name("..") && !is_remote_name("a/b"));
     }

@@ -39,8 +39,8 @@
 pub mod classify;
 pub mod config_filter;
 pub mod git_model;
-pub mod quarantine;
 mod neutralise;
+pub mod quarantine;
 mod sweep;
 mod watch;
 

@@ -115,7 +115,16 @@ impl Engine {
         cause.pid.is_some() || cause.every_file || self.changed_in_run(st)
     }
 
-    fn record(&self, root: usize, rel: &Path, action: Action, reason: impl Into<String>, quarantine_id: Option<String>, cause: Cause, out: &mut Out) {
+    fn record(
+        &self,
+        root: usize,
+        rel: &Path,
+        action: Action,
+        reason: impl Into<String>,
+        quarantine_id: Option<String>,
+        cause: Cause,
+        out: &mut Out,
+    ) {
         out.neutralised.push(Neutralisation {
             root: self.roots[root].label.clone(),
             path: rel.to_owned(),
@@ -147,13 +156,31 @@ impl Engine {
 
     /// Ownership and privilege bits of the entry `name` of the verified
     /// directory `parent` (`rel` is its root-relative path, `st` its lstat).
-    pub(crate) fn fix_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+    pub(crate) fn fix_entry(
+        &self,
+        root: usize,
+        rel: &Path,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        cause: Cause,
+        out: &mut Out,
+    ) {
         if let Err(e) = self.try_fix_entry(root, rel, parent, name, st, cause, out) {
             self.error(root, rel, e, out);
         }
     }
 
-    fn try_fix_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) -> Result<(), MountError> {
+    fn try_fix_entry(
+        &self,
+        root: usize,
+        rel: &Path,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        cause: Cause,
+        out: &mut Out,
+    ) -> Result<(), MountError> {
         let kind = safe_path::kind_of(st);
         let developer = self.config.developer;
         let foreign_uid = st.st_uid != developer.uid;
@@ -271,7 +298,15 @@ impl Engine {
         }
         if capabilities {
             crate::sys::remove_xattr(file.as_fd(), CAPABILITY_XATTR).map_err(|e| MountError::sys("removexattr", rel, e))?;
-            self.record(root, rel, Action::RemovedFileCapabilities, "file capabilities on a file the sandbox made or changed", None, cause, out);
+            self.record(
+                root,
+                rel,
+                Action::RemovedFileCapabilities,
+                "file capabilities on a file the sandbox made or changed",
+                None,
+                cause,
+                out,
+            );
         }
         Ok(())
     }
@@ -304,7 +339,10 @@ impl Engine {
     /// A directory is always looked into: writing a hook does not change
     /// its directory's ctime.
     fn sweep_leaves(&self, root: usize, st: &FileStat, cause: Cause) -> bool {
-        cause.pid.is_none() && self.roots[root].kind == RootKind::Volume && safe_path::kind_of(st) != FileKind::Directory && !self.changed_in_run(st)
+        cause.pid.is_none()
+            && self.roots[root].kind == RootKind::Volume
+            && safe_path::kind_of(st) != FileKind::Directory
+            && !self.changed_in_run(st)
     }
 
     /// Checks every control file of the git directory `git_dir`
@@ -338,7 +376,9 @@ impl Engine {
                 continue;
             }
             let Ok(fd) = safe_path::open_beneath(self.roots[root].fd.as_fd(), &dir, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else { continue };
-            let Ok(listing) = nix::fcntl::openat(&fd, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) else { continue };
+            let Ok(listing) = nix::fcntl::openat(&fd, ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) else {
+                continue;
+            };
             for name in list_names(listing) {
                 let symlink = nix::sys::stat::fstatat(&fd, name.as_os_str(), AtFlags::AT_SYMLINK_NOFOLLOW)
                     .is_ok_and(|st| safe_path::kind_of(&st) == FileKind::Symlink);
@@ -369,11 +409,21 @@ impl Engine {
             {
                 return;
             }
-            return self.quarantine(root, rel, parent.as_fd(), name, &st, "a hook where the developer's own core.hooksPath makes git look for hooks", cause, out);
+            return self.quarantine(
+                root,
+                rel,
+                parent.as_fd(),
+                name,
+                &st,
+                "a hook where the developer's own core.hooksPath makes git look for hooks",
+                cause,
+                out,
+            );
         }
         if alternates {
             let objects_dir = rel.parent().and_then(Path::parent).unwrap_or(Path::new(""));
-            let kind = if rel.file_name() == Some(OsStr::new("alternates")) { ControlFile::Alternates } else { ControlFile::HttpAlternates };
+            let kind =
+                if rel.file_name() == Some(OsStr::new("alternates")) { ControlFile::Alternates } else { ControlFile::HttpAlternates };
             self.check_control(root, objects_dir, rel, kind, cause, out);
         }
     }
@@ -399,7 +449,16 @@ impl Engine {
         if git_model::local_place_inside(&target, &self.roots[root].path, &[parent_rel]).is_some() {
             return;
         }
-        self.quarantine(root, rel, parent.as_fd(), name, &st, "a symlink in a git dir leading out of the workspace (git would read what it names)", cause, out)
+        self.quarantine(
+            root,
+            rel,
+            parent.as_fd(),
+            name,
+            &st,
+            "a symlink in a git dir leading out of the workspace (git would read what it names)",
+            cause,
+            out,
+        )
     }
 
     /// For an event on `rel` in a root with git control: the repository it makes (a
@@ -459,11 +518,30 @@ impl Engine {
                             self.check_git_dir(root, &target_rel, cause, out);
                         }
                     }
-                    _ if Path::new(target).is_absolute() && self.config.outside_git_dirs.iter().any(|d| Path::new(target).starts_with(d)) => {}
-                    _ => self.quarantine(root, rel, parent.as_fd(), name, &st, "a gitdir: file leading outside the workspace or through a symlink", cause, out),
+                    _ if Path::new(target).is_absolute()
+                        && self.config.outside_git_dirs.iter().any(|d| Path::new(target).starts_with(d)) => {}
+                    _ => self.quarantine(
+                        root,
+                        rel,
+                        parent.as_fd(),
+                        name,
+                        &st,
+                        "a gitdir: file leading outside the workspace or through a symlink",
+                        cause,
+                        out,
+                    ),
                 }
             }
-            _ => self.quarantine(root, rel, parent.as_fd(), name, &st, "a .git that is a symlink or special file (git would follow it)", cause, out),
+            _ => self.quarantine(
+                root,
+                rel,
+                parent.as_fd(),
+                name,
+                &st,
+                "a .git that is a symlink or special file (git would follow it)",
+                cause,
+                out,
+            ),
         }
     }
 
@@ -482,14 +560,17 @@ impl Engine {
         let file_kind = safe_path::kind_of(&st);
         let parent = parent.as_fd();
         match (kind, file_kind) {
-            (_, FileKind::Symlink) | (ControlFile::Config | ControlFile::ConfigWorktree | ControlFile::Commondir | ControlFile::Gitdir, FileKind::Other) => {
+            (_, FileKind::Symlink)
+            | (ControlFile::Config | ControlFile::ConfigWorktree | ControlFile::Commondir | ControlFile::Gitdir, FileKind::Other) => {
                 self.quarantine(root, rel, parent, name, &st, "a git control file that is a symlink or special file", cause, out)
             }
             (ControlFile::HooksDir | ControlFile::InfoDir, FileKind::Regular | FileKind::Other) => {
                 self.quarantine(root, rel, parent, name, &st, "a git hooks/info entry that is not a directory", cause, out)
             }
             (ControlFile::HooksDir, FileKind::Directory) => {
-                let Ok(dir) = safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else { return };
+                let Ok(dir) = safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else {
+                    return;
+                };
                 for hook in list_names(dir) {
                     if !classify::hook_is_inert(hook.as_bytes()) {
                         self.check_control(root, git_dir, &rel.join(&hook), ControlFile::Hook, cause, out);
@@ -508,7 +589,9 @@ impl Engine {
             (ControlFile::HttpAlternates, _) => {
                 self.quarantine(root, rel, parent, name, &st, "objects/info/http-alternates: URLs git would fetch objects from", cause, out)
             }
-            (ControlFile::Alternates, FileKind::Other) => self.quarantine(root, rel, parent, name, &st, "an alternates list that is a special file", cause, out),
+            (ControlFile::Alternates, FileKind::Other) => {
+                self.quarantine(root, rel, parent, name, &st, "an alternates list that is a special file", cause, out)
+            }
             (ControlFile::Alternates, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
                 Ok(Some(contents)) => {
                     // `git_dir` is the objects directory's parent; entries
@@ -516,7 +599,16 @@ impl Engine {
                     let objects_dir = rel.parent().and_then(Path::parent).unwrap_or(Path::new(""));
                     let inside = git_model::alternates_inside(&contents, &self.roots[root].path, objects_dir);
                     if !inside.is_some_and(|paths| paths.iter().all(|p| self.path_ok(root, p))) {
-                        self.quarantine(root, rel, parent, name, &st, "an alternates list naming objects outside the workspace (git would read them)", cause, out)
+                        self.quarantine(
+                            root,
+                            rel,
+                            parent,
+                            name,
+                            &st,
+                            "an alternates list naming objects outside the workspace (git would read them)",
+                            cause,
+                            out,
+                        )
                     }
                 }
                 Ok(None) => {}
@@ -525,7 +617,9 @@ impl Engine {
             (ControlFile::InfoAttributes, _) => {
                 self.quarantine(root, rel, parent, name, &st, "info/attributes in a repository the sandbox made or changed", cause, out)
             }
-            (ControlFile::Config | ControlFile::ConfigWorktree, _) => self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out),
+            (ControlFile::Config | ControlFile::ConfigWorktree, _) => {
+                self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out)
+            }
             (ControlFile::OperationState(_), FileKind::Other) => {
                 self.quarantine(root, rel, parent, name, &st, "operation state that is a special file", cause, out)
             }
@@ -540,7 +634,9 @@ impl Engine {
                 Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
                 Ok(Some(contents)) if classify::commondir_ok(git_dir, &String::from_utf8_lossy(&contents)) => {}
                 Ok(None) => {}
-                Ok(Some(_)) => self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out),
+                Ok(Some(_)) => {
+                    self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out)
+                }
                 Err(e) => self.error(root, rel, e, out),
             },
             // A linked worktree's back-link names its work tree's `.git`
@@ -571,7 +667,17 @@ impl Engine {
     /// rename it), the exchange is undone and the newer version filtered in
     /// turn. Every version that lands at the name is filtered, so a race
     /// the agent plays on purpose only loses the agent's own update.
-    fn filter_config_file(&self, root: usize, git_dir: &Path, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+    fn filter_config_file(
+        &self,
+        root: usize,
+        git_dir: &Path,
+        rel: &Path,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        cause: Cause,
+        out: &mut Out,
+    ) {
         const ATTEMPTS: usize = 4;
         for attempt in 1..=ATTEMPTS {
             let (contents, version) = match read_regular_versioned(parent, name, MAX_CONTROL_FILE) {
@@ -618,14 +724,26 @@ impl Engine {
     /// original kept in the quarantine). Events leave it alone: the
     /// sandbox's own operation runs inside, and the state only matters
     /// once the host's git resumes it.
-    fn neutralise_operation_file(&self, root: usize, rel: &Path, file: OperationFile, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, cause: Cause, out: &mut Out) {
+    fn neutralise_operation_file(
+        &self,
+        root: usize,
+        rel: &Path,
+        file: OperationFile,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        cause: Cause,
+        out: &mut Out,
+    ) {
         if cause.pid.is_some() || !self.changed_in_run(st) {
             return;
         }
         let (contents, version) = match read_regular_versioned(parent, name, MAX_CONTROL_FILE) {
             Ok(Some(read)) => read,
             Ok(None) => return,
-            Err(MountError::Refused { .. }) => return self.quarantine(root, rel, parent, name, st, "operation state too large to check", cause, out),
+            Err(MountError::Refused { .. }) => {
+                return self.quarantine(root, rel, parent, name, st, "operation state too large to check", cause, out);
+            }
             Err(e) => return self.error(root, rel, e, out),
         };
         let (text, removed) = match git_model::operation_verdict(file, &contents) {
@@ -656,7 +774,17 @@ impl Engine {
     }
 
     /// Moves an entry into the quarantine and records it.
-    fn quarantine(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, st: &FileStat, reason: &str, cause: Cause, out: &mut Out) {
+    fn quarantine(
+        &self,
+        root: usize,
+        rel: &Path,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        reason: &str,
+        cause: Cause,
+        out: &mut Out,
+    ) {
         match self.quarantine.take(&self.roots[root].label, rel, parent, name, st, reason) {
             Ok(id) => self.record(root, rel, Action::Quarantined, reason, Some(id), cause, out),
             Err(e) => self.error(root, rel, e, out),
@@ -701,7 +829,15 @@ impl Engine {
 /// the two are exchanged and the exchange is undone (returning false)
 /// unless what came out is still that version; a filesystem without
 /// `RENAME_EXCHANGE` gets a plain rename.
-fn replace_with(developer: super::Owner, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, temp: &str, text: &[u8], expected: Option<&FileVersion>) -> Result<bool, MountError> {
+fn replace_with(
+    developer: super::Owner,
+    rel: &Path,
+    parent: BorrowedFd<'_>,
+    name: &OsStr,
+    temp: &str,
+    text: &[u8],
+    expected: Option<&FileVersion>,
+) -> Result<bool, MountError> {
     let unlink_temp = || {
         let _ = nix::unistd::unlinkat(parent, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
     };
@@ -775,18 +911,18 @@ pub(crate) struct FileVersion {
 
 impl FileVersion {
     fn of(st: &FileStat) -> FileVersion {
-        FileVersion {
-            dev: st.st_dev,
-            ino: st.st_ino,
-            size: st.st_size,
-            mtime: (st.st_mtime, st.st_mtime_nsec),
-        }
+        FileVersion { dev: st.st_dev, ino: st.st_ino, size: st.st_size, mtime: (st.st_mtime, st.st_mtime_nsec) }
     }
 }
 
 /// [`read_regular`], with the version of the file the bytes came from.
 fn read_regular_versioned(dir: BorrowedFd<'_>, name: &OsStr, limit: u64) -> Result<Option<(Vec<u8>, FileVersion)>, MountError> {
-    let fd = match nix::fcntl::openat(dir, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, Mode::empty()) {
+    let fd = match nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
         Err(Errno::ENOENT | Errno::ELOOP) => return Ok(None),
         Err(errno) => return Err(MountError::sys("open", Path::new(name), errno)),
@@ -815,7 +951,6 @@ pub(crate) fn list_names(dir: OwnedFd) -> Vec<std::ffi::OsString> {
         })
         .collect()
 }
-
 
 #[cfg(test)]
 mod tests {

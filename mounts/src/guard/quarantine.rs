@@ -16,11 +16,11 @@
 //! that a later [`super::sweep`] leaves the restored file alone as long as
 //! it is unchanged.
 
+use std::collections::VecDeque;
 use std::ffi::OsStr;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::collections::VecDeque;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -179,8 +179,7 @@ impl Quarantine {
         match std::fs::create_dir(path) {
             Ok(()) => {
                 use std::os::unix::fs::PermissionsExt;
-                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700))
-                    .map_err(|e| MountError::io("chmod", path, e))?;
+                std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).map_err(|e| MountError::io("chmod", path, e))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
             Err(e) => return Err(MountError::io("mkdir", path, e).into()),
@@ -197,10 +196,15 @@ impl Quarantine {
     /// Re-reads the entries and how much disk their contents take.
     fn rescan(&self, kept: &mut Kept) {
         let version = self.version();
-        let mut ids: Vec<String> = match nix::fcntl::openat(self.dir.as_fd(), ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
-            Ok(listing) => super::neutralise::list_names(listing).into_iter().filter_map(|n| n.into_string().ok()).filter(|n| is_entry_name(n)).collect(),
-            Err(_) => return,
-        };
+        let mut ids: Vec<String> =
+            match nix::fcntl::openat(self.dir.as_fd(), ".", OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty()) {
+                Ok(listing) => super::neutralise::list_names(listing)
+                    .into_iter()
+                    .filter_map(|n| n.into_string().ok())
+                    .filter(|n| is_entry_name(n))
+                    .collect(),
+                Err(_) => return,
+            };
         ids.sort();
         kept.entries.clear();
         kept.bytes = 0;
@@ -318,7 +322,8 @@ impl Quarantine {
             }
             Err(Errno::EXDEV) => {
                 if kind == FileKind::Regular && record.size <= MAX_COPY {
-                    record.content_kept = copy_out(parent, name, entry.as_fd()).map_err(|e| MountError::io("copy into quarantine", rel, e))?;
+                    record.content_kept =
+                        copy_out(parent, name, entry.as_fd()).map_err(|e| MountError::io("copy into quarantine", rel, e))?;
                 }
                 match nix::unistd::unlinkat(parent, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
                     Ok(()) | Err(Errno::ENOENT) => {}
@@ -340,7 +345,8 @@ impl Quarantine {
     pub(crate) fn keep_copy(&self, root: &str, rel: &Path, st: &FileStat, contents: &[u8], reason: &str) -> Result<String, GuardError> {
         let (id, entry, made) = self.new_entry()?;
         write_new(entry.as_fd(), "content", contents).map_err(|e| MountError::io("write quarantine", rel, e))?;
-        let record = QuarantineRecord { size: contents.len() as u64, content_kept: true, ..QuarantineRecord::of(&id, root, rel, reason, st) };
+        let record =
+            QuarantineRecord { size: contents.len() as u64, content_kept: true, ..QuarantineRecord::of(&id, root, rel, reason, st) };
         write_new(entry.as_fd(), "record.json", &serde_json::to_vec_pretty(&record).unwrap_or_default())
             .map_err(|e| MountError::io("write quarantine record", &self.path, e))?;
         self.admit(&id, nix::sys::stat::fstatat(entry.as_fd(), "content", AtFlags::AT_SYMLINK_NOFOLLOW).ok().as_ref(), made);
@@ -356,8 +362,13 @@ impl Quarantine {
             match nix::sys::stat::mkdirat(self.dir.as_fd(), id.as_str(), Mode::from_bits_truncate(0o700)) {
                 Ok(()) => {
                     let made = self.made_entry(before);
-                    let fd = nix::fcntl::openat(self.dir.as_fd(), id.as_str(), OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::empty())
-                        .map_err(|e| MountError::sys("open quarantine entry", &self.path, e))?;
+                    let fd = nix::fcntl::openat(
+                        self.dir.as_fd(),
+                        id.as_str(),
+                        OFlag::O_RDONLY | OFlag::O_DIRECTORY | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+                        Mode::empty(),
+                    )
+                    .map_err(|e| MountError::sys("open quarantine entry", &self.path, e))?;
                     return Ok((id, fd, made));
                 }
                 Err(Errno::EEXIST) => continue,
@@ -381,7 +392,12 @@ fn allocated(st: &FileStat) -> u64 {
 
 /// Appends `line` to `name` in `dir` (created mode 0600).
 fn append(dir: BorrowedFd<'_>, name: &str, line: &[u8]) -> std::io::Result<()> {
-    let fd = nix::fcntl::openat(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o600))?;
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
     std::fs::File::from(fd).write_all(line)
 }
 
@@ -393,7 +409,9 @@ fn dropped_records(dir: BorrowedFd<'_>) -> Vec<QuarantineRecord> {
 
 /// Removes every privilege and execute bit from a quarantined file.
 fn disarm(entry: BorrowedFd<'_>, name: &Path) {
-    if let Ok(fd) = nix::fcntl::openat(entry, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, Mode::empty()) {
+    if let Ok(fd) =
+        nix::fcntl::openat(entry, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_CLOEXEC, Mode::empty())
+    {
         let _ = nix::unistd::fchown(&fd, Some(nix::unistd::Uid::effective()), Some(nix::unistd::Gid::effective()));
         let _ = nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(0o600));
         let _ = crate::sys::remove_xattr(fd.as_fd(), c"security.capability");
@@ -403,7 +421,12 @@ fn disarm(entry: BorrowedFd<'_>, name: &Path) {
 /// Copies the regular file `name` of `parent` into `entry/content`.
 /// Returns false if it was not a regular file by the time it was opened.
 fn copy_out(parent: BorrowedFd<'_>, name: &OsStr, entry: BorrowedFd<'_>) -> std::io::Result<bool> {
-    let source = match nix::fcntl::openat(parent, name, OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC, Mode::empty()) {
+    let source = match nix::fcntl::openat(
+        parent,
+        name,
+        OFlag::O_RDONLY | OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK | OFlag::O_NOCTTY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    ) {
         Ok(fd) => fd,
         Err(Errno::ELOOP) | Err(Errno::ENOENT) => return Ok(false),
         Err(errno) => return Err(errno.into()),
@@ -423,7 +446,12 @@ fn copy_out(parent: BorrowedFd<'_>, name: &OsStr, entry: BorrowedFd<'_>) -> std:
 
 /// Creates `name` in `dir` (`O_EXCL`, mode 0600) with `contents`.
 fn write_new(dir: BorrowedFd<'_>, name: &str, contents: &[u8]) -> std::io::Result<()> {
-    let fd = nix::fcntl::openat(dir, name, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o600))?;
+    let fd = nix::fcntl::openat(
+        dir,
+        name,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o600),
+    )?;
     std::fs::File::from(fd).write_all(contents)
 }
 
@@ -478,7 +506,8 @@ pub fn restore(config: &GuardConfig, id: &str) -> Result<RestoredFile, GuardErro
         }
         return Err(refuse("no such entry"));
     };
-    let bytes = safe_path::read_beneath(entry.as_fd(), Path::new("record.json"), 1 << 20)?.ok_or_else(|| refuse("the entry has no record"))?;
+    let bytes =
+        safe_path::read_beneath(entry.as_fd(), Path::new("record.json"), 1 << 20)?.ok_or_else(|| refuse("the entry has no record"))?;
     let record: QuarantineRecord = serde_json::from_slice(&bytes).map_err(|e| refuse(&format!("unreadable record: {e}")))?;
     let root = config.roots.iter().find(|r| r.label == record.root).ok_or_else(|| refuse("its root is not part of this Domain"))?;
     let (Some(parent_rel), Some(name)) = (record.path.parent(), record.path.file_name()) else {
@@ -498,7 +527,8 @@ pub fn restore(config: &GuardConfig, id: &str) -> Result<RestoredFile, GuardErro
         nix::unistd::symlinkat(target.as_path(), &parent, name).map_err(|e| MountError::sys("symlink", &record.path, e))?;
         let _ = nix::unistd::fchownat(&parent, name, developer.0, developer.1, AtFlags::AT_SYMLINK_NOFOLLOW);
     } else if record.content_kept {
-        let contents = safe_path::read_beneath(entry.as_fd(), Path::new("content"), MAX_COPY)?.ok_or_else(|| refuse("the content is missing"))?;
+        let contents =
+            safe_path::read_beneath(entry.as_fd(), Path::new("content"), MAX_COPY)?.ok_or_else(|| refuse("the content is missing"))?;
         let fd = nix::fcntl::openat(
             &parent,
             name,
@@ -507,18 +537,30 @@ pub fn restore(config: &GuardConfig, id: &str) -> Result<RestoredFile, GuardErro
         )
         .map_err(|e| MountError::sys("create", &record.path, e))?;
         nix::unistd::fchown(&fd, developer.0, developer.1).map_err(|e| MountError::sys("chown", &record.path, e))?;
-        nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(record.mode & 0o777)).map_err(|e| MountError::sys("chmod", &record.path, e))?;
+        nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(record.mode & 0o777))
+            .map_err(|e| MountError::sys("chmod", &record.path, e))?;
         let mut file = std::fs::File::from(fd);
         file.write_all(&contents).map_err(|e| MountError::io("write", &record.path, e))?;
     } else {
         return Err(refuse("nothing was kept of this file (special file, or too large to copy)"));
     }
     if let Ok(st) = nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
-        let mark = RestoredMark { root: record.root.clone(), path: record.path.clone(), ino: st.st_ino, ctime: st.st_ctime, ctime_nsec: st.st_ctime_nsec };
+        let mark = RestoredMark {
+            root: record.root.clone(),
+            path: record.path.clone(),
+            ino: st.st_ino,
+            ctime: st.st_ctime,
+            ctime_nsec: st.st_ctime_nsec,
+        };
         let mut line = serde_json::to_vec(&mark).unwrap_or_default();
         line.push(b'\n');
-        let log = nix::fcntl::openat(quarantine.dir.as_fd(), RESTORED_LOG, OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC, Mode::from_bits_truncate(0o600))
-            .map_err(|e| MountError::sys("open restore log", &config.quarantine_dir, e))?;
+        let log = nix::fcntl::openat(
+            quarantine.dir.as_fd(),
+            RESTORED_LOG,
+            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_APPEND | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+            Mode::from_bits_truncate(0o600),
+        )
+        .map_err(|e| MountError::sys("open restore log", &config.quarantine_dir, e))?;
         std::fs::File::from(log).write_all(&line).map_err(|e| MountError::io("write restore log", &config.quarantine_dir, e))?;
     }
     for file in ["content", "record.json"] {
@@ -535,16 +577,7 @@ pub fn new_id(now: SystemTime) -> String {
     let secs = since.as_secs();
     let t = lazaret_protocol::utc::Utc::from_unix(secs);
     let count = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!(
-        "{:04}{:02}{:02}T{:02}{:02}{:02}Z-{:09}-{count}",
-        t.year,
-        t.month,
-        t.day,
-        t.hour,
-        t.minute,
-        t.second,
-        since.subsec_nanos()
-    )
+    format!("{:04}{:02}{:02}T{:02}{:02}{:02}Z-{:09}-{count}", t.year, t.month, t.day, t.hour, t.minute, t.second, since.subsec_nanos())
 }
 
 #[cfg(test)]
@@ -567,7 +600,9 @@ mod tests {
         let dir = tmp.path().join("quarantine");
         let st = stat_of(tmp.path());
         let q = Quarantine::open(&dir, QuarantineLimits { max_entries: 3, max_bytes: u64::MAX }).expect("open");
-        let ids: Vec<String> = (0..5).map(|i| q.keep_copy("workspace", Path::new(&format!("r{i}/.git/config")), &st, b"[core]\n", "test").expect("keep")).collect();
+        let ids: Vec<String> = (0..5)
+            .map(|i| q.keep_copy("workspace", Path::new(&format!("r{i}/.git/config")), &st, b"[core]\n", "test").expect("keep"))
+            .collect();
         assert_eq!(entry_dirs(&dir), 3, "three copies kept");
         let records = list(&dir).expect("list");
         assert_eq!(records.iter().map(|r| r.id.clone()).collect::<Vec<_>>(), ids, "every record listed, oldest first");

@@ -106,7 +106,11 @@ pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool,
             }
             if kind == FileKind::Directory {
                 if depth + 1 > MAX_DEPTH {
-                    out.errors.push(format!("{}:{}: nested too deeply, not walked", engine.roots[root].label, lazaret_protocol::display::escaped(&child)));
+                    out.errors.push(format!(
+                        "{}:{}: nested too deeply, not walked",
+                        engine.roots[root].label,
+                        lazaret_protocol::display::escaped(&child)
+                    ));
                     continue;
                 }
                 stack.push((child, depth + 1));

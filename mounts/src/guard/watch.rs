@@ -56,7 +56,8 @@ pub enum Backend {
 }
 
 /// The events watched.
-const EVENT_MASK: u64 = libc::FAN_CREATE | libc::FAN_MOVED_TO | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE | libc::FAN_MODIFY | libc::FAN_ONDIR;
+const EVENT_MASK: u64 =
+    libc::FAN_CREATE | libc::FAN_MOVED_TO | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE | libc::FAN_MODIFY | libc::FAN_ONDIR;
 
 /// `fanotify_init` flags.
 const INIT_FLAGS: libc::c_uint = libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK | libc::FAN_REPORT_DFID_NAME;
@@ -99,7 +100,9 @@ fn mark_filesystem(group: &OwnedFd, dir: &OwnedFd, path: &Path) -> Result<bool, 
     match crate::sys::fanotify_mark(group.as_fd(), libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM, EVENT_MASK, dir.as_fd(), Some(c".")) {
         Ok(()) => Ok(true),
         Err(Errno::EXDEV | Errno::ENODEV | Errno::EOPNOTSUPP | Errno::EINVAL) => Ok(false),
-        Err(errno) => Err(GuardError::Unsupported { path: path.to_owned(), reason: format!("fanotify_mark(FAN_MARK_FILESYSTEM): {errno}") }),
+        Err(errno) => {
+            Err(GuardError::Unsupported { path: path.to_owned(), reason: format!("fanotify_mark(FAN_MARK_FILESYSTEM): {errno}") })
+        }
     }
 }
 
@@ -147,7 +150,8 @@ impl Guard {
             backends.push(if watched { Backend::Fanotify } else { Backend::SweepOnly });
             fsids.push(crate::sys::fsid(root.fd.as_fd()).map_err(|e| MountError::sys("fstatfs", &root.path, e))?);
         }
-        let (wake_read, wake_write) = nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
+        let (wake_read, wake_write) =
+            nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
         let (commands, receiver) = mpsc::channel();
         let mut state = LoopState { engine, group, wake: wake_read, receiver, is_sandbox, sink, fsids, mount_fds, sweep_pending: false };
         let thread = std::thread::Builder::new()
@@ -343,7 +347,8 @@ impl LoopState {
             // An event on the directory itself.
             let Some(name) = dir_rel.file_name().map(OsStr::to_os_string) else { return };
             let parent_rel = dir_rel.parent().unwrap_or(Path::new(""));
-            let Ok(parent) = safe_path::open_beneath(self.engine.roots[root].fd.as_fd(), parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else {
+            let Ok(parent) = safe_path::open_beneath(self.engine.roots[root].fd.as_fd(), parent_rel, OFlag::O_PATH | OFlag::O_DIRECTORY)
+            else {
                 return;
             };
             self.handle_entry(root, dir_rel, parent.as_fd(), &name, event.mask, cause, out);
@@ -387,7 +392,13 @@ impl LoopState {
     fn resolve_dir(&self, event: &RawEvent<'_>) -> Option<(usize, PathBuf, OwnedFd)> {
         let roots = &self.engine.roots;
         let mount = (0..roots.len()).find(|&i| self.fsids[i] == event.fsid)?;
-        let dir = crate::sys::open_by_handle_at(self.mount_fds[mount].as_fd(), event.handle_type, event.handle, libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC).ok()?;
+        let dir = crate::sys::open_by_handle_at(
+            self.mount_fds[mount].as_fd(),
+            event.handle_type,
+            event.handle,
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_CLOEXEC,
+        )
+        .ok()?;
         let hint = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_raw_fd())).ok()?;
         let st = nix::sys::stat::fstat(&dir).ok()?;
         // The deepest root whose path the hint is under (roots may nest).
@@ -481,7 +492,11 @@ fn for_each_event<'a>(buffer: &'a [u8], mut each: impl FnMut(Parsed<'a>)) {
         let event = &buffer[offset..offset + event_len];
         offset += event_len;
         let version = event[4];
-        let (Some(metadata_len), Some(mask), Some(fd), Some(pid)) = (u16_at(event, 6), u64_at(event, 8), u32_at(event, 16), u32_at(event, 20)) else { continue };
+        let (Some(metadata_len), Some(mask), Some(fd), Some(pid)) =
+            (u16_at(event, 6), u64_at(event, 8), u32_at(event, 16), u32_at(event, 20))
+        else {
+            continue;
+        };
         crate::sys::close_raw_fd(fd as i32);
         if version != METADATA_VERSION {
             continue;
@@ -502,7 +517,9 @@ fn for_each_event<'a>(buffer: &'a [u8], mut each: impl FnMut(Parsed<'a>)) {
             if info_type != libc::FAN_EVENT_INFO_TYPE_DFID_NAME && info_type != libc::FAN_EVENT_INFO_TYPE_DFID {
                 continue;
             }
-            let (Some(fsid), Some(handle_bytes), Some(handle_type)) = (record.get(4..12), u32_at(record, 12), u32_at(record, 16)) else { continue };
+            let (Some(fsid), Some(handle_bytes), Some(handle_type)) = (record.get(4..12), u32_at(record, 12), u32_at(record, 16)) else {
+                continue;
+            };
             let handle_end = 20 + handle_bytes as usize;
             let Some(handle) = record.get(20..handle_end) else { continue };
             let name = if info_type == libc::FAN_EVENT_INFO_TYPE_DFID_NAME {
@@ -518,7 +535,6 @@ fn for_each_event<'a>(buffer: &'a [u8], mut each: impl FnMut(Parsed<'a>)) {
         }
     }
 }
-
 
 #[cfg(test)]
 mod tests {

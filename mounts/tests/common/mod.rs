@@ -27,18 +27,14 @@ pub fn in_private_mount_ns<R: Send>(f: impl FnOnce() -> R + Send) -> R {
 /// The mount points (field 5) of a mountinfo file.
 pub fn mount_points(mountinfo: &str) -> Vec<String> {
     let text = std::fs::read_to_string(mountinfo).expect("read mountinfo");
-    text.lines()
-        .filter_map(|line| line.split(' ').nth(4).map(str::to_owned))
-        .collect()
+    text.lines().filter_map(|line| line.split(' ').nth(4).map(str::to_owned)).collect()
 }
 
 /// True if any mount point of the *host* namespace (the test process's main
 /// thread, which never unshares) lies at or beneath `path`.
 pub fn host_has_mount_under(path: &Path) -> bool {
     let prefix = path.to_string_lossy().into_owned();
-    mount_points("/proc/self/mountinfo")
-        .iter()
-        .any(|mp| mp == &prefix || mp.starts_with(&format!("{prefix}/")))
+    mount_points("/proc/self/mountinfo").iter().any(|mp| mp == &prefix || mp.starts_with(&format!("{prefix}/")))
 }
 
 /// True if the calling thread's own namespace has a mount exactly at `path`.

@@ -60,8 +60,7 @@ pub fn debug_view(ns: &Netns) -> Result<String, TopologyError> {
 
 async fn render(handle: &Handle) -> Result<String, TopologyError> {
     let links: Vec<LinkMessage> = handle.link().get().execute().try_collect().await.map_err(netlink_error("list links"))?;
-    let addresses: Vec<AddressMessage> =
-        handle.address().get().execute().try_collect().await.map_err(netlink_error("list addresses"))?;
+    let addresses: Vec<AddressMessage> = handle.address().get().execute().try_collect().await.map_err(netlink_error("list addresses"))?;
     let names = NetView { links: links.iter().filter_map(|l| Some((l.header.index, link_name(l)?))).collect(), ..NetView::default() };
     let mut out = String::from("links:\n");
     for link in &links {
@@ -217,7 +216,11 @@ fn render_address(address: &AddressMessage) -> Option<String> {
 }
 
 fn route_table(route: &RouteMessage) -> u32 {
-    route.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(route.header.table))
+    route
+        .attributes
+        .iter()
+        .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+        .unwrap_or(u32::from(route.header.table))
 }
 
 fn table_name(table: u32) -> String {

@@ -168,7 +168,8 @@ impl DomainNetwork {
         let policy = self.policy();
         let address = self.resolver_address();
         let (udp, tcp) = sidecar.run(move || {
-            let udp = UdpSocket::bind(address).map_err(|source| TopologyError::Io { action: format!("bind the resolver's UDP socket {address}"), source })?;
+            let udp = UdpSocket::bind(address)
+                .map_err(|source| TopologyError::Io { action: format!("bind the resolver's UDP socket {address}"), source })?;
             let tcp = super::listen_tcp(SocketAddrV4::new(*address.ip(), DNS_PORT), 128)?;
             Ok((udp, tcp))
         })?;
@@ -180,7 +181,9 @@ impl DomainNetwork {
         let mut plumbing: Vec<IpAddr> = policy.resolvers().to_vec();
         plumbing.extend(settings.upstream.iter().copied());
         plumbing.extend([addresses.sandbox, addresses.sidecar_inner, addresses.sidecar_uplink, addresses.host_uplink].map(IpAddr::V4));
-        plumbing.extend([addresses.v6.sandbox, addresses.v6.sidecar_inner, addresses.v6.sidecar_uplink, addresses.v6.host_uplink].map(IpAddr::V6));
+        plumbing.extend(
+            [addresses.v6.sandbox, addresses.v6.sidecar_inner, addresses.v6.sidecar_uplink, addresses.v6.host_uplink].map(IpAddr::V6),
+        );
         let shared = Arc::new(Shared {
             names: policy.names().clone(),
             policy: self.shared_policy(),
@@ -386,7 +389,10 @@ fn open(shared: &Shared, openings: &[resolver::Opening]) -> Result<(), TopologyE
             openings.iter().map(|opening| (nft::locked_set_name(opening.address.is_ipv4(), opening.port), opening.address)).collect();
         let new = keys.iter().filter(|key| !opened.contains_key(*key)).count();
         if opened.len() + new > MAX_OPENED {
-            return Err(TopologyError::Io { action: "resolver: open an answer's addresses".into(), source: std::io::Error::other("too many addresses open") });
+            return Err(TopologyError::Io {
+                action: "resolver: open an answer's addresses".into(),
+                source: std::io::Error::other("too many addresses open"),
+            });
         }
         for (key, opening) in keys.into_iter().zip(openings) {
             let set = key.0.clone();
@@ -517,7 +523,10 @@ fn serve_tcp(listener: TcpListener, shared: Arc<Shared>) {
         let shared = shared.clone();
         let _ = std::thread::Builder::new().name("lazaret-dns-tcp-conn".into()).spawn(move || {
             let Some(_slot) = Slot::take(&shared.tcp_open, MAX_TCP) else { return };
-            if stream.set_nonblocking(false).is_err() || stream.set_read_timeout(Some(TCP_IDLE)).is_err() || stream.set_write_timeout(Some(TCP_IDLE)).is_err() {
+            if stream.set_nonblocking(false).is_err()
+                || stream.set_read_timeout(Some(TCP_IDLE)).is_err()
+                || stream.set_write_timeout(Some(TCP_IDLE)).is_err()
+            {
                 return;
             }
             // A few queries per connection, then the client reconnects.

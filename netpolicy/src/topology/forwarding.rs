@@ -87,19 +87,15 @@ fn locked<R>(state_file: &Path, work: impl FnOnce(&mut ForwardingRecord) -> Resu
     let _lock = Flock::lock(lock_file, FlockArg::LockExclusive)
         .map_err(|(_, errno)| TopologyError::Namespace { action: "flock forwarding state", errno })?;
     let mut record: ForwardingRecord = match std::fs::read(state_file) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map_err(|error| TopologyError::StateFile {
-            path: state_file.to_path_buf(),
-            reason: error.to_string(),
-        })?,
+        Ok(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|error| TopologyError::StateFile { path: state_file.to_path_buf(), reason: error.to_string() })?,
         Err(error) if error.kind() == ErrorKind::NotFound => ForwardingRecord::default(),
         Err(source) => return Err(TopologyError::Io { action: format!("read {}", state_file.display()), source }),
     };
     let (result, keep) = work(&mut record)?;
     if keep && !(record.originals.is_empty() && record.ipv6_originals.is_empty()) {
-        let text = serde_json::to_vec_pretty(&record).map_err(|error| TopologyError::StateFile {
-            path: state_file.to_path_buf(),
-            reason: error.to_string(),
-        })?;
+        let text = serde_json::to_vec_pretty(&record)
+            .map_err(|error| TopologyError::StateFile { path: state_file.to_path_buf(), reason: error.to_string() })?;
         let temporary = state_file.with_extension("tmp");
         std::fs::write(&temporary, text).map_err(io_error(format!("write {}", temporary.display())))?;
         std::fs::rename(&temporary, state_file).map_err(io_error(format!("rename to {}", state_file.display())))?;

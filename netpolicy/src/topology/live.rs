@@ -35,7 +35,10 @@ use rtnetlink::constants::{RTMGRP_IPV4_IFADDR, RTMGRP_IPV4_ROUTE, RTMGRP_IPV6_IF
 use rtnetlink::sys::protocols::NETLINK_ROUTE;
 use rtnetlink::sys::{Socket, SocketAddr};
 
-use super::{DomainNetwork, Netns, SIDECAR_UPLINK, TopologyError, complete_input, link_index, net_view, netlink_error, nft, policy_route_differences, route_message};
+use super::{
+    DomainNetwork, Netns, SIDECAR_UPLINK, TopologyError, complete_input, link_index, net_view, netlink_error, nft,
+    policy_route_differences, route_message,
+};
 use crate::policy::{CompiledPolicy, PolicyRoute, RouteKind, Rule, compile};
 
 /// The notification groups [`HostWatch`] subscribes to.
@@ -152,20 +155,35 @@ impl DomainNetwork {
             let gateways = (uplink, addresses.host_uplink, addresses.v6.host_uplink);
             for route in &plan.deny {
                 let message = route_message(route, gateways)?;
-                handle.route().add(message).replace().execute().await.map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
+                handle
+                    .route()
+                    .add(message)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
             if replace_filter {
                 filter.replace()?;
             }
             for route in &plan.allow {
                 let message = route_message(route, gateways)?;
-                handle.route().add(message).replace().execute().await.map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
+                handle
+                    .route()
+                    .add(message)
+                    .replace()
+                    .execute()
+                    .await
+                    .map_err(netlink_error(format!("add sidecar route {} {:?}", route.prefix, route.kind)))?;
             }
             for route in &plan.remove {
                 let message = route_message(route, gateways)?;
                 match handle.route().del(message).execute().await {
                     Err(error) if !is_missing(&error) => {
-                        return Err(TopologyError::Netlink { action: format!("delete sidecar route {} {:?}", route.prefix, route.kind), source: error });
+                        return Err(TopologyError::Netlink {
+                            action: format!("delete sidecar route {} {:?}", route.prefix, route.kind),
+                            source: error,
+                        });
                     }
                     _ => {}
                 }
@@ -374,17 +392,20 @@ mod tests {
         let new = compiled(&["192.168.1.5", "11.9.9.9", "2a0b:9::9"], &["192.168.1.0/24"]);
         let update = PolicyUpdate::between(&old, &new);
         let added: Vec<(Prefix, Action, RuleOrigin)> = update.added.iter().map(|r| (r.prefix, r.action, r.origin.clone())).collect();
-        assert_eq!(added, vec![(p("11.9.9.9/32"), Action::Deny, RuleOrigin::HostAddress), (p("2a0b:9::9/128"), Action::Deny, RuleOrigin::HostAddress)]);
-        assert!(update.removed.is_empty() && update.port53_only.is_none());
         assert_eq!(
-            update.to_string(),
-            "+deny 11.9.9.9/32 (default: host address); +deny 2a0b:9::9/128 (default: host address)"
+            added,
+            vec![(p("11.9.9.9/32"), Action::Deny, RuleOrigin::HostAddress), (p("2a0b:9::9/128"), Action::Deny, RuleOrigin::HostAddress)]
         );
+        assert!(update.removed.is_empty() && update.port53_only.is_none());
+        assert_eq!(update.to_string(), "+deny 11.9.9.9/32 (default: host address); +deny 2a0b:9::9/128 (default: host address)");
         let plan = RoutePlan::between(&old.routes(), &new.routes());
-        assert_eq!(plan.deny, vec![
-            PolicyRoute { prefix: p("11.9.9.9/32"), kind: RouteKind::Unreachable },
-            PolicyRoute { prefix: p("2a0b:9::9/128"), kind: RouteKind::Unreachable },
-        ]);
+        assert_eq!(
+            plan.deny,
+            vec![
+                PolicyRoute { prefix: p("11.9.9.9/32"), kind: RouteKind::Unreachable },
+                PolicyRoute { prefix: p("2a0b:9::9/128"), kind: RouteKind::Unreachable },
+            ]
+        );
         assert!(plan.allow.is_empty() && plan.remove.is_empty());
         // Back again: the denial's route is removed, nothing added.
         let back = RoutePlan::between(&new.routes(), &old.routes());

@@ -86,10 +86,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use futures_util::TryStreamExt;
 use rtnetlink::packet_route::AddressFamily;
+use rtnetlink::packet_route::IpProtocol;
 use rtnetlink::packet_route::address::{AddressAttribute, AddressHeaderFlags};
 use rtnetlink::packet_route::link::{InfoData, InfoVeth, LinkAttribute};
 use rtnetlink::packet_route::route::{RouteAddress, RouteAttribute, RouteMessage, RouteProtocol, RouteType};
-use rtnetlink::packet_route::IpProtocol;
 use rtnetlink::packet_route::rule::{RuleAction, RuleAttribute, RuleFlags, RuleMessage, RulePortRange};
 use rtnetlink::{Handle, IpVersion, LinkUnspec, LinkVeth, RouteMessageBuilder};
 
@@ -499,11 +499,8 @@ async fn net_view(handle: &Handle) -> Result<NetView, TopologyError> {
         }
     }
     for v4 in [true, false] {
-        let query = if v4 {
-            RouteMessageBuilder::<Ipv4Addr>::new().build()
-        } else {
-            RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()
-        };
+        let query =
+            if v4 { RouteMessageBuilder::<Ipv4Addr>::new().build() } else { RouteMessageBuilder::<std::net::Ipv6Addr>::new().build() };
         let mut routes = handle.route().get(query).execute();
         while let Some(route) = routes.try_next().await.map_err(netlink_error("list routes"))? {
             if let Some(parsed) = parse_route(&route) {
@@ -515,7 +512,12 @@ async fn net_view(handle: &Handle) -> Result<NetView, TopologyError> {
 }
 
 async fn link_index(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
-    net_view_links(handle).await?.into_iter().find(|(_, n)| n == name).map(|(i, _)| i).ok_or_else(|| TopologyError::LinkMissing(name.to_string()))
+    net_view_links(handle)
+        .await?
+        .into_iter()
+        .find(|(_, n)| n == name)
+        .map(|(i, _)| i)
+        .ok_or_else(|| TopologyError::LinkMissing(name.to_string()))
 }
 
 async fn net_view_links(handle: &Handle) -> Result<Vec<(u32, String)>, TopologyError> {
@@ -533,12 +535,7 @@ async fn net_view_links(handle: &Handle) -> Result<Vec<(u32, String)>, TopologyE
 
 async fn link_up(handle: &Handle, name: &str) -> Result<u32, TopologyError> {
     let index = link_index(handle, name).await?;
-    handle
-        .link()
-        .set(LinkUnspec::new_with_index(index).up().build())
-        .execute()
-        .await
-        .map_err(netlink_error(format!("set {name} up")))?;
+    handle.link().set(LinkUnspec::new_with_index(index).up().build()).execute().await.map_err(netlink_error(format!("set {name} up")))?;
     Ok(index)
 }
 
@@ -578,9 +575,7 @@ fn route_message(route: &PolicyRoute, uplink: (u32, Ipv4Addr, Ipv6Addr)) -> Resu
     let gateway = if route.prefix.is_v4() { IpAddr::V4(gateway4) } else { IpAddr::V6(gateway6) };
     let message = match route.kind {
         RouteKind::Unreachable => builder.kind(RouteType::Unreachable).build(),
-        RouteKind::Uplink => {
-            builder.gateway(gateway).map_err(|e| build_error(e.to_string()))?.output_interface(index).onlink().build()
-        }
+        RouteKind::Uplink => builder.gateway(gateway).map_err(|e| build_error(e.to_string()))?.output_interface(index).onlink().build(),
     };
     Ok(message)
 }
@@ -737,9 +732,9 @@ impl SidecarRule {
             message.attributes.push(RuleAttribute::Destination(destination.network()));
         }
         message.attributes.extend(self.protocol.map(RuleAttribute::IpProtocol));
-        message.attributes.extend(
-            self.destination_ports.map(|(start, end)| RuleAttribute::DestinationPortRange(RulePortRange { start, end })),
-        );
+        message
+            .attributes
+            .extend(self.destination_ports.map(|(start, end)| RuleAttribute::DestinationPortRange(RulePortRange { start, end })));
         message.attributes.extend(self.goto.map(RuleAttribute::Goto));
         request.execute().await.map_err(netlink_error(format!("add sidecar rule {self}")))
     }
@@ -835,8 +830,7 @@ fn sidecar_rules(family: GuardFamily) -> Vec<SidecarRule> {
         // error would go to the forged source. (A rule's `not` would invert
         // all its selectors, the interface included, so the guard is "permit
         // these two, drop the rest".)
-        for (priority, source) in
-            [(LINK_LOCAL_SOURCE_PRIORITY, link_local()), (SANDBOX_SOURCE_PRIORITY, Prefix::host(IpAddr::V6(sandbox)))]
+        for (priority, source) in [(LINK_LOCAL_SOURCE_PRIORITY, link_local()), (SANDBOX_SOURCE_PRIORITY, Prefix::host(IpAddr::V6(sandbox)))]
         {
             rules.push(SidecarRule {
                 source: Some(source),
@@ -887,13 +881,7 @@ fn rule_differences(family: &str, expected: &[SidecarRule], found: &[SidecarRule
 
 /// The rules of one family in the namespace of `handle`.
 async fn dump_rules(handle: &Handle, v4: bool) -> Result<Vec<RuleMessage>, TopologyError> {
-    handle
-        .rule()
-        .get(if v4 { IpVersion::V4 } else { IpVersion::V6 })
-        .execute()
-        .try_collect()
-        .await
-        .map_err(netlink_error("list rules"))
+    handle.rule().get(if v4 { IpVersion::V4 } else { IpVersion::V6 }).execute().try_collect().await.map_err(netlink_error("list rules"))
 }
 
 /// Installs [`sidecar_rules`] for one family and then deletes the kernel's
@@ -962,7 +950,11 @@ async fn self_guard_differences(handle: &Handle, guard: GuardFamily, own: &[Pref
     let mut unreachable = Vec::new();
     let mut throw = false;
     while let Some(route) = routes.try_next().await.map_err(netlink_error("list self-guard routes"))? {
-        let table = route.attributes.iter().find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None }).unwrap_or(u32::from(route.header.table));
+        let table = route
+            .attributes
+            .iter()
+            .find_map(|a| if let RouteAttribute::Table(t) = a { Some(*t) } else { None })
+            .unwrap_or(u32::from(route.header.table));
         if table != SELF_GUARD_TABLE {
             continue;
         }
@@ -1041,12 +1033,8 @@ fn ipv6_forwarding_here() -> Result<Ipv6Forwarding, TopologyError> {
 /// route of one family for an allowed prefix: forwarding must be on there
 /// for the replies.
 fn egress_interfaces(view: &NetView, policy: &CompiledPolicy, v4: bool) -> Vec<String> {
-    let allowed: Vec<Prefix> = policy
-        .routes()
-        .into_iter()
-        .filter(|r| r.kind == RouteKind::Uplink && r.prefix.is_v4() == v4)
-        .map(|r| r.prefix)
-        .collect();
+    let allowed: Vec<Prefix> =
+        policy.routes().into_iter().filter(|r| r.kind == RouteKind::Uplink && r.prefix.is_v4() == v4).map(|r| r.prefix).collect();
     let mut egress: Vec<String> = view
         .routes
         .iter()
@@ -1122,9 +1110,7 @@ fn interface_names_here() -> Result<Vec<String>, TopologyError> {
 /// state file's lock, so a Domain starting meanwhile is never undercut).
 /// Runs in the host namespace.
 fn restore_forwarding_if_unused(state_file: &Path) -> Result<(), TopologyError> {
-    forwarding::restore_unless(state_file, || {
-        Ok(interface_names_here()?.iter().any(|name| SidecarId::from_host_link_name(name).is_some()))
-    })
+    forwarding::restore_unless(state_file, || Ok(interface_names_here()?.iter().any(|name| SidecarId::from_host_link_name(name).is_some())))
 }
 
 /// Differences between the policy routes in the sidecar's main table
@@ -1137,9 +1123,7 @@ fn policy_route_differences(view: &NetView, addresses: &DomainAddresses, expecte
     for route in view.routes.iter().filter(|r| r.table == MAIN_TABLE && r.protocol != RouteProtocol::Kernel) {
         match route.kind {
             RouteType::Unreachable => installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Unreachable }),
-            RouteType::Unicast
-                if route.gateway.is_some_and(|g| gateways.contains(&g)) && route.oif.is_some() && route.oif == uplink =>
-            {
+            RouteType::Unicast if route.gateway.is_some_and(|g| gateways.contains(&g)) && route.oif.is_some() && route.oif == uplink => {
                 installed.push(PolicyRoute { prefix: route.prefix, kind: RouteKind::Uplink })
             }
             other => differences.push(format!(
@@ -1194,10 +1178,7 @@ const SLOT_ATTEMPTS: u32 = 12;
 fn free_slot(pool: Prefix, used: &[IpAddr], search_from: u64) -> Option<Prefix> {
     let slots = 1u128 << (30 - pool.prefix_len());
     let start = u128::from(search_from) % slots;
-    (0..slots)
-        .map(|i| (start + i) % slots)
-        .filter_map(|i| pool.subnet(30, i))
-        .find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
+    (0..slots).map(|i| (start + i) % slots).filter_map(|i| pool.subnet(30, i)).find(|slot| !used.iter().any(|ip| slot.contains(*ip)))
 }
 
 fn random_u64() -> Result<u64, TopologyError> {
@@ -1268,11 +1249,9 @@ impl DomainNetwork {
                 }
             }
         }
-        let used: Vec<IpAddr> =
-            view.addresses.iter().filter(|(index, _)| view.is_lazaret_link(*index)).map(|(_, ip)| *ip).collect();
+        let used: Vec<IpAddr> = view.addresses.iter().filter(|(index, _)| view.is_lazaret_link(*index)).map(|(_, ip)| *ip).collect();
         let slot = free_slot(pool, &used, search_from).ok_or(TopologyError::PoolExhausted { pool })?;
-        let addresses =
-            DomainAddresses::for_slot(slot, pool6).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
+        let addresses = DomainAddresses::for_slot(slot, pool6).ok_or(TopologyError::InvalidPool { pool, reason: "slot outside pool" })?;
 
         let policy = compile(&complete_input(&view, config, input, Some(&addresses)))?;
 
@@ -1332,7 +1311,11 @@ impl DomainNetwork {
         let addresses = self.addresses;
         let (routes, port53_only, locked_filter) = {
             let policy = self.locked_policy();
-            (policy.routes(), policy.port53_only_resolvers(), policy.locked().then(|| nft::locked_table(&policy.names().ports(), &policy.allowed_prefixes())))
+            (
+                policy.routes(),
+                policy.port53_only_resolvers(),
+                policy.locked().then(|| nft::locked_table(&policy.names().ports(), &policy.allowed_prefixes())),
+            )
         };
         let locked = locked_filter.is_some();
         let ipv6 = self.ipv6();
@@ -1398,16 +1381,10 @@ impl DomainNetwork {
                 add_address(&handle, index, SANDBOX_LINK, addresses.v6.sandbox.into(), 127).await?;
             }
             link_up(&handle, SANDBOX_LINK).await?;
-            let default = RouteMessageBuilder::<Ipv4Addr>::new()
-                .gateway(addresses.sidecar_inner)
-                .output_interface(index)
-                .build();
+            let default = RouteMessageBuilder::<Ipv4Addr>::new().gateway(addresses.sidecar_inner).output_interface(index).build();
             handle.route().add(default).replace().execute().await.map_err(netlink_error("add sandbox default route"))?;
             if ipv6 {
-                let default6 = RouteMessageBuilder::<Ipv6Addr>::new()
-                    .gateway(addresses.v6.sidecar_inner)
-                    .output_interface(index)
-                    .build();
+                let default6 = RouteMessageBuilder::<Ipv6Addr>::new().gateway(addresses.v6.sidecar_inner).output_interface(index).build();
                 handle.route().add(default6).replace().execute().await.map_err(netlink_error("add sandbox IPv6 default route"))?;
             }
             Ok(())
@@ -1503,7 +1480,8 @@ impl DomainNetwork {
             }
             let rp_filter = inner_rp_filter();
             sysctls.push(forwarding::read_sysctl(&rp_filter)?);
-            let mut guard = self_guard_differences(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner, resolver: locked }, &own).await?;
+            let mut guard =
+                self_guard_differences(&handle, GuardFamily::V4 { gateway: addresses.sidecar_inner, resolver: locked }, &own).await?;
             if ipv6 {
                 guard.extend(self_guard_differences(&handle, GuardFamily::V6 { sandbox: addresses.v6.sandbox }, &own6).await?);
             }
@@ -1511,7 +1489,8 @@ impl DomainNetwork {
             Ok((view, sysctls, guard))
         })?;
         differences.extend(guard);
-        let expected_sysctls = sidecar_sysctls(ipv6).into_iter().map(|(p, v)| (p.to_string(), v)).chain([(inner_rp_filter().display().to_string(), "1")]);
+        let expected_sysctls =
+            sidecar_sysctls(ipv6).into_iter().map(|(p, v)| (p.to_string(), v)).chain([(inner_rp_filter().display().to_string(), "1")]);
         for ((path, expected), actual) in expected_sysctls.zip(&sysctls) {
             if actual != expected {
                 differences.push(format!("sidecar {path} is {actual}, expected {expected}"));
@@ -1617,7 +1596,9 @@ impl Drop for DomainNetwork {
 /// A listening TCP socket on `address` in the calling thread's namespace,
 /// close-on-exec, with `backlog` (std's `TcpListener::bind` fixes 128).
 fn listen_tcp(address: SocketAddrV4, backlog: i32) -> Result<TcpListener, TopologyError> {
-    use nix::sys::socket::{AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrIn, bind, listen, setsockopt, socket, sockopt};
+    use nix::sys::socket::{
+        AddressFamily, Backlog, SockFlag, SockProtocol, SockType, SockaddrIn, bind, listen, setsockopt, socket, sockopt,
+    };
     let failed = |action: &'static str| move |errno| TopologyError::Namespace { action, errno };
     let socket = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, SockProtocol::Tcp)
         .map_err(failed("socket(AF_INET, SOCK_STREAM) for the escalation listener"))?;
@@ -1723,9 +1704,8 @@ fn complete_input(view: &NetView, config: &TopologyConfig, input: &PolicyInput, 
     // Addresses on Lazaret's own uplinks are the pools' (denied as other
     // Domains or as this Domain's transit) or link-local (fe80::/10): not
     // host addresses, or every Domain's start would change every other's table.
-    full.host_addresses.extend(
-        view.addresses.iter().filter(|(index, _)| !view.is_lazaret_link(*index)).map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()),
-    );
+    full.host_addresses
+        .extend(view.addresses.iter().filter(|(index, _)| !view.is_lazaret_link(*index)).map(|(_, ip)| *ip).filter(|ip| !ip.is_loopback()));
     full.host_networks.extend(host_networks(view));
     if let Some(addresses) = addresses {
         full.own_addresses.push(Prefix::host(IpAddr::V4(addresses.host_uplink)));
@@ -1804,11 +1784,14 @@ mod tests {
         assert_eq!(v4.iter().filter(|rule| !rule.starts_with("500:") && !rule.starts_with("1000:")).count(), 1);
         let sandbox: Ipv6Addr = "fd6c:617a:6172::6460:4".parse().expect("valid test input");
         let v6: Vec<String> = sidecar_rules(GuardFamily::V6 { sandbox }).iter().map(ToString::to_string).collect();
-        assert_eq!(&v6[..3], [
-            "400: iif lzs0 from fe80::/10 goto 450",
-            "401: iif lzs0 from fd6c:617a:6172::6460:4/128 goto 450",
-            "402: iif lzs0 from all Blackhole",
-        ]);
+        assert_eq!(
+            &v6[..3],
+            [
+                "400: iif lzs0 from fe80::/10 goto 450",
+                "401: iif lzs0 from fd6c:617a:6172::6460:4/128 goto 450",
+                "402: iif lzs0 from all Blackhole",
+            ]
+        );
         assert_eq!(v6[3], "450: iif lzs0 from all to fe80::/10 ipproto Tcp Unreachable");
         // ICMPv6 (neighbour discovery) is guarded nowhere.
         assert!(!v6.iter().any(|rule| rule.contains("Icmp")), "{v6:?}");

@@ -52,10 +52,7 @@ impl Netns {
 
     /// A second descriptor for the same namespace.
     pub fn try_clone(&self) -> Result<Netns, TopologyError> {
-        let fd = self
-            .fd
-            .try_clone()
-            .map_err(|source| TopologyError::Io { action: "duplicate namespace descriptor".into(), source })?;
+        let fd = self.fd.try_clone().map_err(|source| TopologyError::Io { action: "duplicate namespace descriptor".into(), source })?;
         Ok(Netns { fd })
     }
 
@@ -67,8 +64,7 @@ impl Netns {
 
     /// The namespace's inode number, which identifies it while it exists.
     pub fn inode(&self) -> Result<u64, TopologyError> {
-        let stat = nix::sys::stat::fstat(self.fd.as_fd())
-            .map_err(|errno| TopologyError::Namespace { action: "fstat namespace", errno })?;
+        let stat = nix::sys::stat::fstat(self.fd.as_fd()).map_err(|errno| TopologyError::Namespace { action: "fstat namespace", errno })?;
         Ok(stat.st_ino)
     }
 
@@ -98,8 +94,8 @@ impl Netns {
                 .build()
                 .map_err(|source| TopologyError::Io { action: "start netlink runtime".into(), source })?;
             runtime.block_on(async move {
-                let (connection, handle, _) = rtnetlink::new_connection()
-                    .map_err(|source| TopologyError::Io { action: "open rtnetlink socket".into(), source })?;
+                let (connection, handle, _) =
+                    rtnetlink::new_connection().map_err(|source| TopologyError::Io { action: "open rtnetlink socket".into(), source })?;
                 let driver = tokio::spawn(connection);
                 let result = job(handle).await;
                 driver.abort();

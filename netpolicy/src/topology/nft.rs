@@ -206,8 +206,13 @@ impl fmt::Display for TableSpec {
             writeln!(f, "  set {} {{ type {}; flags timeout; }}", set.name, if set.v4 { "ipv4_addr" } else { "ipv6_addr" })?;
         }
         for v4 in [true, false].into_iter().filter(|_| self.counting != Counting::Off) {
-            writeln!(f, "  set {} {{ type {} . inet_proto . inet_service; size {REFUSED_SET_SIZE}; flags dynamic,timeout; timeout {}s; counter; }}",
-                refused_set_name(v4), if v4 { "ipv4_addr" } else { "ipv6_addr" }, REFUSED_TIMEOUT.as_secs())?;
+            writeln!(
+                f,
+                "  set {} {{ type {} . inet_proto . inet_service; size {REFUSED_SET_SIZE}; flags dynamic,timeout; timeout {}s; counter; }}",
+                refused_set_name(v4),
+                if v4 { "ipv4_addr" } else { "ipv6_addr" },
+                REFUSED_TIMEOUT.as_secs()
+            )?;
         }
         for chain in &self.chains {
             writeln!(f, "{chain}")?;
@@ -342,7 +347,8 @@ impl RuleSpec {
             Action::Refuse => rule.add_expr(&NftVerdict::Goto { chain: c_name(refused::REFUSE_CHAIN)? }),
             Action::Masquerade => rule.add_expr(&nft_expr!(masquerade)),
         }
-        rule.set_comment(comment).map_err(|reason| TopologyError::Nftables { action: format!("build rule {self}"), reason: reason.to_string() })?;
+        rule.set_comment(comment)
+            .map_err(|reason| TopologyError::Nftables { action: format!("build rule {self}"), reason: reason.to_string() })?;
         Ok(rule)
     }
 }
@@ -414,11 +420,14 @@ impl TableSpec {
                     bodies.push((NFT_MSG_NEWRULE, super::nftset::NLM_F_CREATE | NLM_F_APPEND, refused::rule_payload(&self.name, rule)));
                 }
             }
-            super::nftset::transact(bodies)
-                .map_err(|source| TopologyError::Io { action: format!("nftables: install the counting chains of inet {}", self.name), source })?;
+            super::nftset::transact(bodies).map_err(|source| TopologyError::Io {
+                action: format!("nftables: install the counting chains of inet {}", self.name),
+                source,
+            })?;
         }
         let batch = self.batch(Replacing::Nothing)?;
-        super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
+        super::nat::send(&batch)
+            .map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
     }
 
     /// Replaces the table of this name in the calling thread's namespace
@@ -428,7 +437,8 @@ impl TableSpec {
     /// its rules in the same transaction.
     pub fn replace(&self) -> Result<(), TopologyError> {
         let batch = self.batch(if self.counting == Counting::Off { Replacing::Table } else { Replacing::Chains })?;
-        super::nat::send(&batch).map_err(|source| TopologyError::Io { action: format!("nftables: replace table inet {}", self.name), source })
+        super::nat::send(&batch)
+            .map_err(|source| TopologyError::Io { action: format!("nftables: replace table inet {}", self.name), source })
     }
 
     /// What the kernel should hold for this table, in netlink form.
@@ -462,27 +472,31 @@ impl TableSpec {
             dump(NFT_MSG_GETRULE, Some(&self.name))?.iter().filter_map(DumpedRule::parse).filter(|r| belongs(&r.table, r.family)).collect();
         let mut differences = Vec::new();
         if !self.sets.is_empty() || self.counting != Counting::Off {
-            differences.extend(super::nftset::set_differences(&self.name, &self.sets, self.counting != Counting::Off)?.into_iter().map(|d| format!("{table}: {d}")));
+            differences.extend(
+                super::nftset::set_differences(&self.name, &self.sets, self.counting != Counting::Off)?
+                    .into_iter()
+                    .map(|d| format!("{table}: {d}")),
+            );
         }
         for chain in &expected_chains {
             match chains.iter().find(|c| c.name == chain.name) {
                 None => differences.push(format!("{table}: chain {} is missing", chain.name)),
-                Some(found) if found != chain => differences.push(format!("{table}: chain {} is {found:?}, expected {chain:?}", chain.name)),
+                Some(found) if found != chain => {
+                    differences.push(format!("{table}: chain {} is {found:?}, expected {chain:?}", chain.name))
+                }
                 Some(_) => {}
             }
         }
         for chain in chains.iter().filter(|c| !expected_chains.iter().any(|e| e.name == c.name)) {
             differences.push(format!("{table}: unexpected chain {}", chain.name));
         }
-        let described: Vec<(&DumpedRule, String)> = expected_rules
-            .iter()
-            .zip(
-                self.chains
-                    .iter()
-                    .flat_map(|c| c.rules.iter().map(move |r| format!("chain {}: {r}", c.name)))
-                    .chain(refused::chains(self.counting).iter().flat_map(|c| c.rules.iter().map(|r| format!("chain {}: {}", c.name, r.text)))),
-            )
-            .collect();
+        let described: Vec<(&DumpedRule, String)> =
+            expected_rules
+                .iter()
+                .zip(self.chains.iter().flat_map(|c| c.rules.iter().map(move |r| format!("chain {}: {r}", c.name))).chain(
+                    refused::chains(self.counting).iter().flat_map(|c| c.rules.iter().map(|r| format!("chain {}: {}", c.name, r.text))),
+                ))
+                .collect();
         for (rule, description) in &described {
             if !rules.iter().any(|found| found.same_as(rule)) {
                 differences.push(format!("{table}: rule missing: {description}"));
@@ -560,7 +574,10 @@ pub(crate) fn locked_table(ports: &std::collections::BTreeSet<u16>, prefixes: &[
     let mut rules = vec![RuleSpec { matches: vec![from_sandbox(), Match::EstablishedOrRelated], action: Action::Accept }];
     for v4 in [true, false] {
         let set = locked_set_name(v4, None);
-        rules.push(RuleSpec { matches: vec![from_sandbox(), Match::Family(v4), Match::DaddrInSet(v4, set.clone())], action: Action::Accept });
+        rules.push(RuleSpec {
+            matches: vec![from_sandbox(), Match::Family(v4), Match::DaddrInSet(v4, set.clone())],
+            action: Action::Accept,
+        });
         sets.push(SetSpec { name: set, v4 });
     }
     for port in ports {
@@ -574,7 +591,10 @@ pub(crate) fn locked_table(ports: &std::collections::BTreeSet<u16>, prefixes: &[
         }
     }
     for prefix in prefixes {
-        rules.push(RuleSpec { matches: vec![from_sandbox(), Match::Family(prefix.is_v4()), Match::DaddrInPrefix(*prefix)], action: Action::Accept });
+        rules.push(RuleSpec {
+            matches: vec![from_sandbox(), Match::Family(prefix.is_v4()), Match::DaddrInPrefix(*prefix)],
+            action: Action::Accept,
+        });
     }
     rules.push(RuleSpec { matches: vec![from_sandbox()], action: Action::Refuse });
     TableSpec {
@@ -655,11 +675,7 @@ pub(crate) fn parse_messages(mut bytes: &[u8]) -> Vec<Message> {
             break;
         }
         if length >= NLMSG_HEADER + NFGENMSG {
-            messages.push(Message {
-                kind,
-                family: bytes[NLMSG_HEADER],
-                attributes: bytes[NLMSG_HEADER + NFGENMSG..length].to_vec(),
-            });
+            messages.push(Message { kind, family: bytes[NLMSG_HEADER], attributes: bytes[NLMSG_HEADER + NFGENMSG..length].to_vec() });
         }
         let padded = (length + 3) & !3;
         bytes = bytes.get(padded..).unwrap_or_default();
@@ -850,14 +866,17 @@ mod tests {
     fn sidecar_filter_reads_like_nft() {
         let table = sidecar_filter(&[ip("192.168.1.1"), ip("fd00::53")]);
         let rules: Vec<String> = table.chains[0].rules.iter().map(ToString::to_string).collect();
-        assert_eq!(rules, [
-            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto udp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto tcp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 goto refuse",
-            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto udp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto tcp th dport 53 accept",
-            "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 goto refuse",
-        ]);
+        assert_eq!(
+            rules,
+            [
+                "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto udp th dport 53 accept",
+                "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 meta l4proto tcp th dport 53 accept",
+                "iifname \"lzs0\" meta nfproto ipv4 ip daddr 192.168.1.1 goto refuse",
+                "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto udp th dport 53 accept",
+                "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 meta l4proto tcp th dport 53 accept",
+                "iifname \"lzs0\" meta nfproto ipv6 ip6 daddr fd00::53 goto refuse",
+            ]
+        );
         assert!(sidecar_filter(&[]).chains[0].rules.is_empty());
         let text = table.to_string();
         assert!(text.starts_with("table inet lazaret-filter {\n  set refused4 { type ipv4_addr . inet_proto . inet_service; size 1024; flags dynamic,timeout; timeout 3600s; counter; }"), "{text}");
@@ -902,7 +921,10 @@ mod tests {
         assert_eq!((chains[0].hook, chains[0].priority, chains[0].policy), (Some(2), Some(0), Some(1)));
         assert_eq!(chains[0].kind.as_deref(), Some("filter"));
         assert_eq!((chains[1].name.as_str(), chains[1].hook, chains[1].kind.as_deref()), ("refuse", None, None));
-        assert_eq!((chains[2].name.as_str(), chains[2].hook, chains[2].priority, chains[2].policy), ("refused-routes", Some(0), Some(0), Some(1)));
+        assert_eq!(
+            (chains[2].name.as_str(), chains[2].hook, chains[2].priority, chains[2].policy),
+            ("refused-routes", Some(0), Some(0), Some(1))
+        );
         assert_eq!(rules.len(), 3 + 7 + 6);
         assert_eq!(rules[9].expressions.last().map(|(name, _)| name.as_str()), Some("reject"));
         assert_eq!(rules[10].expressions.iter().filter(|(name, _)| name == "fib").count(), 2);

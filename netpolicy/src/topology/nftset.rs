@@ -11,8 +11,8 @@ use std::io;
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::{TopologyError, refused};
 use super::nft::{Message, NFNL_SUBSYS_NFTABLES, NFPROTO_INET, SetSpec, attributes, parse_messages};
+use super::{TopologyError, refused};
 
 const NFNL_MSG_BATCH_BEGIN: u16 = 0x10;
 const NFNL_MSG_BATCH_END: u16 = 0x11;
@@ -209,7 +209,10 @@ pub(crate) fn set_differences(table: &str, sets: &[SetSpec], counting: bool) -> 
                 let flags = be32(find(&m.attributes, 3)).unwrap_or(0);
                 let actual = (be32(find(&m.attributes, 4)), be32(find(&m.attributes, 5)), flags & NFT_SET_TIMEOUT != 0);
                 if actual != (Some(key_type), Some(key_len), true) {
-                    differences.push(format!("set {} is {actual:?} (key type, length, timeout), expected ({key_type}, {key_len}, true)", set.name));
+                    differences.push(format!(
+                        "set {} is {actual:?} (key type, length, timeout), expected ({key_type}, {key_len}, true)",
+                        set.name
+                    ));
                 }
             }
         }
@@ -224,7 +227,8 @@ pub(crate) fn set_differences(table: &str, sets: &[SetSpec], counting: bool) -> 
         match dumped {
             None => differences.push(format!("set {name} is missing")),
             Some(m) => {
-                let flags = be32(find(&m.attributes, 3)).map(|f| f & (refused::NFT_SET_TIMEOUT | refused::NFT_SET_EVAL | NFT_SET_INTERVAL_MAP_CONSTANT));
+                let flags = be32(find(&m.attributes, 3))
+                    .map(|f| f & (refused::NFT_SET_TIMEOUT | refused::NFT_SET_EVAL | NFT_SET_INTERVAL_MAP_CONSTANT));
                 let actual = (flags, be32(find(&m.attributes, 4)), be32(find(&m.attributes, 5)));
                 if actual != expected {
                     differences.push(format!("set {name} is {actual:?} (flags, key type, length), expected {expected:?}"));
@@ -254,7 +258,8 @@ pub fn set_addresses(table: &str, set: &str) -> Result<Vec<(IpAddr, Option<Durat
                 16 => IpAddr::from(<[u8; 16]>::try_from(value).unwrap_or_default()),
                 _ => continue,
             };
-            let expiration = find(element, 5).and_then(|v| Some(u64::from_be_bytes(v.get(..8)?.try_into().ok()?))).map(Duration::from_millis);
+            let expiration =
+                find(element, 5).and_then(|v| Some(u64::from_be_bytes(v.get(..8)?.try_into().ok()?))).map(Duration::from_millis);
             found.push((address, expiration));
         }
     }

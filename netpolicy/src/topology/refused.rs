@@ -387,11 +387,18 @@ mod tests {
         let refuse = refuse_chain();
         assert_eq!(refuse.rules.len(), 7);
         assert_eq!(refuse.rules[0].text, "meta nfproto ipv4 meta l4proto tcp update @refused4 { ip daddr . meta l4proto . th dport }");
-        assert_eq!(refuse.rules[5].text, "meta nfproto ipv6 meta l4proto != tcp meta l4proto != udp update @refused6 { ip6 daddr . meta l4proto . 0 }");
+        assert_eq!(
+            refuse.rules[5].text,
+            "meta nfproto ipv6 meta l4proto != tcp meta l4proto != udp update @refused6 { ip6 daddr . meta l4proto . 0 }"
+        );
         assert_eq!(refuse.rules[6].text, "reject with icmpx host-unreachable");
         let routes = routes_chain();
         assert!(routes.prerouting && routes.rules.len() == 6);
-        assert!(routes.rules[1].text.starts_with("iifname \"lzs0\" meta nfproto ipv4 meta l4proto udp ct state != established"), "{}", routes.rules[1].text);
+        assert!(
+            routes.rules[1].text.starts_with("iifname \"lzs0\" meta nfproto ipv4 meta l4proto udp ct state != established"),
+            "{}",
+            routes.rules[1].text
+        );
         assert!(chains(Counting::Off).is_empty());
         // Every rule is a well-formed attribute list whose expressions are named.
         for rule in refuse.rules.iter().chain(&routes.rules) {

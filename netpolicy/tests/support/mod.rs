@@ -126,7 +126,8 @@ impl FakeInternet {
             let default = RouteMessageBuilder::<Ipv4Addr>::new().gateway(WORLD_WAN).output_interface(wan).build();
             handle.route().add(default).execute().await.map_err(nl("host default route"))?;
             // Start from "forwarding off" whatever the real host has.
-            std::fs::write("/proc/sys/net/ipv4/conf/wan0/forwarding", "0").map_err(|source| TopologyError::Io { action: "wan0 forwarding".into(), source })?;
+            std::fs::write("/proc/sys/net/ipv4/conf/wan0/forwarding", "0")
+                .map_err(|source| TopologyError::Io { action: "wan0 forwarding".into(), source })?;
             if ipv6 {
                 add_nodad(&handle, wan, IpAddr::V6(HOST_WAN6), 64).await?;
                 let default6 = RouteMessageBuilder::<Ipv6Addr>::new().gateway(WORLD_WAN6).output_interface(wan).build();
@@ -195,7 +196,9 @@ impl FakeInternet {
     pub fn host_sysctl(&self, path: &str) -> String {
         let path = path.to_string();
         self.host
-            .run(move || std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| TopologyError::Io { action: path, source }))
+            .run(move || {
+                std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|source| TopologyError::Io { action: path, source })
+            })
             .expect("read sysctl in test host")
     }
 }
@@ -205,12 +208,30 @@ pub fn snapshot(ns: &Netns) -> Vec<String> {
         let mut lines: Vec<String> = links(&handle).await?.into_iter().map(|(i, n)| format!("link {i} {n}")).collect();
         let mut addresses = handle.address().get().execute();
         while let Some(a) = addresses.try_next().await.map_err(nl("addr dump"))? {
-            lines.push(format!("addr {:?} {:?}", a.header, a.attributes.iter().filter(|x| !matches!(x, rtnetlink::packet_route::address::AddressAttribute::CacheInfo(_))).collect::<Vec<_>>()));
+            lines.push(format!(
+                "addr {:?} {:?}",
+                a.header,
+                a.attributes
+                    .iter()
+                    .filter(|x| !matches!(x, rtnetlink::packet_route::address::AddressAttribute::CacheInfo(_)))
+                    .collect::<Vec<_>>()
+            ));
         }
         for query in [RouteMessageBuilder::<Ipv4Addr>::new().build(), RouteMessageBuilder::<std::net::Ipv6Addr>::new().build()] {
             let mut routes = handle.route().get(query).execute();
             while let Some(r) = routes.try_next().await.map_err(nl("route dump"))? {
-                lines.push(format!("route {:?} {:?}", r.header, r.attributes.iter().filter(|x| !matches!(x, rtnetlink::packet_route::route::RouteAttribute::CacheInfo(_) | rtnetlink::packet_route::route::RouteAttribute::Expires(_))).collect::<Vec<_>>()));
+                lines.push(format!(
+                    "route {:?} {:?}",
+                    r.header,
+                    r.attributes
+                        .iter()
+                        .filter(|x| !matches!(
+                            x,
+                            rtnetlink::packet_route::route::RouteAttribute::CacheInfo(_)
+                                | rtnetlink::packet_route::route::RouteAttribute::Expires(_)
+                        ))
+                        .collect::<Vec<_>>()
+                ));
             }
         }
         // The kernel's own IPv6 link-local address changes by itself (it is
@@ -294,10 +315,7 @@ pub fn ip_in(ns: &Netns, args: &[&str]) {
     let shown = args.join(" ");
     let output = ns
         .run(move || {
-            std::process::Command::new("ip")
-                .args(&args)
-                .output()
-                .map_err(|source| TopologyError::Io { action: "run ip".into(), source })
+            std::process::Command::new("ip").args(&args).output().map_err(|source| TopologyError::Io { action: "run ip".into(), source })
         })
         .expect("ip worker");
     assert!(output.status.success(), "ip {shown}: {}", String::from_utf8_lossy(&output.stderr));
@@ -328,7 +346,10 @@ impl FakeInternet {
         ip_in(&self.world, &["route", "add", &format!("{PEER_PUBLIC}/32"), "via", &PEER_WAN.to_string()]);
         // The world routes between the host and the peer's public address.
         self.world
-            .run(|| std::fs::write("/proc/sys/net/ipv4/ip_forward", "1").map_err(|source| TopologyError::Io { action: "world ip_forward".into(), source }))
+            .run(|| {
+                std::fs::write("/proc/sys/net/ipv4/ip_forward", "1")
+                    .map_err(|source| TopologyError::Io { action: "world ip_forward".into(), source })
+            })
             .expect("world forwarding");
         ip_in(&peer, &["link", "set", "lo", "up"]);
         ip_in(&peer, &["addr", "add", &format!("{PEER_PUBLIC}/32"), "dev", "lo"]);

@@ -25,10 +25,7 @@ pub struct Credentials {
 
 impl std::fmt::Debug for Credentials {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<redacted>")
-            .finish()
+        f.debug_struct("Credentials").field("username", &self.username).field("password", &"<redacted>").finish()
     }
 }
 
@@ -60,19 +57,8 @@ fn candidate_keys(registry: &str) -> Vec<String> {
         format!("https://{registry}/v1/"),
         format!("https://{registry}/v2/"),
     ];
-    if matches!(
-        registry,
-        "docker.io" | "index.docker.io" | "registry-1.docker.io"
-    ) {
-        keys.extend(
-            [
-                "https://index.docker.io/v1/",
-                "index.docker.io",
-                "docker.io",
-                "registry-1.docker.io",
-            ]
-            .map(String::from),
-        );
+    if matches!(registry, "docker.io" | "index.docker.io" | "registry-1.docker.io") {
+        keys.extend(["https://index.docker.io/v1/", "index.docker.io", "docker.io", "registry-1.docker.io"].map(String::from));
     }
     keys
 }
@@ -80,14 +66,8 @@ fn candidate_keys(registry: &str) -> Vec<String> {
 /// Looks up credentials for `registry` in an auth file in docker's format.
 /// A missing file is `Ok(None)`; an unreadable or malformed one is an error
 /// naming the file.
-pub fn credentials_from_file(
-    file: &Path,
-    registry: &str,
-) -> Result<Option<Credentials>, RegistryError> {
-    let bad = |reason: String| RegistryError::CredentialsFile {
-        path: file.to_path_buf(),
-        reason,
-    };
+pub fn credentials_from_file(file: &Path, registry: &str) -> Result<Option<Credentials>, RegistryError> {
+    let bad = |reason: String| RegistryError::CredentialsFile { path: file.to_path_buf(), reason };
     let bytes = match std::fs::read(file) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -98,15 +78,8 @@ pub fn credentials_from_file(
 
 /// Like [`credentials_from_file`], on the file's content already read
 /// (`file` only names it in errors).
-pub fn credentials_from_json(
-    bytes: &[u8],
-    registry: &str,
-    file: &Path,
-) -> Result<Option<Credentials>, RegistryError> {
-    let bad = |reason: String| RegistryError::CredentialsFile {
-        path: file.to_path_buf(),
-        reason,
-    };
+pub fn credentials_from_json(bytes: &[u8], registry: &str, file: &Path) -> Result<Option<Credentials>, RegistryError> {
+    let bad = |reason: String| RegistryError::CredentialsFile { path: file.to_path_buf(), reason };
     let parsed: AuthFile = serde_json::from_slice(bytes).map_err(|e| bad(e.to_string()))?;
     for key in candidate_keys(registry) {
         let Some(entry) = parsed.auths.get(&key) else {
@@ -116,21 +89,12 @@ pub fn credentials_from_json(
             let decoded = base64::engine::general_purpose::STANDARD
                 .decode(encoded.trim())
                 .map_err(|e| bad(format!("auths.{key:?}.auth is not base64: {e}")))?;
-            let text = String::from_utf8(decoded)
-                .map_err(|_| bad(format!("auths.{key:?}.auth is not UTF-8")))?;
-            let (username, password) = text
-                .split_once(':')
-                .ok_or_else(|| bad(format!("auths.{key:?}.auth is not user:password")))?;
-            return Ok(Some(Credentials {
-                username: username.to_string(),
-                password: password.to_string(),
-            }));
+            let text = String::from_utf8(decoded).map_err(|_| bad(format!("auths.{key:?}.auth is not UTF-8")))?;
+            let (username, password) = text.split_once(':').ok_or_else(|| bad(format!("auths.{key:?}.auth is not user:password")))?;
+            return Ok(Some(Credentials { username: username.to_string(), password: password.to_string() }));
         }
         if let (Some(username), Some(password)) = (&entry.username, &entry.password) {
-            return Ok(Some(Credentials {
-                username: username.clone(),
-                password: password.clone(),
-            }));
+            return Ok(Some(Credentials { username: username.clone(), password: password.clone() }));
         }
     }
     Ok(None)
@@ -139,15 +103,8 @@ pub fn credentials_from_json(
 /// Stores credentials for `registry` in `file` (docker's format), creating
 /// it with mode 0600 and its parent directory with mode 0700 when missing.
 /// Other entries are kept. The file is replaced atomically.
-pub fn save_credentials(
-    file: &Path,
-    registry: &str,
-    credentials: &Credentials,
-) -> Result<(), RegistryError> {
-    let bad = |reason: String| RegistryError::CredentialsFile {
-        path: file.to_path_buf(),
-        reason,
-    };
+pub fn save_credentials(file: &Path, registry: &str, credentials: &Credentials) -> Result<(), RegistryError> {
+    let bad = |reason: String| RegistryError::CredentialsFile { path: file.to_path_buf(), reason };
     if credentials.username.contains(':') {
         return Err(bad("the user name must not contain ':'".into()));
     }
@@ -156,19 +113,10 @@ pub fn save_credentials(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => AuthFile::default(),
         Err(e) => return Err(bad(e.to_string())),
     };
-    let encoded = base64::engine::general_purpose::STANDARD
-        .encode(format!("{}:{}", credentials.username, credentials.password));
-    parsed.auths.insert(
-        registry.to_string(),
-        AuthEntry {
-            auth: Some(encoded),
-            ..AuthEntry::default()
-        },
-    );
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", credentials.username, credentials.password));
+    parsed.auths.insert(registry.to_string(), AuthEntry { auth: Some(encoded), ..AuthEntry::default() });
     let json = serde_json::to_vec_pretty(&parsed).map_err(|e| bad(e.to_string()))?;
-    let parent = file
-        .parent()
-        .ok_or_else(|| bad("has no parent directory".into()))?;
+    let parent = file.parent().ok_or_else(|| bad("has no parent directory".into()))?;
     if !parent.exists() {
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -178,9 +126,7 @@ pub fn save_credentials(
     }
     let temp = parent.join(format!(
         ".{}.tmp-{}",
-        file.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
+        file.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
         std::process::id()
     ));
     let write = || -> std::io::Result<()> {
@@ -216,10 +162,7 @@ mod tests {
                "reg.example:5000":{"username":"bob","password":"pw"}},"credsStore":"x"}"#,
         )?;
         let hub = credentials_from_file(&file, "docker.io")?;
-        assert_eq!(
-            hub.map(|c| (c.username, c.password)),
-            Some(("alice".into(), "s3cr3t".into()))
-        );
+        assert_eq!(hub.map(|c| (c.username, c.password)), Some(("alice".into(), "s3cr3t".into())));
         let other = credentials_from_file(&file, "reg.example:5000")?;
         assert_eq!(other.map(|c| c.username), Some("bob".into()));
         assert!(credentials_from_file(&file, "ghcr.io")?.is_none());
@@ -232,17 +175,11 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let dir = tempfile::tempdir()?;
         let file = dir.path().join("sub/registry-auth.json");
-        let creds = Credentials {
-            username: "u".into(),
-            password: "p:w".into(),
-        };
+        let creds = Credentials { username: "u".into(), password: "p:w".into() };
         save_credentials(&file, "127.0.0.1:5000", &creds)?;
         save_credentials(&file, "ghcr.io", &creds)?;
         assert_eq!(std::fs::metadata(&file)?.mode() & 0o777, 0o600);
-        assert_eq!(
-            credentials_from_file(&file, "127.0.0.1:5000")?,
-            Some(creds.clone())
-        );
+        assert_eq!(credentials_from_file(&file, "127.0.0.1:5000")?, Some(creds.clone()));
         assert_eq!(credentials_from_file(&file, "ghcr.io")?, Some(creds));
         std::fs::write(&file, "not json")?;
         assert!(credentials_from_file(&file, "ghcr.io").is_err());

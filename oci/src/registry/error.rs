@@ -21,9 +21,7 @@ pub enum RegistryError {
     #[error("invalid platform {0:?}: write it as os/architecture[/variant], e.g. linux/arm64")]
     InvalidPlatform(String),
     /// The registry cannot be reached.
-    #[error(
-        "cannot reach registry {registry} ({detail}); check the network connection and the registry address"
-    )]
+    #[error("cannot reach registry {registry} ({detail}); check the network connection and the registry address")]
     Offline {
         /// The registry, `host[:port]`.
         registry: String,
@@ -51,9 +49,7 @@ pub enum RegistryError {
         reference: String,
     },
     /// Too many requests.
-    #[error(
-        "registry {registry} is rate-limiting pulls (HTTP 429); wait and retry, or log in to get a higher limit"
-    )]
+    #[error("registry {registry} is rate-limiting pulls (HTTP 429); wait and retry, or log in to get a higher limit")]
     RateLimited {
         /// The registry, `host[:port]`.
         registry: String,
@@ -67,9 +63,7 @@ pub enum RegistryError {
         registry: String,
     },
     /// A blob the manifest lists is missing from the registry.
-    #[error(
-        "registry {registry} has no blob {digest} that image {reference} needs; the image is broken on the registry, push it again"
-    )]
+    #[error("registry {registry} has no blob {digest} that image {reference} needs; the image is broken on the registry, push it again")]
     BlobMissing {
         /// The image.
         reference: String,
@@ -79,9 +73,7 @@ pub enum RegistryError {
         digest: String,
     },
     /// No manifest for the requested platform.
-    #[error(
-        "image {reference} has no manifest for {wanted} (available: {available}); pick one with --platform"
-    )]
+    #[error("image {reference} has no manifest for {wanted} (available: {available}); pick one with --platform")]
     WrongPlatform {
         /// The image.
         reference: String,
@@ -130,9 +122,7 @@ pub enum RegistryError {
 impl RegistryError {
     /// Whether retrying the same request may succeed.
     pub(crate) fn is_transient(&self) -> bool {
-        matches!(
-            self,
-            RegistryError::Offline { .. } | RegistryError::RateLimited { .. }
-        ) || matches!(self, RegistryError::Protocol { detail, .. } if detail.starts_with("HTTP 5") || detail.starts_with("transfer"))
+        matches!(self, RegistryError::Offline { .. } | RegistryError::RateLimited { .. })
+            || matches!(self, RegistryError::Protocol { detail, .. } if detail.starts_with("HTTP 5") || detail.starts_with("transfer"))
     }
 }

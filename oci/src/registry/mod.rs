@@ -15,9 +15,7 @@ mod error;
 mod pull;
 mod reference;
 
-pub use credentials::{
-    Credentials, credentials_from_file, credentials_from_json, save_credentials,
-};
+pub use credentials::{Credentials, credentials_from_file, credentials_from_json, save_credentials};
 pub use error::RegistryError;
 pub use pull::{LayerInfo, PullOptions, PullProgress, pull};
 pub use reference::{ImageReference, Platform};

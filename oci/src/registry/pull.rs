@@ -15,8 +15,8 @@ use sha2::{Digest, Sha256};
 use super::{Credentials, ImageReference, Platform, RegistryError};
 use crate::ImageStore;
 use crate::layout::{
-    Descriptor, INDEX_TYPES, Index, MANIFEST_TYPES, MAX_JSON_BYTES, Manifest, check_config_type,
-    layer_type_supported, parse_config, parse_json,
+    Descriptor, INDEX_TYPES, Index, MANIFEST_TYPES, MAX_JSON_BYTES, Manifest, check_config_type, layer_type_supported, parse_config,
+    parse_json,
 };
 use crate::store::{ImageRecord, PullSession};
 
@@ -94,8 +94,7 @@ pub fn pull(
         .map_err(|e| crate::ImageError::io("starting the download runtime", e))?;
     let puller = Puller::new(reference, options)?;
     let session = store.begin_pull()?;
-    let (manifest_digest, manifest, config) =
-        runtime.block_on(puller.fetch_all(&session, progress))?;
+    let (manifest_digest, manifest, config) = runtime.block_on(puller.fetch_all(&session, progress))?;
     drop(runtime);
     progress.unpacking();
     Ok(session.commit(&reference.store_name(), &manifest_digest, &manifest, config)?)
@@ -109,18 +108,10 @@ struct Puller<'a> {
 }
 
 /// Accept headers for manifests: indexes and image manifests, OCI and Docker.
-const ACCEPTED: [&str; 4] = [
-    INDEX_TYPES[0],
-    INDEX_TYPES[1],
-    MANIFEST_TYPES[0],
-    MANIFEST_TYPES[1],
-];
+const ACCEPTED: [&str; 4] = [INDEX_TYPES[0], INDEX_TYPES[1], MANIFEST_TYPES[0], MANIFEST_TYPES[1]];
 
 impl<'a> Puller<'a> {
-    fn new(
-        reference: &'a ImageReference,
-        options: &'a PullOptions,
-    ) -> Result<Puller<'a>, RegistryError> {
+    fn new(reference: &'a ImageReference, options: &'a PullOptions) -> Result<Puller<'a>, RegistryError> {
         let config = ClientConfig {
             protocol: if options.insecure {
                 ClientProtocol::HttpsExcept(vec![reference.inner().resolve_registry().to_string()])
@@ -130,10 +121,7 @@ impl<'a> Puller<'a> {
             extra_root_certificates: options
                 .extra_ca_pem
                 .iter()
-                .map(|pem| Certificate {
-                    encoding: CertificateEncoding::Pem,
-                    data: pem.clone(),
-                })
+                .map(|pem| Certificate { encoding: CertificateEncoding::Pem, data: pem.clone() })
                 .collect(),
             platform_resolver: None,
             connect_timeout: Some(Duration::from_secs(15)),
@@ -150,12 +138,7 @@ impl<'a> Puller<'a> {
             Some(c) => RegistryAuth::Basic(c.username.clone(), c.password.clone()),
             None => RegistryAuth::Anonymous,
         };
-        Ok(Puller {
-            reference,
-            options,
-            client,
-            auth,
-        })
+        Ok(Puller { reference, options, client, auth })
     }
 
     fn registry(&self) -> String {
@@ -163,12 +146,7 @@ impl<'a> Puller<'a> {
     }
 
     /// Retries `attempt` on transient errors with exponential back-off.
-    async fn with_retries<T, F, Fut>(
-        &self,
-        what: &str,
-        progress: &dyn PullProgress,
-        mut attempt: F,
-    ) -> Result<T, RegistryError>
+    async fn with_retries<T, F, Fut>(&self, what: &str, progress: &dyn PullProgress, mut attempt: F) -> Result<T, RegistryError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<T, RegistryError>>,
@@ -209,11 +187,7 @@ impl<'a> Puller<'a> {
         }
         for layer in &manifest.layers {
             if !layer_type_supported(&layer.media_type) {
-                return Err(crate::ImageError::InvalidImage(format!(
-                    "unsupported layer media type {:?}",
-                    layer.media_type
-                ))
-                .into());
+                return Err(crate::ImageError::InvalidImage(format!("unsupported layer media type {:?}", layer.media_type)).into());
             }
         }
         // Config: small, read whole, verified, then checked for the platform.
@@ -226,29 +200,17 @@ impl<'a> Puller<'a> {
                 .map_err(|e| crate::ImageError::io("reading the image config", e))?;
             data
         } else {
-            let data = self
-                .with_retries(&manifest.config.digest, progress, || {
-                    self.fetch_small_blob(&manifest.config)
-                })
-                .await?;
+            let data = self.with_retries(&manifest.config.digest, progress, || self.fetch_small_blob(&manifest.config)).await?;
             session.store_bytes(&manifest.config.digest, &data)?;
             data
         };
-        let config = parse_config(
-            &manifest,
-            &config_bytes,
-            &self.options.platform.architecture,
-        )?;
+        let config = parse_config(&manifest, &config_bytes, &self.options.platform.architecture)?;
 
         let mut seen = HashSet::new();
         let mut layers = Vec::new();
         for layer in &manifest.layers {
             if seen.insert(layer.digest.clone()) {
-                layers.push(LayerInfo {
-                    digest: layer.digest.clone(),
-                    size: layer.size,
-                    cached: session.has_blob(&layer.digest)?,
-                });
+                layers.push(LayerInfo { digest: layer.digest.clone(), size: layer.size, cached: session.has_blob(&layer.digest)? });
             }
         }
         let total: u64 = layers.iter().map(|l| l.size).sum();
@@ -260,16 +222,13 @@ impl<'a> Puller<'a> {
             .into());
         }
         progress.resolved(&self.reference.store_name(), &manifest_digest, &layers);
-        let missing: Vec<&Descriptor> = manifest
-            .layers
-            .iter()
-            .filter(|l| layers.iter().any(|i| i.digest == l.digest && !i.cached))
-            .collect();
-        let mut downloads = futures_util::stream::iter(missing.into_iter().map(|layer| {
-            self.with_retries(&layer.digest, progress, move || {
-                self.download_layer(session, layer, progress)
-            })
-        }))
+        let missing: Vec<&Descriptor> =
+            manifest.layers.iter().filter(|l| layers.iter().any(|i| i.digest == l.digest && !i.cached)).collect();
+        let mut downloads = futures_util::stream::iter(
+            missing
+                .into_iter()
+                .map(|layer| self.with_retries(&layer.digest, progress, move || self.download_layer(session, layer, progress))),
+        )
         .buffer_unordered(self.options.parallel_downloads.max(1));
         // The first failure ends the pull; dropping the stream cancels the rest.
         while let Some(result) = downloads.next().await {
@@ -284,32 +243,20 @@ impl<'a> Puller<'a> {
     /// Fetches the manifest for the reference, following an index to the
     /// entry for the wanted platform; every document is checked against its
     /// digest (and size, when a descriptor announced one).
-    async fn resolve_manifest(
-        &self,
-        progress: &dyn PullProgress,
-    ) -> Result<(String, Vec<u8>, Manifest), RegistryError> {
-        let (mut bytes, mut digest) = self
-            .with_retries("manifest", progress, || {
-                self.fetch_manifest(self.reference.inner().clone(), None)
-            })
-            .await?;
+    async fn resolve_manifest(&self, progress: &dyn PullProgress) -> Result<(String, Vec<u8>, Manifest), RegistryError> {
+        let (mut bytes, mut digest) =
+            self.with_retries("manifest", progress, || self.fetch_manifest(self.reference.inner().clone(), None)).await?;
         for _depth in 0..4 {
             let media_type = document_media_type(&bytes);
             if INDEX_TYPES.contains(&media_type.as_str()) {
                 let index: Index = parse_json(&bytes, &digest)?;
                 let chosen = self.choose_platform(&index)?;
                 let pinned = self.reference.with_digest(&chosen.digest);
-                (bytes, digest) = self
-                    .with_retries("manifest", progress, || {
-                        self.fetch_manifest(pinned.clone(), Some(&chosen))
-                    })
-                    .await?;
+                (bytes, digest) = self.with_retries("manifest", progress, || self.fetch_manifest(pinned.clone(), Some(&chosen))).await?;
                 continue;
             }
             if !MANIFEST_TYPES.contains(&media_type.as_str()) {
-                return Err(
-                    self.protocol(format!("unsupported manifest media type {media_type:?}"))
-                );
+                return Err(self.protocol(format!("unsupported manifest media type {media_type:?}")));
             }
             let manifest: Manifest = parse_json(&bytes, &digest)?;
             return Ok((digest, bytes, manifest));
@@ -319,11 +266,7 @@ impl<'a> Puller<'a> {
 
     fn choose_platform(&self, index: &Index) -> Result<Descriptor, RegistryError> {
         let wanted = &self.options.platform;
-        if let Some(found) = index
-            .manifests
-            .iter()
-            .find(|d| d.platform.as_ref().is_some_and(|p| wanted.matches(p)))
-        {
+        if let Some(found) = index.manifests.iter().find(|d| d.platform.as_ref().is_some_and(|p| wanted.matches(p))) {
             return Ok(found.clone());
         }
         let available: Vec<String> = index
@@ -339,11 +282,7 @@ impl<'a> Puller<'a> {
         Err(RegistryError::WrongPlatform {
             reference: self.reference.store_name(),
             wanted: wanted.to_string(),
-            available: if available.is_empty() {
-                "none".into()
-            } else {
-                available.join(", ")
-            },
+            available: if available.is_empty() { "none".into() } else { available.join(", ") },
         })
     }
 
@@ -352,18 +291,13 @@ impl<'a> Puller<'a> {
         reference: oci_client::Reference,
         expected: Option<&Descriptor>,
     ) -> Result<(Vec<u8>, String), RegistryError> {
-        let (body, _reported) = self
-            .client
-            .pull_manifest_raw(&reference, &self.auth, &ACCEPTED)
-            .await
-            .map_err(|e| self.map_error(e, None))?;
+        let (body, _reported) =
+            self.client.pull_manifest_raw(&reference, &self.auth, &ACCEPTED).await.map_err(|e| self.map_error(e, None))?;
         if body.len() as u64 > MAX_JSON_BYTES {
             return Err(self.protocol(format!("manifest is larger than {MAX_JSON_BYTES} bytes")));
         }
         let actual = format!("sha256:{}", hex::encode(Sha256::digest(&body)));
-        let pinned = expected
-            .map(|d| d.digest.clone())
-            .or_else(|| reference.digest().map(str::to_string));
+        let pinned = expected.map(|d| d.digest.clone()).or_else(|| reference.digest().map(str::to_string));
         if let Some(pinned) = pinned
             && pinned != actual
         {
@@ -372,11 +306,7 @@ impl<'a> Puller<'a> {
         if let Some(desc) = expected
             && desc.size != body.len() as u64
         {
-            return Err(self.mismatch(
-                &format!("size of manifest {}", desc.digest),
-                &desc.size.to_string(),
-                &body.len().to_string(),
-            ));
+            return Err(self.mismatch(&format!("size of manifest {}", desc.digest), &desc.size.to_string(), &body.len().to_string()));
         }
         Ok((body.to_vec(), actual))
     }
@@ -395,23 +325,14 @@ impl<'a> Puller<'a> {
             return Err(self.mismatch("image config", &desc.digest, &actual));
         }
         if data.len() as u64 != desc.size {
-            return Err(self.mismatch(
-                &format!("size of {}", desc.digest),
-                &desc.size.to_string(),
-                &data.len().to_string(),
-            ));
+            return Err(self.mismatch(&format!("size of {}", desc.digest), &desc.size.to_string(), &data.len().to_string()));
         }
         Ok(data)
     }
 
     /// Streams one layer into a private temp file, hashing and counting as
     /// it goes, and publishes it only when size and digest both match.
-    async fn download_layer(
-        &self,
-        session: &PullSession<'_>,
-        desc: &Descriptor,
-        progress: &dyn PullProgress,
-    ) -> Result<(), RegistryError> {
+    async fn download_layer(&self, session: &PullSession<'_>, desc: &Descriptor, progress: &dyn PullProgress) -> Result<(), RegistryError> {
         if session.has_blob(&desc.digest)? {
             progress.layer_done(&desc.digest);
             return Ok(());
@@ -439,9 +360,7 @@ impl<'a> Puller<'a> {
                         ));
                     }
                     hasher.update(&chunk);
-                    file.write_all(&chunk).map_err(|e| {
-                        crate::ImageError::io(format!("writing {}", temp.display()), e)
-                    })?;
+                    file.write_all(&chunk).map_err(|e| crate::ImageError::io(format!("writing {}", temp.display()), e))?;
                     if done - last_report >= 1 << 20 || done == desc.size {
                         progress.layer_progress(&desc.digest, done, desc.size);
                         last_report = done;
@@ -460,11 +379,7 @@ impl<'a> Puller<'a> {
             if let Some(e) = transfer_error {
                 return Err(self.protocol(format!("transfer of {} broke off: {e}", desc.digest)));
             }
-            return Err(self.mismatch(
-                &format!("size of layer {}", desc.digest),
-                &desc.size.to_string(),
-                &done.to_string(),
-            ));
+            return Err(self.mismatch(&format!("size of layer {}", desc.digest), &desc.size.to_string(), &done.to_string()));
         }
         let actual = format!("sha256:{}", hex::encode(hasher.finalize()));
         if actual != desc.digest {
@@ -489,11 +404,7 @@ impl<'a> Puller<'a> {
     }
 
     fn protocol(&self, detail: String) -> RegistryError {
-        RegistryError::Protocol {
-            registry: self.registry(),
-            reference: self.reference.store_name(),
-            detail,
-        }
+        RegistryError::Protocol { registry: self.registry(), reference: self.reference.store_name(), detail }
     }
 
     /// Turns an oci-client error into one with a reason and a remedy.
@@ -501,48 +412,30 @@ impl<'a> Puller<'a> {
         let registry = self.registry();
         let reference = self.reference.store_name();
         let not_found = || match blob {
-            Some(digest) => RegistryError::BlobMissing {
-                reference: reference.clone(),
-                registry: registry.clone(),
-                digest: digest.to_string(),
-            },
-            None => RegistryError::NotFound {
-                reference: reference.clone(),
-                registry: registry.clone(),
-            },
+            Some(digest) => {
+                RegistryError::BlobMissing { reference: reference.clone(), registry: registry.clone(), digest: digest.to_string() }
+            }
+            None => RegistryError::NotFound { reference: reference.clone(), registry: registry.clone() },
         };
         match error {
-            OciDistributionError::UnauthorizedError { .. }
-            | OciDistributionError::AuthenticationFailure(_) => RegistryError::Unauthorized {
-                registry,
-                reference,
-            },
+            OciDistributionError::UnauthorizedError { .. } | OciDistributionError::AuthenticationFailure(_) => {
+                RegistryError::Unauthorized { registry, reference }
+            }
             OciDistributionError::ImageManifestNotFoundError(_) => not_found(),
             OciDistributionError::RegistryError { envelope, .. } => {
                 let code = envelope.errors.first().map(|e| &e.code);
                 match code {
                     Some(
-                        OciErrorCode::ManifestUnknown
-                        | OciErrorCode::NameUnknown
-                        | OciErrorCode::NotFound
-                        | OciErrorCode::BlobUnknown,
+                        OciErrorCode::ManifestUnknown | OciErrorCode::NameUnknown | OciErrorCode::NotFound | OciErrorCode::BlobUnknown,
                     ) => not_found(),
-                    Some(OciErrorCode::Unauthorized | OciErrorCode::Denied) => {
-                        RegistryError::Unauthorized {
-                            registry,
-                            reference,
-                        }
-                    }
+                    Some(OciErrorCode::Unauthorized | OciErrorCode::Denied) => RegistryError::Unauthorized { registry, reference },
                     Some(OciErrorCode::Toomanyrequests) => RegistryError::RateLimited { registry },
                     _ => self.protocol(envelope.to_string()),
                 }
             }
             OciDistributionError::ServerError { code, message, .. } => match code {
                 404 => not_found(),
-                401 | 403 => RegistryError::Unauthorized {
-                    registry,
-                    reference,
-                },
+                401 | 403 => RegistryError::Unauthorized { registry, reference },
                 429 => RegistryError::RateLimited { registry },
                 _ => self.protocol(format!("HTTP {code}: {}", one_line(&message))),
             },
@@ -595,16 +488,9 @@ pub(super) fn document_media_type(bytes: &[u8]) -> String {
         layers: Option<serde_json::Value>,
     }
     match serde_json::from_slice::<Probe>(bytes) {
-        Ok(Probe {
-            media_type: Some(t),
-            ..
-        }) => t,
-        Ok(Probe {
-            manifests: Some(_), ..
-        }) => INDEX_TYPES[0].to_string(),
-        Ok(Probe {
-            layers: Some(_), ..
-        }) => MANIFEST_TYPES[0].to_string(),
+        Ok(Probe { media_type: Some(t), .. }) => t,
+        Ok(Probe { manifests: Some(_), .. }) => INDEX_TYPES[0].to_string(),
+        Ok(Probe { layers: Some(_), .. }) => MANIFEST_TYPES[0].to_string(),
         _ => "unknown".into(),
     }
 }
@@ -623,10 +509,7 @@ fn error_chain(error: &dyn std::error::Error) -> String {
 fn one_line(text: &str) -> String {
     let flat: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
     if flat.len() > 300 {
-        let cut = (0..=300)
-            .rev()
-            .find(|i| flat.is_char_boundary(*i))
-            .unwrap_or(0);
+        let cut = (0..=300).rev().find(|i| flat.is_char_boundary(*i)).unwrap_or(0);
         format!("{}...", &flat[..cut])
     } else {
         flat
@@ -658,14 +541,8 @@ mod tests {
         assert_eq!(document_media_type(oci_index), INDEX_TYPES[0]);
         let docker_list = br#"{"mediaType":"application/vnd.docker.distribution.manifest.list.v2+json","manifests":[]}"#;
         assert_eq!(document_media_type(docker_list), INDEX_TYPES[1]);
-        assert_eq!(
-            document_media_type(br#"{"schemaVersion":2,"manifests":[]}"#),
-            INDEX_TYPES[0]
-        );
-        assert_eq!(
-            document_media_type(br#"{"schemaVersion":2,"config":{},"layers":[]}"#),
-            MANIFEST_TYPES[0]
-        );
+        assert_eq!(document_media_type(br#"{"schemaVersion":2,"manifests":[]}"#), INDEX_TYPES[0]);
+        assert_eq!(document_media_type(br#"{"schemaVersion":2,"config":{},"layers":[]}"#), MANIFEST_TYPES[0]);
         assert_eq!(document_media_type(b"not json"), "unknown");
     }
 

@@ -20,31 +20,20 @@ pub struct ImageReference {
 impl ImageReference {
     /// Parses `input` (docker syntax).
     pub fn parse(input: &str) -> Result<ImageReference, RegistryError> {
-        let invalid = |reason: String| RegistryError::InvalidReference {
-            reference: input.to_string(),
-            reason,
-        };
+        let invalid = |reason: String| RegistryError::InvalidReference { reference: input.to_string(), reason };
         if input.is_empty() || input.len() > 255 {
             return Err(invalid("must be 1 to 255 characters long".into()));
         }
         let inner = oci_client::Reference::from_str(input).map_err(|e| invalid(e.to_string()))?;
         // Docker's grammar: lowercase path components of [a-z0-9._-].
         let repository = inner.repository();
-        if repository.is_empty()
-            || !repository
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b))
-        {
-            return Err(invalid(format!(
-                "repository {repository:?} must be lowercase letters, digits and ._-/"
-            )));
+        if repository.is_empty() || !repository.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"._-/".contains(&b)) {
+            return Err(invalid(format!("repository {repository:?} must be lowercase letters, digits and ._-/")));
         }
         if let Some(digest) = inner.digest()
             && crate::layout::sha256_hex(digest).is_err()
         {
-            return Err(invalid(format!(
-                "digest {digest:?} is not sha256:<64 lowercase hex digits>"
-            )));
+            return Err(invalid(format!("digest {digest:?} is not sha256:<64 lowercase hex digits>")));
         }
         // The full form is the image's name in the store, which holds at
         // most 255 characters: a bare name of 240 grows past that with
@@ -128,32 +117,18 @@ pub struct Platform {
 impl Platform {
     /// `linux/<this machine's architecture>`.
     pub fn host() -> Platform {
-        Platform {
-            os: "linux".into(),
-            architecture: crate::layout::host_architecture().into(),
-            variant: None,
-        }
+        Platform { os: "linux".into(), architecture: crate::layout::host_architecture().into(), variant: None }
     }
 
     /// Parses `os/arch` or `os/arch/variant`.
     pub fn parse(input: &str) -> Result<Platform, RegistryError> {
         let parts: Vec<&str> = input.split('/').collect();
-        let valid = |p: &&str| {
-            !p.is_empty()
-                && p.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
-        };
+        let valid = |p: &&str| !p.is_empty() && p.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
         match parts.as_slice() {
-            [os, arch] if valid(os) && valid(arch) => Ok(Platform {
-                os: os.to_string(),
-                architecture: arch.to_string(),
-                variant: None,
-            }),
-            [os, arch, variant] if valid(os) && valid(arch) && valid(variant) => Ok(Platform {
-                os: os.to_string(),
-                architecture: arch.to_string(),
-                variant: Some(variant.to_string()),
-            }),
+            [os, arch] if valid(os) && valid(arch) => Ok(Platform { os: os.to_string(), architecture: arch.to_string(), variant: None }),
+            [os, arch, variant] if valid(os) && valid(arch) && valid(variant) => {
+                Ok(Platform { os: os.to_string(), architecture: arch.to_string(), variant: Some(variant.to_string()) })
+            }
             _ => Err(RegistryError::InvalidPlatform(input.to_string())),
         }
     }
@@ -206,11 +181,7 @@ mod tests {
             ("localhost/app:v1", "localhost/app:v1"),
         ];
         for (input, expected) in cases {
-            assert_eq!(
-                ImageReference::parse(input)?.store_name(),
-                expected,
-                "{input}"
-            );
+            assert_eq!(ImageReference::parse(input)?.store_name(), expected, "{input}");
         }
         let digest = format!("sha256:{}", "a".repeat(64));
         let pinned = ImageReference::parse(&format!("127.0.0.1:5000/app@{digest}"))?;
@@ -230,9 +201,7 @@ mod tests {
 
     #[test]
     fn only_explicit_registries_count_as_registry_names() {
-        assert!(ImageReference::names_registry(
-            "docker.io/library/debian:trixie"
-        ));
+        assert!(ImageReference::names_registry("docker.io/library/debian:trixie"));
         assert!(ImageReference::names_registry("127.0.0.1:5000/app"));
         assert!(ImageReference::names_registry("localhost/app"));
         assert!(!ImageReference::names_registry("debian-bookworm"));
@@ -242,10 +211,7 @@ mod tests {
 
     #[test]
     fn platforms_parse() -> Result<(), RegistryError> {
-        assert_eq!(
-            Platform::parse("linux/arm64/v8")?.to_string(),
-            "linux/arm64/v8"
-        );
+        assert_eq!(Platform::parse("linux/arm64/v8")?.to_string(), "linux/arm64/v8");
         assert_eq!(Platform::parse("linux/amd64")?.variant, None);
         assert!(Platform::parse("linux").is_err());
         assert!(Platform::parse("linux/amd64/v8/x").is_err());

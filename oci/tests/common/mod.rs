@@ -60,29 +60,12 @@ impl RawTar {
     }
 
     pub fn file_mode(&mut self, path: &str, data: &[u8], mode: u32) -> &mut Self {
-        let h = header(
-            tar::EntryType::Regular,
-            path.as_bytes(),
-            data.len() as u64,
-            mode,
-        );
+        let h = header(tar::EntryType::Regular, path.as_bytes(), data.len() as u64, mode);
         self.raw(h, data)
     }
 
-    pub fn file_owned(
-        &mut self,
-        path: &str,
-        data: &[u8],
-        mode: u32,
-        uid: u64,
-        gid: u64,
-    ) -> &mut Self {
-        let mut h = header(
-            tar::EntryType::Regular,
-            path.as_bytes(),
-            data.len() as u64,
-            mode,
-        );
+    pub fn file_owned(&mut self, path: &str, data: &[u8], mode: u32, uid: u64, gid: u64) -> &mut Self {
+        let mut h = header(tar::EntryType::Regular, path.as_bytes(), data.len() as u64, mode);
         h.set_uid(uid);
         h.set_gid(gid);
         self.raw(h, data)
@@ -117,12 +100,7 @@ impl RawTar {
 
     /// A GNU long-name header announcing `declared` bytes but carrying `name`.
     pub fn long_name_declared(&mut self, name: &[u8], declared: u64) -> &mut Self {
-        let mut h = header(
-            tar::EntryType::GNULongName,
-            b"././@LongLink",
-            declared,
-            0o644,
-        );
+        let mut h = header(tar::EntryType::GNULongName, b"././@LongLink", declared, 0o644);
         h.set_size(declared);
         let mut data = name.to_vec();
         data.push(0);
@@ -132,22 +110,12 @@ impl RawTar {
     /// A regular file whose (long) name is carried by a GNU long-name header.
     pub fn long_file(&mut self, name: &[u8], data: &[u8]) -> &mut Self {
         self.long_name_declared(name, name.len() as u64 + 1);
-        let h = header(
-            tar::EntryType::Regular,
-            b"placeholder",
-            data.len() as u64,
-            0o644,
-        );
+        let h = header(tar::EntryType::Regular, b"placeholder", data.len() as u64, 0o644);
         self.raw(h, data)
     }
 
     /// A PAX extended header with the given records, then a regular file.
-    pub fn pax_file(
-        &mut self,
-        records: &[(&str, &str)],
-        header_path: &str,
-        data: &[u8],
-    ) -> &mut Self {
+    pub fn pax_file(&mut self, records: &[(&str, &str)], header_path: &str, data: &[u8]) -> &mut Self {
         let mut body = Vec::new();
         for (key, value) in records {
             let content = format!(" {key}={value}\n");
@@ -158,12 +126,7 @@ impl RawTar {
             }
             body.extend_from_slice(format!("{len}{content}").as_bytes());
         }
-        let h = header(
-            tar::EntryType::XHeader,
-            b"PaxHeader",
-            body.len() as u64,
-            0o644,
-        );
+        let h = header(tar::EntryType::XHeader, b"PaxHeader", body.len() as u64, 0o644);
         self.raw(h, &body);
         self.file(header_path, data)
     }
@@ -218,12 +181,7 @@ pub fn snapshot(root: &Path, skip: &[&str]) -> BTreeMap<PathBuf, String> {
                 format!("symlink {:?}", std::fs::read_link(&path).expect("readlink"))
             } else {
                 let data = std::fs::read(&path).expect("read");
-                format!(
-                    "file {:o} {} {}",
-                    meta.permissions().mode(),
-                    meta.len(),
-                    sha256(&data)
-                )
+                format!("file {:o} {} {}", meta.permissions().mode(), meta.len(), sha256(&data))
             };
             out.insert(rel, desc);
         }
@@ -288,11 +246,8 @@ pub struct BuiltImage {
 impl Layout {
     pub fn new(dir: &Path) -> Layout {
         std::fs::create_dir_all(dir.join("blobs/sha256")).expect("mkdir blobs");
-        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#)
-            .expect("write oci-layout");
-        Layout {
-            dir: dir.to_path_buf(),
-        }
+        std::fs::write(dir.join("oci-layout"), br#"{"imageLayoutVersion":"1.0.0"}"#).expect("write oci-layout");
+        Layout { dir: dir.to_path_buf() }
     }
 
     pub fn blob(&self, data: &[u8]) -> String {
@@ -304,12 +259,7 @@ impl Layout {
 
     /// Writes an image of `layers` (uncompressed tars; stored gzip-compressed)
     /// and returns the manifest descriptor JSON and digests.
-    pub fn image(
-        &self,
-        layers: &[Vec<u8>],
-        arch: &str,
-        config_extra: serde_json::Value,
-    ) -> (serde_json::Value, BuiltImage) {
+    pub fn image(&self, layers: &[Vec<u8>], arch: &str, config_extra: serde_json::Value) -> (serde_json::Value, BuiltImage) {
         let mut layer_descs = Vec::new();
         let mut diff_ids = Vec::new();
         let mut layer_digests = Vec::new();
@@ -344,23 +294,12 @@ impl Layout {
             "digest": manifest_digest, "size": manifest_bytes.len(),
             "platform": {"architecture": arch, "os": "linux"}
         });
-        (
-            desc,
-            BuiltImage {
-                manifest_digest,
-                config_digest,
-                layer_digests,
-            },
-        )
+        (desc, BuiltImage { manifest_digest, config_digest, layer_digests })
     }
 
     pub fn index(&self, manifests: &[serde_json::Value]) {
         let index = serde_json::json!({"schemaVersion": 2, "manifests": manifests});
-        std::fs::write(
-            self.dir.join("index.json"),
-            serde_json::to_vec(&index).expect("json"),
-        )
-        .expect("write index");
+        std::fs::write(self.dir.join("index.json"), serde_json::to_vec(&index).expect("json")).expect("write index");
     }
 }
 

@@ -81,10 +81,7 @@ impl Signals {
 /// stderr.
 pub fn escalate(broker: &str, signals: &Signals, request: EscalationRequest) -> i32 {
     let Some(name) = broker.strip_prefix('@') else {
-        return unavailable(&format!(
-            "{} is not an abstract socket name (@NAME)",
-            crate::session::ENV_BROKER
-        ));
+        return unavailable(&format!("{} is not an abstract socket name (@NAME)", crate::session::ENV_BROKER));
     };
     let sock = match UnixAddr::from_abstract_name(name.as_bytes()).and_then(|a| UnixStream::connect_addr(&a)) {
         Ok(sock) => sock,

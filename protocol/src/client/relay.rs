@@ -201,11 +201,7 @@ impl Pump {
             let pending = self.tls.wants_write();
             let mut fds = [
                 sys::interest(self.sock.as_raw_fd(), true, pending),
-                sys::interest(
-                    self.client.as_raw_fd(),
-                    !self.client_done && !pending,
-                    !self.to_client.is_empty(),
-                ),
+                sys::interest(self.client.as_raw_fd(), !self.client_done && !pending, !self.to_client.is_empty()),
             ];
             let timeout = handshaking.then(|| handshake_deadline.saturating_duration_since(now));
             sys::poll(&mut fds, timeout).map_err(|e| format!("cannot wait for Lazaret: {e}"))?;

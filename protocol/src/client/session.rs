@@ -15,8 +15,7 @@ use std::time::{Duration, Instant};
 
 use crate::display::escaped_str;
 use crate::escalation::{
-    ChannelError, ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_server,
-    write_client,
+    ChannelError, ClientFrame, EscalationRequest, EscalationResult, Outcome, ServerFrame, exit, read_server, write_client,
 };
 
 use super::{say, sys};
@@ -79,10 +78,7 @@ pub(crate) fn run(sock: UnixStream, signals: &OwnedFd, request: EscalationReques
         if cancel_deadline.is_some_and(|d| now >= d) {
             return cancelled();
         }
-        let mut fds = [
-            sys::interest(conn.sock.as_raw_fd(), true, !conn.out.is_empty()),
-            sys::interest(signals.as_raw_fd(), true, false),
-        ];
+        let mut fds = [sys::interest(conn.sock.as_raw_fd(), true, !conn.out.is_empty()), sys::interest(signals.as_raw_fd(), true, false)];
         if let Err(e) = sys::poll(&mut fds, cancel_deadline.map(|d| d.saturating_duration_since(now))) {
             return unavailable(&format!("cannot wait for Lazaret: {e}"));
         }

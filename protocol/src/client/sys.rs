@@ -103,7 +103,13 @@ pub(crate) fn pass_credentials(sock: &std::os::unix::net::UnixStream) -> io::Res
     let on: libc::c_int = 1;
     // SAFETY: `on` is a live int of the size passed; the descriptor is open.
     let rc = unsafe {
-        libc::setsockopt(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_PASSCRED, (&raw const on).cast(), size_of::<libc::c_int>() as libc::socklen_t)
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PASSCRED,
+            (&raw const on).cast(),
+            size_of::<libc::c_int>() as libc::socklen_t,
+        )
     };
     if rc != 0 {
         return Err(io::Error::last_os_error());

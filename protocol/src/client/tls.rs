@@ -36,8 +36,7 @@ pub fn config(creds: &Credentials) -> Result<Arc<ClientConfig>, String> {
     if chain.is_empty() {
         return Err(format!("{ENV_CERT} holds no certificate"));
     }
-    let key = PrivatePkcs8KeyDer::from_pem_slice(creds.key.as_bytes())
-        .map_err(|e| format!("{ENV_KEY} is not a PKCS#8 PEM key: {e}"))?;
+    let key = PrivatePkcs8KeyDer::from_pem_slice(creds.key.as_bytes()).map_err(|e| format!("{ENV_KEY} is not a PKCS#8 PEM key: {e}"))?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut config = ClientConfig::builder_with_provider(provider)
         .with_protocol_versions(&[&rustls::version::TLS13])

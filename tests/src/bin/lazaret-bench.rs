@@ -67,7 +67,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lazaret_oci::bundle::{BundleSpec, CapabilityPolicy};
-use lazaret_tests::{lazaret_bin, TestEnv, TEST_IMAGE, TEST_STORAGE};
+use lazaret_tests::{TEST_IMAGE, TEST_STORAGE, TestEnv, lazaret_bin};
 
 fn main() -> anyhow::Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -77,9 +77,14 @@ fn main() -> anyhow::Result<()> {
         Some("net-filter") => bench_net_filter(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(FILTER_ROUNDS)),
         Some("git") => bench_git(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000)),
         Some("escalate") => bench_escalate(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(1000)),
-        Some("guard") => bench_guard(args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000), args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(5)),
+        Some("guard") => bench_guard(
+            args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(20_000),
+            args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(5),
+        ),
         _ => {
-            eprintln!("usage: lazaret-bench run [RUNS] | net [RUNS] | net-filter [ROUNDS] | git [FILES] | escalate [N] | guard [FILES] [ROUNDS]");
+            eprintln!(
+                "usage: lazaret-bench run [RUNS] | net [RUNS] | net-filter [ROUNDS] | git [FILES] | escalate [N] | guard [FILES] [ROUNDS]"
+            );
             std::process::exit(2);
         }
     }
@@ -171,9 +176,17 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
 
     // A session joining a Domain that is already running (another session
     // holds it open), as every terminal after the first does.
-    let mut holder = env.lazaret(["run", "test", "--", "sh", "-c", "echo up; read line"]).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null()).spawn()?;
+    let mut holder = env
+        .lazaret(["run", "test", "--", "sh", "-c", "echo up; read line"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()?;
     let mut first = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().ok_or_else(|| anyhow::anyhow!("holder stdout"))?), &mut first)?;
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().ok_or_else(|| anyhow::anyhow!("holder stdout"))?),
+        &mut first,
+    )?;
     anyhow::ensure!(first.trim() == "up", "holder session printed {first:?}");
     let mut joins = Vec::new();
     for _ in 0..runs {
@@ -206,11 +219,22 @@ fn bench_run(runs: usize) -> anyhow::Result<()> {
             let (pm, pp) = stats(podman_runs);
             println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "podman --runtime runsc run --rm --network none", pm, pp, pm / bm);
         }
-        Some(why) => println!("{:<50} {:>10} {:>10} {:>12}  ({})", "podman --runtime runsc run --rm --network none", "-", "-", "-", why.lines().next().unwrap_or("failed")),
+        Some(why) => println!(
+            "{:<50} {:>10} {:>10} {:>12}  ({})",
+            "podman --runtime runsc run --rm --network none",
+            "-",
+            "-",
+            "-",
+            why.lines().next().unwrap_or("failed")
+        ),
     }
     println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "lazaret run, cold (Domain started, torn down)", lm, lp, lm / bm);
     println!("{:<50} {:>10.1} {:>10.1} {:>12.2}", "lazaret run, joining a running Domain", jm, jp, jm / bm);
-    println!("  targets: cold <= 1.30 x runsc run ({}), joining <= 30 ms median ({})", if lm / bm <= 1.30 { "met" } else { "missed" }, if jm <= 30.0 { "met" } else { "missed" });
+    println!(
+        "  targets: cold <= 1.30 x runsc run ({}), joining <= 30 ms median ({})",
+        if lm / bm <= 1.30 { "met" } else { "missed" },
+        if jm <= 30.0 { "met" } else { "missed" }
+    );
     println!("{:<50} {:>10.1} {:>10.1}", "cold run's teardown until the lock is free", tm, tp);
     println!("{:<50} {:>10.1} {:>10.1}", "lazaret run, back to back (waits teardown)", rm, rp);
     match exec_alone {
@@ -241,7 +265,11 @@ fn runsc_exec_alone(env: &TestEnv, runs: usize) -> anyhow::Result<(Vec<Duration>
     let runsc = command_path("runsc")?.ok_or_else(|| anyhow::anyhow!("runsc not on PATH"))?;
     let list = Command::new(&runsc).arg("--root").arg(&root).args(["list", "--quiet"]).output()?;
     let listed = String::from_utf8_lossy(&list.stdout).into_owned();
-    let container = listed.lines().map(str::trim).find(|l| l.starts_with("lzr-")).ok_or_else(|| anyhow::anyhow!("no running sandbox in {}", root.display()))?;
+    let container = listed
+        .lines()
+        .map(str::trim)
+        .find(|l| l.starts_with("lzr-"))
+        .ok_or_else(|| anyhow::anyhow!("no running sandbox in {}", root.display()))?;
     let work = tempfile::Builder::new().prefix("lazaret-bench-exec-").tempdir_in("/run")?;
     let spec = work.path().join("process.json");
     std::fs::write(&spec, r#"{"user":{"uid":0,"gid":0},"args":["/bin/true"],"env":["PATH=/usr/bin:/bin"],"cwd":"/"}"#)?;
@@ -273,7 +301,12 @@ fn runsc_exec_alone(env: &TestEnv, runs: usize) -> anyhow::Result<(Vec<Duration>
         }
     }
     let failed: Vec<&str> = text.lines().filter(|l| l.starts_with("failed")).collect();
-    anyhow::ensure!(plain.len() * 2 >= runs, "{} of {runs} rounds failed, first: {}", failed.len(), failed.first().copied().unwrap_or("(no message)"));
+    anyhow::ensure!(
+        plain.len() * 2 >= runs,
+        "{} of {runs} rounds failed, first: {}",
+        failed.len(),
+        failed.first().copied().unwrap_or("(no message)")
+    );
     Ok((plain, ahead, failed.len()))
 }
 
@@ -292,7 +325,8 @@ fn epoch_ms() -> u64 {
 
 /// Journal events recorded during start-up (each stage's first step); the
 /// log's `stage NAME done` lines delimit those stages more exactly.
-const START_EVENTS: [&str; 6] = ["AcquireDomainLock", "MountStateAnchor", "CreateTrustAnchor", "StartSidecar", "StartSandbox", "PublishDomain"];
+const START_EVENTS: [&str; 6] =
+    ["AcquireDomainLock", "MountStateAnchor", "CreateTrustAnchor", "StartSidecar", "StartSandbox", "PublishDomain"];
 
 /// The last run's milestones, in time order: the client's start, return
 /// and the lock's release (measured here); start-up as the coordinator
@@ -307,7 +341,9 @@ fn stage_breakdown(env: &TestEnv, begun: u64, returned: u64, unlocked: u64) -> a
         for line in log.lines() {
             // "[TIMESTAMP_MS] stage NAME done"
             let Some((stamp, rest)) = line.strip_prefix('[').and_then(|l| l.split_once("] ")) else { continue };
-            let (Ok(t), Some(stage)) = (stamp.parse::<u64>(), rest.strip_prefix("stage ").and_then(|r| r.strip_suffix(" done"))) else { continue };
+            let (Ok(t), Some(stage)) = (stamp.parse::<u64>(), rest.strip_prefix("stage ").and_then(|r| r.strip_suffix(" done"))) else {
+                continue;
+            };
             if t >= begun {
                 marks.push((t, format!("stage {stage} done")));
                 stages += 1;
@@ -558,12 +594,24 @@ fn bench_net(runs: usize) -> anyhow::Result<()> {
     let mut lab = NetLab::new();
     lab.start_world_server(&["bulk", &BULK_PORT.to_string(), PUBLIC]);
     let probe_args = |probe: &str| -> Vec<String> {
-        vec![probe.to_string(), "bench-tcp".into(), PUBLIC.into(), PORT.to_string(), BULK_PORT.to_string(), CONNECTS.to_string(), BULK_BYTES.to_string()]
+        vec![
+            probe.to_string(),
+            "bench-tcp".into(),
+            PUBLIC.into(),
+            PORT.to_string(),
+            BULK_PORT.to_string(),
+            CONNECTS.to_string(),
+            BULK_BYTES.to_string(),
+        ]
     };
     let probe = lazaret_tests::probe_bin();
 
     // (a) plain network namespace (the lab host).
-    let out = Command::new("nsenter").arg(format!("--net={}", lab.host.display())).arg("--").args(probe_args(&probe.display().to_string())).output()?;
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", lab.host.display()))
+        .arg("--")
+        .args(probe_args(&probe.display().to_string()))
+        .output()?;
     let plain = parse_tcp(&out)?;
 
     // (b) sandbox behind the sidecar.
@@ -594,14 +642,32 @@ fn bench_net(runs: usize) -> anyhow::Result<()> {
     // the sidecar, which also fills the nftables set before answering).
     println!();
     println!("name to first byte ({CONNECTS} runs)            median us  p90 us");
-    for (label, extra) in [("open egress", ""), ("locked egress (allow_egress = [\"bench.test\"])", "egress = \"locked\"\nallow_egress = [\"bench.test\"]\n")] {
+    for (label, extra) in
+        [("open egress", ""), ("locked egress (allow_egress = [\"bench.test\"])", "egress = \"locked\"\nallow_egress = [\"bench.test\"]\n")]
+    {
         let mut env = TestEnv::with_profile(&format!("user = \"root\"\ndns = [\"10.53.0.53\"]\n{extra}"));
         env.netns = Some(lab.host.clone());
         let probe = env.install_probe();
-        let out = env.run(["run".to_string(), "test".into(), "--".into(), probe.display().to_string(), "bench-name".into(), "bench.test".into(), PORT.to_string(), CONNECTS.to_string()]);
+        let out = env.run([
+            "run".to_string(),
+            "test".into(),
+            "--".into(),
+            probe.display().to_string(),
+            "bench-name".into(),
+            "bench.test".into(),
+            PORT.to_string(),
+            CONNECTS.to_string(),
+        ]);
         let text = String::from_utf8_lossy(&out.stdout);
-        anyhow::ensure!(out.status.code() == Some(42), "name probe failed ({:?}): {} {}", out.status, text, String::from_utf8_lossy(&out.stderr));
-        let line = text.lines().find_map(|l| l.strip_prefix("first_byte_us ")).ok_or_else(|| anyhow::anyhow!("no first_byte_us in {text}"))?;
+        anyhow::ensure!(
+            out.status.code() == Some(42),
+            "name probe failed ({:?}): {} {}",
+            out.status,
+            text,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let line =
+            text.lines().find_map(|l| l.strip_prefix("first_byte_us ")).ok_or_else(|| anyhow::anyhow!("no first_byte_us in {text}"))?;
         let (median, p90) = line.split_once(' ').ok_or_else(|| anyhow::anyhow!("bad line {line}"))?;
         println!("{label:<46} {median:>9} {p90:>7}");
     }
@@ -626,17 +692,18 @@ fn bench_net_filter(rounds: usize) -> anyhow::Result<()> {
     let cfg = TopologyConfig::new(state.path().join("forwarding.json"));
     let open = lazaret_netpolicy::PolicyInput { dns: vec!["10.53.0.53".parse()?], ..Default::default() };
     let (pattern, port) = parse_name_rule("bench.test")?;
-    let locked = lazaret_netpolicy::PolicyInput {
-        locked: true,
-        names: vec![NameRule { pattern, port, origin: "bench".into() }],
-        ..open.clone()
-    };
+    let locked =
+        lazaret_netpolicy::PolicyInput { locked: true, names: vec![NameRule { pattern, port, origin: "bench".into() }], ..open.clone() };
     let bare = DomainNetwork::create(&host, &cfg, &open)?;
     // The bench-only switch: the same sidecar without Lazaret's filter table.
     let sidecar = bare.sidecar_netns().ok_or_else(|| anyhow::anyhow!("no sidecar netns"))?;
-    let out = Command::new("nsenter").arg(format!("--net={}", sidecar.proc_path().display())).args(["--", "nft", "delete", "table", "inet", "lazaret-filter"]).output()?;
+    let out = Command::new("nsenter")
+        .arg(format!("--net={}", sidecar.proc_path().display()))
+        .args(["--", "nft", "delete", "table", "inet", "lazaret-filter"])
+        .output()?;
     anyhow::ensure!(out.status.success(), "nft delete table: {}", String::from_utf8_lossy(&out.stderr));
-    let listed = Command::new("nsenter").arg(format!("--net={}", sidecar.proc_path().display())).args(["--", "nft", "list", "tables"]).output()?;
+    let listed =
+        Command::new("nsenter").arg(format!("--net={}", sidecar.proc_path().display())).args(["--", "nft", "list", "tables"]).output()?;
     anyhow::ensure!(listed.stdout.is_empty(), "tables left: {}", String::from_utf8_lossy(&listed.stdout));
     let filtered = DomainNetwork::create(&host, &cfg, &open)?;
     let locked = DomainNetwork::create(&host, &cfg, &locked)?;
@@ -649,11 +716,20 @@ fn bench_net_filter(rounds: usize) -> anyhow::Result<()> {
             .arg(format!("--net={}", netns.display()))
             .arg("--")
             .arg(&probe)
-            .args(["bench-tcp", PUBLIC, &PORT.to_string(), &BULK_PORT.to_string(), &FILTER_CONNECTS.to_string(), &FILTER_BULK_BYTES.to_string()])
+            .args([
+                "bench-tcp",
+                PUBLIC,
+                &PORT.to_string(),
+                &BULK_PORT.to_string(),
+                &FILTER_CONNECTS.to_string(),
+                &FILTER_BULK_BYTES.to_string(),
+            ])
             .output()?;
         parse_tcp(&out)
     };
-    let sandbox_path = |net: &DomainNetwork| -> anyhow::Result<PathBuf> { Ok(net.sandbox_netns().ok_or_else(|| anyhow::anyhow!("no sandbox netns"))?.proc_path()) };
+    let sandbox_path = |net: &DomainNetwork| -> anyhow::Result<PathBuf> {
+        Ok(net.sandbox_netns().ok_or_else(|| anyhow::anyhow!("no sandbox netns"))?.proc_path())
+    };
     let configs: Vec<(&str, PathBuf)> = vec![
         ("plain netns (no sidecar)", lab.host.clone()),
         ("sidecar, no Lazaret filter (bench-only)", sandbox_path(&bare)?),
@@ -753,10 +829,12 @@ fn bench_git(files: usize) -> anyhow::Result<()> {
         anyhow::ensure!(out.status.success() && out.stdout.is_empty(), "host git status failed or dirty");
     }
     // Timed inside the sandbox, so sandbox start-up is not counted.
-    let script = format!("for i in $(seq {rounds}); do s=$(date +%s%N); git status --porcelain >/dev/null; e=$(date +%s%N); echo $((e-s)); done");
+    let script =
+        format!("for i in $(seq {rounds}); do s=$(date +%s%N); git status --porcelain >/dev/null; e=$(date +%s%N); echo $((e-s)); done");
     let out = env.run(["run", "test", "--", "sh", "-c", &script]);
     anyhow::ensure!(out.status.success(), "sandbox git status failed: {}", String::from_utf8_lossy(&out.stderr));
-    let inside: Vec<Duration> = String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).map(Duration::from_nanos).collect();
+    let inside: Vec<Duration> =
+        String::from_utf8_lossy(&out.stdout).lines().filter_map(|l| l.trim().parse().ok()).map(Duration::from_nanos).collect();
     anyhow::ensure!(inside.len() == rounds, "expected {rounds} timings, got {}", inside.len());
     let (hm, hp) = stats(host);
     let (im, ip) = stats(inside);
@@ -779,7 +857,9 @@ fn quantile_ms(sorted: &[Duration], q: f64) -> f64 {
 fn request_steps(env: &TestEnv) -> Vec<(String, String, Vec<Duration>)> {
     let mut by_request: std::collections::HashMap<String, Vec<(String, u64)>> = std::collections::HashMap::new();
     for e in env.journal_entries() {
-        let (Some(request), Some(action), Some(t)) = (e["request"].as_str(), e["action"].as_str(), e["timestamp_ms"].as_u64()) else { continue };
+        let (Some(request), Some(action), Some(t)) = (e["request"].as_str(), e["action"].as_str(), e["timestamp_ms"].as_u64()) else {
+            continue;
+        };
         by_request.entry(request.to_string()).or_default().push((action.to_string(), t));
     }
     let mut steps: Vec<(String, String, Vec<Duration>)> = Vec::new();
@@ -796,7 +876,7 @@ fn request_steps(env: &TestEnv) -> Vec<(String, String, Vec<Duration>)> {
             }
         }
         let total = Duration::from_millis(events[events.len() - 1].1.saturating_sub(events[0].1));
-        match steps.iter_mut().find(|s| s.0 == "total" ) {
+        match steps.iter_mut().find(|s| s.0 == "total") {
             Some(step) => step.2.push(total),
             None => steps.push(("total".into(), "".into(), vec![total])),
         }
@@ -805,7 +885,10 @@ fn request_steps(env: &TestEnv) -> Vec<(String, String, Vec<Duration>)> {
     for s in &mut steps {
         s.2.sort();
     }
-    steps.into_iter().map(|(f, t, d)| if f == "total" { ("VerifyRequest".into(), "DeliverResult (total)".into(), d) } else { (f, t, d) }).collect()
+    steps
+        .into_iter()
+        .map(|(f, t, d)| if f == "total" { ("VerifyRequest".into(), "DeliverResult (total)".into(), d) } else { (f, t, d) })
+        .collect()
 }
 
 /// Sessions and requests per session of the concurrency part.
@@ -813,7 +896,7 @@ const ESC_SESSIONS: usize = 8;
 const ESC_CONCURRENT: usize = 100;
 
 fn bench_escalate(n: usize) -> anyhow::Result<()> {
-    use lazaret_tests::escalation::{developer_env, install_escprobe, rules_toml, Rule};
+    use lazaret_tests::escalation::{Rule, developer_env, install_escprobe, rules_toml};
     anyhow::ensure!(n >= 10, "use at least 10 requests");
     let netns = lazaret_netpolicy::topology::Netns::create()?;
     let rules = rules_toml(&[Rule::new("true", &["true"]), Rule::new("echo", &["echo"]).extra_args()]);
@@ -842,7 +925,8 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     // Failed runs are counted, not timed.
     let timings = |section: &str| -> (Vec<Duration>, Vec<String>) {
         let failed = section.lines().filter(|l| l.starts_with("failed ")).map(String::from).collect();
-        let mut d: Vec<Duration> = section.lines().skip(warm).filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_micros).collect();
+        let mut d: Vec<Duration> =
+            section.lines().skip(warm).filter_map(|l| l.trim().parse::<u64>().ok()).map(Duration::from_micros).collect();
         d.sort();
         (d, failed)
     };
@@ -901,7 +985,19 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
     for s in 0..ESC_SESSIONS {
         let prefix = format!("s{s}");
         let child = env
-            .lazaret(["run", "test", "--", &probe, "concurrent", &ESC_CONCURRENT.to_string(), &prefix, "--", "lazaret-escalate", "--", "echo"])
+            .lazaret([
+                "run",
+                "test",
+                "--",
+                &probe,
+                "concurrent",
+                &ESC_CONCURRENT.to_string(),
+                &prefix,
+                "--",
+                "lazaret-escalate",
+                "--",
+                "echo",
+            ])
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()?;
@@ -931,8 +1027,14 @@ fn bench_escalate(n: usize) -> anyhow::Result<()> {
         for line in String::from_utf8_lossy(&out.stderr).lines() {
             // "s3-17: lazaret-escalate: REASON": the reasons, Session IDs elided.
             if let Some((_, reason)) = line.split_once(": ") {
-                let reason: String =
-                    reason.split(' ').map(|w| if w.starts_with("s-") { "s-…" } else { w }).collect::<Vec<_>>().join(" ").chars().take(100).collect();
+                let reason: String = reason
+                    .split(' ')
+                    .map(|w| if w.starts_with("s-") { "s-…" } else { w })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+                    .chars()
+                    .take(100)
+                    .collect();
                 *reasons.entry(reason).or_default() += 1;
             }
         }
@@ -1023,7 +1125,12 @@ fn bench_guard(files: usize, rounds: usize) -> anyhow::Result<()> {
             inside[usize::from(on)].push(Duration::from_nanos(ns));
         }
         let log = std::fs::read_to_string(env.domain_dir().ok_or_else(|| anyhow::anyhow!("no Domain directory"))?.join("coordinator.log"))?;
-        let last_sweep = log.lines().rev().find(|l| l.contains("workspace guard: sweep (Domain stop)")).map(|l| l.split("] ").nth(1).unwrap_or(l).to_string()).unwrap_or_default();
+        let last_sweep = log
+            .lines()
+            .rev()
+            .find(|l| l.contains("workspace guard: sweep (Domain stop)"))
+            .map(|l| l.split("] ").nth(1).unwrap_or(l).to_string())
+            .unwrap_or_default();
         rows.push((name, inside, whole, last_sweep));
     }
 
@@ -1040,7 +1147,12 @@ fn bench_guard(files: usize, rounds: usize) -> anyhow::Result<()> {
         let on = round % 2 == 1;
         anyhow::ensure!(lazaret_coordinator::client::wait_unlocked(&lock, DOWN_LIMIT), "the Domain did not go down");
         let t = Instant::now();
-        let status = env.lazaret(["run", "test", "--", "true"]).env("LAZARET_TEST_GUARD", if on { "on" } else { "off" }).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+        let status = env
+            .lazaret(["run", "test", "--", "true"])
+            .env("LAZARET_TEST_GUARD", if on { "on" } else { "off" })
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()?;
         start[usize::from(on)].push(t.elapsed());
         anyhow::ensure!(status.success(), "lazaret run failed");
     }
@@ -1054,7 +1166,10 @@ fn bench_guard(files: usize, rounds: usize) -> anyhow::Result<()> {
         .collect();
     guard_start.sort();
 
-    println!("Workspace Guard cost ({}): {files} files unpacked with tar inside the workspace, then git status inside; {rounds} rounds each, alternating", lazaret_bin().display());
+    println!(
+        "Workspace Guard cost ({}): {files} files unpacked with tar inside the workspace, then git status inside; {rounds} rounds each, alternating",
+        lazaret_bin().display()
+    );
     println!("{:<52} {:>10} {:>10} {:>9}", "", "off ms", "on ms", "on/off");
     for (name, inside, whole, _) in &rows {
         let (off, on) = (stats(inside[0].clone()).0, stats(inside[1].clone()).0);
@@ -1073,7 +1188,12 @@ fn bench_guard(files: usize, rounds: usize) -> anyhow::Result<()> {
     println!("{:<52} {:>9.1} {:>7.1}", "guard on", on.0, on.1);
     println!("{:<52} {:>9.1} {:>7.1}", "  difference (noisy; target at most 10 ms)", on.0 - off.0, on.1 - off.1);
     if !guard_start.is_empty() {
-        println!("{:<52} {:>9.2} {:>7.2}", "guard start on the start path (coordinator log)", quantile_ms(&guard_start, 0.5), quantile_ms(&guard_start, 0.9));
+        println!(
+            "{:<52} {:>9.2} {:>7.2}",
+            "guard start on the start path (coordinator log)",
+            quantile_ms(&guard_start, 0.5),
+            quantile_ms(&guard_start, 0.9)
+        );
     }
     Ok(())
 }

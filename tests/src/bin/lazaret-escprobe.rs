@@ -65,8 +65,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lazaret_protocol::escalation::{
-    read_server, write_client, ClientFrame, EscalationRequest, Outcome, ServerFrame, ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION,
-    KIND_CONTROL, KIND_STDOUT, MAX_ARGV_BYTES, MAX_CONTROL,
+    ClientFrame, ENV_ADDR, ENV_CA, ENV_CERT, ENV_KEY, ESCALATION_VERSION, EscalationRequest, KIND_CONTROL, KIND_STDOUT, MAX_ARGV_BYTES,
+    MAX_CONTROL, Outcome, ServerFrame, read_server, write_client,
 };
 use lazaret_protocol::session::ENV_BROKER;
 use rustls::pki_types::pem::PemObject;
@@ -84,7 +84,9 @@ fn main() {
         Some("steal") => steal(),
         Some("present") => present(&args[1..]),
         _ => {
-            eprintln!("usage: lazaret-escprobe hostile | steal | present CERT KEY NAME | interrupt SIGNAL -- CMD... | time N -- CMD... | requests N [PREFIX] -- CMD... | concurrent N PREFIX -- CMD...");
+            eprintln!(
+                "usage: lazaret-escprobe hostile | steal | present CERT KEY NAME | interrupt SIGNAL -- CMD... | time N -- CMD... | requests N [PREFIX] -- CMD... | concurrent N PREFIX -- CMD..."
+            );
             2
         }
     };
@@ -335,7 +337,9 @@ struct Env {
 /// `LAZARET_TEST_SESSION_CREDENTIALS=env` (otherwise only the session's
 /// broker has them).
 fn env() -> Result<Env, String> {
-    let var = |n: &str| std::env::var(n).map_err(|_| format!("{n} is not set (the test hook LAZARET_TEST_SESSION_CREDENTIALS=env puts it there)"));
+    let var = |n: &str| {
+        std::env::var(n).map_err(|_| format!("{n} is not set (the test hook LAZARET_TEST_SESSION_CREDENTIALS=env puts it there)"))
+    };
     let addr = var(ENV_ADDR)?.parse().map_err(|e| format!("{ENV_ADDR}: {e}"))?;
     let workspace = std::env::current_dir().map_err(|e| e.to_string())?.to_string_lossy().into_owned();
     Ok(Env { addr, ca: var(ENV_CA)?, cert: var(ENV_CERT)?, key: var(ENV_KEY)?, workspace })
@@ -389,7 +393,7 @@ fn through_broker(name: &str, argv: Vec<String>, workspace: &str) -> Seen {
                     Outcome::Completed { exit_status } => Seen::Completed(exit_status),
                     Outcome::Refused { reason } if before.is_empty() => Seen::Refused(reason),
                     other => Seen::Accepted(format!("{other:?} after {before:?}")),
-                }
+                };
             }
             Ok(other) => before.push(format!("{other:?}").chars().take(80).collect::<String>()),
             Err(e) if before.is_empty() => return Seen::ConnectionError(e.to_string()),
@@ -437,9 +441,8 @@ fn steal() -> i32 {
         }
     };
     let own_broker = std::env::var(ENV_BROKER).ok();
-    let mut pids: Vec<i32> = std::fs::read_dir("/proc")
-        .map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
-        .unwrap_or_default();
+    let mut pids: Vec<i32> =
+        std::fs::read_dir("/proc").map(|d| d.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect()).unwrap_or_default();
     pids.sort_unstable();
     let mut brokers_tried = Vec::new();
     for pid in pids.into_iter().filter(|p| *p != me) {
@@ -547,7 +550,7 @@ fn outcome(tls: &mut Tls) -> Seen {
                     Outcome::Completed { exit_status } => Seen::Completed(exit_status),
                     Outcome::Refused { reason } if before.is_empty() => Seen::Refused(reason),
                     other => Seen::Accepted(format!("{other:?} after {before:?}")),
-                }
+                };
             }
             Ok(other) => before.push(format!("{other:?}").chars().take(80).collect::<String>()),
             Err(e) if before.is_empty() => return Seen::ConnectionError(e.to_string()),
@@ -673,7 +676,10 @@ fn hostile() -> i32 {
 
     // Malformed.
     report("not-json", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, b"{\"type\":\"Request\",")));
-    report("unknown-type", &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, b"{\"type\":\"Run\",\"cmd\":\"touch pwned-unknown-type\"}")));
+    report(
+        "unknown-type",
+        &send_raw(&env, valid.clone(), &framed(KIND_CONTROL, b"{\"type\":\"Run\",\"cmd\":\"touch pwned-unknown-type\"}")),
+    );
     report("unknown-kind", &send_raw(&env, valid.clone(), &framed(9, b"{}")));
     report("output-frame", &send_raw(&env, valid.clone(), &framed(KIND_STDOUT, b"touch pwned-output-frame")));
     report("cancel-first", &send_frame(&env, valid.clone(), &ClientFrame::Cancel));

@@ -46,7 +46,8 @@ fn main() {
             let port: u16 = args[1].parse().expect("PORT");
             for a in &args[2..] {
                 let ip: IpAddr = a.parse().expect("ADDR");
-                let tcp = bind_when_ready(|| TcpListener::bind(SocketAddr::new(ip, port))).unwrap_or_else(|e| panic!("tcp {ip}:{port}: {e}"));
+                let tcp =
+                    bind_when_ready(|| TcpListener::bind(SocketAddr::new(ip, port))).unwrap_or_else(|e| panic!("tcp {ip}:{port}: {e}"));
                 handles.push(std::thread::spawn(move || {
                     for conn in tcp.incoming().flatten() {
                         let mut conn = conn;

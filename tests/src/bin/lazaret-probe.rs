@@ -112,8 +112,13 @@ fn run(check: &[String]) -> Result<(), String> {
         // Workspace Guard's tests.
         "setxattr" => {
             let [path, name, hex] = rest else { return Err("setxattr PATH NAME HEX".into()) };
-            let value = (0..hex.len()).step_by(2).map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok())).collect::<Option<Vec<u8>>>().ok_or("HEX must be pairs of hex digits")?;
-            rustix::fs::setxattr(path.as_str(), name.as_str(), &value, rustix::fs::XattrFlags::empty()).map_err(|e| format!("setxattr {path} {name}: {e}"))
+            let value = (0..hex.len())
+                .step_by(2)
+                .map(|i| hex.get(i..i + 2).and_then(|b| u8::from_str_radix(b, 16).ok()))
+                .collect::<Option<Vec<u8>>>()
+                .ok_or("HEX must be pairs of hex digits")?;
+            rustix::fs::setxattr(path.as_str(), name.as_str(), &value, rustix::fs::XattrFlags::empty())
+                .map_err(|e| format!("setxattr {path} {name}: {e}"))
         }
         "exists" => {
             for p in rest {
@@ -141,7 +146,8 @@ fn run(check: &[String]) -> Result<(), String> {
         "udp" => {
             let [addr, port, want] = rest else { return Err("udp ADDR PORT ok|blocked".into()) };
             let target = SocketAddr::new(addr.parse().map_err(|_| format!("bad address {addr}"))?, port.parse().map_err(|_| "bad port")?);
-            let any: SocketAddr = if target.is_ipv4() { "0.0.0.0:0".parse().map_err(|_| "addr")? } else { "[::]:0".parse().map_err(|_| "addr")? };
+            let any: SocketAddr =
+                if target.is_ipv4() { "0.0.0.0:0".parse().map_err(|_| "addr")? } else { "[::]:0".parse().map_err(|_| "addr")? };
             let got = std::net::UdpSocket::bind(any).and_then(|s| {
                 s.set_read_timeout(Some(Duration::from_secs(3)))?;
                 s.send_to(b"ping from sandbox", target)?;
@@ -156,7 +162,11 @@ fn run(check: &[String]) -> Result<(), String> {
             let [name, ip] = rest else { return Err("resolve NAME IP".into()) };
             use std::net::ToSocketAddrs;
             let addrs: Vec<SocketAddr> = (name.as_str(), 80).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.collect();
-            if addrs.iter().any(|a| a.ip().to_string() == *ip) { Ok(()) } else { Err(format!("{name} resolved to {addrs:?}, expected {ip}")) }
+            if addrs.iter().any(|a| a.ip().to_string() == *ip) {
+                Ok(())
+            } else {
+                Err(format!("{name} resolved to {addrs:?}, expected {ip}"))
+            }
         }
         "no-resolve" => {
             let [name] = rest else { return Err("no-resolve NAME".into()) };
@@ -261,7 +271,8 @@ fn run(check: &[String]) -> Result<(), String> {
             let mut samples = Vec::with_capacity(count);
             for _ in 0..count {
                 let t = std::time::Instant::now();
-                let target = (name.as_str(), port).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.next().ok_or("no address")?;
+                let target =
+                    (name.as_str(), port).to_socket_addrs().map_err(|e| format!("resolving {name}: {e}"))?.next().ok_or("no address")?;
                 let mut s = std::net::TcpStream::connect_timeout(&target, Duration::from_secs(5)).map_err(|e| format!("connect: {e}"))?;
                 let mut byte = [0u8; 1];
                 s.read_exact(&mut byte).map_err(|e| format!("read: {e}"))?;
@@ -333,7 +344,7 @@ fn expect_reach(kind: &str, target: &SocketAddr, want: &str, got: std::io::Resul
 /// Sends one UDP packet per source (None: the socket's own address) on an
 /// IPPROTO_RAW socket with a hand-built IPv4 header.
 fn raw_udp(dst: Ipv4Addr, port: u16, sources: &[Option<Ipv4Addr>]) -> Result<usize, String> {
-    use nix::sys::socket::{socket, sendto, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn};
+    use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType, SockaddrIn, sendto, socket};
     use std::os::fd::AsRawFd;
     let fd = socket(AddressFamily::Inet, SockType::Raw, SockFlag::empty(), SockProtocol::Raw).map_err(|e| e.to_string())?;
     let own = local_ipv4_towards(dst).unwrap_or(Ipv4Addr::UNSPECIFIED);

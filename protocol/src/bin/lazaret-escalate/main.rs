@@ -13,7 +13,7 @@
 
 mod args;
 
-use lazaret_protocol::client::{self, say, unavailable, Signals};
+use lazaret_protocol::client::{self, Signals, say, unavailable};
 use lazaret_protocol::escalation::{ESCALATION_VERSION, EscalationRequest, exit};
 use lazaret_protocol::session::ENV_BROKER;
 

@@ -35,22 +35,13 @@ use std::time::Duration;
 use lazaret_protocol::client::relay::Broker;
 use lazaret_protocol::client::{Credentials, config as tls_config};
 use lazaret_protocol::session::{
-    AgentUser, COMMAND_SEPARATOR, CREDENTIALS_FD, CREDENTIALS_OPTION, CWD_OPTION, END_SIGNAL, ENV_BROKER, EXIT_FAILED,
-    EXIT_NOT_EXECUTABLE, EXIT_NOT_FOUND, LAST_SIGNAL, SessionCredentials, USER_OPTION, descendants_of,
-    parent_from_stat, shell_status,
+    AgentUser, COMMAND_SEPARATOR, CREDENTIALS_FD, CREDENTIALS_OPTION, CWD_OPTION, END_SIGNAL, ENV_BROKER, EXIT_FAILED, EXIT_NOT_EXECUTABLE,
+    EXIT_NOT_FOUND, LAST_SIGNAL, SessionCredentials, USER_OPTION, descendants_of, parent_from_stat, shell_status,
 };
 
 /// Signals that stop or are synchronous: never blocked, never forwarded.
-const UNBLOCKABLE: [libc::c_int; 8] = [
-    libc::SIGKILL,
-    libc::SIGSTOP,
-    libc::SIGSEGV,
-    libc::SIGBUS,
-    libc::SIGILL,
-    libc::SIGFPE,
-    libc::SIGTRAP,
-    libc::SIGSYS,
-];
+const UNBLOCKABLE: [libc::c_int; 8] =
+    [libc::SIGKILL, libc::SIGSTOP, libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP, libc::SIGSYS];
 
 /// Job-control signals meant for the terminal's foreground group (the
 /// agent's): blocked here, never forwarded.
@@ -80,7 +71,9 @@ struct Options {
 fn parse_args(mut args: impl Iterator<Item = OsString>) -> Result<(Options, Vec<OsString>), String> {
     let mut options = Options::default();
     loop {
-        let Some(arg) = args.next() else { return Err("usage: lazaret-session-init [--user UID:GID[:GIDS]] [--cwd DIR] [--credentials] -- COMMAND [ARGS...]".into()) };
+        let Some(arg) = args.next() else {
+            return Err("usage: lazaret-session-init [--user UID:GID[:GIDS]] [--cwd DIR] [--credentials] -- COMMAND [ARGS...]".into());
+        };
         match arg.to_str() {
             Some(COMMAND_SEPARATOR) => break,
             Some(USER_OPTION) => {

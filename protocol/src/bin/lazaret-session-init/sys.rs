@@ -205,9 +205,7 @@ unsafe fn take_identity(s: &Shared) -> bool {
             }
             cap += 1;
         }
-        if libc::syscall(libc::SYS_setresgid, s.gid, s.gid, s.gid) != 0
-            || libc::syscall(libc::SYS_setresuid, s.uid, s.uid, s.uid) != 0
-        {
+        if libc::syscall(libc::SYS_setresgid, s.gid, s.gid, s.gid) != 0 || libc::syscall(libc::SYS_setresuid, s.uid, s.uid, s.uid) != 0 {
             return false;
         }
         let mut header = CapHeader { version: LINUX_CAPABILITY_VERSION_3, pid: 0 };
@@ -261,7 +259,13 @@ extern "C" fn spawn_child(arg: *mut libc::c_void) -> libc::c_int {
                 }
             }
         }
-        let errno = if failure != 0 { failure } else if denied { libc::EACCES } else { libc::ENOENT };
+        let errno = if failure != 0 {
+            failure
+        } else if denied {
+            libc::EACCES
+        } else {
+            libc::ENOENT
+        };
         std::ptr::write_volatile(&raw mut (*shared).errno, errno);
         libc::_exit(if matches!(errno, libc::ENOENT | libc::ENOTDIR) { s.not_found } else { s.not_executable })
     }
@@ -311,9 +315,7 @@ pub fn spawn(plan: &Spawn<'_>) -> io::Result<(libc::pid_t, Option<(Stage, i32)>)
     // `stack`, reading `shared` and the arrays it points to, which all
     // outlive the call: CLONE_VFORK suspends this thread until the child
     // has exec'd or exited. The process is single-threaded.
-    let pid = unsafe {
-        libc::clone(spawn_child, top, libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD, (&raw mut shared).cast())
-    };
+    let pid = unsafe { libc::clone(spawn_child, top, libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD, (&raw mut shared).cast()) };
     if pid < 0 {
         return Err(io::Error::last_os_error());
     }
