@@ -103,6 +103,9 @@ fn assert_planted(stdout: &str, routes: &[&str]) {
 /// bare repository whose `objects` and `refs` are symlinks (git only needs
 /// them to be searchable), with a work tree set in its config, which git
 /// discovers from any directory below it.
+// Each directory becomes a git dir only with its last step (objects and
+// refs, HEAD and commondir), so the guard, which acts within milliseconds,
+// cannot take a file away before the plant is complete.
 #[test]
 fn git_dirs_git_would_discover_are_guarded_however_they_are_built() {
     let env = developer_env();
@@ -110,16 +113,17 @@ fn git_dirs_git_would_discover_are_guarded_however_they_are_built() {
     let m = marker_dir(&env);
     let script = format!(
         "set -u; M={m}; W={w}; \
-         (set -e; mkdir -p $W/c1/common/worktrees/w $W/c1/common/objects $W/c1/common/refs/heads $W/c1/common/hooks $W/c1/wt; \
-          echo 'ref: refs/heads/main' > $W/c1/common/worktrees/w/HEAD; echo ../.. > $W/c1/common/worktrees/w/commondir; \
-          echo \"gitdir: $W/c1/common/worktrees/w\" > $W/c1/wt/.git; \
+         (set -e; mkdir -p $W/c1/common/hooks $W/c1/wt; \
           printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/c1-config; false\\n' $M > $W/c1/common/config; \
           printf '#!/bin/sh\\ntouch %s/c1-hook\\n' $M > $W/c1/common/hooks/pre-commit; chmod +x $W/c1/common/hooks/pre-commit 2>/dev/null || true; \
+          mkdir -p $W/c1/common/worktrees/w $W/c1/common/objects $W/c1/common/refs/heads; \
+          echo 'ref: refs/heads/main' > $W/c1/common/worktrees/w/HEAD; echo ../.. > $W/c1/common/worktrees/w/commondir; \
+          echo \"gitdir: $W/c1/common/worktrees/w\" > $W/c1/wt/.git; \
           echo 'route c1=ok'); \
          (set -e; mkdir -p $W/b1/store/objects $W/b1/store/refs/heads $W/b1/bare/sub; \
-          ln -s ../store/objects $W/b1/bare/objects; ln -s ../store/refs $W/b1/bare/refs; \
           printf '[core]\\n\\trepositoryformatversion = 0\\n\\tbare = false\\n\\tworktree = ..\\n\\tfsmonitor = touch %s/b1-config; false\\n' $M > $W/b1/bare/config; \
-          echo 'ref: refs/heads/main' > $W/b1/bare/HEAD; echo 'route b1=ok'); \
+          echo 'ref: refs/heads/main' > $W/b1/bare/HEAD; \
+          ln -s ../store/objects $W/b1/bare/objects; ln -s ../store/refs $W/b1/bare/refs; echo 'route b1=ok'); \
          echo done=yes",
         m = m.display(),
         w = ws.display()
