@@ -4,13 +4,14 @@
 //! command line, and `lazaret ls --json`.
 
 use std::fs;
+use std::io::{BufRead, BufReader, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::pty::TestTerminal;
-use crate::{TEST_USER, TestEnv, lazaret_bin, random_suffix, sibling_bin, test_user, text};
+use crate::{TEST_USER, TestEnv, lazaret_bin, random_suffix, sibling_bin, test_user, text, wait_with_limit};
 
 /// The static `lazaret-escalate` in `../lib/lazaret/` of the `lazaret`
 /// under test (where Lazaret looks for it); fails naming the command that
@@ -322,6 +323,58 @@ pub fn requests_for(env: &TestEnv, argv: &[&str]) -> Vec<String> {
 /// Runs `cmd` with a watchdog: the test must not hang when the product does.
 pub fn command_output(mut cmd: Command) -> std::process::Output {
     crate::wait_output(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning"))
+}
+
+/// The coordinator logs of `env`'s Domains, for failure messages.
+pub fn coordinator_logs(env: &TestEnv) -> String {
+    env.domain_ids()
+        .iter()
+        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
+        .collect::<Vec<_>>()
+        .join("\n---\n")
+}
+
+/// A `lazaret run PROFILE` session that holds its Domain open (it waits
+/// for a line on stdin) until [`Holder::release`].
+pub struct Holder {
+    child: Child,
+    /// What its script printed before it was up.
+    pub printed: String,
+}
+
+impl Holder {
+    /// Runs `script` in a session of `profile` with `extra_env` in the
+    /// launcher's environment, then waits: returns once the session
+    /// printed `up`.
+    pub fn start(env: &TestEnv, profile: &str, script: &str, extra_env: &[(&str, &str)]) -> Holder {
+        let mut cmd = env.lazaret(["run", profile, "--", "sh", "-c", &format!("{script}; echo; echo up; read line")]);
+        cmd.envs(extra_env.iter().copied()).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::null());
+        let mut child = cmd.spawn().expect("spawning the holder");
+        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut printed = String::new();
+        loop {
+            let mut line = String::new();
+            let n = reader.read_line(&mut line).expect("holder output");
+            assert!(n > 0, "the holder session ended before it was up; it printed {printed:?}\n{}", coordinator_logs(env));
+            if line == "up\n" {
+                break;
+            }
+            printed.push_str(&line);
+        }
+        Holder { child, printed }
+    }
+
+    /// Waits for the session to end by itself (its Domain was killed), without
+    /// a line on stdin; its status.
+    pub fn wait_ended(mut self) -> std::process::ExitStatus {
+        wait_with_limit(&mut self.child)
+    }
+
+    /// Lets the session end; it must exit 0.
+    pub fn release(mut self) {
+        let _ = self.child.stdin.take().expect("stdin").write_all(b"\n");
+        assert_eq!(wait_with_limit(&mut self.child).code(), Some(0), "the holder session failed");
+    }
 }
 
 #[cfg(test)]

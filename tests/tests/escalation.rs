@@ -88,15 +88,6 @@ fn answer(pty: &TestTerminal, keys: &[u8]) {
 /// Longer than the client's prompt arming time.
 const ARMING: Duration = Duration::from_millis(700);
 
-/// The coordinator logs of `env`'s Domains, for failure messages.
-fn coordinator_logs(env: &TestEnv) -> String {
-    env.domain_ids()
-        .iter()
-        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n---\n")
-}
-
 fn finish(env: &TestEnv) {
     env.assert_nothing_left();
     env.assert_journal_conforms();
@@ -139,44 +130,6 @@ fn only_request(env: &TestEnv, argv: &[&str]) -> String {
     let ids = requests_for(env, argv);
     assert_eq!(ids.len(), 1, "VerifyRequest entries for {argv:?}: {ids:?}; journal: {:?}", env.journal_entries());
     ids[0].clone()
-}
-
-/// A `lazaret run` that holds the Domain open (it waits for a line on
-/// stdin) until [`Holder::release`].
-struct Holder {
-    child: std::process::Child,
-    /// What its script printed before it was up.
-    printed: String,
-}
-
-impl Holder {
-    /// Runs `script`, then waits: returns once the session printed `up`.
-    fn start(env: &TestEnv, script: &str) -> Holder {
-        let mut child = env
-            .lazaret(["run", "test", "--", "sh", "-c", &format!("{script}; echo; echo up; read line")])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning the holder");
-        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut printed = String::new();
-        loop {
-            let mut line = String::new();
-            let n = reader.read_line(&mut line).expect("holder output");
-            assert!(n > 0, "the holder session ended before it was up; it printed {printed:?}");
-            if line == "up\n" {
-                break;
-            }
-            printed.push_str(&line);
-        }
-        Holder { child, printed }
-    }
-
-    fn release(mut self) {
-        let _ = self.child.stdin.take().expect("stdin").write_all(b"\n");
-        assert_eq!(wait_with_limit(&mut self.child).code(), Some(0), "the holder session failed");
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -720,7 +673,7 @@ fn a_session_disconnecting_mid_execution_kills_the_whole_host_tree() {
     let (script, a, b) = tree_script();
     let env = esc_env("", &rules_toml(&[Rule::new("tree", &["sh", "-c", &script]), Rule::new("true", &["true"])]));
     // Another session keeps the Domain up: only the disconnect can end the tree.
-    let holder = Holder::start(&env, "true");
+    let holder = Holder::start(&env, "test", "true", &[]);
     let mut child = spawn_piped(&env, &["run", "test", "--", "lazaret-escalate", "--", "sh", "-c", &script]);
     wait_for_tree(&a, &b);
     child.kill().expect("killing the lazaret run client");
@@ -794,7 +747,7 @@ fn foreign_self_made_missing_and_malformed_credentials_and_frames_are_refused() 
     credentials_hook(&mut env_a);
     credentials_hook(&mut env_b);
     // Domain A: a connected session whose credentials go to Domain B's agent.
-    let holder_a = Holder::start(&env_a, PRINT_CREDENTIALS);
+    let holder_a = Holder::start(&env_a, "test", PRINT_CREDENTIALS, &[]);
     let (cert, key) = credentials(&holder_a.printed);
     for (f, content) in [(".a.cert.pem", cert), (".a.key.pem", key)] {
         fs::write(env_b.workspace.join(f), content).expect("copying credentials");
@@ -849,7 +802,7 @@ fn an_ended_sessions_certificate_is_refused() {
     let mut env = esc_env("", &rules_toml(&[Rule::new("touch", &["touch"]).extra_args()]));
     credentials_hook(&mut env);
     let ws = env.workspace.display().to_string();
-    let holder = Holder::start(&env, "true");
+    let holder = Holder::start(&env, "test", "true", &[]);
     // A session that keeps its credentials in the sandbox, then ends.
     let (old, old_key) = credentials(&ok(&agent(&env, &["sh", "-c", PRINT_CREDENTIALS])));
     fs::write(env.workspace.join(".old.cert"), &old).expect("saving the old certificate");

@@ -8,7 +8,6 @@
 //! processes share that uid and one PID namespace, which is exactly what an
 //! attacker in one session has to work with.
 
-use std::io::{BufRead, BufReader, Write};
 use std::process::Stdio;
 
 use lazaret_tests::escalation::*;
@@ -26,25 +25,13 @@ fn one_session_can_neither_read_nor_use_another_sessions_escalation_identity() {
     let probe = install_escprobe(&env).display().to_string();
 
     // Session A: an agent that waits, holding the Domain open.
-    let mut holder = env
-        .lazaret(["run", "test", "--", "sh", "-c", "echo up; read line"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawning session A");
-    let mut reader = BufReader::new(holder.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    reader.read_line(&mut line).expect("session A's output");
-    assert_eq!(line, "up\n", "session A did not start");
+    let holder = Holder::start(&env, "test", "true", &[]);
 
     // Session B: the attacker, looking through every process it can see.
     let out = env.run(["run", "test", "--", &probe, "steal"]);
     let stdout = text(&out.stdout);
     println!("{stdout}");
-
-    let _ = holder.stdin.take().expect("stdin").write_all(b"\n");
-    assert_eq!(wait_with_limit(&mut holder).code(), Some(0), "session A failed");
+    holder.release();
 
     assert!(out.status.success() && stdout.contains("\ndone\n"), "the probe did not finish: {}", text(&out.stderr));
     assert_eq!(

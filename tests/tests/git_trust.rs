@@ -20,8 +20,7 @@
 //! commands do not depend on that race.
 
 use std::fs;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Output, Stdio};
+use std::process::{Output, Stdio};
 
 use lazaret_tests::escalation::*;
 use lazaret_tests::*;
@@ -41,61 +40,17 @@ fn field<'a>(out: &'a str, key: &str) -> &'a str {
     out.lines().find_map(|l| l.strip_prefix(prefix.as_str())).unwrap_or_else(|| panic!("no {key}= in output:\n{out}"))
 }
 
-/// The coordinator logs of `env`'s Domains, for failure messages.
-fn coordinator_logs(env: &TestEnv) -> String {
-    env.domain_ids()
-        .iter()
-        .map(|id| fs::read_to_string(env.runtime_dir.join(id).join("coordinator.log")).unwrap_or_default())
-        .collect::<Vec<_>>()
-        .join("\n---\n")
-}
+/// The test hook that runs a Domain without the Workspace Guard.
+const GUARD_OFF: &[(&str, &str)] = &[("LAZARET_TEST_HOOKS", "1"), ("LAZARET_TEST_GUARD", "off")];
 
 /// `lazaret run PROFILE -- sh -c SCRIPT`, with the Workspace Guard off when
 /// `guard_off` (the test hook).
 fn run(env: &TestEnv, profile: &str, script: &str, guard_off: bool) -> Output {
     let mut cmd = env.lazaret(["run", profile, "--", "sh", "-c", script]);
     if guard_off {
-        cmd.env("LAZARET_TEST_HOOKS", "1").env("LAZARET_TEST_GUARD", "off");
+        cmd.envs(GUARD_OFF.iter().copied());
     }
     wait_output(cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawning lazaret"))
-}
-
-/// A session that holds its Domain open until [`Holder::release`].
-struct Holder {
-    child: Child,
-}
-
-impl Holder {
-    /// Runs `script` in a session of `profile` (guard off), then waits for
-    /// a line on stdin; returns once the script is done.
-    fn start(env: &TestEnv, profile: &str, script: &str) -> Holder {
-        let mut child = env
-            .lazaret(["run", profile, "--", "sh", "-c", &format!("{script}; echo; echo up; read line")])
-            .env("LAZARET_TEST_HOOKS", "1")
-            .env("LAZARET_TEST_GUARD", "off")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawning the holder");
-        let mut reader = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut printed = String::new();
-        loop {
-            let mut line = String::new();
-            let n = reader.read_line(&mut line).expect("holder output");
-            assert!(n > 0, "the holder session ended before it was up; it printed {printed:?}\n{}", coordinator_logs(env));
-            if line == "up\n" {
-                break;
-            }
-            printed.push_str(&line);
-        }
-        Holder { child }
-    }
-
-    fn release(mut self) {
-        let _ = self.child.stdin.take().expect("stdin").write_all(b"\n");
-        assert_eq!(wait_with_limit(&mut self.child).code(), Some(0), "the holder session failed");
-    }
 }
 
 /// The agent makes a repository `sub` whose config runs `core.fsmonitor`
@@ -221,6 +176,7 @@ fn a_repository_one_profiles_agent_made_is_not_trusted_by_another_profile() {
         &env,
         "test",
         &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"),
+        GUARD_OFF,
     );
     assert!(env.workspace.join("n/.git/config").is_file(), "the agent's repository was not made");
     let out = run(&env, "b", ask, false);
@@ -276,10 +232,11 @@ fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repo
     let profile_b = format!("\n[profiles.b]\nimage = \"{TEST_IMAGE}\"\ncommand = [\"/bin/sh\"]\n{GIT_ENV}");
     let env = developer_env(&format!("{GIT_ENV}{profile_b}"));
     let started_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).expect("clock").as_millis();
-    let mut holder = Holder::start(
+    let holder = Holder::start(
         &env,
         "test",
         &format!("git init -q -b main n && git -C n config core.fsmonitor 'touch {marker}; false' && echo made"),
+        GUARD_OFF,
     );
     let ids = env.domain_ids();
     assert_eq!(ids.len(), 1, "{ids:?}");
@@ -287,7 +244,7 @@ fn another_profiles_crashed_run_is_swept_before_a_second_profile_adopts_its_repo
     assert_eq!(coordinators.len(), 1, "{coordinators:?}");
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(coordinators[0]), nix::sys::signal::Signal::SIGKILL)
         .expect("kill -9 the coordinator");
-    let _ = wait_with_limit(&mut holder.child);
+    let _ = holder.wait_ended();
     assert!(env.wait_no_processes().is_empty(), "the crashed Domain's processes are gone");
     let domain_root = env.storage.join("domains").join(&ids[0]);
     fs::write(
@@ -347,8 +304,7 @@ fn a_repository_another_domains_agent_made_through_a_volume_is_not_trusted() {
     let out = wait_output(
         env.lazaret(["run", "v", "--", "sh", "-c", &script])
             .current_dir(&ws_v)
-            .env("LAZARET_TEST_HOOKS", "1")
-            .env("LAZARET_TEST_GUARD", "off")
+            .envs(GUARD_OFF.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()

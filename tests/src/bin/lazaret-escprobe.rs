@@ -385,21 +385,7 @@ fn through_broker(name: &str, argv: Vec<String>, workspace: &str) -> Seen {
     if let Err(e) = write_client(&mut sock, &ClientFrame::Request(request)) {
         return Seen::ConnectionError(format!("write: {e}"));
     }
-    let mut before = Vec::new();
-    loop {
-        match read_server(&mut sock) {
-            Ok(ServerFrame::Result(r)) => {
-                return match r.outcome {
-                    Outcome::Completed { exit_status } => Seen::Completed(exit_status),
-                    Outcome::Refused { reason } if before.is_empty() => Seen::Refused(reason),
-                    other => Seen::Accepted(format!("{other:?} after {before:?}")),
-                };
-            }
-            Ok(other) => before.push(format!("{other:?}").chars().take(80).collect::<String>()),
-            Err(e) if before.is_empty() => return Seen::ConnectionError(e.to_string()),
-            Err(e) => return Seen::Accepted(format!("{e} after {before:?}")),
-        }
-    }
+    outcome(&mut sock)
 }
 
 /// See the module documentation.
@@ -541,10 +527,10 @@ fn request(env: &Env, id: &str, file: &str) -> EscalationRequest {
 /// Reads frames up to the result or an error. Any frame before the result
 /// (status, output) means the request got past verification, so a refusal
 /// or error after one counts as accepted.
-fn outcome(tls: &mut Tls) -> Seen {
+fn outcome(stream: &mut impl Read) -> Seen {
     let mut before = Vec::new();
     loop {
-        match read_server(tls) {
+        match read_server(stream) {
             Ok(ServerFrame::Result(r)) => {
                 return match r.outcome {
                     Outcome::Completed { exit_status } => Seen::Completed(exit_status),
