@@ -41,7 +41,7 @@
 //! could not read. The output is written in git's own layout, so a config
 //! git itself wrote and that holds only allowed keys comes out unchanged.
 
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use super::git_model;
 use crate::gitconfig::{ConfigEntry, GitConfig};
@@ -240,20 +240,7 @@ pub fn workspace_relative(value: &str, location: ConfigLocation<'_>) -> Option<P
     let value = Path::new(value);
     let start =
         if value.is_absolute() { value.strip_prefix(location.workspace_abs).ok()?.to_path_buf() } else { location.git_dir.join(value) };
-    let mut out = PathBuf::new();
-    for component in start.components() {
-        match component {
-            Component::Normal(name) => out.push(name),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                if !out.pop() {
-                    return None;
-                }
-            }
-            Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(out)
+    super::git_model::normal_inside(&start)
 }
 
 /// A subsection name in quotes (`\` and `"` escaped).

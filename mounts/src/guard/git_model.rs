@@ -445,7 +445,7 @@ pub fn local_place_inside(value: &str, root_abs: &Path, bases: &[&Path]) -> Opti
 
 /// `path` with `.` and `..` resolved lexically, if it never climbs above
 /// its start.
-fn normal_inside(path: &Path) -> Option<PathBuf> {
+pub(crate) fn normal_inside(path: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
     for component in path.components() {
         match component {
