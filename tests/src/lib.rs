@@ -98,6 +98,24 @@ pub fn test_image_tarball() -> PathBuf {
     p
 }
 
+/// A host-only directory for the markers an attack's command would leave
+/// (`touch MARKERS/NAME`), in the test's scratch directory (which the
+/// sandbox never sees), writable by the developer.
+pub fn marker_dir(env: &TestEnv) -> PathBuf {
+    let dir = env.scratch.join("markers");
+    fs::create_dir(&dir).expect("markers");
+    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod markers");
+    dir
+}
+
+/// The markers in `dir`, sorted: what ran that must not have.
+pub fn markers(dir: &Path) -> Vec<String> {
+    let mut m: Vec<String> =
+        fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    m.sort();
+    m
+}
+
 /// The host's kernel release (to tell gVisor's apart).
 pub fn host_kernel_release() -> String {
     fs::read_to_string("/proc/sys/kernel/osrelease").map(|s| s.trim().to_string()).unwrap_or_default()

@@ -14,16 +14,11 @@
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt;
-use std::path::Path;
 
 use lazaret_tests::escalation::chown_tree;
 use lazaret_tests::*;
 
 const GIT_ENV: &str = "env = { GIT_AUTHOR_NAME = \"Agent Smith\", GIT_AUTHOR_EMAIL = \"agent@example.invalid\", GIT_COMMITTER_NAME = \"Agent Smith\", GIT_COMMITTER_EMAIL = \"agent@example.invalid\" }\n";
-
-fn markers(dir: &Path) -> Vec<String> {
-    fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect()
-}
 
 /// The workspace: submodule `sub` with a nested submodule `sub/inner`, a
 /// linked worktree `wt`, an unregistered worktree gitdir `stale` and one

@@ -34,21 +34,6 @@ fn developer_env() -> TestEnv {
     env
 }
 
-/// The host-only marker directory, writable by the developer.
-fn marker_dir(env: &TestEnv) -> PathBuf {
-    let dir = env.scratch.join("markers");
-    fs::create_dir(&dir).expect("markers");
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod markers");
-    dir
-}
-
-fn markers(dir: &Path) -> Vec<String> {
-    let mut m: Vec<String> =
-        fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    m.sort();
-    m
-}
-
 /// The developer's git with extra environment (their XDG config).
 fn developer_git_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Output {
     let home = nix::unistd::User::from_name(TEST_USER).ok().flatten().map(|u| u.dir).unwrap_or_else(|| PathBuf::from("/"));

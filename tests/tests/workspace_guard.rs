@@ -32,21 +32,6 @@ fn developer_env(extra: &str) -> TestEnv {
     env
 }
 
-/// The host-only marker directory, writable by the developer.
-fn marker_dir(env: &TestEnv) -> PathBuf {
-    let dir = env.scratch.join("markers");
-    fs::create_dir(&dir).expect("markers");
-    fs::set_permissions(&dir, fs::Permissions::from_mode(0o777)).expect("chmod markers");
-    dir
-}
-
-fn markers(dir: &Path) -> Vec<String> {
-    let mut m: Vec<String> =
-        fs::read_dir(dir).expect("markers dir").flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
-    m.sort();
-    m
-}
-
 /// The detector works: a `core.fsmonitor` does run with the developer's git.
 fn assert_detector_sees_an_attack(ws: &Path, marker_dir: &Path) {
     let probe = format!("core.fsmonitor=touch {}/self-test; true", marker_dir.display());
