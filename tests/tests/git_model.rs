@@ -49,6 +49,22 @@ fn developer_git_with(dir: &Path, env: &[(&str, &Path)], args: &[&str]) -> Outpu
         .expect("running the developer's git")
 }
 
+/// The developer's private repository on the host, outside the workspace
+/// (the sandbox never sees it): one commit of `secret.txt`. Its path and
+/// that commit's id.
+fn private_repository(env: &TestEnv) -> (PathBuf, String) {
+    let (uid, gid) = test_user();
+    let private = env.scratch.join("private");
+    fs::create_dir_all(&private).expect("private");
+    setup_git(&private, &["init", "-q", "-b", "main"]);
+    fs::write(private.join("secret.txt"), "host secret\n").expect("secret");
+    setup_git(&private, &["add", "secret.txt"]);
+    setup_git(&private, &["commit", "-qm", "private"]);
+    let secret = setup_git(&private, &["rev-parse", "HEAD"]).trim().to_owned();
+    chown_tree(&private, uid, gid);
+    (private, secret)
+}
+
 /// Runs the agent's script in one session; it must print `done=yes`.
 fn agent(env: &TestEnv, script: &str) -> String {
     let out = env.run(["run", "test", "--", "sh", "-c", script]);
@@ -244,15 +260,7 @@ fn hooks_found_through_the_developers_global_hooks_path_run_nothing() {
 fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
     let env = developer_env();
     let ws = env.workspace.clone();
-    let (uid, gid) = test_user();
-    let private = env.scratch.join("private");
-    fs::create_dir_all(&private).expect("private");
-    setup_git(&private, &["init", "-q", "-b", "main"]);
-    fs::write(private.join("secret.txt"), "host secret\n").expect("secret");
-    setup_git(&private, &["add", "secret.txt"]);
-    setup_git(&private, &["commit", "-qm", "private"]);
-    let secret = setup_git(&private, &["rev-parse", "HEAD"]).trim().to_owned();
-    chown_tree(&private, uid, gid);
+    let (private, secret) = private_repository(&env);
     let p = private.display();
     let script = format!(
         "set -u; W={w}; P={p}; S={secret}; \
@@ -310,15 +318,7 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
 fn a_git_dir_symlinked_to_a_host_repository_reads_nothing_of_it() {
     let env = developer_env();
     let ws = env.workspace.clone();
-    let (uid, gid) = test_user();
-    let private = env.scratch.join("private");
-    fs::create_dir_all(&private).expect("private");
-    setup_git(&private, &["init", "-q", "-b", "main"]);
-    fs::write(private.join("secret.txt"), "host secret\n").expect("secret");
-    setup_git(&private, &["add", "secret.txt"]);
-    setup_git(&private, &["commit", "-qm", "private"]);
-    let secret = setup_git(&private, &["rev-parse", "HEAD"]).trim().to_owned();
-    chown_tree(&private, uid, gid);
+    let (private, secret) = private_repository(&env);
     // A fresh repository each run: the one of the first run is the
     // developer's (Git Sentry's) at the second start.
     for (guard_on, repo) in [(false, "p5-off"), (true, "p5")] {
