@@ -267,6 +267,21 @@ fn opened(domain: &DomainNetwork) -> Vec<IpAddr> {
     all
 }
 
+/// An upstream in the world that answers every A query with 11.6.6.6 (a
+/// public test address it also holds), and nothing else: the control the
+/// attacks compare against.
+fn plain_upstream(net: &FakeInternet) -> HostileUpstream {
+    ip_in(&net.world, &["addr", "add", "11.6.6.6/32", "dev", "lo"]);
+    HostileUpstream::start(
+        &net.world,
+        Arc::new(|query: &[u8]| {
+            let (_, q) = dnswire::parse_query(query).ok()?;
+            let records = if q.qtype == TYPE_A { vec![a(&q.name, Ipv4Addr::new(11, 6, 6, 6))] } else { vec![] };
+            hostile_reply(query, &records, &[], &[])
+        }),
+    )
+}
+
 fn start(net: &FakeInternet, input: &PolicyInput) -> (DomainNetwork, lazaret_netpolicy::topology::LockedResolver) {
     let domain = DomainNetwork::create(&net.host, &TopologyConfig::new(net.state_file()), input)
         .unwrap_or_else(|error| panic!("building the locked Domain network failed: {error}"));
@@ -396,15 +411,7 @@ fn no_answer_opens_what_locked_mode_denies_or_lazarets_own_plumbing() {
 #[test]
 fn queries_leave_the_sidecar_as_one_bare_question() {
     let net = FakeInternet::new();
-    ip_in(&net.world, &["addr", "add", "11.6.6.6/32", "dev", "lo"]);
-    let upstream = HostileUpstream::start(
-        &net.world,
-        Arc::new(|query: &[u8]| {
-            let (_, q) = dnswire::parse_query(query).ok()?;
-            let records = if q.qtype == TYPE_A { vec![a(&q.name, Ipv4Addr::new(11, 6, 6, 6))] } else { vec![] };
-            hostile_reply(query, &records, &[], &[])
-        }),
-    );
+    let upstream = plain_upstream(&net);
     let before = net.host_snapshot();
     let (domain, resolver) = start(&net, &locked_input(&["allowed.example"], false));
     let sandbox = domain.sandbox_netns().expect("sandbox netns");
@@ -596,15 +603,7 @@ fn one_answer_opens_a_bounded_number_of_addresses() {
 #[test]
 fn a_refused_name_never_leaves_by_any_other_door() {
     let net = FakeInternet::new();
-    ip_in(&net.world, &["addr", "add", "11.6.6.6/32", "dev", "lo"]);
-    let upstream = HostileUpstream::start(
-        &net.world,
-        Arc::new(|query: &[u8]| {
-            let (_, q) = dnswire::parse_query(query).ok()?;
-            let records = if q.qtype == TYPE_A { vec![a(&q.name, Ipv4Addr::new(11, 6, 6, 6))] } else { vec![] };
-            hostile_reply(query, &records, &[], &[])
-        }),
-    );
+    let upstream = plain_upstream(&net);
     let before = net.host_snapshot();
     let (domain, resolver) = start(&net, &locked_input(&["allowed.example", "*.wild.example"], false));
     let sandbox = domain.sandbox_netns().expect("sandbox netns");
