@@ -79,19 +79,10 @@ pub struct ProfileStateLock {
 }
 
 fn profile_state_lock(store: &Path, arg: nix::fcntl::FlockArg) -> Result<Result<ProfileStateLock, ()>, FilesystemError> {
-    use std::os::unix::fs::OpenOptionsExt;
     let mut path = store.as_os_str().to_owned();
     path.push(".lock");
     let path = PathBuf::from(path);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&path)
-        .map_err(|source| FilesystemError::ProfileStateLock { path: path.clone(), source })?;
+    let file = crate::lock::open_lock_file(&path).map_err(|source| FilesystemError::ProfileStateLock { path: path.clone(), source })?;
     match nix::fcntl::Flock::lock(file, arg) {
         Ok(lock) => Ok(Ok(ProfileStateLock { _lock: lock })),
         Err((_, nix::errno::Errno::EWOULDBLOCK)) => Ok(Err(())),

@@ -211,15 +211,7 @@ pub fn update<T>(storage_root: &Path, change: impl FnOnce(&mut TrustRecord) -> T
         let path = path.to_path_buf();
         move |source| TrustError::Io { path, source }
     };
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(&lock_path)
-        .map_err(io(&lock_path))?;
+    let file = crate::lock::open_lock_file(&lock_path).map_err(io(&lock_path))?;
     let _lock =
         Flock::lock(file, FlockArg::LockExclusive).map_err(|(_, e)| TrustError::Io { path: lock_path.clone(), source: e.into() })?;
     let path = storage_root.join(RECORD_FILE);

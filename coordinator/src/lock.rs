@@ -31,6 +31,19 @@ pub enum LockError {
     },
 }
 
+/// Opens (creating, mode 0600) the file `path` to flock: never through a
+/// symlink, never truncated (a Domain lock holds its owner's PID).
+pub(crate) fn open_lock_file(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(path)
+}
+
 /// A held Domain lock; released on drop (or by the kernel if we die).
 pub struct DomainLock {
     _lock: Flock<File>,
@@ -40,15 +53,7 @@ impl DomainLock {
     /// Takes the lock without waiting and records our PID in it.
     pub fn acquire(path: &Path, domain: &str) -> Result<DomainLock, LockError> {
         let io = |source| LockError::Io { path: path.to_path_buf(), source };
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .mode(0o600)
-            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-            .open(path)
-            .map_err(io)?;
+        let file = open_lock_file(path).map_err(io)?;
         let mut lock = match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
             Ok(l) => l,
             Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
