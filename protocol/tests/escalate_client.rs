@@ -193,11 +193,21 @@ fn command_in_session(pki: &Pki, addr: SocketAddr, program: &str, args: &[&str])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: dup2 is async-signal-safe and touches only descriptors; the
-    // socket stays open in this closure until the Command is dropped.
+    // SAFETY: dup2 and fcntl are async-signal-safe and touch only
+    // descriptors; the socket stays open in this closure until the Command
+    // is dropped.
     unsafe {
         cmd.pre_exec(move || {
-            if libc::dup2(credentials.as_raw_fd(), CREDENTIALS_FD) < 0 {
+            let fd = credentials.as_raw_fd();
+            // The socket is close-on-exec. Already numbered CREDENTIALS_FD
+            // (likely when tests run side by side), dup2 would do nothing
+            // and exec would close it: clear the flag instead.
+            let rc = if fd == CREDENTIALS_FD {
+                libc::fcntl(fd, libc::F_SETFD, 0)
+            } else {
+                libc::dup2(fd, CREDENTIALS_FD)
+            };
+            if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())
@@ -456,6 +466,12 @@ fn status_lines_are_shown_only_when_stderr_is_a_terminal() {
     assert_eq!(rc, 0, "openpty: {}", std::io::Error::last_os_error());
     // SAFETY: openpty just returned these descriptors; each is owned once.
     let (master, slave) = unsafe { (std::fs::File::from_raw_fd(master), OwnedFd::from_raw_fd(slave)) };
+    // openpty's descriptors are inheritable: children other tests start
+    // meanwhile would keep the slave open and the reader from its end.
+    for fd in [master.as_raw_fd(), slave.as_raw_fd()] {
+        // SAFETY: fcntl on a descriptor this test owns.
+        assert_eq!(unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) }, 0, "FD_CLOEXEC: {}", std::io::Error::last_os_error());
+    }
     // Read as it comes; reading the master ends with EIO once the last
     // slave descriptor is closed.
     let reader = thread::spawn(move || {
