@@ -202,11 +202,7 @@ fn command_in_session(pki: &Pki, addr: SocketAddr, program: &str, args: &[&str])
             // The socket is close-on-exec. Already numbered CREDENTIALS_FD
             // (likely when tests run side by side), dup2 would do nothing
             // and exec would close it: clear the flag instead.
-            let rc = if fd == CREDENTIALS_FD {
-                libc::fcntl(fd, libc::F_SETFD, 0)
-            } else {
-                libc::dup2(fd, CREDENTIALS_FD)
-            };
+            let rc = if fd == CREDENTIALS_FD { libc::fcntl(fd, libc::F_SETFD, 0) } else { libc::dup2(fd, CREDENTIALS_FD) };
             if rc < 0 {
                 return Err(std::io::Error::last_os_error());
             }
