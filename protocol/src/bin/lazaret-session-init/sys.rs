@@ -417,15 +417,19 @@ pub fn kill(pid: libc::pid_t, signal: i32) -> io::Result<()> {
 /// streams, so a reader sees their end when the agent's side closes them.
 pub fn drop_stdio_except(keep: &[RawFd]) {
     let null = c"/dev/null";
+    // Not close-on-exec: with 0, 1 or 2 closed, the open itself lands
+    // there, and dup2 onto itself would leave that flag set.
     // SAFETY: a NUL-terminated literal path; the result is checked.
-    let fd = unsafe { libc::open(null.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    let fd = unsafe { libc::open(null.as_ptr(), libc::O_RDWR) };
     if fd >= 0 {
         for target in 0..3 {
             // SAFETY: both are descriptor numbers; dup2 onto 0-2 replaces them.
             unsafe { libc::dup2(fd, target) };
         }
-        // SAFETY: `fd` was opened above and is not used after this.
-        unsafe { libc::close(fd) };
+        if fd > 2 {
+            // SAFETY: `fd` was opened above and is not used after this.
+            unsafe { libc::close(fd) };
+        }
     }
     let mut open: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
         Ok(entries) => entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect(),
