@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds release binaries and runs benchmarks, each printing a table.
-# Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|guard-engine|mounts|model|journal|all] [ARG]
+# Usage: sudo scripts/bench.sh [run|net|net-filter|git|escalate|guard|guard-engine|gate|mounts|model|journal|all] [ARG]
 #   run [RUNS]    lazaret run test -- true vs bare runsc run vs podman
 #                 --runtime runsc (issues 2, 16), interleaved round by round:
 #                 cold, teardown tail, back to back, joining; then one cold
@@ -26,6 +26,11 @@
 #                 sandbox: tar unpacks FILES files into a watched directory
 #                 (under target/), guard off and on; the guard thread's CPU,
 #                 tar's time, the final sweep
+#   gate [FILES] [ROUNDS]  what a fanotify permission gate (issue 30's candidate
+#                 mechanism, not built yet) costs the host's own processes: a
+#                 mount mark on a bind in the bench's private mount namespace
+#                 (under target/); git status, grep -r inside and outside the
+#                 workspace, gate off and on, lazy ignore marks outside
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
 #   journal [SIZES]  the journal machine's cost per entry as a Domain's
@@ -64,6 +69,7 @@ case "$what" in
   guard) install_escalate; target/release/lazaret-bench guard "$@" ;;
   escalate) install_escalate; target/release/lazaret-bench escalate "$@" ;;
   guard-engine) (cd target && cargo run --locked --release -q -p lazaret-mounts --example guard_bench -- "$@") ;;
+  gate) (cd target && cargo run --locked --release -q -p lazaret-mounts --example gate_bench -- "$@") ;;
   mounts) cargo run --locked --release -q -p lazaret-mounts --example assembly_bench ;;
   model) cargo run --locked --release -q -p lazaret-protocol --example check_model -- user ;;
   journal) cargo run --locked --release -q -p lazaret-protocol --example journal_apply -- "$@" ;;
@@ -78,5 +84,5 @@ case "$what" in
     cargo run --locked --release -q -p lazaret-mounts --example assembly_bench; echo
     cargo run --locked --release -q -p lazaret-protocol --example check_model -- user; echo
     cargo run --locked --release -q -p lazaret-protocol --example journal_apply ;;
-  *) echo "usage: $0 [run|net|net-filter|git|escalate|guard|guard-engine|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|net|net-filter|git|escalate|guard|guard-engine|gate|mounts|model|journal|all] [ARG]" >&2; exit 2 ;;
 esac
