@@ -17,8 +17,8 @@ use std::process::ExitCode;
 use anyhow::{Context as _, Result};
 use clap::{CommandFactory as _, Parser, Subcommand};
 use lazaret_coordinator::context::{Context, load_config, require_root};
-use lazaret_coordinator::daemon::provision::SetupMode;
 use lazaret_coordinator::identity::Developer;
+use lazaret_coordinator::startup::SetupMode;
 use lazaret_coordinator::{client, doctor, journal as domain_journal, network};
 
 /// Exit status for Lazaret's own failures (as docker and podman do): the

@@ -6,10 +6,11 @@
 //!   ConfigurationConfinement.
 //! - [`identity`]: the developer, the workspace, Domain IDs and state paths.
 //! - [`context`]: resolving all of the above for one invocation.
-//! - [`passwd`]: the developer's entries in the sandbox's /etc/passwd and /etc/group.
 //! - [`layout`]: every file name in a Domain's runtime directory.
 //! - [`client`]: `lazaret run` as a session, `stop`, `ls`, `debug`.
 //! - [`daemon`]: the per-Domain coordinator daemon and its start-up stages.
+//! - [`startup`]: what a start looks like to both sides: its stages, the
+//!   setup mode, the setup progress lines.
 //! - [`transport`]: frames (with file descriptors) over the Domain socket.
 //! - [`journal`]: the Domain's journal, driven by the protocol model.
 //! - [`trust`]: the Domain's Trust Anchor (ephemeral CA).
@@ -22,7 +23,7 @@
 //! - [`workspace_guard`]: the Workspace Guard's configuration and `lazaret audit`.
 //!
 //! Module dependencies point one way: `client` and `daemon` both use
-//! `layout` and `transport` but never each other; `daemon` uses `context`,
+//! `layout`, `startup` and `transport` but never each other; `daemon` uses `context`,
 //! `filesystem`, `network`, `trust`, `journal`, `lock` and `cgroup`.
 
 pub mod cgroup;
@@ -42,6 +43,7 @@ pub mod lock;
 pub mod network;
 pub mod passwd;
 pub mod random;
+pub mod startup;
 pub mod transport;
 pub mod trust;
 pub mod workspace_guard;

@@ -57,7 +57,7 @@ pub struct RunRequest {
     /// Discard the State Anchor before starting (`--reset-anchor`).
     pub reset_anchor: bool,
     /// `--no-setup` (skip the profile's setup) or `--reprovision` (rerun it).
-    pub setup: crate::daemon::provision::SetupMode,
+    pub setup: crate::startup::SetupMode,
 }
 
 /// `lazaret run`: joins the Domain (starting its coordinator if needed),
@@ -107,7 +107,7 @@ pub fn run(req: &RunRequest) -> Result<ExitStatus, ClientError> {
             if req.reset_anchor && launched.is_none() {
                 return Err(ClientError::ResetWhileRunning { profile: ctx.profile.name.clone() });
             }
-            if req.setup == crate::daemon::provision::SetupMode::Rerun && launched.is_none() {
+            if req.setup == crate::startup::SetupMode::Rerun && launched.is_none() {
                 return Err(ClientError::ReprovisionWhileRunning { profile: ctx.profile.name.clone() });
             }
             let answer = handshake(&stream, &hello, &io.agent_ends())?;

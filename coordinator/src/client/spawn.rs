@@ -18,9 +18,8 @@ use std::time::{Duration, Instant};
 use lazaret_protocol::journal::{Event, JournalEntry};
 
 use crate::context::Context;
-use crate::daemon::provision::{Progress, SetupMode};
-use crate::daemon::stages::Stage;
 use crate::layout::DomainDir;
+use crate::startup::{Progress, SetupMode, Stage};
 
 use super::{ClientError, RunRequest};
 

@@ -125,7 +125,7 @@ pub struct HostEffects {
     reset_anchor: bool,
     container: String,
     stderr: StderrRoute,
-    setup: super::provision::SetupMode,
+    setup: crate::startup::SetupMode,
     /// The launcher's status pipe, for setup progress.
     progress: Option<fs::File>,
     /// Git Sentry's read-only binds and outside git directories, for the
@@ -142,7 +142,7 @@ impl HostEffects {
             reset_anchor,
             container,
             stderr,
-            setup: super::provision::SetupMode::Normal,
+            setup: crate::startup::SetupMode::Normal,
             progress: None,
             guarded: Default::default(),
         }
@@ -150,7 +150,7 @@ impl HostEffects {
 
     /// `--no-setup` / `--reprovision`, and where setup progress goes (the
     /// launcher's status pipe).
-    pub fn set_setup(&mut self, mode: super::provision::SetupMode, progress: Option<fs::File>) {
+    pub fn set_setup(&mut self, mode: crate::startup::SetupMode, progress: Option<fs::File>) {
         self.setup = mode;
         self.progress = progress;
     }

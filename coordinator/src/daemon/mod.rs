@@ -81,7 +81,7 @@ pub struct CoordinatorArgs {
     /// `--reset-anchor`.
     pub reset_anchor: bool,
     /// `--no-setup` or `--reprovision`.
-    pub setup: provision::SetupMode,
+    pub setup: crate::startup::SetupMode,
     /// The Domain runtime directory the launcher computed (must match ours).
     pub domain_dir: PathBuf,
 }

@@ -48,6 +48,7 @@ use sha2::{Digest, Sha256};
 
 use crate::context::Context;
 use crate::layout::{DomainDir, RunDir};
+use crate::startup::{Progress, SetupMode};
 
 use super::{StartError, log};
 
@@ -67,18 +68,6 @@ const LINE_LIMIT: usize = 1000;
 /// How long output is still collected after a step exited (a background
 /// process it left may hold the pipe open for good).
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(300);
-
-/// `--no-setup` / `--reprovision`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum SetupMode {
-    /// Run the steps when their fingerprint is not the recorded one.
-    #[default]
-    Normal,
-    /// Never run them (`--no-setup`: a fix-up shell after a failure).
-    Skip,
-    /// Run them whatever is recorded (`--reprovision`).
-    Rerun,
-}
 
 /// What provisioning does at this start.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -189,49 +178,6 @@ pub fn write_record(domain_root: &Path, fingerprint: &str, steps: usize) -> std:
     }
     std::fs::rename(&tmp, &path)?;
     std::fs::File::open(dir)?.sync_all()
-}
-
-/// The prefix of a step's header line on the status pipe.
-const STEP_PREFIX: &str = "lazaret: setup: step ";
-/// The prefix of one line of a step's output on the status pipe.
-const OUTPUT_PREFIX: &str = "lazaret: setup| ";
-/// The prefix of the line that ends a successful setup.
-const DONE_PREFIX: &str = "lazaret: setup: done";
-
-/// A provisioning line on the coordinator's status pipe, as the launcher
-/// reads it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Progress {
-    /// A step starts: `N/M: ARGV` (inert).
-    Step(String),
-    /// A line of the running step's output (inert).
-    Output(String),
-    /// Setup finished: the line to show.
-    Done(String),
-}
-
-impl Progress {
-    /// The status-pipe line.
-    pub fn line(&self) -> String {
-        match self {
-            Progress::Step(s) => format!("{STEP_PREFIX}{s}"),
-            Progress::Output(s) => format!("{OUTPUT_PREFIX}{s}"),
-            Progress::Done(s) => s.clone(),
-        }
-    }
-
-    /// The progress a status-pipe line carries, if it is one.
-    pub fn parse(line: &str) -> Option<Progress> {
-        if let Some(s) = line.strip_prefix(STEP_PREFIX) {
-            Some(Progress::Step(s.to_string()))
-        } else if let Some(s) = line.strip_prefix(OUTPUT_PREFIX) {
-            Some(Progress::Output(s.to_string()))
-        } else if line.starts_with(DONE_PREFIX) {
-            Some(Progress::Done(line.to_string()))
-        } else {
-            None
-        }
-    }
 }
 
 /// The last lines of a step's output.
@@ -383,7 +329,7 @@ pub(super) fn provision(
     drop(marker);
     result?;
     write_record(&domain_root, &current, steps.len()).map_err(StartError::io("recording the completed setup"))?;
-    let done = format!("{DONE_PREFIX}: {} step(s) in {:.1}s", steps.len(), started.elapsed().as_secs_f64());
+    let done = format!("{}: {} step(s) in {:.1}s", crate::startup::DONE_PREFIX, steps.len(), started.elapsed().as_secs_f64());
     log(&done);
     say(&Progress::Done(done).line());
     Ok(())

@@ -19,77 +19,13 @@ use std::fmt;
 use lazaret_protocol::journal::Event;
 
 use crate::journal::{DomainJournal, JournalError};
+pub use crate::startup::Stage;
 
 use super::StartError;
 
-/// One step of a Domain's start-up, in the order they run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub enum Stage {
-    /// The Domain lock, in the model (the flock itself is taken by the
-    /// outer process before anything else).
-    Lock,
-    /// Removing what crashed earlier runs left.
-    Recovery,
-    /// The profile's image (pulled if missing) and a checked runsc.
-    Image,
-    /// The sandbox's run directory.
-    RunDir,
-    /// The rootfs overlay, State Anchor overlays, Ignored Workspace State,
-    /// Git Sentry, volumes and the agent's home.
-    StateAnchor,
-    /// The Domain CA.
-    TrustAnchor,
-    /// The sidecar network, its policy installed and verified.
-    Sidecar,
-    /// The profile's `setup` steps, in a sandbox of their own, when they
-    /// have not run yet or changed ([`super::provision`]).
-    Provision,
-    /// The bundle written and `runsc create` done.
-    SandboxCreated,
-    /// The sandbox's network re-verified and `runsc start` done.
-    SandboxStarted,
-    /// `coordinator.sock` published.
-    Published,
-}
-
+/// What each stage tells the journal (the stage itself is
+/// [`crate::startup::Stage`]).
 impl Stage {
-    /// Every stage, in start-up order.
-    pub const ALL: [Stage; 11] = [
-        Stage::Lock,
-        Stage::Recovery,
-        Stage::Image,
-        Stage::RunDir,
-        Stage::StateAnchor,
-        Stage::TrustAnchor,
-        Stage::Sidecar,
-        Stage::Provision,
-        Stage::SandboxCreated,
-        Stage::SandboxStarted,
-        Stage::Published,
-    ];
-
-    /// The stage's name (also its crash point for the test hook).
-    pub fn name(self) -> &'static str {
-        match self {
-            Stage::Lock => "lock",
-            Stage::Recovery => "recovery",
-            Stage::Image => "image",
-            Stage::RunDir => "run-dir",
-            Stage::StateAnchor => "state-anchor",
-            Stage::TrustAnchor => "trust-anchor",
-            Stage::Sidecar => "sidecar",
-            Stage::Provision => "setup",
-            Stage::SandboxCreated => "sandbox-created",
-            Stage::SandboxStarted => "sandbox",
-            Stage::Published => "published",
-        }
-    }
-
-    /// The stage called `name`.
-    pub fn from_name(name: &str) -> Option<Stage> {
-        Stage::ALL.into_iter().find(|s| s.name() == name)
-    }
-
     /// The journal event recorded before the stage acts, if it has one.
     fn event(self, launch: &Launch) -> Option<Event> {
         match self {
@@ -114,12 +50,6 @@ impl Stage {
             Stage::SandboxCreated => Some(Event::StopSandbox),
             Stage::Recovery | Stage::Image | Stage::RunDir | Stage::Provision | Stage::SandboxStarted | Stage::Published => None,
         }
-    }
-}
-
-impl fmt::Display for Stage {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
     }
 }
 
