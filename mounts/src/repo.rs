@@ -130,8 +130,8 @@ pub enum DotGit {
     Missing,
     /// A real directory (an ordinary repository's git dir), opened `O_PATH`.
     Directory(OwnedFd),
-    /// A regular file whose first line is `gitdir: TARGET` (linked worktree
-    /// or submodule); TARGET as written, trimmed, not yet resolved or
+    /// A regular file `gitdir: TARGET` (linked worktree or submodule);
+    /// TARGET as git reads it ([`gitfile_target`]), not yet resolved or
     /// validated (that is [`locate`]'s job).
     GitdirFile(String),
     /// An entry no caller may use.
@@ -144,11 +144,35 @@ pub enum DotGitProblem {
     /// A symlink (never followed: the git dir it reaches could not be
     /// protected).
     Symlink,
-    /// A regular file whose first line is not `gitdir: PATH`.
+    /// A regular file that is not `gitdir: PATH` as git reads it (or whose
+    /// PATH holds a control character).
     NotGitdirFile,
     /// Neither a directory, a regular file nor a symlink (fifo, socket,
     /// device).
     NotFileOrDirectory,
+}
+
+/// The target of a `gitdir:` file, read as git reads it (`setup.c`:
+/// `read_gitfile_gently`): the file starts with `gitdir: ` (one space), the
+/// trailing `\n`s and `\r`s of the whole file are dropped and the target is
+/// the rest up to a NUL, nothing trimmed. So a second line is part of the
+/// path git takes (`gitdir: d\n/../../x`), not something after it. `None`
+/// when git would refuse the file, and also when the target is not UTF-8 or
+/// holds a control character: no git writes such a path, and judging it
+/// would mean judging the path git takes, newline included; refusing it is
+/// simpler and safe.
+pub fn gitfile_target(contents: &[u8]) -> Option<&str> {
+    let mut end = contents.len();
+    while end > 0 && matches!(contents[end - 1], b'\n' | b'\r') {
+        end -= 1;
+    }
+    let rest = contents[..end].strip_prefix(b"gitdir: ")?;
+    let target = rest.split(|&b| b == 0).next().unwrap_or(rest);
+    let target = std::str::from_utf8(target).ok()?;
+    if target.is_empty() || target.chars().any(char::is_control) {
+        return None;
+    }
+    Some(target)
 }
 
 /// Reads the `.git` entry of `worktree` (relative to `dir`) fd-relatively,
@@ -165,10 +189,9 @@ pub fn read_dot_git(dir: BorrowedFd<'_>, worktree: &Path) -> Result<DotGit, Moun
         FileKind::Symlink => DotGit::Invalid(DotGitProblem::Symlink),
         FileKind::Regular => {
             let contents = safe_path::read_beneath(dir, &dot_git, SMALL_FILE_LIMIT)?.unwrap_or_default();
-            let text = String::from_utf8_lossy(&contents);
-            match text.lines().next().and_then(|l| l.strip_prefix("gitdir:")).map(str::trim) {
-                Some(target) if !target.is_empty() => DotGit::GitdirFile(target.to_string()),
-                _ => DotGit::Invalid(DotGitProblem::NotGitdirFile),
+            match gitfile_target(&contents) {
+                Some(target) => DotGit::GitdirFile(target.to_string()),
+                None => DotGit::Invalid(DotGitProblem::NotGitdirFile),
             }
         }
         FileKind::Other => DotGit::Invalid(DotGitProblem::NotFileOrDirectory),
@@ -323,6 +346,19 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_gitdir_file_is_read_as_git_reads_it() {
+        assert_eq!(gitfile_target(b"gitdir: ../x/.git/worktrees/a\n"), Some("../x/.git/worktrees/a"));
+        assert_eq!(gitfile_target(b"gitdir: a b \r\n\n"), Some("a b "), "spaces are part of the path");
+        // git takes the second line as part of the path: never judged as `d`.
+        assert_eq!(gitfile_target(b"gitdir: d\n/../../../private/.git\n"), None);
+        assert_eq!(gitfile_target(b"gitdir: d\0/ignored"), Some("d"), "the path ends at a NUL, as git's C string");
+        assert_eq!(gitfile_target(b"gitdir: d\n\0x"), None);
+        assert_eq!(gitfile_target(b"gitdir:d"), None, "git needs the space");
+        assert_eq!(gitfile_target(b"gitdir: \n"), None);
+        assert_eq!(gitfile_target(b" gitdir: d"), None);
+    }
+
+    #[test]
     fn read_dot_git_classifies_without_following_anything() {
         let dir = tempfile::tempdir().expect("tempdir");
         let root = dir.path();
@@ -330,7 +366,8 @@ mod tests {
         let read = |worktree: &str| read_dot_git(fd.as_fd(), Path::new(worktree)).expect("read");
         for (name, make) in [
             ("dir", (|p: &Path| std::fs::create_dir(p)) as fn(&Path) -> std::io::Result<()>),
-            ("file", |p| std::fs::write(p, "gitdir: ../x/.git/worktrees/a\nrest\n")),
+            ("file", |p| std::fs::write(p, "gitdir: ../x/.git/worktrees/a\n")),
+            ("two-lines", |p| std::fs::write(p, "gitdir: ../x/.git/worktrees/a\nrest\n")),
             ("empty-target", |p| std::fs::write(p, "gitdir:  \n")),
             ("stray", |p| std::fs::write(p, "not a gitdir")),
             ("link", |p| std::os::unix::fs::symlink("/", p)),
@@ -342,7 +379,10 @@ mod tests {
         std::fs::create_dir(root.join("none")).expect("mkdir");
         assert!(matches!(read("dir"), DotGit::Directory(_)));
         assert!(matches!(read("file"), DotGit::GitdirFile(t) if t == "../x/.git/worktrees/a"));
-        assert!(matches!(read("empty-target"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        // git's path would be "../x/.git/worktrees/a\nrest": refused.
+        assert!(matches!(read("two-lines"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
+        // git takes this as the path " " (nothing is trimmed).
+        assert!(matches!(read("empty-target"), DotGit::GitdirFile(t) if t == " "));
         assert!(matches!(read("stray"), DotGit::Invalid(DotGitProblem::NotGitdirFile)));
         assert!(matches!(read("link"), DotGit::Invalid(DotGitProblem::Symlink)));
         assert!(matches!(read("fifo"), DotGit::Invalid(DotGitProblem::NotFileOrDirectory)));

@@ -358,7 +358,7 @@ impl Engine {
         // A commondir the check kept is a linked worktree's `../..`; git
         // reads it one level only.
         if classify::commondir_ok(git_dir, &value) {
-            if let Some(common) = classify::lexical_join(git_dir, Path::new(value.trim_end_matches(['\n', '\r']))) {
+            if let Some(common) = git_model::join_inside(git_dir, Path::new(value.trim_end_matches(['\n', '\r']))) {
                 self.check_git_dir_once(root, &common, cause, out);
             }
         }
@@ -429,8 +429,8 @@ impl Engine {
     }
 
     /// A symlink whose parent (or the parent's parent: `objects/pack`) is
-    /// a git dir, leading out of the root: git would read (objects, refs,
-    /// packs) from the host place it names. Quarantined.
+    /// a git dir, made or changed during the run: git would read (objects,
+    /// refs, packs) from the place it names. Quarantined.
     pub(crate) fn check_symlink_in_git_dir(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
         let Some(parent_rel) = rel.parent() else { return };
         if self.protected(root, rel) {
@@ -444,18 +444,17 @@ impl Engine {
         if !in_git_dir {
             return;
         }
-        let Ok(target) = nix::fcntl::readlinkat(parent.as_fd(), name) else { return };
-        let target = target.to_string_lossy();
-        if git_model::local_place_inside(&target, &self.roots[root].path, &[parent_rel]).is_some() {
-            return;
-        }
+        // Every one, wherever its text points: a target inside can itself
+        // go through another symlink of the agent's (`objects -> ../../lnk`,
+        // `lnk -> /home/dev/private/.git/objects`), which is judged nowhere,
+        // and git never makes a symlink in a git dir.
         self.quarantine(
             root,
             rel,
             parent.as_fd(),
             name,
             &st,
-            "a symlink in a git dir leading out of the workspace (git would read what it names)",
+            "a symlink in a git dir (git would read what it names, wherever that leads)",
             cause,
             out,
         )
@@ -506,9 +505,20 @@ impl Engine {
                     Ok(None) => return,
                     Err(e) => return self.error(root, rel, e, out),
                 };
-                let text = String::from_utf8_lossy(&contents);
-                let Some(target) = text.lines().next().and_then(|l| l.strip_prefix("gitdir:")).map(str::trim) else {
+                if !contents.starts_with(b"gitdir: ") {
                     return; // git refuses such a file: nothing is loaded through it
+                }
+                let Some(target) = crate::repo::gitfile_target(&contents) else {
+                    return self.quarantine(
+                        root,
+                        rel,
+                        parent.as_fd(),
+                        name,
+                        &st,
+                        "a gitdir: file whose path holds a control character (git would take a second line as part of it)",
+                        cause,
+                        out,
+                    );
                 };
                 let base = rel.parent().unwrap_or(Path::new(""));
                 let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir: base };
