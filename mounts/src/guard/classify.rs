@@ -118,7 +118,7 @@ pub fn commondir_ok(git_dir: &Path, value: &str) -> bool {
     if value.is_empty() || Path::new(value).is_absolute() {
         return false;
     }
-    lexical_join(git_dir, Path::new(value)).as_deref() == Some(common)
+    git_model::join_inside(git_dir, Path::new(value)).as_deref() == Some(common)
 }
 
 /// Whether a linked worktree's `gitdir` back-link (contents `value`) has
@@ -131,23 +131,6 @@ pub fn back_link_ok(value: &str) -> bool {
         && !value.contains(['\n', '\r', '\0'])
         && path.file_name() == Some(OsStr::new(".git"))
         && path.components().all(|c| matches!(c, Component::RootDir | Component::Normal(_)))
-}
-
-/// `base/rel` with `.`/`..` resolved lexically; `None` if it climbs above
-/// `base`'s root.
-pub fn lexical_join(base: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut out: Vec<&OsStr> = base.iter().collect();
-    for component in rel.components() {
-        match component {
-            Component::Normal(name) => out.push(name),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                out.pop()?;
-            }
-            Component::RootDir | Component::Prefix(_) => return None,
-        }
-    }
-    Some(out.iter().collect())
 }
 
 #[cfg(test)]
@@ -221,6 +204,5 @@ mod tests {
         assert!(!is_protected(Path::new(".git/config.worktree"), &protected));
         assert!(is_dot_git(Path::new("a/b/.git")));
         assert!(!is_dot_git(Path::new("a/.gitx")));
-        assert_eq!(lexical_join(Path::new("a/b"), Path::new("../../..")), None);
     }
 }

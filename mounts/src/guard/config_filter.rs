@@ -238,9 +238,11 @@ pub fn workspace_relative(value: &str, location: ConfigLocation<'_>) -> Option<P
         return None;
     }
     let value = Path::new(value);
-    let start =
-        if value.is_absolute() { value.strip_prefix(location.workspace_abs).ok()?.to_path_buf() } else { location.git_dir.join(value) };
-    super::git_model::normal_inside(&start)
+    if value.is_absolute() {
+        super::git_model::join_inside(Path::new(""), value.strip_prefix(location.workspace_abs).ok()?)
+    } else {
+        super::git_model::join_inside(location.git_dir, value)
+    }
 }
 
 /// A subsection name in quotes (`\` and `"` escaped).

@@ -409,12 +409,19 @@ pub fn url_place(url: &str) -> UrlPlace {
     }
     if let Some(at) = url.find("://") {
         let scheme = &url[..at];
-        if scheme.eq_ignore_ascii_case("file") {
+        if scheme == "file" {
             // `file://host/path`: git ignores only an empty or `localhost`
-            // host; anything else is no local path we can judge.
+            // host; anything else is no local path we can judge. git
+            // percent-decodes the path (`connect.c`: `url_decode`), so
+            // `%2e%2e` is `..`: refused rather than decoded and judged.
             let rest = &url[at + 3..];
             let rest = rest.strip_prefix("localhost").unwrap_or(rest);
-            return if rest.starts_with('/') { UrlPlace::Local(rest.to_owned()) } else { UrlPlace::Refused };
+            return if rest.starts_with('/') && !rest.contains('%') { UrlPlace::Local(rest.to_owned()) } else { UrlPlace::Refused };
+        }
+        if scheme.eq_ignore_ascii_case("file") {
+            // Only lowercase `file://` is local to git; `FILE://` runs a
+            // transport helper `git remote-FILE`.
+            return UrlPlace::Refused;
         }
         return UrlPlace::Network;
     }
@@ -438,25 +445,41 @@ pub fn local_place_inside(value: &str, root_abs: &Path, bases: &[&Path]) -> Opti
     }
     let path = Path::new(value);
     if path.is_absolute() {
-        return Some(vec![normal_inside(path.strip_prefix(root_abs).ok()?)?]);
+        return Some(vec![join_inside(Path::new(""), path.strip_prefix(root_abs).ok()?)?]);
     }
-    bases.iter().map(|base| normal_inside(&base.join(path))).collect()
+    bases.iter().map(|base| join_inside(base, path)).collect()
 }
 
-/// `path` with `.` and `..` resolved lexically, if it never climbs above
-/// its start.
-pub(crate) fn normal_inside(path: &Path) -> Option<PathBuf> {
+/// `base/value` with `.` and `..` resolved lexically, if it never climbs
+/// above the root. `base` is a root-relative path the guard reached
+/// without symlinks (a git dir, a work tree), so climbing out of it is
+/// what the kernel does too. A `..` after a component that `value` itself
+/// names is refused: the kernel climbs out of that component's *target*,
+/// and if the agent made it a symlink (`x/l -> /home/dev/private/.git/objects`),
+/// `x/l/../..` is somewhere else entirely than it reads.
+pub(crate) fn join_inside(base: &Path, value: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
-    for component in path.components() {
+    for component in base.components() {
         match component {
             Component::Normal(name) => out.push(name),
             Component::CurDir => {}
-            Component::ParentDir => {
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    let mut named = false;
+    for component in value.components() {
+        match component {
+            Component::Normal(name) => {
+                out.push(name);
+                named = true;
+            }
+            Component::CurDir => {}
+            Component::ParentDir if !named => {
                 if !out.pop() {
                     return None;
                 }
             }
-            Component::RootDir | Component::Prefix(_) => return None,
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
         }
     }
     Some(out)
@@ -507,6 +530,30 @@ mod tests {
         assert!(!marks(&["HEAD", "config"]), "logs/ and refs/remotes/x have a HEAD too");
         assert!(!marks(&["objects"]));
         assert!(GitDirMarks::is_mark(b"refs") && !GitDirMarks::is_mark(b"config"));
+    }
+
+    #[test]
+    fn a_value_never_climbs_out_of_a_component_it_names() {
+        let join = |base: &str, value: &str| join_inside(Path::new(base), Path::new(value));
+        assert_eq!(join("a/.git/worktrees/w", "../.."), Some(PathBuf::from("a/.git")), "a linked worktree's commondir");
+        assert_eq!(join("sub/.git", "../other"), Some(PathBuf::from("sub/other")));
+        assert_eq!(join("a/b", "../../.."), None, "above the root");
+        // `x/l` may be the agent's symlink: the kernel climbs out of its target.
+        assert_eq!(join("r/.git/worktrees/w", "../../../x/l/../../.git"), None);
+        assert_eq!(join("", "p/q/l/../../.."), None);
+        assert_eq!(join("", "./p/./q"), Some(PathBuf::from("p/q")));
+        assert_eq!(local_place_inside("/ws/p/q/l/../../..", Path::new("/ws"), &[Path::new("")]), None);
+        assert_eq!(alternates_inside(b"../../x/l/../../objects\n", Path::new("/ws"), Path::new("r/.git/objects")), None);
+    }
+
+    #[test]
+    fn file_urls_are_judged_as_git_decodes_them() {
+        assert_eq!(url_place("file:///ws/r"), UrlPlace::Local("/ws/r".into()));
+        assert_eq!(url_place("file://localhost/ws/r"), UrlPlace::Local("/ws/r".into()));
+        // git decodes %2e%2e to `..`.
+        assert_eq!(url_place("file:///ws/%2e%2e/%2e%2e/home/dev/private"), UrlPlace::Refused);
+        assert_eq!(url_place("FILE:///ws/r"), UrlPlace::Refused, "a helper, git remote-FILE");
+        assert_eq!(url_place("https://example.test/r"), UrlPlace::Network);
     }
 
     #[test]
