@@ -357,7 +357,12 @@ fn measure(lab: &Lab, files: usize, rounds: usize) -> Result<(), Error> {
 fn row(label: &str, off: &[Sample], on: &[Sample]) {
     let m = |v: &[Sample], f: fn(&Sample) -> f64| median(v.iter().map(f).collect());
     let (off_ms, on_ms, events) = (m(off, |s| s.wall_ms), m(on, |s| s.wall_ms), m(on, |s| s.events));
-    let per_event = if events > 0.0 { format!("{:.1}", (on_ms - off_ms) * 1e3 / events) } else { "-".into() };
+    // With few events the difference is within the noise, either way.
+    let per_event = match (events > 0.0, on_ms > off_ms) {
+        (true, true) => format!("{:.1}", (on_ms - off_ms) * 1e3 / events),
+        (true, false) => "noise".into(),
+        (false, _) => "-".into(),
+    };
     println!(
         "{:<44} {:>9.1} {:>9.1} {:>6.2}x {:>9.0} {:>11.1} {:>12}",
         label,
