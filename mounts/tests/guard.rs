@@ -618,6 +618,11 @@ fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
     sb.run(&["write", s(&ws.join("p/.git/objects/info/alternates")), "/home/dev/private/.git/objects\\n"]);
     sb.run(&["write", s(&ws.join("q/.git/objects/info/alternates")), "../../../p/.git/objects\\n"]);
     sb.run(&["symlink", "/home/dev/private/.git/refs", s(&ws.join("q/.git/packed-refs"))]);
+    // A remote defined by a file (git fetches from it when the config has no URL).
+    for dir in ["t/.git/objects", "t/.git/refs", "t/.git/branches"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    sb.run(&["write", s(&ws.join("t/.git/branches/origin")), "/home/dev/private\\n"]);
     // A symlink in a git dir whose text stays inside, through a symlink out.
     sb.run(&["mkdir", s(&ws.join("h/.git/refs"))]);
     sb.run(&["symlink", "/home/dev/private/.git/objects", s(&ws.join("lnk"))]);
@@ -635,9 +640,14 @@ fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
     for config in ["b1/bare/config", "c1/common/config"] {
         assert!(!std::fs::read_to_string(ws.join(config)).expect("config").contains("fsmonitor"), "{config} kept core.fsmonitor");
     }
-    for gone in
-        ["c1/common/hooks/pre-commit", "p/.git/objects/info/alternates", "q/.git/packed-refs", "h/.git/objects", "n/.githooks/pre-commit"]
-    {
+    for gone in [
+        "c1/common/hooks/pre-commit",
+        "p/.git/objects/info/alternates",
+        "q/.git/packed-refs",
+        "h/.git/objects",
+        "t/.git/branches/origin",
+        "n/.githooks/pre-commit",
+    ] {
         assert!(std::fs::symlink_metadata(ws.join(gone)).is_err(), "{gone} is still there");
     }
     for kept in ["q/.git/objects/info/alternates", "n/.githooks/README"] {

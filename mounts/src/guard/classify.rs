@@ -50,6 +50,7 @@ pub fn control_candidates(rel: &Path) -> Vec<Candidate> {
         b"gitdir" => Some(ControlFile::Gitdir),
         b"hooks" => Some(ControlFile::HooksDir),
         b"info" => Some(ControlFile::InfoDir),
+        b"remotes" | b"branches" => Some(ControlFile::RemotesDir),
         _ => None,
     };
     if let Some(kind) = kind {
@@ -60,6 +61,7 @@ pub fn control_candidates(rel: &Path) -> Vec<Candidate> {
         match dir.as_encoded_bytes() {
             b"hooks" if !hook_is_inert(last) => out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::Hook }),
             b"info" if last == b"attributes" => out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::InfoAttributes }),
+            b"remotes" | b"branches" => out.push(Candidate { git_dir: git_dir.clone(), kind: ControlFile::RemoteFile }),
             _ => {}
         }
         for (state_dir, file, kind) in git_model::OPERATION_FILES {
@@ -149,6 +151,8 @@ mod tests {
         assert_eq!(kinds(".git/modules/x/y/info/attributes"), vec![(".git/modules/x/y".into(), ControlFile::InfoAttributes)]);
         assert_eq!(kinds(".git/worktrees/w/commondir"), vec![(".git/worktrees/w".into(), ControlFile::Commondir)]);
         assert_eq!(kinds("bare/hooks"), vec![("bare".into(), ControlFile::HooksDir)]);
+        assert_eq!(kinds("a/.git/branches/origin"), vec![("a/.git".into(), ControlFile::RemoteFile)]);
+        assert_eq!(kinds("a/.git/remotes"), vec![("a/.git".into(), ControlFile::RemotesDir)]);
         assert_eq!(kinds("config"), vec![("".into(), ControlFile::Config)], "the root itself may be a git dir");
         // A hook named `config` is both a hook of x and the config of x/hooks.
         assert_eq!(kinds("x/hooks/config"), vec![("x/hooks".into(), ControlFile::Config), ("x".into(), ControlFile::Hook)]);

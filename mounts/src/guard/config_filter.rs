@@ -12,16 +12,18 @@
 //!   (a submodule's gitdir has it) only when it stays inside the workspace
 //!   (checked lexically here, for symlinks by the caller);
 //! * `extensions.`: objectformat, worktreeconfig, refstorage,
-//!   preciousobjects, noop, and partialclone when it names a remote (or a
-//!   place as below);
+//!   preciousobjects, noop, and partialclone when it names a remote whose
+//!   url is kept (or a place as below);
 //! * `remote.<name>.`: url and pushurl only when they name a place inside
 //!   the workspace (a local path or `file://` that stays inside, no
 //!   symlink on the way: [`git_model::url_place`]; network URLs, host
 //!   paths outside, `<helper>::` transports and option look-alikes are
 //!   dropped), fetch, push, mirror, tagopt, prune, prunetags, promisor,
 //!   partialclonefilter, skipdefaultupdate, skipfetchall;
-//! * `branch.<name>.`: remote and pushremote when a remote's name (or a
-//!   place as above: git takes any other value as a URL), merge, rebase,
+//! * `branch.<name>.`: remote and pushremote when they name a remote whose
+//!   url this config keeps (git reads a remote without one from
+//!   `remotes/NAME` or `branches/NAME`, or takes the name as a URL:
+//!   `evilhost:x` is an ssh address), or a place as above, merge, rebase,
 //!   description;
 //! * `submodule.<name>.`: url (same check as remotes), active, path, branch, ignore,
 //!   fetchrecursesubmodules, shallow, and `update` only as
@@ -41,6 +43,7 @@
 //! could not read. The output is written in git's own layout, so a config
 //! git itself wrote and that holds only allowed keys comes out unchanged.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use super::git_model;
@@ -78,6 +81,21 @@ pub struct ConfigLocation<'a> {
 /// the caller refuses one that goes through a symlink.
 pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> FilteredConfig {
     let parsed = GitConfig::parse(text);
+    // The remotes this config keeps a URL for: a name anywhere else is only
+    // kept if it is one of them (`remote.c`: for a remote with no URL, git
+    // reads `remotes/NAME`, `branches/NAME`, then takes NAME as the URL).
+    let no_remotes = HashSet::new();
+    let mut kept_remotes = HashSet::new();
+    for entry in parsed.entries() {
+        if let ("remote", Some(sub), "url") = (entry.section, entry.subsection, entry.key) {
+            if entry.older_git_value.is_none()
+                && entry_allowed(entry.section, entry.subsection, entry.key, entry.value, location, path_ok, &no_remotes)
+                && writable(entry.section, entry.subsection, entry.value)
+            {
+                kept_remotes.insert(sub);
+            }
+        }
+    }
     let mut out = String::new();
     let mut dropped = Vec::new();
     let mut current: Option<(String, Option<String>)> = None;
@@ -89,7 +107,7 @@ pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn
         };
         // A value older git reads otherwise means two things: it goes.
         if older_git_value.is_some()
-            || !entry_allowed(section, subsection, key, value, location, path_ok)
+            || !entry_allowed(section, subsection, key, value, location, path_ok, &kept_remotes)
             || !writable(section, subsection, value)
         {
             dropped.push(name);
@@ -125,7 +143,13 @@ fn entry_allowed(
     value: &str,
     location: ConfigLocation<'_>,
     path_ok: &dyn Fn(&Path) -> bool,
+    kept_remotes: &HashSet<&str>,
 ) -> bool {
+    // A remote's name, or else a place (git takes a value that is no
+    // remote's name as a URL).
+    let remote_ok = |value: &str| {
+        if git_model::is_remote_name(value) { kept_remotes.contains(value) } else { place_ok(value, location, path_ok) }
+    };
     match (section, subsection) {
         ("core", None) => match key {
             "worktree" => path_value_ok(value, location, path_ok),
@@ -155,7 +179,7 @@ fn entry_allowed(
         ("extensions", None) => match key {
             // Names the promisor remote; a value that is no remote's name
             // is taken as a URL (`remote.c`: `valid_remote_nick`).
-            "partialclone" => git_model::is_remote_name(value) || place_ok(value, location, path_ok),
+            "partialclone" => remote_ok(value),
             _ => matches!(key, "objectformat" | "worktreeconfig" | "refstorage" | "preciousobjects" | "noop"),
         },
         ("remote", Some(_)) => match key {
@@ -175,7 +199,7 @@ fn entry_allowed(
             ),
         },
         ("branch", Some(_)) => match key {
-            "remote" | "pushremote" => git_model::is_remote_name(value) || place_ok(value, location, path_ok),
+            "remote" | "pushremote" => remote_ok(value),
             _ => matches!(key, "merge" | "rebase" | "description"),
         },
         ("submodule", Some(_)) => match key {
@@ -348,7 +372,8 @@ mod tests {
         let text = "[remote \"net\"]\n\turl = https://example.com/x.git\n\tpushurl = git@example.com:x.git\n\
                     [remote \"host\"]\n\turl = /home/dev/private\n[remote \"file\"]\n\turl = file:///home/dev/private\n\
                     [remote \"up\"]\n\turl = ../../../../../etc\n[remote \"in\"]\n\turl = /ws/lib\n\
-                    [branch \"main\"]\n\tremote = /home/dev/private\n\tpushremote = origin\n\
+                    [branch \"main\"]\n\tremote = /home/dev/private\n\tpushremote = in\n\
+                    [branch \"dev\"]\n\tremote = net\n\tpushremote = evilhost:x\n\
                     [extensions]\n\tpartialclone = file:///home/dev/private\n[submodule \"s\"]\n\turl = https://example.com/s\n";
         let out = filter(text);
         assert_eq!(
@@ -360,12 +385,16 @@ mod tests {
                 "remote.file.url",
                 "remote.up.url",
                 "branch.main.remote",
+                // `net` keeps no URL: git would read remotes/net, branches/net,
+                // then take `net` as the URL; `evilhost:x` is an ssh address.
+                "branch.dev.remote",
+                "branch.dev.pushremote",
                 "extensions.partialclone",
                 "submodule.s.url"
             ]
         );
         let kept = String::from_utf8_lossy(&out.text).into_owned();
-        assert_eq!(kept, "[remote \"in\"]\n\turl = /ws/lib\n[branch \"main\"]\n\tpushremote = origin\n");
+        assert_eq!(kept, "[remote \"in\"]\n\turl = /ws/lib\n[branch \"main\"]\n\tpushremote = in\n");
         let through_symlink = filter_config(b"[remote \"o\"]\n\turl = /ws/link/x\n", location(), &|p| !p.starts_with("link"));
         assert_eq!(through_symlink.dropped, ["remote.o.url"]);
     }
@@ -389,7 +418,7 @@ mod tests {
         let reparsed = GitConfig::parse(&out.text);
         assert_eq!(reparsed.get("user", "name"), Some(" x\"y"));
         // A subsection spelled the old way is written quoted, lower-cased as git reads it.
-        let out = filter("[branch.Main]\n\tremote = o\n");
-        assert_eq!(String::from_utf8_lossy(&out.text), "[branch \"main\"]\n\tremote = o\n");
+        let out = filter("[remote \"o\"]\n\turl = ../o\n[branch.Main]\n\tremote = o\n");
+        assert_eq!(String::from_utf8_lossy(&out.text), "[remote \"o\"]\n\turl = ../o\n[branch \"main\"]\n\tremote = o\n");
     }
 }

@@ -122,6 +122,14 @@ pub enum ControlFile {
     HooksDir,
     /// The `info` entry itself: as `hooks`.
     InfoDir,
+    /// The `remotes` or `branches` entry itself: as `hooks` (git still
+    /// reads remotes defined by files there).
+    RemotesDir,
+    /// A file of `remotes/` or `branches/` (`remote.c`: `read_remotes_file`,
+    /// `read_branches_file`: git fetches from the URL it names when the
+    /// config gives the remote none, or when `branch.*.remote` names it):
+    /// quarantined.
+    RemoteFile,
     /// `objects/info/alternates`: kept when every entry stays inside.
     Alternates,
     /// `objects/info/http-alternates`: quarantined (URLs).
@@ -170,6 +178,8 @@ pub fn control_files() -> Vec<(PathBuf, ControlFile)> {
         ("gitdir", ControlFile::Gitdir),
         ("hooks", ControlFile::HooksDir),
         ("info", ControlFile::InfoDir),
+        ("remotes", ControlFile::RemotesDir),
+        ("branches", ControlFile::RemotesDir),
         ("objects/info/alternates", ControlFile::Alternates),
         ("objects/info/http-alternates", ControlFile::HttpAlternates),
     ]

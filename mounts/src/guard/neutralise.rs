@@ -574,8 +574,16 @@ impl Engine {
             | (ControlFile::Config | ControlFile::ConfigWorktree | ControlFile::Commondir | ControlFile::Gitdir, FileKind::Other) => {
                 self.quarantine(root, rel, parent, name, &st, "a git control file that is a symlink or special file", cause, out)
             }
-            (ControlFile::HooksDir | ControlFile::InfoDir, FileKind::Regular | FileKind::Other) => {
-                self.quarantine(root, rel, parent, name, &st, "a git hooks/info entry that is not a directory", cause, out)
+            (ControlFile::HooksDir | ControlFile::InfoDir | ControlFile::RemotesDir, FileKind::Regular | FileKind::Other) => {
+                self.quarantine(root, rel, parent, name, &st, "a git hooks/info/remotes/branches entry that is not a directory", cause, out)
+            }
+            (ControlFile::RemotesDir, FileKind::Directory) => {
+                let Ok(dir) = safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else {
+                    return;
+                };
+                for remote in list_names(dir) {
+                    self.check_control(root, git_dir, &rel.join(&remote), ControlFile::RemoteFile, cause, out);
+                }
             }
             (ControlFile::HooksDir, FileKind::Directory) => {
                 let Ok(dir) = safe_path::open_beneath(self.roots[root].fd.as_fd(), rel, OFlag::O_RDONLY | OFlag::O_DIRECTORY) else {
@@ -592,6 +600,16 @@ impl Engine {
             }
             (_, FileKind::Directory) => {}
             (ControlFile::Hook, _) => self.quarantine(root, rel, parent, name, &st, "a git hook the sandbox planted", cause, out),
+            (ControlFile::RemoteFile, _) => self.quarantine(
+                root,
+                rel,
+                parent,
+                name,
+                &st,
+                "a remote defined by a file (git would fetch from the URL it names)",
+                cause,
+                out,
+            ),
             // Alternates are judged wherever they are (by name), so a sweep
             // judges only those changed during the run: the developer's own
             // (`git clone --reference /elsewhere`) stay.
