@@ -558,6 +558,11 @@ fn a_rebase_left_in_progress_loses_its_exec_steps_at_the_sweep() {
     let mut sb = fx.sandbox();
     let todo = ws.join("planted/.git/rebase-merge/git-rebase-todo");
     sb.run(&["write", s(&todo), "pick 2 b\\nexec touch /tmp/evil\\n"]);
+    // The agent can learn the guard's pid (it polls the directory while a
+    // filter runs) and make the temporary file's name first, if it can
+    // guess it: the todo must be rewritten all the same.
+    let guessed = ws.join(format!("planted/.git/rebase-merge/.lazaret-guard-{}-state", std::process::id()));
+    sb.run(&["write", s(&guessed), "mine\\n"]);
     fx.settle();
     assert_eq!(
         std::fs::read_to_string(&todo).expect("todo"),

@@ -721,16 +721,17 @@ impl Engine {
             if !filtered.changes(&contents) {
                 return;
             }
-            static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-            let serial = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let temp = format!(".lazaret-guard-{}-{serial}", std::process::id());
             // The last attempt replaces whatever is there: filtered wins over
             // an update that keeps racing.
             let exchange = attempt < ATTEMPTS;
-            match replace_with(self.config.developer, rel, parent, name, &temp, &filtered.text, exchange.then_some(&version)) {
+            match replace_with(self.config.developer, rel, parent, name, &temp_name(), &filtered.text, exchange.then_some(&version)) {
                 Ok(true) => {}
                 Ok(false) => continue,
-                Err(e) => return self.error(root, rel, e, out),
+                // Never left as the agent wrote it: the original goes.
+                Err(e) => {
+                    let reason = format!("a git config the guard could not filter ({e}): taken away whole");
+                    return self.quarantine(root, rel, parent, name, st, &reason, cause, out);
+                }
             }
             let reason = "git config of a repository the sandbox made or changed: only allowlisted keys kept";
             let id = match self.quarantine.keep_copy(&self.roots[root].label, rel, st, &contents, reason) {
@@ -779,11 +780,13 @@ impl Engine {
             Verdict::Quarantine(reason) => return self.quarantine(root, rel, parent, name, st, reason, cause, out),
             Verdict::Rewrite { text, removed } => (text, removed),
         };
-        let temp = format!(".lazaret-guard-{}-state", std::process::id());
-        match replace_with(self.config.developer, rel, parent, name, &temp, &text, Some(&version)) {
+        match replace_with(self.config.developer, rel, parent, name, &temp_name(), &text, Some(&version)) {
             Ok(true) => {}
             Ok(false) => return self.error(root, rel, "changed while it was checked; the next sweep checks it again", out),
-            Err(e) => return self.error(root, rel, e, out),
+            Err(e) => {
+                let reason = format!("operation state the guard could not rewrite ({e}): taken away whole");
+                return self.quarantine(root, rel, parent, name, st, &reason, cause, out);
+            }
         }
         let (action, reason) = match file {
             OperationFile::Todo => (
@@ -853,6 +856,18 @@ impl Engine {
     }
 }
 
+/// A name for the guard's temporary file beside a file it replaces that
+/// the agent, who can create files in that directory, cannot guess and
+/// create first (which would make the replacement fail): a serial hashed
+/// with `RandomState`, whose keys come from the system's random source.
+fn temp_name() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut hasher = std::hash::RandomState::new().build_hasher();
+    hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
+    format!(".lazaret-guard-{:016x}", hasher.finish())
+}
+
 /// Puts `text` at `name` through the new file `temp`. With `expected`,
 /// the two are exchanged and the exchange is undone (returning false)
 /// unless what came out is still that version; a filesystem without
@@ -869,20 +884,18 @@ fn replace_with(
     let unlink_temp = || {
         let _ = nix::unistd::unlinkat(parent, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
     };
-    let write = || -> Result<(), MountError> {
-        let fd = nix::fcntl::openat(
-            parent,
-            temp,
-            OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-            Mode::from_bits_truncate(0o644),
-        )
-        .map_err(|e| MountError::sys("create", rel, e))?;
-        let _ = nix::unistd::fchown(&fd, Some(Uid::from_raw(developer.uid)), Some(Gid::from_raw(developer.gid)));
-        std::io::Write::write_all(&mut std::fs::File::from(fd), text).map_err(|e| MountError::io("write", rel, e))
-    };
-    if let Err(e) = write() {
+    // A name that exists is someone else's file: not ours to remove.
+    let fd = nix::fcntl::openat(
+        parent,
+        temp,
+        OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
+        Mode::from_bits_truncate(0o644),
+    )
+    .map_err(|e| MountError::sys("create", rel, e))?;
+    let _ = nix::unistd::fchown(&fd, Some(Uid::from_raw(developer.uid)), Some(Gid::from_raw(developer.gid)));
+    if let Err(e) = std::io::Write::write_all(&mut std::fs::File::from(fd), text) {
         unlink_temp();
-        return Err(e);
+        return Err(MountError::io("write", rel, e));
     }
     let exchange = |from: &str| nix::fcntl::renameat2(parent, from, parent, name, nix::fcntl::RenameFlags::RENAME_EXCHANGE);
     let Some(expected) = expected else {
