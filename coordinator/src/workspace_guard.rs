@@ -160,7 +160,7 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
 /// `includeIf` condition may hold in some repository), to git's include
 /// depth: a relative one makes git look for hooks in every repository
 /// the sandbox makes.
-fn developer_hooks_paths(ctx: &Context) -> Vec<String> {
+pub(crate) fn developer_hooks_paths(ctx: &Context) -> Vec<String> {
     let settings = lazaret_mounts::ignore_eval::HostGitSettings::for_home(Some(ctx.developer.home.clone()));
     let xdg = settings.xdg_config_home.clone().or_else(|| settings.home.as_ref().map(|h| h.join(".config")));
     let mut pending: Vec<(PathBuf, usize)> = Vec::new();

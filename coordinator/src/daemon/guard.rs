@@ -168,7 +168,7 @@ pub(super) fn recover_crashed_run(ctx: &Context) -> Vec<Neutralisation> {
 /// otherwise protect what its agent left, unswept, as the developer's.
 /// What it neutralised is logged here and listed by `lazaret audit` of
 /// that Domain (its quarantine); its own journal is not written.
-pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry) {
+pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry, host_hooks_paths: &[String]) {
     let (Some(domain_root), Some((uid, gid)), Some(workspace)) = (&run.domain_root, run.developer, run.roots.first()) else { return };
     let marker = domain_root.join(RUN_MARKER);
     let Ok(text) = std::fs::read(&marker) else { return };
@@ -201,6 +201,7 @@ pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry) {
         quarantine_dir: crate::layout::quarantine_dir(domain_root),
         protected: guarded.protected,
         changed_since: Some(since),
+        host_hooks_paths: host_hooks_paths.to_vec(),
         ..GuardConfig::default()
     };
     log(&format!("workspace guard: the Domain {} on the same files crashed; sweeping its changes before start-up", run.domain));

@@ -289,7 +289,10 @@ fn escalation_service(
 /// (`crate::git_trust`); a failure leaves escalation refusing every host
 /// command ([`log_git_trust`] says so once the log is the Domain's).
 fn begin_git_trust(ctx: &Context) -> Result<crate::git_trust::WorkspaceTrust, String> {
-    crate::git_trust::begin_run(ctx, guard::sweep_other_crashed_run).map_err(|e| e.to_string())
+    // The crashed run's agent may have left hooks at this developer's own
+    // relative core.hooksPath too.
+    let hooks_paths = crate::workspace_guard::developer_hooks_paths(ctx);
+    crate::git_trust::begin_run(ctx, |run| guard::sweep_other_crashed_run(run, &hooks_paths)).map_err(|e| e.to_string())
 }
 
 /// The coordinator's log lines for what [`begin_git_trust`] found.

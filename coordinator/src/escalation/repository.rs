@@ -26,7 +26,7 @@ use std::collections::BTreeSet;
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 
-use lazaret_mounts::guard::classify::lexical_join;
+use lazaret_mounts::guard::git_model::join_inside;
 
 /// What a directory's `.git` entry is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -109,9 +109,9 @@ pub fn git_start_dir(argv: &[String], cwd: &Path, workspace: &Path) -> Result<Pa
                 let next = Path::new(value);
                 dir = if next.is_absolute() {
                     let inside = next.strip_prefix(workspace).map_err(|_| leaves())?;
-                    lexical_join(Path::new(""), inside)
+                    join_inside(Path::new(""), inside)
                 } else {
-                    lexical_join(&dir, next)
+                    join_inside(&dir, next)
                 }
                 .ok_or_else(leaves)?;
             }

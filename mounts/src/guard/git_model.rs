@@ -467,7 +467,7 @@ pub fn local_place_inside(value: &str, root_abs: &Path, bases: &[&Path]) -> Opti
 /// names is refused: the kernel climbs out of that component's *target*,
 /// and if the agent made it a symlink (`x/l -> /home/dev/private/.git/objects`),
 /// `x/l/../..` is somewhere else entirely than it reads.
-pub(crate) fn join_inside(base: &Path, value: &Path) -> Option<PathBuf> {
+pub fn join_inside(base: &Path, value: &Path) -> Option<PathBuf> {
     let mut out = PathBuf::new();
     for component in base.components() {
         match component {
