@@ -19,8 +19,11 @@
 //! Keys: `y` runs once, `a` runs and approves this exact argv for the rest
 //! of the Domain's life, `e` edits, `n`, Enter, Ctrl-C, Ctrl-D and Esc deny
 //! (deny is the safe default). Escape sequences (arrow keys, mouse reports,
-//! bracketed-paste markers) are recognised and ignored, also when a read
-//! splits them.
+//! bracketed-paste markers) and every form of terminal reply (CSI, SS3 and
+//! the control strings, 7-bit or C1, raw or UTF-8) are recognised and
+//! ignored, also when a read splits them. `y` and `a` decide only when they
+//! arrive alone in a read: the agent can make the terminal answer (an
+//! answerback, a report), and an answer arrives as one burst.
 
 use std::time::Duration;
 
@@ -75,14 +78,18 @@ const LEAVE_OWN_SCREEN: &[u8] = b"\x1b[?1049l";
 /// mode, no newline mode, no local echo (SRM), normal cursor keys and
 /// keypad, normal screen (not reverse video), absolute cursor addressing,
 /// no margins (top/bottom, left/right), autowrap, a visible cursor,
-/// synchronized output ended, the main status display, UTF-8 (in ISO
-/// 8859-1 the bytes of a character in a field could be C1 controls), no
-/// mouse, focus or paste reporting, no modifyOtherKeys, no win32-input-mode,
-/// and a kitty keyboard mode with no flags pushed (keys arrive as plain
-/// bytes); then the screen is cleared, so that nothing the agent drew shows
-/// beside the prompt.
-const RESET: &[u8] = b"\x1b%G\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x1b(B\x1b)B\x1b*B\x1b+B\x0f\
-\x1b[4l\x1b[20l\x1b[12h\x1b[?1l\x1b>\x1b[?66l\x1b[?5l\x1b[?6l\x1b[?69l\x1b[r\x1b[?7h\x1b[?25h\x1b[?2026l\x1b[0$}\
+/// synchronized output ended, the main status display and no status line
+/// shown (DECSSDT 0: the agent could have written a fake prompt there),
+/// UTF-8 (in ISO 8859-1 the bytes of a character in a field could be C1
+/// controls), 7-bit replies (S7C1T: the terminal's answers start with ESC,
+/// not a C1 byte), no mouse, focus or paste reporting, no modifyOtherKeys,
+/// no win32-input-mode, and a kitty keyboard mode with no flags pushed (keys
+/// arrive as plain bytes); then the screen is cleared, so that nothing the
+/// agent drew shows beside the prompt. The status line and 8-bit replies
+/// are not given back afterwards (neither XTSAVE nor [`StreamState`] covers
+/// them): both are off by default, and the agent can set them again.
+const RESET: &[u8] = b"\x1b F\x1b%G\x1b[0m\x1b]110\x1b\\\x1b]111\x1b\\\x1b(B\x1b)B\x1b*B\x1b+B\x0f\
+\x1b[4l\x1b[20l\x1b[12h\x1b[?1l\x1b>\x1b[?66l\x1b[?5l\x1b[?6l\x1b[?69l\x1b[r\x1b[?7h\x1b[?25h\x1b[?2026l\x1b[0$}\x1b[0$~\
 \x1b[?9l\x1b[?1000l\x1b[?1001l\x1b[?1002l\x1b[?1003l\x1b[?1004l\x1b[?1005l\x1b[?1006l\x1b[?1015l\x1b[?1016l\x1b[?2004l\x1b[?9001l\
 \x1b[>4;0m\x1b[>0u\x1b[H\x1b[2J";
 /// Clears the screen, cursor at the top left.
@@ -284,12 +291,21 @@ impl Prompt {
     /// The developer's keys (raw bytes from the terminal, in raw mode).
     /// Keys after the one that decides are dropped: they were typed at the
     /// prompt and must reach neither the agent nor a next prompt.
+    ///
+    /// A key that approves (`y`, `a`) counts only when it is the whole read:
+    /// the agent can make the developer's terminal answer (ENQ makes PuTTY
+    /// send its answerback `PuTTY`; a report may end in `y`), and such an
+    /// answer arrives as one burst of bytes, while a person's key press
+    /// arrives alone. In a burst it is ignored and the prompt stays up (the
+    /// other keys in it still count: they deny, or edit, which only leads to
+    /// a confirmation that again needs a lone `y`).
     pub(super) fn on_input(&mut self, bytes: &[u8]) -> Step {
         let keys = self.keys.decode(bytes);
+        let alone = bytes.len() == 1;
         let mut out = Out::default();
         let mut editor_dirty = false;
         for key in keys {
-            if let Some(decision) = self.on_key(key, &mut out, &mut editor_dirty) {
+            if let Some(decision) = self.on_key(key, alone, &mut out, &mut editor_dirty) {
                 let mut text = out.bytes;
                 text.extend_from_slice(&self.final_text(&decision));
                 return Step::Answer(decision, text);
@@ -362,11 +378,13 @@ impl Prompt {
     }
 
     /// One key on the current screen; the decision when it decides.
-    fn on_key(&mut self, key: Key, out: &mut Out, editor_dirty: &mut bool) -> Option<PromptDecision> {
+    /// `alone`: the key is the whole read, so it may approve
+    /// ([`Prompt::on_input`]).
+    fn on_key(&mut self, key: Key, alone: bool, out: &mut Out, editor_dirty: &mut bool) -> Option<PromptDecision> {
         match &mut self.mode {
             Mode::Choose => match key {
-                Key::Char('y' | 'Y') => Some(PromptDecision::Approve),
-                Key::Char('a' | 'A') => Some(PromptDecision::ApproveForDomain),
+                Key::Char('y' | 'Y') if alone => Some(PromptDecision::Approve),
+                Key::Char('a' | 'A') if alone => Some(PromptDecision::ApproveForDomain),
                 Key::Char('n' | 'N') | Key::Enter | Key::Interrupt | Key::EndOfInput | Key::Escape => Some(PromptDecision::Deny),
                 Key::Char('e' | 'E') => {
                     self.mode = Mode::Edit(quote_argv(&self.request.argv));
@@ -415,7 +433,7 @@ impl Prompt {
                 None
             }
             Mode::Confirm(argv) => match key {
-                Key::Char('y' | 'Y') => {
+                Key::Char('y' | 'Y') if alone => {
                     Some(if *argv == self.request.argv { PromptDecision::Approve } else { PromptDecision::Edit { argv: argv.clone() } })
                 }
                 Key::Char('e' | 'E') => {
@@ -640,13 +658,36 @@ enum Seq {
     /// end of a read), so that the rest of a split sequence is still eaten
     /// but Esc is not reported twice.
     Escape { announced: bool },
-    /// Inside `ESC [`: how many parameter bytes so far.
+    /// Inside a CSI (`ESC [` or C1 0x9b): how many parameter bytes so far.
     Csi { params: usize },
-    /// After `ESC O` (SS3): one more byte.
+    /// After SS3 (`ESC O` or C1 0x8f): one more byte.
     Ss3,
+    /// Inside a control string, a terminal reply's form: DCS, OSC, APC, PM
+    /// or SOS (`ESC P`, `ESC ]`, `ESC _`, `ESC ^`, `ESC X` or C1 0x90, 0x9d,
+    /// 0x9f, 0x9e, 0x98), up to ST (`ESC \`, or 0x9c raw or in UTF-8) or,
+    /// for OSC (`osc`), BEL. Its text is never keys, however long it is;
+    /// CAN and SUB cancel it, and Ctrl-C, Ctrl-D, CR and LF (which no reply
+    /// contains) end it and count as keys, so that a developer whose Alt-]
+    /// started one can still deny.
+    Str { osc: bool, at: InStr },
     /// After `ESC [ M` with no parameters: an X10 mouse report, whose three
     /// characters (button, column, row) are data, not keys.
     Mouse { left: u8 },
+}
+
+/// Where a control string's decoder is inside the string's text.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum InStr {
+    /// Between characters.
+    #[default]
+    Text,
+    /// After ESC: `\` makes ST.
+    Escape,
+    /// After 0xc2: 0x9c makes ST in UTF-8.
+    C2,
+    /// Inside a UTF-8 character, with this many bytes to come (0x9c there
+    /// is part of the character, not ST).
+    Rest(u8),
 }
 
 /// Longest CSI accepted before the decoder gives up on it.
@@ -682,6 +723,10 @@ impl Keys {
             Seq::Escape { announced } => match b {
                 b'[' => self.seq = Seq::Csi { params: 0 },
                 b'O' => self.seq = Seq::Ss3,
+                b']' => self.seq = Seq::Str { osc: true, at: InStr::Text },
+                b'P' | b'_' | b'^' | b'X' => self.seq = Seq::Str { osc: false, at: InStr::Text },
+                // A stray ST: a control, not Esc and a key.
+                b'\\' => self.seq = Seq::Ground,
                 0x1b => {
                     if !announced {
                         keys.push(Key::Escape);
@@ -708,6 +753,7 @@ impl Keys {
                 }
             },
             Seq::Ss3 => self.seq = Seq::Ground,
+            Seq::Str { osc, at } => self.in_string(osc, at, b, keys),
             Seq::Mouse { left } => {
                 // UTF-8 continuation bytes (the 1005 encoding) belong to the
                 // character before them.
@@ -724,14 +770,86 @@ impl Keys {
         }
     }
 
+    /// Byte `b` of a control string's text, `at` where the text was.
+    fn in_string(&mut self, osc: bool, at: InStr, b: u8, keys: &mut Vec<Key>) {
+        match (at, b) {
+            (InStr::Escape, b'\\') | (InStr::C2, 0x9c) => {
+                self.seq = Seq::Ground;
+                return;
+            }
+            // ESC and anything else: the string ended, a new sequence
+            // begins (not reported as Esc: the ESC was the terminal's).
+            (InStr::Escape, _) => {
+                self.seq = Seq::Escape { announced: true };
+                self.byte(b, keys);
+                return;
+            }
+            (InStr::C2, 0x80..=0xbf) => {
+                self.seq = Seq::Str { osc, at: InStr::Text };
+                return;
+            }
+            (InStr::Rest(n), 0x80..=0xbf) => {
+                self.seq = Seq::Str { osc, at: if n > 1 { InStr::Rest(n - 1) } else { InStr::Text } };
+                return;
+            }
+            // Between characters, or a character cut short: `b` starts
+            // the next.
+            _ => {}
+        }
+        let at = match b {
+            0x1b => InStr::Escape,
+            0x9c => {
+                self.seq = Seq::Ground;
+                return;
+            }
+            0x07 if osc => {
+                self.seq = Seq::Ground;
+                return;
+            }
+            0x18 | 0x1a => {
+                self.seq = Seq::Ground;
+                keys.push(Key::Ignored);
+                return;
+            }
+            0x03 | 0x04 | b'\r' | b'\n' => {
+                self.seq = Seq::Ground;
+                self.ground(b, keys);
+                return;
+            }
+            0xc2 => InStr::C2,
+            0xc3..=0xf4 => InStr::Rest(u8::try_from(utf8_len(b) - 1).unwrap_or(1)),
+            _ => InStr::Text,
+        };
+        self.seq = Seq::Str { osc, at };
+    }
+
+    /// A C1 control (raw, or decoded from UTF-8): the introducers of CSI,
+    /// SS3 and the control strings start them; any other is no key.
+    fn c1(&mut self, c: u8, keys: &mut Vec<Key>) {
+        self.seq = match c {
+            0x9b => Seq::Csi { params: 0 },
+            0x8f => Seq::Ss3,
+            0x9d => Seq::Str { osc: true, at: InStr::Text },
+            0x90 | 0x98 | 0x9e | 0x9f => Seq::Str { osc: false, at: InStr::Text },
+            _ => {
+                keys.push(Key::Ignored);
+                return;
+            }
+        };
+    }
+
     fn ground(&mut self, b: u8, keys: &mut Vec<Key>) {
         if !self.partial.is_empty() {
             if (0x80..0xc0).contains(&b) {
                 self.partial.push(b);
                 if self.partial.len() == utf8_len(self.partial[0]) {
-                    let key = std::str::from_utf8(&self.partial).ok().and_then(|s| s.chars().next()).map_or(Key::Ignored, Key::Char);
-                    keys.push(key);
+                    let c = std::str::from_utf8(&self.partial).ok().and_then(|s| s.chars().next());
                     self.partial.clear();
+                    match c {
+                        // A C1 control in UTF-8 (c2 80 to c2 9f).
+                        Some(c @ '\u{80}'..='\u{9f}') => self.c1(u8::try_from(u32::from(c)).unwrap_or(0), keys),
+                        _ => keys.push(c.map_or(Key::Ignored, Key::Char)),
+                    }
                 }
                 return;
             }
@@ -750,6 +868,10 @@ impl Keys {
             0x04 => Key::EndOfInput,
             0x15 => Key::ClearLine,
             0x20..=0x7e => Key::Char(char::from(b)),
+            0x80..=0x9f => {
+                self.c1(b, keys);
+                return;
+            }
             0xc2..=0xf4 => {
                 self.partial.push(b);
                 return;
@@ -1122,10 +1244,121 @@ mod tests {
 
     #[test]
     fn the_first_deciding_key_wins_and_the_rest_is_dropped() {
+        // An approving key in a burst is not a key press: `n` decides.
         let mut p = prompt();
-        assert_eq!(answer(p.on_input(b"xyn")).0, PromptDecision::Approve);
+        assert_eq!(answer(p.on_input(b"xyn")).0, PromptDecision::Deny);
         let mut p = prompt();
         assert_eq!(answer(p.on_input(b"nya")).0, PromptDecision::Deny);
+    }
+
+    #[test]
+    fn an_answerback_in_one_read_does_not_approve() {
+        // ENQ makes PuTTY answer `PuTTY`: one burst, ending in `Y`.
+        let mut p = prompt();
+        assert_eq!(p.on_input(b"PuTTY"), Step::Nothing);
+        assert_eq!(p.on_input(b"ay"), Step::Nothing);
+        assert_eq!(answer(p.on_input(b"\ry")).0, PromptDecision::Deny);
+        // On the confirmation too.
+        let mut p = prompt();
+        p.on_input(b"e");
+        p.on_input(b"\r");
+        assert!(matches!(p.mode, Mode::Confirm(_)));
+        assert_eq!(p.on_input(b"xY"), Step::Nothing);
+        assert!(matches!(p.mode, Mode::Confirm(_)));
+        // A person's key press, alone in its read, still decides.
+        assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve);
+        let mut p = prompt();
+        assert_eq!(p.on_input(b"PuTTY"), Step::Nothing);
+        assert_eq!(answer(p.on_input(b"a")).0, PromptDecision::ApproveForDomain);
+    }
+
+    #[test]
+    fn an_8_bit_reply_does_not_approve() {
+        // xterm's DECRPM reply with 8-bit controls: C1 CSI, raw or UTF-8.
+        for reply in [&b"\x9b?1;2$y"[..], b"\xc2\x9b?1;2$y"] {
+            let mut p = prompt();
+            assert_eq!(p.on_input(reply), Step::Nothing, "{reply:?}");
+            assert_eq!(Keys::default().decode(reply), [], "{reply:?}");
+            // Split before its final byte, which arrives alone.
+            let mut p = prompt();
+            assert_eq!(p.on_input(&reply[..reply.len() - 1]), Step::Nothing, "{reply:?}");
+            assert_eq!(p.on_input(b"y"), Step::Nothing, "{reply:?}");
+            // The decoder is back between keys.
+            assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve);
+        }
+    }
+
+    #[test]
+    fn an_osc_reply_neither_approves_nor_denies() {
+        for reply in [&b"\x1b]11;rgb:0000/0000/0000\x1b\\"[..], b"\x1b]11;rgb:0000/0000/0000\x07"] {
+            let mut p = prompt();
+            assert_eq!(p.on_input(reply), Step::Nothing, "{reply:?}");
+            assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve);
+        }
+        // Split anywhere, even between ESC and `\\`.
+        let mut p = prompt();
+        for part in [&b"\x1b]11;rgb:00"[..], b"y", b"00/a", b"\x1b", b"\\"] {
+            assert_eq!(p.on_input(part), Step::Nothing, "{part:?}");
+        }
+        assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve);
+    }
+
+    #[test]
+    fn every_reply_form_is_swallowed_to_its_end() {
+        for reply in [
+            // CSI and SS3, 7-bit and C1 (raw, UTF-8).
+            &b"\x1b[?62;22c"[..],
+            b"\x9b?62;22c",
+            b"\xc2\x9b12;40R",
+            b"\x1bOy",
+            b"\x8fy",
+            b"\xc2\x8fy",
+            // DCS, OSC, APC, PM, SOS, each form, each terminator.
+            b"\x1bP1$r0;1my\x1b\\",
+            b"\x90>|XTerm(390)y\x9c",
+            b"\xc2\x90>|XTerm(390)y\xc2\x9c",
+            b"\x1b]lay title y\x1b\\",
+            b"\x9d10;rgb:ffff/ffff/ffffy\x07",
+            b"\xc2\x9dl title y\xc2\x9c",
+            b"\x1b_Gi=1;OKy\x1b\\",
+            b"\x9fay\x9c",
+            b"\x1b^ay\x1b\\",
+            b"\x9eay\xc2\x9c",
+            b"\x1bXay\x1b\\",
+            b"\x98ay\x9c",
+            b"\xc2\x98ay\x9c",
+            // A character whose UTF-8 holds 0x9c (`\u{dc}`, c3 9c) or 0xc2 does
+            // not end the string.
+            "\x1b]l \u{dc}y \u{a0}y \u{1f980}y\x1b\\".as_bytes(),
+            // Other C1 controls, raw and UTF-8, are no keys.
+            b"\x84\x85\x9c\xc2\x85\xc2\x9a",
+        ] {
+            let keys = Keys::default().decode(reply);
+            assert!(keys.iter().all(|k| *k == Key::Ignored), "{reply:?}: {keys:?}");
+            let mut p = prompt();
+            assert_eq!(p.on_input(reply), Step::Nothing, "{reply:?}");
+            assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve, "{reply:?}");
+            // One byte per read, after the first two (an ESC that ends a
+            // read is Esc, which denies).
+            let mut p = prompt();
+            assert_eq!(p.on_input(&reply[..2]), Step::Nothing, "{reply:?}");
+            for b in &reply[2..] {
+                assert_eq!(p.on_input(std::slice::from_ref(b)), Step::Nothing, "{reply:?} at {b:#x}");
+            }
+            assert_eq!(answer(p.on_input(b"y")).0, PromptDecision::Approve, "{reply:?}");
+        }
+        // Ctrl-C and Enter end a string (Alt-] typed by mistake) and deny.
+        let mut k = Keys::default();
+        assert_eq!(k.decode(b"\x1b]abc\x03"), [Key::Interrupt]);
+        assert_eq!(k.decode(b"\x1bPabc\r"), [Key::Enter]);
+        assert_eq!(k.decode(b"\x1bPabc\x18y"), [Key::Ignored, Key::Char('y')]);
+    }
+
+    #[test]
+    fn the_reset_asks_for_7_bit_replies_and_hides_the_status_line() {
+        let reset = text(RESET);
+        assert!(reset.contains("\x1b F"), "{reset:?}");
+        assert!(reset.contains("\x1b[0$}\x1b[0$~"), "{reset:?}");
     }
 
     #[test]
