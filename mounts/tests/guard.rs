@@ -668,6 +668,30 @@ fn git_dirs_places_and_hooks_are_judged_by_the_model_of_git() {
 }
 
 #[test]
+fn a_symlink_made_later_where_a_kept_value_leads_is_judged_again() {
+    // A value judged before the path it names existed (or was a
+    // directory) must not lead elsewhere once the agent puts a symlink
+    // there: git would follow it.
+    let mut fx = Fixture::new();
+    fx.config.changed_since = Some(std::time::SystemTime::now());
+    fx.start();
+    let ws = fx.ws();
+    let mut sb = fx.sandbox();
+    for dir in ["r/.git/objects", "r/.git/refs"] {
+        sb.run(&["mkdir", s(&ws.join(dir))]);
+    }
+    let config = ws.join("r/.git/config");
+    let url = format!("{}/sub/repo", ws.display());
+    sb.run(&["write", s(&config), &format!("[remote \"o\"]\\n\\turl = {url}\\n")]);
+    fx.settle();
+    assert!(std::fs::read_to_string(&config).expect("config").contains(&url), "a place inside is kept");
+    sb.run(&["symlink", "/home/dev/private", s(&ws.join("sub"))]);
+    fx.settle();
+    assert!(!std::fs::read_to_string(&config).expect("config").contains(&url), "the url now leads through a symlink out");
+    assert!(fx.errors().is_empty(), "{:?}", fx.errors());
+}
+
+#[test]
 fn renaming_a_prepared_tree_into_the_workspace_is_caught() {
     let mut fx = Fixture::new();
     fx.start();

@@ -47,6 +47,24 @@ pub(crate) struct OpenRoot {
 pub(crate) struct Out {
     pub(crate) neutralised: Vec<Neutralisation>,
     pub(crate) errors: Vec<String>,
+    /// Something appeared where a kept git value leads through
+    /// ([`Engine::is_depended_on`]): a sweep judges those values again.
+    pub(crate) sweep: bool,
+}
+
+/// At most this many paths are remembered as ones kept git values go
+/// through; past it, anything that appears anywhere asks for a sweep.
+const MAX_DEPENDED_PATHS: usize = 65_536;
+
+/// The root-relative paths (and their ancestors) that git values the guard
+/// kept go through ([`Engine::path_ok`]). A value was judged with the
+/// paths as they were then; if the agent later puts a symlink (or anything
+/// else) at one of them (`rm -r sub; ln -s /home/dev sub` under `url =
+/// sub/repo`), git would follow it.
+#[derive(Default)]
+struct DependedPaths {
+    paths: std::collections::HashSet<(usize, PathBuf)>,
+    full: bool,
 }
 
 /// The roots, the quarantine and the rules.
@@ -58,6 +76,7 @@ pub(crate) struct Engine {
     /// Where the developer's own `core.hooksPath` puts hooks in any
     /// repository ([`git_model::host_hook_dirs`]).
     host_hook_dirs: Vec<PathBuf>,
+    depended: std::sync::Mutex<DependedPaths>,
 }
 
 /// Who caused what is being handled: an event's pid, or a sweep.
@@ -91,7 +110,7 @@ impl Engine {
         let quarantine = Quarantine::open(&config.quarantine_dir, config.quarantine_limits)?;
         let restored = quarantine.restored_marks();
         let host_hook_dirs = git_model::host_hook_dirs(config.host_hooks_paths.iter().map(String::as_str));
-        Ok(Engine { config, roots, quarantine, restored, host_hook_dirs })
+        Ok(Engine { config, roots, quarantine, restored, host_hook_dirs, depended: Default::default() })
     }
 
     /// Re-reads the restore log (after a restore while the guard runs).
@@ -823,9 +842,28 @@ impl Engine {
     }
 
     /// Whether a workspace-relative path reached from a git value can be
-    /// resolved without a symlink (missing paths are fine).
+    /// resolved without a symlink (missing paths are fine). The path and
+    /// its ancestors are remembered when it can: the value is judged again
+    /// if anything appears at one of them later.
     fn path_ok(&self, root: usize, rel: &Path) -> bool {
-        !matches!(safe_path::open_path_beneath(self.roots[root].fd.as_fd(), rel), Err(MountError::Refused { .. }))
+        let ok = !matches!(safe_path::open_path_beneath(self.roots[root].fd.as_fd(), rel), Err(MountError::Refused { .. }));
+        if ok {
+            let mut depended = self.depended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            for path in rel.ancestors().filter(|p| !p.as_os_str().is_empty()) {
+                if depended.paths.len() >= MAX_DEPENDED_PATHS {
+                    depended.full = true;
+                    break;
+                }
+                depended.paths.insert((root, path.to_owned()));
+            }
+        }
+        ok
+    }
+
+    /// Whether a kept git value goes through `rel` (see [`DependedPaths`]).
+    pub(crate) fn is_depended_on(&self, root: usize, rel: &Path) -> bool {
+        let depended = self.depended.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        depended.full || depended.paths.contains(&(root, rel.to_owned()))
     }
 
     /// The verified parent directory, name and lstat of `rel`; `None` if it

@@ -153,7 +153,18 @@ impl Guard {
         let (wake_read, wake_write) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
         let (commands, receiver) = mpsc::channel();
-        let mut state = LoopState { engine, group, wake: wake_read, receiver, is_sandbox, sink, fsids, mount_fds, sweep_pending: false };
+        let mut state = LoopState {
+            engine,
+            group,
+            wake: wake_read,
+            receiver,
+            is_sandbox,
+            sink,
+            fsids,
+            mount_fds,
+            sweep_pending: false,
+            resweep_pending: false,
+        };
         let thread = std::thread::Builder::new()
             .name("workspace-guard".into())
             .spawn(move || state.run())
@@ -216,6 +227,9 @@ struct LoopState {
     mount_fds: Vec<OwnedFd>,
     /// The queue overflowed: sweep once it is drained.
     sweep_pending: bool,
+    /// Something appeared where a kept git value leads through: sweep once
+    /// the queue is drained.
+    resweep_pending: bool,
 }
 
 /// One parsed event (in a batch: every event of one entry, merged).
@@ -293,16 +307,21 @@ impl LoopState {
                 }
             });
             self.handle_batch(&batch, &mut out);
-            self.emit(out);
             self.sweep_pending |= overflow;
+            self.resweep_pending |= out.sweep;
+            self.emit(out);
         }
-        if std::mem::take(&mut self.sweep_pending) {
-            // Events were lost: everything is looked at (after the queue
-            // was drained, so one sweep covers a burst of overflows).
+        let overflowed = std::mem::take(&mut self.sweep_pending);
+        if overflowed | std::mem::take(&mut self.resweep_pending) {
+            // Events were lost, or something appeared where a kept git
+            // value leads through: everything is looked at (after the queue
+            // was drained, so one sweep covers a burst).
             let report = sweep_engine(&self.engine);
             let sweep_time = report.duration;
-            self.emit(Out { neutralised: report.neutralised, errors: report.errors });
-            (self.sink)(GuardEvent::Overflow { sweep_time });
+            self.emit(Out { neutralised: report.neutralised, errors: report.errors, sweep: false });
+            if overflowed {
+                (self.sink)(GuardEvent::Overflow { sweep_time });
+            }
         }
     }
 
@@ -370,6 +389,11 @@ impl LoopState {
                 self.engine.check_git_event(root, rel, cause, out);
             }
             return;
+        }
+        // Made or moved in where a kept value leads through: the values
+        // are judged again (a symlink there would redirect git).
+        if mask & (libc::FAN_CREATE | libc::FAN_MOVED_TO) != 0 && self.engine.is_depended_on(root, rel) {
+            out.sweep = true;
         }
         let st = match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
