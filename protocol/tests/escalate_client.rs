@@ -718,3 +718,127 @@ fn usage_errors_exit_64_with_one_line() {
         assert!(help.contains(&format!("\n  {code} ")), "--help does not document exit code {code}:\n{help}");
     }
 }
+
+/// A session whose agent prints the broker's name, then waits for a line
+/// on its stdin and runs `lazaret-escalate -- git push`: the session, the
+/// broker's name and the agent's stdin (write a line to make the request).
+fn session_waiting_to_escalate(pki: &Pki, addr: SocketAddr) -> (Child, String, std::process::ChildStdin) {
+    let script = "echo \"$LAZARET_ESCALATE_SOCKET\"; read go; exec \"$0\" -- git push";
+    let mut session =
+        command_in_session(pki, addr, "/bin/sh", &["-c", script, BIN]).stdin(Stdio::piped()).spawn().expect("spawning the session");
+    let mut stdout = session.stdout.take().expect("stdout");
+    let mut line = Vec::new();
+    let mut byte = [0u8; 1];
+    while !line.ends_with(b"\n") {
+        let n = stdout.read(&mut byte).expect("the broker's name");
+        assert!(n > 0, "the session ended before naming its broker");
+        line.push(byte[0]);
+    }
+    session.stdout = Some(stdout);
+    let broker = String::from_utf8(line).expect("name").trim_end().to_owned();
+    assert!(broker.starts_with("@lazaret-escalate/"), "{broker:?}");
+    let stdin = session.stdin.take().expect("stdin");
+    (session, broker, stdin)
+}
+
+/// A connection to the broker `name` (`@NAME`) from this test: not of the
+/// broker's session.
+fn connect_to_broker(name: &str) -> UnixStream {
+    use std::os::linux::net::SocketAddrExt;
+    let abstract_name = name.strip_prefix('@').expect("an abstract name");
+    let addr = std::os::unix::net::SocketAddr::from_abstract_name(abstract_name.as_bytes()).expect("address");
+    UnixStream::connect_addr(&addr).expect("connecting to the broker")
+}
+
+/// Sends one byte on `sock` with `fds` attached (SCM_RIGHTS).
+fn send_byte_with_fds(sock: &UnixStream, fds: &[std::os::fd::RawFd]) {
+    let payload = std::mem::size_of_val(fds);
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(payload as u32) } as usize;
+    let mut control = vec![0u64; space.div_ceil(8)];
+    let mut byte = [b'x'];
+    let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = space as _;
+    // SAFETY: the control buffer holds CMSG_SPACE(payload) zeroed, aligned
+    // bytes: the first header and its data fit; `msg`, `iov` and `byte`
+    // live across sendmsg.
+    let sent = unsafe {
+        let header = libc::CMSG_FIRSTHDR(&raw const msg);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(payload as u32) as _;
+        std::ptr::copy_nonoverlapping(fds.as_ptr().cast::<u8>(), libc::CMSG_DATA(header), payload);
+        libc::sendmsg(sock.as_raw_fd(), &raw const msg, 0)
+    };
+    assert_eq!(sent, 1, "sendmsg: {}", std::io::Error::last_os_error());
+}
+
+fn open_descriptors(pid: u32) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/fd")).expect("the broker's descriptors").count()
+}
+
+/// Waits for a session started by [`session_waiting_to_escalate`] and
+/// checks that its request reached the coordinator and was answered.
+fn expect_escalation_served(session: Child, server: thread::JoinHandle<Result<EscalationRequest, String>>) {
+    let out = finish(session, Vec::new());
+    let request = server.join().expect("server thread");
+    assert_eq!(request.expect("server").argv, ["git", "push"], "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+}
+
+fn answer_with_7(tls: &mut Tls) -> Result<EscalationRequest, String> {
+    let request = expect_request(tls)?;
+    send(tls, result(Outcome::Completed { exit_status: 7 }, false))?;
+    Ok(request)
+}
+
+/// Descriptors another session passes with its first bytes are closed,
+/// refused or not: the broker cannot be made to run out of them.
+#[test]
+fn descriptors_passed_to_the_broker_are_closed() {
+    let pki = pki(None);
+    in_netns(|| {
+        let (addr, server) = serve(pki.server.clone(), answer_with_7);
+        let (session, broker, mut go) = session_waiting_to_escalate(&pki, addr);
+        let null = std::fs::File::open("/dev/null").expect("/dev/null");
+        let hostile = |count: usize| {
+            let mut sock = connect_to_broker(&broker);
+            send_byte_with_fds(&sock, &vec![null.as_raw_fd(); count]);
+            // The broker answers (or closes) once it has read them.
+            let mut answer = Vec::new();
+            let _ = sock.read_to_end(&mut answer);
+        };
+        hostile(4);
+        let before = open_descriptors(session.id());
+        for round in 0..100 {
+            // Some that fit the broker's buffer, some that do not.
+            hostile(if round % 2 == 0 { 4 } else { 40 });
+        }
+        let after = open_descriptors(session.id());
+        assert!(after <= before + 1, "the broker went from {before} to {after} open descriptors");
+        writeln!(go, "go").expect("starting the request");
+        expect_escalation_served(session, server);
+    });
+}
+
+/// Connections that never send anything (another session's) do not keep
+/// the session's own requests out.
+#[test]
+fn idle_connections_do_not_keep_the_session_out() {
+    let pki = pki(None);
+    in_netns(|| {
+        let (addr, server) = serve(pki.server.clone(), answer_with_7);
+        let (session, broker, mut go) = session_waiting_to_escalate(&pki, addr);
+        let idle: Vec<UnixStream> = (0..80).map(|_| connect_to_broker(&broker)).collect();
+        // Let the broker accept them all.
+        thread::sleep(Duration::from_millis(300));
+        writeln!(go, "go").expect("starting the request");
+        expect_escalation_served(session, server);
+        drop(idle);
+    });
+}

@@ -24,6 +24,7 @@
 //! could replace, and the random name keeps another session from taking it
 //! first.
 
+use std::collections::VecDeque;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
@@ -45,11 +46,20 @@ use super::{CONNECT_TIMEOUT, sys};
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Plain bytes from the client held for TLS before reading pauses.
 const MAX_PENDING: usize = 1024 * 1024;
-/// How long a client may take to send its first bytes.
-const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(10);
-/// Connections served at once; more are refused (another session could
-/// otherwise open connections until this broker runs out of threads).
+/// How long a client may take to send its first bytes (`lazaret-escalate`
+/// sends them as soon as it is connected).
+const FIRST_BYTES_TIMEOUT: Duration = Duration::from_secs(2);
+/// Connections whose first bytes have not come yet: past this, the oldest
+/// is closed for a new one. Anyone in the sandbox can connect, so these
+/// are kept apart from (and never count against) the relayed ones.
+const MAX_UNCHECKED: usize = 16;
+/// Connections relayed at once (each from a process of this session);
+/// more are refused (the session could otherwise open connections until
+/// this broker runs out of threads).
 const MAX_CONNECTIONS: usize = 64;
+/// The pause after a failed accept (say, out of descriptors), so that a
+/// failure that persists does not spin.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
 /// The broker's listening socket and what it connects with.
 pub struct Broker {
@@ -71,25 +81,95 @@ impl Broker {
     /// Serves connections until the process ends: each from a descendant
     /// of `session_init` (this process) in a thread of its own, any other
     /// refused with a Result that says why.
-    pub fn serve(self, session_init: i32) {
+    ///
+    /// One thread accepts and waits for every connection's first bytes
+    /// (at most [`MAX_UNCHECKED`] at a time, for [`FIRST_BYTES_TIMEOUT`]
+    /// each), so connections of another session that send nothing hold
+    /// neither a thread nor a relay slot.
+    pub fn serve(&self, session_init: i32) {
         let active = Arc::new(AtomicUsize::new(0));
+        // In the order accepted, with the time each must have sent by.
+        let mut unchecked: VecDeque<(UnixStream, Instant)> = VecDeque::new();
+        // Accepted only when poll says one is there, but it may be gone
+        // by then (ECONNABORTED): never block in accept.
+        let _ = self.listener.set_nonblocking(true);
         loop {
-            let Ok((client, _)) = self.listener.accept() else { continue };
-            if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
-                active.fetch_sub(1, Ordering::SeqCst);
-                refuse(client, "this session's escalation broker is busy");
+            let now = Instant::now();
+            unchecked.retain(|(_, deadline)| *deadline > now);
+            let mut fds = Vec::with_capacity(unchecked.len() + 1);
+            fds.push(sys::interest(self.listener.as_raw_fd(), true, false));
+            fds.extend(unchecked.iter().map(|(client, _)| sys::interest(client.as_raw_fd(), true, false)));
+            let timeout = unchecked.iter().map(|(_, deadline)| deadline.saturating_duration_since(now)).min();
+            if sys::poll(&mut fds, timeout).is_err() {
+                std::thread::sleep(ACCEPT_BACKOFF);
                 continue;
             }
-            let (coordinator, config, count) = (self.coordinator, self.config.clone(), active.clone());
-            let spawned = std::thread::Builder::new().name("relay".into()).spawn(move || {
-                serve_one(client, session_init, coordinator, config);
-                count.fetch_sub(1, Ordering::SeqCst);
-            });
-            if spawned.is_err() {
-                // The client sees its connection close: unavailable.
-                active.fetch_sub(1, Ordering::SeqCst);
+            // The ones with bytes (or closed), newest first so that the
+            // indices left to visit stay valid as they are taken out.
+            for i in (1..fds.len()).rev() {
+                if sys::ready(&fds[i]) {
+                    if let Some((client, deadline)) = unchecked.remove(i - 1) {
+                        if let Some(client) = self.check(client, session_init, &active) {
+                            unchecked.push_back((client, deadline));
+                        }
+                    }
+                }
+            }
+            if !sys::ready(&fds[0]) {
+                continue;
+            }
+            match self.listener.accept() {
+                Ok((client, _)) => {
+                    let ready = client.set_nonblocking(true).and_then(|()| sys::pass_credentials(&client));
+                    if ready.is_err() {
+                        continue;
+                    }
+                    if unchecked.len() >= MAX_UNCHECKED {
+                        unchecked.pop_front();
+                    }
+                    unchecked.push_back((client, Instant::now() + FIRST_BYTES_TIMEOUT));
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted | io::ErrorKind::ConnectionAborted) => {
+                }
+                Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
             }
         }
+    }
+
+    /// Reads the first bytes of `client` (non-blocking, with
+    /// `SO_PASSCRED` on) and relays it in a thread of its own when a
+    /// descendant of `session_init` sent them, or refuses or closes it.
+    /// Returns the client when nothing has come yet after all.
+    fn check(&self, client: UnixStream, session_init: i32, active: &Arc<AtomicUsize>) -> Option<UnixStream> {
+        let mut first = vec![0u8; 16 * 1024];
+        let (n, sender) = match sys::receive_with_sender(&client, &mut first) {
+            Ok(got) => got,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Some(client),
+            Err(_) => return None,
+        };
+        if n == 0 {
+            return None;
+        }
+        if !sender.is_some_and(|pid| descends_from(pid, session_init, parent_pid)) {
+            refuse(client, "the escalation broker serves only processes of its own session");
+            return None;
+        }
+        if active.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            active.fetch_sub(1, Ordering::SeqCst);
+            refuse(client, "this session's escalation broker is busy");
+            return None;
+        }
+        first.truncate(n);
+        let (coordinator, config, count) = (self.coordinator, self.config.clone(), active.clone());
+        let spawned = std::thread::Builder::new().name("relay".into()).spawn(move || {
+            relay(client, first, coordinator, config);
+            count.fetch_sub(1, Ordering::SeqCst);
+        });
+        if spawned.is_err() {
+            // The client sees its connection close: unavailable.
+            active.fetch_sub(1, Ordering::SeqCst);
+        }
+        None
     }
 }
 
@@ -105,9 +185,12 @@ fn parent_pid(pid: i32) -> Option<i32> {
     crate::session::parent_from_stat(&stat)
 }
 
-/// Answers `client` with a Refused result and closes it.
-fn refuse(client: UnixStream, reason: &str) {
-    answer(client, Outcome::Refused { reason: reason.into() });
+/// Answers `client` (non-blocking) with a Refused result and closes it.
+/// Without waiting: the accepting thread refuses, and no client may hold
+/// it up (a fresh connection has room for one frame).
+fn refuse(mut client: UnixStream, reason: &str) {
+    let outcome = Outcome::Refused { reason: reason.into() };
+    let _ = write_server(&mut client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
 }
 
 /// Sends `client` a Result of its own (nothing from the coordinator has
@@ -116,27 +199,6 @@ fn answer(mut client: UnixStream, outcome: Outcome) {
     let _ = client.set_nonblocking(false);
     let _ = client.set_write_timeout(Some(Duration::from_secs(1)));
     let _ = write_server(&mut client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
-}
-
-/// Checks who sent a connection's first bytes, then relays it.
-fn serve_one(client: UnixStream, session_init: i32, coordinator: SocketAddr, config: Arc<ClientConfig>) {
-    let mut first = vec![0u8; 16 * 1024];
-    let received = sys::pass_credentials(&client)
-        .and_then(|()| client.set_read_timeout(Some(FIRST_BYTES_TIMEOUT)))
-        .and_then(|()| sys::receive_with_sender(&client, &mut first));
-    let (n, sender) = match received {
-        Ok(got) => got,
-        Err(_) => return,
-    };
-    if n == 0 {
-        return;
-    }
-    if !sender.is_some_and(|pid| descends_from(pid, session_init, parent_pid)) {
-        refuse(client, "the escalation broker serves only processes of its own session");
-        return;
-    }
-    first.truncate(n);
-    relay(client, first, coordinator, config);
 }
 
 /// Carries one client's plain bytes (`first`, then what follows) to the

@@ -117,14 +117,25 @@ pub(crate) fn pass_credentials(sock: &std::os::unix::net::UnixStream) -> io::Res
     Ok(())
 }
 
+/// Descriptors that fit next to one ucred in [`receive_with_sender`]'s
+/// control buffer (none is wanted: they are closed, the room only lets
+/// the kernel hand them over rather than keep the message whole).
+const RIGHTS_ROOM: usize = 16;
+
 /// Receives into `buf` with the sender's credentials: the byte count and
 /// the PID the kernel verified for the process that sent them (`None`
 /// when none came: the sender did not turn `SO_PASSCRED` on, or the
-/// kernel attached none). Requires [`pass_credentials`] on `sock`.
+/// kernel attached none, or the control data did not fit, so what came
+/// cannot be trusted). Requires [`pass_credentials`] on `sock`.
+///
+/// Every descriptor the sender attached (`SCM_RIGHTS`) is closed: the
+/// broker runs as root and serves other sessions' connections only to
+/// refuse them, which must not leave it their descriptors.
 pub(crate) fn receive_with_sender(sock: &std::os::unix::net::UnixStream, buf: &mut [u8]) -> io::Result<(usize, Option<i32>)> {
-    // Room for one SCM_CREDENTIALS message (CMSG_SPACE of a ucred), 8-byte
-    // aligned as cmsghdr needs.
-    let mut control = [0u64; 8];
+    // Room for one SCM_CREDENTIALS message and one SCM_RIGHTS message of
+    // RIGHTS_ROOM descriptors (CMSG_SPACE of each, at most 16 + 16 and
+    // 16 + 4 * RIGHTS_ROOM bytes), 8-byte aligned as cmsghdr needs.
+    let mut control = [0u64; (32 + 16 + 4 * RIGHTS_ROOM) / 8];
     let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
     // SAFETY: msghdr is plain data; all-zero is a valid value.
     let mut msg: libc::msghdr = unsafe { zeroed() };
@@ -147,20 +158,37 @@ pub(crate) fn receive_with_sender(sock: &std::os::unix::net::UnixStream, buf: &m
     let mut sender = None;
     // SAFETY: the CMSG_* macros walk the control buffer the kernel filled,
     // within `msg_controllen`; a ucred is read only from a message of
-    // SCM_CREDENTIALS type whose length holds one (read unaligned).
+    // SCM_CREDENTIALS type whose length holds one, and descriptors only
+    // from within an SCM_RIGHTS message's length (both read unaligned).
+    // The descriptors were just installed in this process for this call
+    // and nothing else knows them: each is closed exactly once.
     unsafe {
+        let end = msg.msg_control.cast::<u8>().add((msg.msg_controllen as usize).min(size_of_val(&control)));
         let mut header = libc::CMSG_FIRSTHDR(&raw const msg);
         while !header.is_null() {
             let h = &*header;
-            if h.cmsg_level == libc::SOL_SOCKET
+            // Never past what the kernel filled, whatever the header says.
+            let len = (h.cmsg_len as usize).min(end.offset_from(header.cast::<u8>()).max(0) as usize);
+            if h.cmsg_level == libc::SOL_SOCKET && h.cmsg_type == libc::SCM_RIGHTS {
+                let data = libc::CMSG_DATA(header);
+                let count = len.saturating_sub(data.offset_from(header.cast::<u8>()) as usize) / size_of::<libc::c_int>();
+                for i in 0..count {
+                    let fd: libc::c_int = std::ptr::read_unaligned(data.cast::<libc::c_int>().add(i));
+                    libc::close(fd);
+                }
+            } else if h.cmsg_level == libc::SOL_SOCKET
                 && h.cmsg_type == libc::SCM_CREDENTIALS
-                && h.cmsg_len as usize >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
+                && len >= libc::CMSG_LEN(size_of::<libc::ucred>() as u32) as usize
             {
                 let cred: libc::ucred = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast());
                 sender = Some(cred.pid);
             }
             header = libc::CMSG_NXTHDR(&raw const msg, header);
         }
+    }
+    if msg.msg_flags & libc::MSG_CTRUNC != 0 {
+        // Something did not fit: refuse rather than trust part of it.
+        sender = None;
     }
     Ok((n, sender))
 }

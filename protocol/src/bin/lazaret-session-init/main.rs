@@ -30,6 +30,7 @@ mod sys;
 use std::ffi::{CString, OsString};
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::sync::Arc;
 use std::time::Duration;
 
 use lazaret_protocol::client::relay::Broker;
@@ -219,13 +220,18 @@ fn run() -> i32 {
             return EXIT_FAILED;
         }
     };
-    match broker {
-        Some((broker, _)) => {
+    // Held here until the session ends, served or not: the agent's
+    // environment names the socket, and were it closed any process could
+    // listen under that name and pose as the broker.
+    let broker = broker.map(|(broker, _)| Arc::new(broker));
+    match &broker {
+        Some(broker) => {
             sys::drop_stdio_except(&[signals.as_raw_fd(), broker.as_raw_fd()]);
             let me = sys::own_pid();
+            let serving = broker.clone();
             // The broker's threads keep every signal blocked (they inherit
             // the mask): signals are read here, from the signalfd.
-            if let Err(e) = std::thread::Builder::new().name("broker".into()).spawn(move || broker.serve(me)) {
+            if let Err(e) = std::thread::Builder::new().name("broker".into()).spawn(move || serving.serve(me)) {
                 say(&format!("host escalation is unavailable in this session: cannot start the broker: {e}"));
             }
         }
@@ -233,6 +239,7 @@ fn run() -> i32 {
     }
     let status = supervise(agent, &signals);
     end_everything_left();
+    drop(broker);
     status
 }
 
