@@ -57,6 +57,8 @@ const MAX_UNCHECKED: usize = 16;
 /// more are refused (the session could otherwise open connections until
 /// this broker runs out of threads).
 const MAX_CONNECTIONS: usize = 64;
+/// How long the last bytes to the coordinator may wait for its socket.
+const CLOSE_TIMEOUT: Duration = Duration::from_secs(2);
 /// The pause after a failed accept (say, out of descriptors), so that a
 /// failure that persists does not spin.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
@@ -66,6 +68,8 @@ pub struct Broker {
     listener: UnixListener,
     coordinator: SocketAddr,
     config: Arc<ClientConfig>,
+    /// Connections being relayed.
+    active: Arc<AtomicUsize>,
 }
 
 impl Broker {
@@ -75,7 +79,7 @@ impl Broker {
         let name = format!("lazaret-escalate/{}", super::request_id()?);
         let addr = UnixAddr::from_abstract_name(name.as_bytes()).map_err(|e| format!("broker socket name: {e}"))?;
         let listener = UnixListener::bind_addr(&addr).map_err(|e| format!("cannot listen for escalation requests: {e}"))?;
-        Ok((Broker { listener, coordinator, config }, format!("@{name}")))
+        Ok((Broker { listener, coordinator, config, active: Arc::new(AtomicUsize::new(0)) }, format!("@{name}")))
     }
 
     /// Serves connections until the process ends: each from a descendant
@@ -87,7 +91,7 @@ impl Broker {
     /// each), so connections of another session that send nothing hold
     /// neither a thread nor a relay slot.
     pub fn serve(&self, session_init: i32) {
-        let active = Arc::new(AtomicUsize::new(0));
+        let active = &self.active;
         // In the order accepted, with the time each must have sent by.
         let mut unchecked: VecDeque<(UnixStream, Instant)> = VecDeque::new();
         // Accepted only when poll says one is there, but it may be gone
@@ -109,7 +113,7 @@ impl Broker {
             for i in (1..fds.len()).rev() {
                 if sys::ready(&fds[i]) {
                     if let Some((client, deadline)) = unchecked.remove(i - 1) {
-                        if let Some(client) = self.check(client, session_init, &active) {
+                        if let Some(client) = self.check(client, session_init, active) {
                             unchecked.push_back((client, deadline));
                         }
                     }
@@ -133,6 +137,18 @@ impl Broker {
                 }
                 Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
             }
+        }
+    }
+
+    /// Waits (at most `limit`) until no connection is being relayed: when
+    /// the session's last process has just asked, given up or been
+    /// cancelled, its relay still has to pass that on to the coordinator
+    /// before this process (the session's init) exits and takes the relay
+    /// thread with it.
+    pub fn wait_idle(&self, limit: Duration) {
+        let deadline = Instant::now() + limit;
+        while self.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
     }
 
@@ -254,7 +270,16 @@ impl Pump {
         let mut buf = vec![0u8; 16 * 1024];
         loop {
             self.flush_tls().map_err(lost)?;
-            self.flush_client().map_err(|e| format!("the client went away: {e}"))?;
+            if let Err(e) = self.flush_client() {
+                // The client went away, maybe after sending more (its
+                // Cancel, when its own output closed): that still reaches
+                // the coordinator, then the connection closes as on the
+                // client's end.
+                self.to_client.clear();
+                self.forward_rest_of_client(&mut buf);
+                self.close_tls();
+                return Err(format!("the client went away: {e}"));
+            }
             let now = Instant::now();
             let handshaking = self.tls.is_handshaking();
             if handshaking && now >= handshake_deadline {
@@ -273,8 +298,7 @@ impl Pump {
                         // The client left: closing the TLS connection tells
                         // the coordinator to cancel whatever is under way.
                         self.client_done = true;
-                        self.tls.send_close_notify();
-                        let _ = self.flush_tls();
+                        self.close_tls();
                         return Ok(());
                     }
                     Ok(n) => self.tls.writer().write_all(&buf[..n]).map_err(lost)?,
@@ -334,6 +358,36 @@ impl Pump {
         let _ = self.client.write_all(&self.to_client);
         self.to_client.clear();
         Ok(())
+    }
+
+    /// What the client sent before it went away, to the coordinator.
+    fn forward_rest_of_client(&mut self, buf: &mut [u8]) {
+        loop {
+            match self.client.read(buf) {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if self.tls.writer().write_all(&buf[..n]).is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Ends the TLS connection: what is queued (a Cancel, say) and the
+    /// close_notify go out, waiting for the socket if need be (bounded),
+    /// so that the coordinator reads a clean end and not a lost connection.
+    fn close_tls(&mut self) {
+        self.tls.send_close_notify();
+        let _ = self.sock.set_nonblocking(false);
+        let _ = self.sock.set_write_timeout(Some(CLOSE_TIMEOUT));
+        while self.tls.wants_write() {
+            match self.tls.write_tls(&mut self.sock) {
+                Ok(_) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => return,
+            }
+        }
     }
 
     fn flush_tls(&mut self) -> io::Result<()> {

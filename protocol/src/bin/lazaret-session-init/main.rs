@@ -50,6 +50,9 @@ const JOB_CONTROL: [libc::c_int; 3] = [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTT
 
 /// The PATH searched when the environment has none (as glibc's execvp).
 const DEFAULT_PATH: &str = "/bin:/usr/bin";
+/// How long the session's end waits for relays still passing on what its
+/// processes last sent.
+const RELAYS_DRAIN: Duration = Duration::from_secs(2);
 
 fn say(line: &str) {
     eprintln!("lazaret-session-init: {line}");
@@ -239,6 +242,11 @@ fn run() -> i32 {
     }
     let status = supervise(agent, &signals);
     end_everything_left();
+    if let Some(broker) = &broker {
+        // What the session's processes last sent (a Cancel, say) still
+        // reaches the coordinator.
+        broker.wait_idle(RELAYS_DRAIN);
+    }
     drop(broker);
     status
 }
