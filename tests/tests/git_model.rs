@@ -255,7 +255,12 @@ fn hooks_found_through_the_developers_global_hooks_path_run_nothing() {
 /// developer's commit there), (c) as `branch.main.remote` (a path, not a
 /// remote's name: `git pull`), (d) in `objects/info/alternates` (its
 /// objects become the repository's: `git reset --hard` checks the private
-/// file out into the workspace).
+/// file out into the workspace). Found by a review (2026-12-06): (e) in a
+/// `branches/origin` file, with `branch.main.remote = origin` and no
+/// remote URL in the config (git reads the URL from the file); (f) as a
+/// URL that reads as inside but climbs out of a symlink the agent made
+/// (`sub/l/../..`, `sub/l -> private/.git/refs`); (g) as a `file://` URL
+/// with `%2e%2e` (git decodes it to `..`).
 #[test]
 fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
     let env = developer_env();
@@ -269,11 +274,22 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
          (set -e; git init -q -b main $W/p2; cd $W/p2; echo x > x; git add x; git commit -qm x; git remote add origin file://$P; echo 'route file-url=ok'); \
          (set -e; git init -q -b main $W/p3; cd $W/p3; echo y > y; git add y; git commit -qm y; git config branch.main.remote $P; git config branch.main.merge refs/heads/main; echo 'route branch-remote=ok'); \
          (set -e; git init -q -b main $W/p4; cd $W/p4; echo $P/.git/objects > .git/objects/info/alternates; echo $S > .git/refs/heads/main; echo 'route alternates=ok'); \
+         (set -e; git init -q -b main $W/p6; cd $W/p6; echo y > y; git add y; git commit -qm y; mkdir -p .git/branches; echo \"$P#main\" > .git/branches/origin; \
+          git config branch.main.remote origin; git config branch.main.merge refs/heads/main; echo 'route branches-file=ok'); \
+         (set -e; git init -q -b main $W/p7; cd $W/p7; echo z > z; git add z; git commit -qm z; mkdir sub; ln -s $P/.git/refs sub/l; \
+          git remote add origin $W/p7/sub/l/../..; echo 'route dotdot-through-symlink=ok'); \
+         (set -e; git init -q -b main $W/p8; cd $W/p8; echo w > w; git add w; git commit -qm w; git remote add origin \"file://$W/%2e%2e/private\"; \
+          echo 'route percent-escaped-url=ok'); \
          echo done=yes",
         w = ws.display(),
     );
     let stdout = agent(&env, &script);
-    assert_planted(&stdout, &["promisor", "file-url", "branch-remote", "alternates"]);
+    assert_planted(
+        &stdout,
+        &["promisor", "file-url", "branch-remote", "alternates", "branches-file", "dotdot-through-symlink", "percent-escaped-url"],
+    );
+    // The percent-escaped URL names the private repository only from where it is.
+    assert_eq!(private.parent(), ws.parent(), "p8's URL assumes the private repository beside the workspace");
 
     for (dir, args) in [
         ("p1", &["status"][..]),
@@ -284,12 +300,16 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
         ("p3", &["pull", "-q", "--no-rebase", "--allow-unrelated-histories"]),
         ("p4", &["reset", "-q", "--hard"]),
         ("p4", &["status"]),
+        ("p6", &["fetch", "-q"]),
+        ("p6", &["pull", "-q", "--no-rebase", "--allow-unrelated-histories"]),
+        ("p7", &["fetch", "-q", "origin"]),
+        ("p8", &["fetch", "-q", "origin"]),
     ] {
         let out = developer_git(&ws.join(dir), args);
         println!("host git {args:?} in {dir}: {}{}", text(&out.stdout), text(&out.stderr));
     }
     let mut reached = Vec::new();
-    for repo in ["p1", "p2", "p3"] {
+    for repo in ["p1", "p2", "p3", "p6", "p7", "p8"] {
         // Whether the private commit is now in the agent's repository
         // (read without fetching anything).
         let out = developer_git(&ws.join(repo), &["--no-lazy-fetch", "cat-file", "-e", &secret]);
@@ -304,7 +324,18 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
         reached.push("p2: the developer's push went to the agent's place".into());
     }
     assert!(reached.is_empty(), "the developer's git reached where the agent chose: {reached:#?}");
-    assert_neutralised(&env, &["p1/.git/config", "p2/.git/config", "p3/.git/config", "p4/.git/objects/info/alternates"]);
+    assert_neutralised(
+        &env,
+        &[
+            "p1/.git/config",
+            "p2/.git/config",
+            "p3/.git/config",
+            "p4/.git/objects/info/alternates",
+            "p6/.git/branches/origin",
+            "p7/.git/config",
+            "p8/.git/config",
+        ],
+    );
     env.assert_nothing_left();
     env.assert_journal_conforms();
 }
