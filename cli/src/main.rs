@@ -10,6 +10,7 @@
 mod generate;
 mod init;
 mod json;
+mod progress;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -713,8 +714,9 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
             match action {
                 ImageAction::Pull { reference, platform, insecure, ca_certs, authfile } => {
                     let quiet = verbosity == client::Verbosity::Quiet;
-                    let request = images::PullRequest { reference: reference.clone(), platform, insecure, ca_certs, authfile, quiet };
-                    let rec = images::pull(&cfg, &request).with_context(|| format!("pulling {reference}"))?;
+                    let request = images::PullRequest { reference: reference.clone(), platform, insecure, ca_certs, authfile };
+                    let shown = progress::for_stderr(quiet);
+                    let rec = images::pull(&cfg, &request, shown.as_ref()).with_context(|| format!("pulling {reference}"))?;
                     println!("pulled {} {} ({} bytes)", rec.name, rec.digest, rec.size);
                 }
                 ImageAction::Login { registry, username, password_stdin, authfile } => {

@@ -19,12 +19,12 @@
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
-use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 pub use lazaret_oci::registry::Credentials;
-use lazaret_oci::registry::{self, ImageReference, LayerInfo, Platform, PullOptions, PullProgress, RegistryError};
+use lazaret_oci::registry::{self, ImageReference, Platform, PullOptions, RegistryError};
+pub use lazaret_oci::registry::{LayerInfo, PullProgress};
 use lazaret_oci::{GcStats, ImageError, ImageRecord};
 
 use crate::config::{Config, Profile};
@@ -87,8 +87,6 @@ pub struct PullRequest {
     pub ca_certs: Vec<PathBuf>,
     /// A credentials file in docker's format, searched before the default ones.
     pub authfile: Option<PathBuf>,
-    /// No progress output at all.
-    pub quiet: bool,
 }
 
 /// Lazaret's credentials file: `<home>/.config/lazaret/registry-auth.json`.
@@ -149,9 +147,9 @@ fn read_developer_file(developer: &Developer, file: &Path) -> Result<Option<Vec<
     Ok(Some(bytes))
 }
 
-/// Pulls `request.reference` into the store, with progress on stderr (bars on
-/// a terminal, lines otherwise).
-pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, ImagesError> {
+/// Pulls `request.reference` into the store, telling `progress` how it goes
+/// ([`LineProgress`] for logs; the CLI draws bars on a terminal).
+pub fn pull(config: &Config, request: &PullRequest, progress: &dyn PullProgress) -> Result<ImageRecord, ImagesError> {
     let developer = Developer::from_process()?;
     let reference = ImageReference::parse(&request.reference)?;
     let mut options = PullOptions {
@@ -164,14 +162,7 @@ pub fn pull(config: &Config, request: &PullRequest) -> Result<ImageRecord, Image
     }
     options.extra_ca_pem = ca_certificates(&developer, reference.registry(), &request.ca_certs)?;
     let store = Context::image_store(config)?;
-    let progress: Box<dyn PullProgress> = if request.quiet {
-        Box::new(SilentProgress)
-    } else if std::io::stderr().is_terminal() {
-        Box::new(BarProgress::default())
-    } else {
-        Box::new(LineProgress::default())
-    };
-    Ok(registry::pull(&store, &reference, &options, progress.as_ref())?)
+    Ok(registry::pull(&store, &reference, &options, progress)?)
 }
 
 /// The profile's image: from the store if there, else pulled when the profile
@@ -195,7 +186,7 @@ pub fn ensure_image(config: &Config, profile: &Profile) -> Result<ImageRecord, I
         return Err(missing());
     }
     eprintln!("lazaret: image {} is not in the store; pulling it", reference);
-    pull(config, &PullRequest { reference: profile.image.clone(), ..PullRequest::default() })
+    pull(config, &PullRequest { reference: profile.image.clone(), ..PullRequest::default() }, &LineProgress::default())
 }
 
 /// Saves credentials for `registry` in `authfile` or Lazaret's own file (mode
@@ -338,31 +329,23 @@ fn prepare_private_dirs(developer: &Developer, file: &Path) -> Result<(), Images
 }
 
 /// A digest shortened to 12 hex digits; anything else unchanged.
-fn short(digest: &str) -> &str {
+pub fn short(digest: &str) -> &str {
     match digest.strip_prefix("sha256:") {
         Some(hex) => hex.get(..12).unwrap_or(hex),
         None => digest,
     }
 }
 
-fn mib(bytes: u64) -> f64 {
+/// Bytes in MiB, for progress lines.
+pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / (1024.0 * 1024.0)
 }
 
-struct SilentProgress;
-
-impl PullProgress for SilentProgress {
-    fn resolved(&self, _: &str, _: &str, _: &[LayerInfo]) {}
-    fn layer_progress(&self, _: &str, _: u64, _: u64) {}
-    fn retrying(&self, _: &str, _: u32, _: Duration, _: &str) {}
-    fn layer_done(&self, _: &str) {}
-    fn unpacking(&self) {}
-}
-
-/// Quiet, line-based progress for logs: one line per layer at start, every
-/// 25 %, and when done.
+/// Quiet, line-based progress on stderr, for logs and for output that is
+/// not a terminal: one line per layer at start, every 25 %, and when done.
+/// (The progress bars of a terminal are the CLI's.)
 #[derive(Default)]
-struct LineProgress {
+pub struct LineProgress {
     reported_quarter: RefCell<BTreeMap<String, u64>>,
 }
 
@@ -390,75 +373,6 @@ impl PullProgress for LineProgress {
     }
     fn layer_done(&self, digest: &str) {
         eprintln!("layer {}: done", short(digest));
-    }
-    fn unpacking(&self) {
-        eprintln!("unpacking");
-    }
-}
-
-/// One redrawn line per layer on a terminal.
-#[derive(Default)]
-struct BarProgress {
-    state: RefCell<BarState>,
-}
-
-#[derive(Default)]
-struct BarState {
-    layers: Vec<(String, u64, u64, bool)>,
-    drawn: usize,
-}
-
-impl BarProgress {
-    fn redraw(&self) {
-        let mut state = self.state.borrow_mut();
-        let mut out = std::io::stderr().lock();
-        if state.drawn > 0 {
-            let _ = write!(out, "\x1b[{}A", state.drawn);
-        }
-        for (digest, done, total, finished) in &state.layers {
-            let fraction = if *total == 0 { 1.0 } else { *done as f64 / *total as f64 };
-            let width = 30usize;
-            let filled = ((fraction * width as f64) as usize).min(width);
-            let status = if *finished { "done".to_string() } else { format!("{:5.1}%", fraction * 100.0) };
-            let _ = writeln!(
-                out,
-                "\x1b[2K{} [{}{}] {:>8.1}/{:.1} MiB {}",
-                short(digest),
-                "#".repeat(filled),
-                " ".repeat(width - filled),
-                mib(*done),
-                mib(*total),
-                status
-            );
-        }
-        state.drawn = state.layers.len();
-        let _ = out.flush();
-    }
-}
-
-impl PullProgress for BarProgress {
-    fn resolved(&self, reference: &str, digest: &str, layers: &[LayerInfo]) {
-        eprintln!("pulling {reference} ({digest})");
-        self.state.borrow_mut().layers =
-            layers.iter().map(|l| (l.digest.clone(), if l.cached { l.size } else { 0 }, l.size, l.cached)).collect();
-        self.redraw();
-    }
-    fn layer_progress(&self, digest: &str, done: u64, _total: u64) {
-        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
-            entry.1 = done;
-        }
-        self.redraw();
-    }
-    fn retrying(&self, what: &str, attempt: u32, delay: Duration, reason: &str) {
-        self.state.borrow_mut().drawn = 0;
-        eprintln!("retry {} (attempt {attempt}) in {:.1}s: {reason}", short(what), delay.as_secs_f64());
-    }
-    fn layer_done(&self, digest: &str) {
-        if let Some(entry) = self.state.borrow_mut().layers.iter_mut().find(|l| l.0 == digest) {
-            entry.1 = entry.2;
-            entry.3 = true;
-        }
-        self.redraw();
     }
     fn unpacking(&self) {
         eprintln!("unpacking");
