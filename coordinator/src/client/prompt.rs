@@ -300,8 +300,16 @@ impl Prompt {
     /// other keys in it still count: they deny, or edit, which only leads to
     /// a confirmation that again needs a lone `y`).
     pub(super) fn on_input(&mut self, bytes: &[u8]) -> Step {
+        self.on_input_after(bytes, true)
+    }
+
+    /// [`Prompt::on_input`] for a read that came `after_quiet` or not: with
+    /// input just before it (the terminal's clock decides), a lone key is
+    /// no key press either: an answer the terminal split across reads ends
+    /// so (`PuTT`, then `Y`).
+    pub(super) fn on_input_after(&mut self, bytes: &[u8], after_quiet: bool) -> Step {
         let keys = self.keys.decode(bytes);
-        let alone = bytes.len() == 1;
+        let alone = bytes.len() == 1 && after_quiet;
         let mut out = Out::default();
         let mut editor_dirty = false;
         for key in keys {
@@ -1249,6 +1257,15 @@ mod tests {
         assert_eq!(answer(p.on_input(b"xyn")).0, PromptDecision::Deny);
         let mut p = prompt();
         assert_eq!(answer(p.on_input(b"nya")).0, PromptDecision::Deny);
+    }
+
+    #[test]
+    fn a_lone_key_right_after_other_input_does_not_approve() {
+        let mut p = prompt();
+        // The last byte of an answerback the terminal split across reads.
+        assert_eq!(p.on_input_after(b"PuTT", true), Step::Nothing);
+        assert_eq!(p.on_input_after(b"Y", false), Step::Nothing, "a split answerback approved");
+        assert_eq!(answer(p.on_input_after(b"y", true)).0, PromptDecision::Approve);
     }
 
     #[test]

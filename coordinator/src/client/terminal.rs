@@ -219,6 +219,10 @@ const HOLD_LIMIT: usize = 4 * 1024 * 1024;
 /// that popped up under the developer's fingers (the agent sees the
 /// keyboard and could time a request to it).
 const PROMPT_ARMING: Duration = Duration::from_millis(300);
+/// A key that approves must come at least this long after the terminal's
+/// previous input: the rest of an answer the terminal split across reads
+/// comes at once, a person's next key press does not.
+const KEY_QUIET: Duration = Duration::from_millis(50);
 
 /// How long past a prompt's timeout the client waits for the coordinator's
 /// withdrawal before it closes the prompt itself, answering deny.
@@ -258,6 +262,8 @@ struct Showing {
     deadline: Instant,
     /// Keys before this are dropped ([`PROMPT_ARMING`]).
     armed_at: Instant,
+    /// When the terminal last sent anything (see [`KEY_QUIET`]).
+    last_input: Option<Instant>,
     /// `/dev/tty`, when neither stdout nor stderr is the terminal.
     tty: Option<OwnedFd>,
     /// Which of the client's streams shows it otherwise.
@@ -760,6 +766,7 @@ impl Relay<'_> {
             prompt,
             deadline: now + timeout,
             armed_at: now + PROMPT_ARMING,
+            last_input: None,
             tty,
             screen: self.prompt_screen.unwrap_or(0),
             unfinished: self.agent_screen.unfinished().map(<[u8]>::to_vec).unwrap_or_default(),
@@ -789,11 +796,13 @@ impl Relay<'_> {
         };
         let Some(showing) = self.prompt.as_mut() else { return };
         let now = Instant::now();
+        let after_quiet = showing.last_input.is_none_or(|last| now.duration_since(last) >= KEY_QUIET);
+        showing.last_input = Some(now);
         if now < showing.armed_at {
             showing.armed_at = now + PROMPT_ARMING;
             return;
         }
-        match showing.prompt.on_input(&self.buf[..n]) {
+        match showing.prompt.on_input_after(&self.buf[..n], after_quiet) {
             Step::Nothing => {}
             Step::Redraw(bytes) => {
                 let _ = write_all(showing.fd(&self.std), &bytes);
