@@ -770,6 +770,13 @@ pub fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
 
+/// The stdout of a command that must have exited 0 (its status and both
+/// streams in the failure message).
+pub fn ok(out: &std::process::Output) -> String {
+    assert_eq!(out.status.code(), Some(0), "status {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr));
+    text(&out.stdout)
+}
+
 /// Writes `data` to a writer and flushes, failing the test on error.
 pub fn send(w: &mut impl Write, data: &[u8]) {
     w.write_all(data).and_then(|_| w.flush()).expect("writing to lazaret");

@@ -52,11 +52,6 @@ fn describe(out: &Output) -> String {
     format!("status {:?}\nstdout: {}\nstderr: {}", out.status.code(), text(&out.stdout), text(&out.stderr))
 }
 
-fn ok(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(0), "{}", describe(out));
-    text(&out.stdout)
-}
-
 /// `KEY=value` lines of an output.
 fn field<'a>(out: &'a str, key: &str) -> &'a str {
     let prefix = format!("{key}=");

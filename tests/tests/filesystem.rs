@@ -13,11 +13,6 @@ fn sh(env: &TestEnv, script: &str) -> std::process::Output {
     env.run(["run", "test", "--", "sh", "-c", script])
 }
 
-fn ok(out: &std::process::Output) -> String {
-    assert_eq!(out.status.code(), Some(0), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
-    text(&out.stdout)
-}
-
 #[test]
 fn git_operations_from_inside_are_visible_on_the_host_at_once() {
     let env = TestEnv::with_profile(&format!("user = \"root\"\n{GIT_ENV}"));

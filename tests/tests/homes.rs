@@ -14,11 +14,6 @@ use std::process::{Command, Output, Stdio};
 use lazaret_tests::escalation::chown_tree;
 use lazaret_tests::*;
 
-fn ok(out: &Output) -> String {
-    assert_eq!(out.status.code(), Some(0), "stdout: {}\nstderr: {}", text(&out.stdout), text(&out.stderr));
-    text(&out.stdout)
-}
-
 /// `lazaret run test -- sh -c SCRIPT`, with `SUDO_UID`/`SUDO_GID` taken
 /// out of the environment unless the env sets them (the suite may itself
 /// run under sudo).
