@@ -1,5 +1,5 @@
 //! Removing the cgroups runsc creates at a container's `cgroupsPath`.
-//! runsc leaves them behind after failed starts (PLATFORM.md), so every run
+//! runsc leaves them behind after failed starts (docs/platform.md), so every run
 //! removes its own, leaf first, in every mounted hierarchy (v1 controllers
 //! and the v2 `unified` tree alike).
 

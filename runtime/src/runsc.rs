@@ -26,7 +26,7 @@ pub enum Platform {
     Systrap,
     /// ptrace-based interception; slow but works everywhere.
     Ptrace,
-    /// KVM (hangs on nested-virtualisation hosts, see PLATFORM.md).
+    /// KVM (hangs on nested-virtualisation hosts, see docs/platform.md).
     Kvm,
 }
 
@@ -626,7 +626,7 @@ pub fn descendants(processes: &[(i32, i32)], root: i32) -> Vec<i32> {
 }
 
 /// Enters a private mount namespace on the calling thread only and mounts a
-/// tmpfs over /proc/sys/net there (PLATFORM.md, gVisor issue 10704).
+/// tmpfs over /proc/sys/net there (docs/platform.md, gVisor issue 10704).
 fn hide_proc_sys_net_on_this_thread() -> std::io::Result<()> {
     crate::sys::enter_private_mount_namespace_on_this_thread()?;
     crate::sys::mount_empty_tmpfs("/proc/sys/net")?;

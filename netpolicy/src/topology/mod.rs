@@ -907,7 +907,7 @@ async fn install_rules(handle: &Handle, family: GuardFamily) -> Result<(), Topol
 /// The kernel delivers packets for a namespace's own addresses through the
 /// `local` table, whose rule (priority 0) comes before any route, so the
 /// router would answer the sandbox on its transit addresses (a TCP reset,
-/// an echo reply): the leak PLATFORM.md warns about. The `lookup local` rule
+/// an echo reply): the leak docs/platform.md describes. The `lookup local` rule
 /// is therefore moved behind rules ([`sidecar_rules`]) that send every packet
 /// of the [`GUARDED_PROTOCOLS`] arriving from the sandbox link to a small
 /// table: `unreachable` for each sidecar address, `throw` for the rest
