@@ -387,6 +387,25 @@ fn report(e: anyhow::Error) -> ExitCode {
     ExitCode::from(LAZARET_FAILED)
 }
 
+/// One check of `lazaret doctor` as the terminal shows it: `OK`, `WARN` or
+/// `FAIL`, what was found, and why and how to fix it when there is more to
+/// say.
+fn doctor_line(check: &doctor::Check) -> String {
+    let status = match (check.ok, &check.warning) {
+        (false, _) => "FAIL",
+        (true, Some(_)) => "WARN",
+        (true, None) => "OK",
+    };
+    let mut line = format!("{status:<4} {}: {}", check.name, check.detail);
+    if let Some(why) = &check.warning {
+        line.push_str(&format!("\n     why: {why}"));
+    }
+    if let Some(fix) = &check.fix {
+        line.push_str(&format!("\n     fix: {fix}"));
+    }
+    line
+}
+
 /// `--no-setup` / `--reprovision` (clap refuses both at once).
 fn setup_mode(no_setup: bool, reprovision: bool) -> SetupMode {
     match (no_setup, reprovision) {
@@ -523,7 +542,7 @@ fn dispatch(config: Option<PathBuf>, verbosity: client::Verbosity, command: Comm
                 )?;
             } else {
                 for c in &checks {
-                    println!("{c}");
+                    println!("{}", doctor_line(c));
                 }
             }
             Ok(if checks.iter().all(|c| c.ok) { ExitCode::SUCCESS } else { ExitCode::FAILURE })
@@ -933,5 +952,27 @@ mod time_tests {
         assert_eq!(super::humantime_utc(0), "1970-01-01 00:00:00");
         assert_eq!(super::humantime_utc(1_795_000_000), "2026-11-18 11:06:40");
         assert_eq!(super::humantime_utc(951_782_400), "2000-02-29 00:00:00");
+    }
+}
+
+#[cfg(test)]
+mod doctor_tests {
+    use lazaret_coordinator::doctor::Check;
+
+    fn check(ok: bool, detail: &str, fix: Option<&str>, warning: Option<&str>) -> Check {
+        Check { name: "kernel".into(), ok, detail: detail.into(), fix: fix.map(Into::into), warning: warning.map(Into::into) }
+    }
+
+    #[test]
+    fn a_warning_shows_its_reason_and_a_failure_its_fix() {
+        assert_eq!(
+            super::doctor_line(&check(true, "Linux 6.1.0", None, Some("not tested"))),
+            "WARN kernel: Linux 6.1.0\n     why: not tested"
+        );
+        assert_eq!(
+            super::doctor_line(&check(false, "Linux 5.10: too old", Some("upgrade"), None)),
+            "FAIL kernel: Linux 5.10: too old\n     fix: upgrade"
+        );
+        assert_eq!(super::doctor_line(&check(true, "Linux 6.18.1", None, None)), "OK   kernel: Linux 6.18.1");
     }
 }
