@@ -81,38 +81,30 @@ pub struct ConfigLocation<'a> {
 /// the caller refuses one that goes through a symlink.
 pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> FilteredConfig {
     let parsed = GitConfig::parse(text);
+    // A value older git reads otherwise means two things: it goes.
+    let kept = |entry: &ConfigEntry<'_>, remotes: &HashSet<&str>| {
+        entry.older_git_value.is_none()
+            && entry_allowed(entry.section, entry.subsection, entry.key, entry.value, location, path_ok, remotes)
+            && writable(entry.section, entry.subsection, entry.value)
+    };
     // The remotes this config keeps a URL for: a name anywhere else is only
     // kept if it is one of them (`remote.c`: for a remote with no URL, git
     // reads `remotes/NAME`, `branches/NAME`, then takes NAME as the URL).
     let no_remotes = HashSet::new();
-    let mut kept_remotes = HashSet::new();
-    for entry in parsed.entries() {
-        if let ("remote", Some(sub), "url") = (entry.section, entry.subsection, entry.key) {
-            if entry.older_git_value.is_none()
-                && entry_allowed(entry.section, entry.subsection, entry.key, entry.value, location, path_ok, &no_remotes)
-                && writable(entry.section, entry.subsection, entry.value)
-            {
-                kept_remotes.insert(sub);
-            }
-        }
-    }
+    let kept_remotes: HashSet<&str> =
+        parsed.entries().filter(|e| e.section == "remote" && e.key == "url" && kept(e, &no_remotes)).filter_map(|e| e.subsection).collect();
     let mut out = String::new();
     let mut dropped = Vec::new();
     let mut current: Option<(String, Option<String>)> = None;
     for entry in parsed.entries() {
-        let ConfigEntry { section, subsection, key, value, older_git_value } = entry;
-        let name = match subsection {
-            Some(sub) => format!("{section}.{sub}.{key}"),
-            None => format!("{section}.{key}"),
-        };
-        // A value older git reads otherwise means two things: it goes.
-        if older_git_value.is_some()
-            || !entry_allowed(section, subsection, key, value, location, path_ok, &kept_remotes)
-            || !writable(section, subsection, value)
-        {
-            dropped.push(name);
+        if !kept(&entry, &kept_remotes) {
+            dropped.push(match entry.subsection {
+                Some(sub) => format!("{}.{sub}.{}", entry.section, entry.key),
+                None => format!("{}.{}", entry.section, entry.key),
+            });
             continue;
         }
+        let ConfigEntry { section, subsection, key, value, .. } = entry;
         let header = (section.to_owned(), subsection.map(str::to_owned));
         if current.as_ref() != Some(&header) {
             match subsection {

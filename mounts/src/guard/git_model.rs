@@ -422,8 +422,10 @@ pub fn url_place(url: &str) -> UrlPlace {
         if scheme == "file" {
             // `file://host/path`: git ignores only an empty or `localhost`
             // host; anything else is no local path we can judge. git
-            // percent-decodes the path (`connect.c`: `url_decode`), so
-            // `%2e%2e` is `..`: refused rather than decoded and judged.
+            // percent-decodes the path (tried: `file://$W/%2e%2e/private`
+            // fetched the repository beside the workspace; the git_model
+            // e2e test), so `%2e%2e` is `..`: refused rather than decoded
+            // and judged.
             let rest = &url[at + 3..];
             let rest = rest.strip_prefix("localhost").unwrap_or(rest);
             return if rest.starts_with('/') && !rest.contains('%') { UrlPlace::Local(rest.to_owned()) } else { UrlPlace::Refused };
