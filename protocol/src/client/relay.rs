@@ -205,8 +205,7 @@ fn parent_pid(pid: i32) -> Option<i32> {
 /// Without waiting: the accepting thread refuses, and no client may hold
 /// it up (a fresh connection has room for one frame).
 fn refuse(mut client: UnixStream, reason: &str) {
-    let outcome = Outcome::Refused { reason: reason.into() };
-    let _ = write_server(&mut client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
+    write_result(&mut client, Outcome::Refused { reason: reason.into() });
 }
 
 /// Sends `client` a Result of its own (nothing from the coordinator has
@@ -214,7 +213,13 @@ fn refuse(mut client: UnixStream, reason: &str) {
 fn answer(mut client: UnixStream, outcome: Outcome) {
     let _ = client.set_nonblocking(false);
     let _ = client.set_write_timeout(Some(Duration::from_secs(1)));
-    let _ = write_server(&mut client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
+    write_result(&mut client, outcome);
+}
+
+/// A Result frame of the broker's own, on `client` as it is (blocking or
+/// not); a client that went away gets nothing.
+fn write_result(client: &mut UnixStream, outcome: Outcome) {
+    let _ = write_server(client, &ServerFrame::Result(EscalationResult { outcome, truncated: false }));
 }
 
 /// Carries one client's plain bytes (`first`, then what follows) to the
