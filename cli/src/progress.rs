@@ -8,23 +8,12 @@ use std::time::Duration;
 
 use lazaret_coordinator::images::{self, LayerInfo, PullProgress, mib, short};
 
-/// No progress at all (`--quiet`).
-pub struct Silent;
-
-impl PullProgress for Silent {
-    fn resolved(&self, _: &str, _: &str, _: &[LayerInfo]) {}
-    fn layer_progress(&self, _: &str, _: u64, _: u64) {}
-    fn retrying(&self, _: &str, _: u32, _: Duration, _: &str) {}
-    fn layer_done(&self, _: &str) {}
-    fn unpacking(&self) {}
-}
-
 /// The progress for this invocation: none when quiet, bars on a terminal,
 /// lines otherwise.
 pub fn for_stderr(quiet: bool) -> Box<dyn PullProgress> {
     use std::io::IsTerminal;
     if quiet {
-        Box::new(Silent)
+        Box::new(images::NoProgress)
     } else if std::io::stderr().is_terminal() {
         Box::new(Bars::default())
     } else {

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 pub use lazaret_oci::registry::Credentials;
 use lazaret_oci::registry::{self, ImageReference, Platform, PullOptions, RegistryError};
-pub use lazaret_oci::registry::{LayerInfo, PullProgress};
+pub use lazaret_oci::registry::{LayerInfo, NoProgress, PullProgress};
 use lazaret_oci::{GcStats, ImageError, ImageRecord};
 
 use crate::config::{Config, Profile};

@@ -23,20 +23,10 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use lazaret_oci::ImageStore;
-use lazaret_oci::registry::{ImageReference, LayerInfo, PullOptions, PullProgress, pull};
+use lazaret_oci::registry::{ImageReference, NoProgress, PullOptions, pull};
 use sha2::{Digest, Sha256};
 
 type Error = Box<dyn std::error::Error>;
-
-struct Quiet;
-
-impl PullProgress for Quiet {
-    fn resolved(&self, _: &str, _: &str, _: &[LayerInfo]) {}
-    fn layer_progress(&self, _: &str, _: u64, _: u64) {}
-    fn retrying(&self, _: &str, _: u32, _: Duration, _: &str) {}
-    fn layer_done(&self, _: &str) {}
-    fn unpacking(&self) {}
-}
 
 /// The registry process, ended by PID on drop.
 struct RegistryGuard(Child);
@@ -98,7 +88,7 @@ fn main() -> Result<(), Error> {
         let store_dir = work.path().join(format!("store-{round}"));
         let start = Instant::now();
         let store = ImageStore::open(&store_dir)?;
-        pull(&store, &reference, &options, &Quiet)?;
+        pull(&store, &reference, &options, &NoProgress)?;
         lazaret_times.push(start.elapsed());
         std::fs::remove_dir_all(&store_dir)?;
 

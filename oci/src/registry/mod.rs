@@ -17,7 +17,7 @@ mod reference;
 
 pub use credentials::{Credentials, credentials_from_file, credentials_from_json, save_credentials};
 pub use error::RegistryError;
-pub use pull::{LayerInfo, PullOptions, PullProgress, pull};
+pub use pull::{LayerInfo, NoProgress, PullOptions, PullProgress, pull};
 pub use reference::{ImageReference, Platform};
 
 /// The media type a pull reads or infers from a manifest document (for the

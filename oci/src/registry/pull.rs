@@ -78,6 +78,17 @@ pub trait PullProgress {
     fn unpacking(&self);
 }
 
+/// Progress nobody is shown (`--quiet`, benchmarks).
+pub struct NoProgress;
+
+impl PullProgress for NoProgress {
+    fn resolved(&self, _: &str, _: &str, _: &[LayerInfo]) {}
+    fn layer_progress(&self, _: &str, _: u64, _: u64) {}
+    fn retrying(&self, _: &str, _: u32, _: Duration, _: &str) {}
+    fn layer_done(&self, _: &str) {}
+    fn unpacking(&self) {}
+}
+
 /// Pulls `reference` into `store` under [`ImageReference::store_name`]. On
 /// any failure nothing is registered; verified blobs already fetched stay in
 /// the store (the next pull reuses them, [`ImageStore::gc`] removes them).
