@@ -52,6 +52,10 @@ pub(crate) struct Out {
     pub(crate) sweep: bool,
 }
 
+/// One tick of the kernel's coarse clock at its slowest (HZ=100), which
+/// file timestamps use ([`Engine::changed_in_run`]).
+const COARSE_CLOCK_SLACK: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// At most this many paths are remembered as ones kept git values go
 /// through; past it, anything that appears anywhere asks for a sweep.
 const MAX_DEPENDED_PATHS: usize = 65_536;
@@ -121,7 +125,11 @@ impl Engine {
     /// Whether files of `st` count as changed during the run (sweep rule).
     pub(crate) fn changed_in_run(&self, st: &FileStat) -> bool {
         let Some(since) = self.config.changed_since else { return true };
-        let since = since.duration_since(UNIX_EPOCH).unwrap_or_default();
+        // A file's ctime comes from the kernel's coarse clock, up to a tick
+        // behind the clock `since` was read from: a file written just after
+        // `since` can carry a ctime just before it. Those few milliseconds
+        // are judged too (the safe side).
+        let since = since.duration_since(UNIX_EPOCH).unwrap_or_default().saturating_sub(COARSE_CLOCK_SLACK);
         let ctime = (st.st_ctime, st.st_ctime_nsec);
         ctime >= (since.as_secs() as i64, i64::from(since.subsec_nanos()))
     }
@@ -448,8 +456,9 @@ impl Engine {
     }
 
     /// A symlink whose parent (or the parent's parent: `objects/pack`) is
-    /// a git dir, made or changed during the run: git would read (objects,
-    /// refs, packs) from the place it names. Quarantined.
+    /// a git dir, made or changed during the run, leading out of the root
+    /// or through another symlink: git would read (objects, refs, packs)
+    /// from the place it names. Quarantined.
     pub(crate) fn check_symlink_in_git_dir(&self, root: usize, rel: &Path, cause: Cause, out: &mut Out) {
         let Some(parent_rel) = rel.parent() else { return };
         if self.protected(root, rel) {
@@ -463,17 +472,28 @@ impl Engine {
         if !in_git_dir {
             return;
         }
-        // Every one, wherever its text points: a target inside can itself
-        // go through another symlink of the agent's (`objects -> ../../lnk`,
-        // `lnk -> /home/dev/private/.git/objects`), which is judged nowhere,
-        // and git never makes a symlink in a git dir.
+        // Kept only when its text leads inside and on to there without
+        // another symlink: a target inside can itself go through a symlink
+        // of the agent's (`objects -> ../../lnk`, `lnk -> /home/dev/private/.git/objects`).
+        // git itself makes one briefly (`git init` probes `core.symlinks`
+        // with a link to `testing`), which stays.
+        let Ok(target) = nix::fcntl::readlinkat(parent.as_fd(), name) else { return };
+        let inside = git_model::local_place_inside(&target.to_string_lossy(), &self.roots[root].path, &[parent_rel]);
+        let plain = |p: &PathBuf| match safe_path::open_path_beneath(self.roots[root].fd.as_fd(), p) {
+            Ok(None) => true,
+            Ok(Some(fd)) => safe_path::file_kind(fd.as_fd()).is_ok_and(|kind| kind != FileKind::Symlink),
+            Err(_) => false,
+        };
+        if inside.is_some_and(|paths| paths.iter().all(|p| plain(p) && self.path_ok(root, p))) {
+            return;
+        }
         self.quarantine(
             root,
             rel,
             parent.as_fd(),
             name,
             &st,
-            "a symlink in a git dir (git would read what it names, wherever that leads)",
+            "a symlink in a git dir leading out of the workspace or through another symlink (git would read what it names)",
             cause,
             out,
         )
