@@ -80,42 +80,104 @@ pub struct ConfigLocation<'a> {
 /// value that stays lexically inside the workspace (workspace-relative):
 /// the caller refuses one that goes through a symlink.
 pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn(&Path) -> bool) -> FilteredConfig {
+    filter_config_against(text, b"", location, path_ok)
+}
+
+/// [`filter_config`] of a config the developer had written before the
+/// sandbox rewrote it (`developer`: the developer's own version): every
+/// entry of the developer's is kept as well, wherever the sandbox moved
+/// it, and one the sandbox removed or changed is put back at the end (a
+/// key the developer set is never lost; what the sandbox made of it is
+/// allowlisted like any other entry). Entries compare by section,
+/// subsection, key and value, each occurrence once.
+pub fn filter_config_against(
+    text: &[u8],
+    developer: &[u8],
+    location: ConfigLocation<'_>,
+    path_ok: &dyn Fn(&Path) -> bool,
+) -> FilteredConfig {
     let parsed = GitConfig::parse(text);
+    let theirs = GitConfig::parse(developer);
+    let key = |e: &ConfigEntry<'_>| -> (String, Option<String>, String, String) {
+        (e.section.to_owned(), e.subsection.map(str::to_owned), e.key.to_owned(), e.value.to_owned())
+    };
+    let mut unclaimed: std::collections::HashMap<(String, Option<String>, String, String), usize> = std::collections::HashMap::new();
+    for entry in theirs.entries() {
+        *unclaimed.entry(key(&entry)).or_default() += 1;
+    }
+    let is_developers = |entry: &ConfigEntry<'_>| unclaimed.contains_key(&key(entry));
     // A value older git reads otherwise means two things: it goes.
-    let kept = |entry: &ConfigEntry<'_>, remotes: &HashSet<&str>| {
+    let allowed = |entry: &ConfigEntry<'_>, remotes: &HashSet<&str>| {
         entry.older_git_value.is_none()
             && entry_allowed(entry.section, entry.subsection, entry.key, entry.value, location, path_ok, remotes)
             && writable(entry.section, entry.subsection, entry.value)
     };
-    // The remotes this config keeps a URL for: a name anywhere else is only
-    // kept if it is one of them (`remote.c`: for a remote with no URL, git
-    // reads `remotes/NAME`, `branches/NAME`, then takes NAME as the URL).
+    // The remotes this config keeps a URL for (the developer's included):
+    // a name anywhere else is only kept if it is one of them (`remote.c`:
+    // for a remote with no URL, git reads `remotes/NAME`, `branches/NAME`,
+    // then takes NAME as the URL).
     let no_remotes = HashSet::new();
-    let kept_remotes: HashSet<&str> =
-        parsed.entries().filter(|e| e.section == "remote" && e.key == "url" && kept(e, &no_remotes)).filter_map(|e| e.subsection).collect();
-    let mut out = String::new();
+    let kept_remotes: HashSet<&str> = parsed
+        .entries()
+        .chain(theirs.entries())
+        .filter(|e| e.section == "remote" && e.key == "url" && (is_developers(e) || allowed(e, &no_remotes)))
+        .filter_map(|e| e.subsection)
+        .collect();
+    let mut writer = Writer::default();
     let mut dropped = Vec::new();
-    let mut current: Option<(String, Option<String>)> = None;
     for entry in parsed.entries() {
-        if !kept(&entry, &kept_remotes) {
-            dropped.push(match entry.subsection {
-                Some(sub) => format!("{}.{sub}.{}", entry.section, entry.key),
-                None => format!("{}.{}", entry.section, entry.key),
-            });
+        let k = key(&entry);
+        let developers = match unclaimed.get_mut(&k) {
+            Some(n) if *n > 0 => {
+                *n -= 1;
+                true
+            }
+            _ => false,
+        };
+        if !developers && !allowed(&entry, &kept_remotes) {
+            dropped.push(entry_name(&entry));
             continue;
         }
-        let ConfigEntry { section, subsection, key, value, .. } = entry;
-        let header = (section.to_owned(), subsection.map(str::to_owned));
-        if current.as_ref() != Some(&header) {
-            match subsection {
-                Some(sub) => out.push_str(&format!("[{section} \"{}\"]\n", escape_subsection(sub))),
-                None => out.push_str(&format!("[{section}]\n")),
-            }
-            current = Some(header);
-        }
-        out.push_str(&format!("\t{key} = {}\n", encode_value(value)));
+        writer.entry(&entry);
     }
-    FilteredConfig { text: out.into_bytes(), dropped, skipped_lines: parsed.skipped_lines().len() }
+    // What the sandbox took away of the developer's, in their order.
+    for entry in theirs.entries() {
+        if let Some(n) = unclaimed.get_mut(&key(&entry)).filter(|n| **n > 0) {
+            *n -= 1;
+            writer.entry(&entry);
+        }
+    }
+    FilteredConfig { text: writer.out.into_bytes(), dropped, skipped_lines: parsed.skipped_lines().len() }
+}
+
+/// `section[.subsection].key` of an entry, for messages.
+fn entry_name(entry: &ConfigEntry<'_>) -> String {
+    match entry.subsection {
+        Some(sub) => format!("{}.{sub}.{}", entry.section, entry.key),
+        None => format!("{}.{}", entry.section, entry.key),
+    }
+}
+
+/// Writes entries in git's layout, a header whenever the section changes.
+#[derive(Default)]
+struct Writer {
+    out: String,
+    current: Option<(String, Option<String>)>,
+}
+
+impl Writer {
+    fn entry(&mut self, entry: &ConfigEntry<'_>) {
+        let ConfigEntry { section, subsection, key, value, .. } = *entry;
+        let header = (section.to_owned(), subsection.map(str::to_owned));
+        if self.current.as_ref() != Some(&header) {
+            match subsection {
+                Some(sub) => self.out.push_str(&format!("[{section} \"{}\"]\n", escape_subsection(sub))),
+                None => self.out.push_str(&format!("[{section}]\n")),
+            }
+            self.current = Some(header);
+        }
+        self.out.push_str(&format!("\t{key} = {}\n", encode_value(value)));
+    }
 }
 
 /// Whether the entry can be written back faithfully (names git would read
@@ -300,6 +362,50 @@ mod tests {
 
     fn filter(text: &str) -> FilteredConfig {
         filter_config(text.as_bytes(), location(), &|_| true)
+    }
+
+    #[test]
+    fn against_the_developers_version_their_entries_stay_and_the_agents_are_allowlisted() {
+        let developer = "[core]\n\trepositoryformatversion = 0\n\tfsmonitor = .git/hooks/watchman\n\
+                         [remote \"origin\"]\n\turl = git@github.com:dev/project.git\n\tfetch = +refs/heads/*:refs/remotes/origin/*\n\
+                         [branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n[alias]\n\tst = status\n";
+        // What `git remote add`, `git config user.name` and a planted key
+        // inside make of it (git keeps the other entries where they were).
+        let agents = format!(
+            "{developer}[remote \"local\"]\n\turl = /ws/bare.git\n\tfetch = +refs/heads/*:refs/remotes/local/*\n\
+             [user]\n\tname = Agent\n[core]\n\tpager = touch /tmp/pwned\n[branch \"work\"]\n\tremote = local\n\tmerge = refs/heads/work\n"
+        );
+        let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
+        let text = String::from_utf8_lossy(&out.text);
+        assert_eq!(out.dropped, ["core.pager"], "{text}");
+        for kept in [
+            "fsmonitor = .git/hooks/watchman",
+            "url = git@github.com:dev/project.git",
+            "st = status",
+            "url = /ws/bare.git",
+            "name = Agent",
+            "remote = local",
+        ] {
+            assert!(text.contains(kept), "{kept} missing: {text}");
+        }
+        // Without the developer's version, their keys would go too.
+        let plain = filter_config(agents.as_bytes(), location(), &|_| true);
+        assert!(plain.dropped.contains(&"core.fsmonitor".to_owned()) && plain.dropped.contains(&"remote.origin.url".to_owned()));
+    }
+
+    #[test]
+    fn a_developer_entry_the_agent_changed_or_removed_comes_back() {
+        let developer = "[remote \"origin\"]\n\turl = git@github.com:dev/project.git\n[alias]\n\tst = status\n";
+        let agents = "[remote \"origin\"]\n\turl = ext::sh -c touch% /tmp/pwned\n";
+        let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
+        let text = String::from_utf8_lossy(&out.text);
+        assert_eq!(out.dropped, ["remote.origin.url"]);
+        assert!(!text.contains("ext::"), "{text}");
+        assert!(text.contains("url = git@github.com:dev/project.git") && text.contains("st = status"), "{text}");
+        // Each occurrence is the developer's once: a copy the agent adds is judged.
+        let doubled = "[core]\n\tfsmonitor = x\n[core]\n\tfsmonitor = x\n";
+        let out = filter_config_against(doubled.as_bytes(), b"[core]\n\tfsmonitor = x\n", location(), &|_| true);
+        assert_eq!(out.dropped, ["core.fsmonitor"]);
     }
 
     #[test]
