@@ -26,11 +26,12 @@
 #                 sandbox: tar unpacks FILES files into a watched directory
 #                 (under target/), guard off and on; the guard thread's CPU,
 #                 tar's time, the final sweep
-#   gate [FILES] [ROUNDS]  what a fanotify permission gate (issue 30's candidate
-#                 mechanism, not built yet) costs the host's own processes: a
-#                 mount mark on a bind in the bench's private mount namespace
-#                 (under target/); git status, grep -r inside and outside the
-#                 workspace, gate off and on, lazy ignore marks outside
+#   gate [FILES] [ROUNDS]  what the Workspace Guard's gate (issue 30) costs
+#                 the host's own processes: the real guard and gate over a bind
+#                 in the bench's private mount namespace (under target/); git
+#                 status and grep -r inside the workspace (all files, files
+#                 changed in the run) and outside it (first and second pass,
+#                 the gate's ignore marks), gate off and on
 #   mounts        mount assembly time for 10/100/1000 ignored paths (issue 4)
 #   model         protocol model state counts and times (issue 6)
 #   journal [SIZES]  the journal machine's cost per entry as a Domain's

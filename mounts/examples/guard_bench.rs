@@ -114,6 +114,7 @@ fn round(ws: &Path, tar: &Path, quarantine: &Path, developer: Owner, on: bool) -
                     o.fetch_add(1, Ordering::Relaxed);
                 }
                 GuardEvent::Error(e) => eprintln!("guard error: {e}"),
+                GuardEvent::Refused(r) => eprintln!("{}", r.summary()),
             }),
         )?)
     } else {

@@ -445,6 +445,40 @@ pub fn close_raw_fd(fd: libc::c_int) {
     }
 }
 
+/// Takes ownership of an fd the kernel handed us inside a data buffer (a
+/// fanotify permission event's `fd`, which must stay open until the event
+/// is answered).
+pub fn own_raw_fd(fd: libc::c_int) -> OwnedFd {
+    // SAFETY: the kernel created this fd for us in the event just read;
+    // nothing else refers to it, so it is owned (and closed) exactly once.
+    unsafe { OwnedFd::from_raw_fd(fd) }
+}
+
+/// `ioctl(FIONREAD)`: how many bytes of events wait in a fanotify group's
+/// queue.
+pub fn queued_bytes(group: BorrowedFd<'_>) -> Result<u64, Errno> {
+    let mut n: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one int to the pointer, which is valid for
+    // the call.
+    let ret = unsafe { libc::ioctl(group.as_raw_fd(), libc::FIONREAD, &mut n as *mut libc::c_int) };
+    if ret < 0 {
+        return Err(Errno::last());
+    }
+    Ok(u64::try_from(n).unwrap_or(0))
+}
+
+/// Reads the first entries of the directory `dir` (`getdents64`) and
+/// throws them away: the read takes the directory's inode lock, so it
+/// returns only after a rename holding that lock has finished, its
+/// fsnotify events queued included (the gate's use).
+pub fn pass_directory_lock(dir: BorrowedFd<'_>) -> Result<(), Errno> {
+    let mut buffer = [0u8; 512];
+    // SAFETY: getdents64 writes at most `buffer.len()` bytes to the
+    // buffer, which is valid and writable for the call.
+    let ret = unsafe { libc::syscall(libc::SYS_getdents64, dir.as_raw_fd(), buffer.as_mut_ptr(), buffer.len()) };
+    if ret < 0 { Err(Errno::last()) } else { Ok(()) }
+}
+
 /// Sets the extended attribute `name` of `path` (not following a symlink
 /// at its last component: `lsetxattr`). Used by tests and tools to plant
 /// file capabilities; the guard itself only reads and removes them.

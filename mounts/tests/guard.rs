@@ -106,6 +106,80 @@ fn run_command(args: &[&str]) -> Result<(), String> {
             std::mem::forget(file);
             Ok(())
         }
+        ["rewrite-loop", path, content, millis] => {
+            // Writes `content` at `path` in place, again and again, for
+            // `millis` ms (failures ignored: the guard may be moving it).
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            let content = content.replace("\\n", "\n").replace("\\t", "\t");
+            while std::time::Instant::now() < until {
+                let _ = std::fs::write(path, &content);
+            }
+            Ok(())
+        }
+        ["swap-inject", stage, target, content, millis] => {
+            // A fresh config in `stage` (not a git dir by itself), then
+            // `stage` and `target` exchanged: a repository made by renaming
+            // a prepared directory, again and again.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            let content = content.replace("\\n", "\n").replace("\\t", "\t");
+            let config = Path::new(stage).join("config");
+            while std::time::Instant::now() < until {
+                let _ = std::fs::remove_file(&config);
+                let _ = std::fs::write(&config, &content);
+                let _ = nix::fcntl::renameat2(
+                    nix::fcntl::AT_FDCWD,
+                    *stage,
+                    nix::fcntl::AT_FDCWD,
+                    *target,
+                    nix::fcntl::RenameFlags::RENAME_EXCHANGE,
+                );
+            }
+            Ok(())
+        }
+        ["toggle-refs", git_dir, content, millis] => {
+            // Renames a fresh config into `git_dir`, then takes its `refs`
+            // away and back, again and again: a directory that is a git dir
+            // one moment and not the next.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            let content = content.replace("\\n", "\n").replace("\\t", "\t");
+            let dir = Path::new(git_dir);
+            let (refs, refs_away, config, temp) = (dir.join("refs"), dir.join("refs.x"), dir.join("config"), dir.join("config.tmp"));
+            while std::time::Instant::now() < until {
+                let _ = std::fs::write(&temp, &content);
+                let _ = std::fs::rename(&temp, &config);
+                let _ = std::fs::rename(&refs, &refs_away);
+                let _ = std::fs::rename(&refs_away, &refs);
+            }
+            Ok(())
+        }
+        ["plant-and-move", path, content, from, to, millis] => {
+            // Renames a fresh executable file into `path`, then `from` to
+            // `to` (and back, unless `from` is `path`), again and again: a
+            // control file moved away just after a host open of it.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            let content = content.replace("\\n", "\n").replace("\\t", "\t");
+            let temp = format!("{path}.tmp");
+            while std::time::Instant::now() < until {
+                let _ = std::fs::write(&temp, &content);
+                let _ = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(0o755));
+                let _ = std::fs::rename(&temp, path);
+                let _ = std::fs::rename(from, to);
+                if from != path {
+                    let _ = std::fs::rename(to, from);
+                }
+            }
+            Ok(())
+        }
+        ["blink-dir", path, millis] => {
+            // Makes and removes a directory at `path` every millisecond.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            while std::time::Instant::now() < until {
+                let _ = std::fs::create_dir(path);
+                let _ = std::fs::remove_dir(path);
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            Ok(())
+        }
         ["exit"] => Ok(()),
         other => Err(format!("unknown command {other:?}")),
     }
@@ -128,6 +202,30 @@ impl Sandbox {
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the sandbox helper");
+        let stdin = child.stdin.take().expect("stdin");
+        let stdout = BufReader::new(child.stdout.take().expect("stdout"));
+        Sandbox { child, stdin, stdout }
+    }
+
+    /// The helper as the developer (a developer agent), in a mount
+    /// namespace of its own, reaching `dir` through a bind mount made
+    /// there: its opens do not go through the mount the test's processes
+    /// use (as the gofer's do not), so the gate never sees them.
+    fn spawn_through_own_mount(dir: &Path) -> Sandbox {
+        let exe = std::env::current_exe().expect("current exe");
+        let drop_to = format!("--reuid={} --regid={} --clear-groups", DEVELOPER.uid, DEVELOPER.gid);
+        let script = format!("mount --bind \"$0\" \"$0\" && exec setpriv {drop_to} \"$@\"");
+        let mut child = Command::new("unshare")
+            .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+            .arg(dir)
+            .arg(exe)
+            .args(["sandbox_helper_process", "--exact", "--nocapture", "--test-threads=1"])
+            .env("LAZARET_GUARD_SANDBOX", "1")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn the sandbox helper (needs util-linux unshare and mount)");
         let stdin = child.stdin.take().expect("stdin");
         let stdout = BufReader::new(child.stdout.take().expect("stdout"));
         Sandbox { child, stdin, stdout }
@@ -972,4 +1070,296 @@ fn cost_case(case: &str, developer: Owner) {
             report.neutralised.len()
         );
     }
+}
+
+/// The gate: while the sandbox rewrites a new repository's config with
+/// `core.fsmonitor` in a loop (in place, or by renaming prepared git dirs
+/// into place), a host process reading that config never gets the
+/// agent's version; with the gate off the same loop is read. On a tmpfs
+/// in a private mount namespace, so that only this test's processes are
+/// gated.
+#[test]
+fn the_gate_keeps_host_opens_from_a_config_the_guard_has_not_judged() {
+    for renamed in [false, true] {
+        for gated in [true, false] {
+            let (leaked, reads, refused) = gate_race(gated, renamed);
+            eprintln!("gate {gated}, renamed {renamed}: {reads} host reads, {leaked} saw the agent's config, {refused} refused");
+            if gated {
+                assert_eq!(leaked, 0, "with the gate, no host read sees the unjudged config ({reads} reads, renamed {renamed})");
+            } else {
+                assert!(leaked > 0, "without the gate the race is won at least once in {reads} reads (the test can fail)");
+            }
+        }
+    }
+}
+
+/// One race of [`the_gate_keeps_host_opens_from_a_config_the_guard_has_not_judged`]:
+/// (host reads that saw the agent's config, host reads, refused reads).
+fn gate_race(gated: bool, renamed: bool) -> (usize, usize, usize) {
+    common::in_private_mount_ns(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = dir.path().canonicalize().expect("canonical");
+        let mount = base.join("mnt");
+        std::fs::create_dir(&mount).expect("mkdir");
+        nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=16m")).expect("mount tmpfs");
+        std::os::unix::fs::chown(&mount, Some(DEVELOPER.uid), Some(DEVELOPER.gid)).expect("chown the tmpfs");
+        let mut fx = Fixture::new();
+        fx.config.roots[0].path = mount.clone();
+        fx.config.changed_since = Some(std::time::SystemTime::now());
+        fx.config.gate = gated.then(guard::GateConfig::default);
+        fx.start();
+        let mut sb = Sandbox::spawn_through_own_mount(&mount);
+        fx.pids.lock().expect("pids").insert(sb.pid());
+        let git_dir = mount.join("tools/.git");
+        for d in ["objects", "refs"] {
+            sb.run(&["mkdir", s(&git_dir.join(d))]);
+        }
+        sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+        let evil = "[core]\\n\\tfsmonitor = agent-command\\n";
+        let loop_args: Vec<String> = if renamed {
+            let stage = mount.join("stage");
+            sb.run(&["mkdir", s(&stage)]);
+            sb.run(&["write", s(&stage.join("HEAD")), "ref: refs/heads/main\\n"]);
+            ["swap-inject", s(&stage), s(&git_dir), evil, "3000"].map(str::to_owned).to_vec()
+        } else {
+            ["rewrite-loop", s(&git_dir.join("config")), evil, "3000"].map(str::to_owned).to_vec()
+        };
+        // The host reads while the sandbox writes (another thread drives it).
+        let writer = std::thread::spawn(move || {
+            sb.run(&loop_args.iter().map(String::as_str).collect::<Vec<_>>());
+            sb
+        });
+        let (mut leaked, mut reads, mut refused) = (0, 0, 0);
+        let until = std::time::Instant::now() + std::time::Duration::from_millis(2500);
+        while std::time::Instant::now() < until {
+            let out = Command::new("cat").arg(git_dir.join("config")).output().expect("cat");
+            reads += 1;
+            if out.status.success() {
+                leaked += usize::from(String::from_utf8_lossy(&out.stdout).contains("fsmonitor"));
+            } else {
+                refused += 1;
+            }
+        }
+        drop(writer.join().expect("writer"));
+        if gated && !renamed {
+            let st = std::fs::metadata(git_dir.join("config")).expect("the config");
+            assert_eq!((st.uid(), st.mode() & 0o7777), (0, 0o444), "what the host reads is the guard's sealed copy");
+        }
+        drop(fx);
+        if gated && !renamed {
+            let st = std::fs::metadata(git_dir.join("config")).expect("the config");
+            assert_eq!((st.uid(), st.mode() & 0o7777), (DEVELOPER.uid, 0o644), "the guard's stop gives the sealed copy back");
+        }
+        nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).expect("umount");
+        (leaked, reads, refused)
+    })
+}
+
+/// A tmpfs in a private mount namespace with a gated guard on it (only
+/// this test's processes are gated): `prep` fills it as the developer's
+/// (before the run), then `body` gets the fixture, the mount and the
+/// sandbox.
+fn gated_tmpfs<R: Send>(
+    prep: impl FnOnce(&Path) + Send,
+    configure: impl FnOnce(&mut guard::GuardConfig) + Send,
+    body: impl FnOnce(&mut Fixture, &Path, Sandbox) -> R + Send,
+) -> R {
+    common::in_private_mount_ns(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mount = dir.path().canonicalize().expect("canonical").join("mnt");
+        std::fs::create_dir(&mount).expect("mkdir");
+        nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=64m")).expect("mount tmpfs");
+        prep(&mount);
+        let chowned = Command::new("chown").arg("-R").arg(format!("{}:{}", DEVELOPER.uid, DEVELOPER.gid)).arg(&mount).status();
+        assert!(chowned.expect("chown").success(), "chown the tmpfs");
+        // ctimes of the developer's files are then before the run's start.
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        let mut fx = Fixture::new();
+        fx.config.roots[0].path = mount.clone();
+        fx.config.changed_since = Some(std::time::SystemTime::now());
+        fx.config.gate = Some(guard::GateConfig::default());
+        configure(&mut fx.config);
+        fx.start();
+        let sb = Sandbox::spawn_through_own_mount(&mount);
+        fx.pids.lock().expect("pids").insert(sb.pid());
+        let result = body(&mut fx, &mount, sb);
+        drop(fx);
+        nix::mount::umount2(&mount, nix::mount::MntFlags::MNT_DETACH).expect("umount");
+        result
+    })
+}
+
+/// Runs `script` with `sh` in `dir` as the host would, for `millis` ms:
+/// (runs, runs whose output holds `needle`, runs that failed).
+fn host_loop(dir: &Path, script: &str, needle: &str, millis: u64) -> (usize, usize, usize) {
+    let (mut runs, mut seen, mut failed) = (0, 0, 0);
+    let until = std::time::Instant::now() + std::time::Duration::from_millis(millis);
+    while std::time::Instant::now() < until {
+        let out = Command::new("sh").arg("-c").arg(script).current_dir(dir).output().expect("sh");
+        runs += 1;
+        seen += usize::from(String::from_utf8_lossy(&out.stdout).contains(needle));
+        failed += usize::from(!out.status.success());
+    }
+    (runs, seen, failed)
+}
+
+/// [`host_loop`] while the sandbox runs its helper command `args` on
+/// another thread (the sandbox ends with it).
+fn host_loop_while_sandbox_runs(
+    mut sb: Sandbox,
+    args: &[&str],
+    dir: &Path,
+    script: &str,
+    needle: &str,
+    millis: u64,
+) -> (usize, usize, usize) {
+    let args: Vec<String> = args.iter().map(|a| (*a).to_owned()).collect();
+    let writer = std::thread::spawn(move || {
+        sb.run(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        sb
+    });
+    let result = host_loop(dir, script, needle, millis);
+    drop(writer.join().expect("writer"));
+    result
+}
+
+/// A gitfile's target whose `refs` the sandbox takes away and puts back
+/// while it renames configs in: the gate judges its config as a git dir's
+/// even at a moment when the marks are not all there (the host's git saw
+/// them a moment before). Found by review: 9 of 34 host `git status`
+/// runs ran the agent's fsmonitor.
+#[test]
+fn the_gate_judges_a_config_whose_git_dir_marks_come_and_go() {
+    gated_tmpfs(
+        |_| {},
+        |_| {},
+        |_fx, mount, mut sb| {
+            let git_dir = mount.join("gd");
+            for d in ["objects", "refs"] {
+                sb.run(&["mkdir", s(&git_dir.join(d))]);
+            }
+            sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+            sb.run(&["mkdir", s(&mount.join("tools"))]);
+            sb.run(&["write", s(&mount.join("tools/.git")), "gitdir: ../gd\\n"]);
+            let args = ["toggle-refs", s(&git_dir), "[core]\\n\\tfsmonitor = agent-command\\n", "3000"];
+            // What a host git does: find a git dir, then read its config.
+            let script = "test -e gd/HEAD && test -e gd/objects && test -e gd/refs || exit 0; exec cat gd/config";
+            let (runs, leaked, _) = host_loop_while_sandbox_runs(sb, &args, mount, script, "fsmonitor", 2500);
+            eprintln!("{runs} host reads, {leaked} saw the agent's config");
+            assert!(runs > 20, "the host read too seldom to tell ({runs})");
+            assert_eq!(leaked, 0, "a host read saw the agent's config in {runs} reads");
+        },
+    );
+}
+
+/// A config (or a hook) the sandbox renames away, or whose `hooks`
+/// directory it renames away and back, just after each host open: the
+/// gate finds the opened file under a name git never reads, and must
+/// still not let the agent's version through. Found in review of the
+/// first gate, which judged an open by the file's name at decision time.
+#[test]
+fn the_gate_refuses_a_control_file_the_sandbox_renames_away_as_it_is_opened() {
+    let evil_config = "[core]\\n\\tfsmonitor = agent-command\\n";
+    let evil_hook = "#!/bin/sh\\necho agent-hook-ran\\n";
+    let cases = [
+        ("config", "gd/config", evil_config, "gd/config", "gd/config.away", "exec cat gd/config", "fsmonitor"),
+        ("hooks dir", "gd/hooks/pre-commit", evil_hook, "gd/hooks", "gd/hooks.away", "exec gd/hooks/pre-commit", "agent-hook-ran"),
+    ];
+    for (case, path, content, from, to, script, needle) in cases {
+        let (runs, leaked, _) = gated_tmpfs(
+            |_| {},
+            |_| {},
+            |_fx, mount, mut sb| {
+                let git_dir = mount.join("gd");
+                for d in ["objects", "refs", "hooks"] {
+                    sb.run(&["mkdir", s(&git_dir.join(d))]);
+                }
+                sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+                let (path, from, to) = (mount.join(path), mount.join(from), mount.join(to));
+                let args = ["plant-and-move", s(&path), content, s(&from), s(&to), "3000"];
+                host_loop_while_sandbox_runs(sb, &args, mount, script, needle, 2500)
+            },
+        );
+        eprintln!("{case}: {runs} host runs, {leaked} got the agent's file");
+        assert!(runs > 20, "{case}: the host ran too seldom to tell ({runs})");
+        assert_eq!(leaked, 0, "{case}: a host open got the agent's file in {runs} runs");
+    }
+}
+
+/// A directory named `info` made and removed again and again (a build
+/// does such things) does not make the gate refuse the developer's opens:
+/// found by review, where every `cat` of a source file was refused.
+#[test]
+fn a_directory_named_info_coming_and_going_does_not_block_the_developer() {
+    gated_tmpfs(
+        |m| {
+            std::fs::create_dir_all(m.join("src")).expect("mkdir");
+            std::fs::create_dir_all(m.join("anything")).expect("mkdir");
+            std::fs::write(m.join("src/main.rs"), "fn main() {}\n").expect("write");
+        },
+        |_| {},
+        |_fx, mount, sb| {
+            let blinking = mount.join("anything/info");
+            let (runs, read, failed) =
+                host_loop_while_sandbox_runs(sb, &["blink-dir", s(&blinking), "2500"], mount, "exec cat src/main.rs", "fn main", 2000);
+            assert_eq!((failed, read), (0, runs), "the developer's reads of src/main.rs were refused");
+        },
+    );
+}
+
+/// A hook at the developer's own relative `core.hooksPath` that the
+/// sandbox rewrites in a loop: not a name the gate decides on, but the
+/// guard takes it away, and a host open waiting meanwhile is refused
+/// (found by review: 74 of 93 host reads got the agent's hook).
+#[test]
+fn a_hook_at_the_developers_hooks_path_is_never_read_while_the_sandbox_writes_it() {
+    gated_tmpfs(
+        |m| std::fs::create_dir_all(m.join("tools/.githooks")).expect("mkdir"),
+        |config| config.host_hooks_paths = vec![".githooks".into()],
+        |fx, mount, mut sb| {
+            let git_dir = mount.join("tools/.git");
+            for d in ["objects", "refs"] {
+                sb.run(&["mkdir", s(&git_dir.join(d))]);
+            }
+            sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+            let hook = mount.join("tools/.githooks/pre-commit");
+            let args = ["rewrite-loop", s(&hook), "#!/bin/sh\\necho agent-hook\\n", "3000"];
+            let (runs, leaked, _) =
+                host_loop_while_sandbox_runs(sb, &args, mount, "exec cat tools/.githooks/pre-commit", "agent-hook", 2500);
+            let taken = fx.neutralised().len();
+            eprintln!("{runs} host reads, {leaked} got the agent's hook, {taken} neutralisations");
+            assert!(taken > 0, "the guard took nothing away: the test cannot fail");
+            assert_eq!(leaked, 0, "a host read got the agent's hook in {runs} reads");
+        },
+    );
+}
+
+/// The developer's own control files during a run: a hook they write is
+/// read back, and a config they rename into place is read at once by
+/// their next command.
+#[test]
+fn the_developers_own_control_file_writes_are_not_refused() {
+    gated_tmpfs(
+        |m| {
+            let git_dir = m.join("tools/.git");
+            for d in ["objects", "refs", "hooks"] {
+                std::fs::create_dir_all(git_dir.join(d)).expect("mkdir");
+            }
+            std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n").expect("HEAD");
+            std::fs::write(git_dir.join("config"), "[core]\n\tbare = false\n").expect("config");
+        },
+        |_| {},
+        |_fx, mount, _sb| {
+            let sh = |script: &str| Command::new("sh").arg("-c").arg(script).current_dir(mount).status().expect("sh").success();
+            assert!(sh("printf '#!/bin/sh\\n' > tools/.git/hooks/pre-commit && cat tools/.git/hooks/pre-commit"), "a hook");
+            for _ in 0..20 {
+                assert!(
+                    sh(
+                        "cp tools/.git/config tools/.git/config.lock && mv tools/.git/config.lock tools/.git/config && cat tools/.git/config"
+                    ),
+                    "the developer's config rename, then a read"
+                );
+            }
+        },
+    );
 }

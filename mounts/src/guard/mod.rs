@@ -38,6 +38,7 @@
 
 pub mod classify;
 pub mod config_filter;
+pub mod gate;
 pub mod git_model;
 mod neutralise;
 pub mod quarantine;
@@ -48,6 +49,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+pub use gate::Refusal;
 pub use quarantine::{QuarantineLimits, QuarantineRecord, RestoredFile};
 pub use sweep::sweep;
 pub use watch::{Backend, Guard, probe_backend};
@@ -146,6 +148,18 @@ pub struct GuardConfig {
     /// makes: hooks there are quarantined
     /// ([`git_model::host_hook_dirs`]).
     pub host_hooks_paths: Vec<String>,
+    /// Gate host opens of git control files until the guard has decided
+    /// on them ([`gate`]); `None`: the guard acts after the fact only.
+    pub gate: Option<GateConfig>,
+}
+
+/// How the gate reaches the host's mounts.
+#[derive(Debug, Clone, Default)]
+pub struct GateConfig {
+    /// An fd of `/` in the mount namespace whose processes are gated (the
+    /// developer's), opened before the caller entered a private one;
+    /// `None`: this process's own `/`.
+    pub host_root: Option<Arc<std::os::fd::OwnedFd>>,
 }
 
 /// Decides whether a pid belongs to the sandbox (for the coordinator: "is
@@ -169,6 +183,8 @@ pub enum GuardEvent {
         /// How long that sweep took.
         sweep_time: Duration,
     },
+    /// The gate refused a host process's open (see [`gate`]).
+    Refused(Refusal),
     /// An event could not be handled (the path was not neutralised; the
     /// next sweep retries it). Shown, not fatal.
     Error(String),

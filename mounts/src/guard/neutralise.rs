@@ -9,10 +9,12 @@
 // re-resolution by path), hence their long parameter lists.
 #![allow(clippy::too_many_arguments)]
 
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::UNIX_EPOCH;
 
 use nix::errno::Errno;
@@ -81,6 +83,102 @@ pub(crate) struct Engine {
     /// repository ([`git_model::host_hook_dirs`]).
     host_hook_dirs: Vec<PathBuf>,
     depended: std::sync::Mutex<DependedPaths>,
+    /// Where a symlink at a name git reads was taken away (or such a name
+    /// vanished) since the last [`Engine::take_taint`]: the gate refuses
+    /// opens that may have gone through it.
+    taint: std::sync::Mutex<Option<String>>,
+    /// With a gate: the control files the guard kept are replaced by sealed
+    /// copies ([`Seals`]).
+    pub(crate) seals: Option<Arc<Seals>>,
+}
+
+/// Owner and mode of a sealed copy: root's, read-only, so that a developer
+/// agent cannot write it in place after the gate let a host process open
+/// it (it can only replace it, which the gate sees as a new file).
+const SEALED: (super::Owner, u32) = (super::Owner { uid: 0, gid: 0 }, 0o444);
+
+/// The control files the guard sealed in this run, by (device, inode),
+/// with their root and path: the gate allows host opens of these, and
+/// the guard's stop gives them back to the developer.
+///
+/// Also the files the guard took away or replaced (by device and inode):
+/// a host open of one that was waiting for the gate is refused, whatever
+/// its name (the opener holds the old file).
+#[derive(Default)]
+pub(crate) struct Seals {
+    files: std::sync::Mutex<HashMap<(u64, u64), (usize, PathBuf)>>,
+    taken: std::sync::Mutex<std::collections::HashSet<(u64, u64)>>,
+}
+
+/// Most taken files remembered (an open waits at most the gate's deadline,
+/// so only recent ones matter; past it the set starts over).
+const MAX_TAKEN: usize = 65_536;
+
+impl Seals {
+    fn insert(&self, file: FileVersion, root: usize, rel: &Path) {
+        self.lock().insert((file.dev, file.ino), (root, rel.to_owned()));
+    }
+
+    /// Whether `st` is a file the guard sealed at `rel` of `root`, still
+    /// sealed and still there (a sealed `commondir` moved elsewhere means
+    /// something else, and is judged again).
+    pub(crate) fn holds(&self, st: &FileStat, root: usize, rel: &Path) -> bool {
+        st.st_uid == SEALED.0.uid
+            && st.st_mode & 0o7777 == SEALED.1
+            && self.lock().get(&(st.st_dev, st.st_ino)).is_some_and(|(r, p)| *r == root && p == rel)
+    }
+
+    fn note_taken(&self, dev: u64, ino: u64) {
+        let mut taken = self.taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if taken.len() >= MAX_TAKEN {
+            taken.clear();
+        }
+        taken.insert((dev, ino));
+    }
+
+    /// Whether the guard took the file (device, inode) away or replaced it.
+    pub(crate) fn was_taken(&self, dev: u64, ino: u64) -> bool {
+        self.taken.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&(dev, ino))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), (usize, PathBuf)>> {
+        self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gives every sealed file still in place back to the developer (mode
+    /// 0644); returns what could not be.
+    pub(crate) fn unseal_all(&self, config: &GuardConfig) -> Vec<String> {
+        let mut errors = Vec::new();
+        let files: Vec<_> = self.lock().drain().collect();
+        for ((dev, ino), (root, rel)) in files {
+            let Some(root_cfg) = config.roots.get(root) else { continue };
+            let result = (|| -> Result<(), MountError> {
+                let root_fd = safe_path::open_root_dir(&root_cfg.path)?;
+                let Some(name) = rel.file_name() else { return Ok(()) };
+                let parent =
+                    safe_path::open_beneath(root_fd.as_fd(), rel.parent().unwrap_or(Path::new("")), OFlag::O_PATH | OFlag::O_DIRECTORY)?;
+                let Ok(st) = nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) else { return Ok(()) };
+                if (st.st_dev, st.st_ino) != (dev, ino) || safe_path::kind_of(&st) != FileKind::Regular {
+                    return Ok(()); // replaced since: not the guard's any more
+                }
+                let developer = config.developer;
+                nix::unistd::fchownat(
+                    &parent,
+                    name,
+                    Some(Uid::from_raw(developer.uid)),
+                    Some(Gid::from_raw(developer.gid)),
+                    AtFlags::AT_SYMLINK_NOFOLLOW,
+                )
+                .map_err(|e| MountError::sys("chown", &rel, e))?;
+                nix::sys::stat::fchmodat(&parent, name, Mode::from_bits_truncate(0o644), nix::sys::stat::FchmodatFlags::FollowSymlink)
+                    .map_err(|e| MountError::sys("chmod", &rel, e))
+            })();
+            if let Err(e) = result {
+                errors.push(format!("{}:{}: giving a sealed file back: {e}", root_cfg.label, lazaret_protocol::display::escaped(&rel)));
+            }
+        }
+        errors
+    }
 }
 
 /// Who caused what is being handled: an event's pid, or a sweep.
@@ -90,6 +188,11 @@ pub(crate) struct Cause {
     /// A walk of a directory renamed in: its entries keep the ctimes they
     /// had, so "changed during the run" says nothing about them.
     pub(crate) every_file: bool,
+    /// The file (device, inode) the event's writer has not closed yet
+    /// (created or written, no `FAN_CLOSE_WRITE` so far): it is not sealed
+    /// now, since a seal would swap it out under the writer and lose the
+    /// rest of its writes; its close's event seals it.
+    pub(crate) still_open: Option<(u64, u64)>,
 }
 
 impl Engine {
@@ -114,7 +217,88 @@ impl Engine {
         let quarantine = Quarantine::open(&config.quarantine_dir, config.quarantine_limits)?;
         let restored = quarantine.restored_marks();
         let host_hook_dirs = git_model::host_hook_dirs(config.host_hooks_paths.iter().map(String::as_str));
-        Ok(Engine { config, roots, quarantine, restored, host_hook_dirs, depended: Default::default() })
+        Ok(Engine {
+            config,
+            roots,
+            quarantine,
+            restored,
+            host_hook_dirs,
+            depended: Default::default(),
+            taint: Default::default(),
+            seals: None,
+        })
+    }
+
+    /// Where a symlink at a name git reads was taken away (or such a name
+    /// vanished) since the last call, if anywhere.
+    pub(crate) fn take_taint(&self) -> Option<String> {
+        self.taint.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take()
+    }
+
+    /// Owner and mode of a file the guard writes in place of a control file.
+    fn replacement(&self) -> (super::Owner, u32) {
+        if self.seals.is_some() { SEALED } else { (self.config.developer, 0o644) }
+    }
+
+    /// With a gate, replaces a control file the guard keeps as it is by a
+    /// sealed copy of the same bytes (unless it is one already), so that
+    /// what the gate lets the host read cannot change in place afterwards.
+    #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
+    fn seal(
+        &self,
+        root: usize,
+        rel: &Path,
+        parent: BorrowedFd<'_>,
+        name: &OsStr,
+        st: &FileStat,
+        contents: &[u8],
+        version: &FileVersion,
+        cause: Cause,
+        out: &mut Out,
+    ) {
+        let Some(seals) = &self.seals else { return };
+        if seals.holds(st, root, rel) || self.protected(root, rel) || cause.still_open == Some((version.dev, version.ino)) {
+            return;
+        }
+        // Noted before the exchange: a host open of it, waiting at the
+        // gate, must not find it under the temporary name as an ordinary
+        // file (it stays a judged file if the exchange is undone).
+        self.note_taken((version.dev, version.ino));
+        match replace_with(SEALED, rel, parent, name, &temp_name(), contents, Some(version)) {
+            Ok(Replaced::Placed(sealed)) => seals.insert(sealed, root, rel),
+            // Gone, or a newer version came: its own event seals it.
+            Ok(Replaced::Gone | Replaced::Newer) => {}
+            Err(e) => self.error(root, rel, format!("sealing: {e}"), out),
+        }
+    }
+
+    /// [`Engine::seal`] of what is at `name` now.
+    fn seal_current(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, cause: Cause, out: &mut Out) {
+        if self.seals.is_none() {
+            return;
+        }
+        match (read_regular_versioned(parent, name, MAX_CONTROL_FILE), nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW))
+        {
+            (Ok(Some((contents, version))), Ok(st)) => self.seal(root, rel, parent, name, &st, &contents, &version, cause, out),
+            (Err(e), _) => self.error(root, rel, format!("sealing: {e}"), out),
+            _ => {}
+        }
+    }
+
+    /// Notes that a host open may have gone through a symlink of the
+    /// sandbox at `rel` (a name git reads, in a git dir).
+    pub(crate) fn note_taint(&self, root: usize, rel: &Path) {
+        let at = format!("{}:{}", self.roots[root].label, lazaret_protocol::display::escaped(rel));
+        *self.taint.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(at);
+    }
+
+    /// Notes, with a gate, that the file `st` is no longer at its path
+    /// because the guard took it away or replaced it: a host open of it
+    /// that was waiting is refused.
+    fn note_taken(&self, (dev, ino): (u64, u64)) {
+        if let Some(seals) = &self.seals {
+            seals.note_taken(dev, ino);
+        }
     }
 
     /// Re-reads the restore log (after a restore while the guard runs).
@@ -209,6 +393,9 @@ impl Engine {
         out: &mut Out,
     ) -> Result<(), MountError> {
         let kind = safe_path::kind_of(st);
+        if self.seals.as_ref().is_some_and(|s| s.holds(st, root, rel)) {
+            return Ok(()); // the guard's own sealed copy
+        }
         let developer = self.config.developer;
         let foreign_uid = st.st_uid != developer.uid;
         // A group inherited from a setgid parent is normal: only a gid that
@@ -347,17 +534,14 @@ impl Engine {
     /// model ([`GitDirMarks`]: named `.git`, or `HEAD` and `commondir`, or
     /// `objects` and `refs`, entries of any type).
     pub(crate) fn is_git_dir(&self, root: usize, rel: &Path) -> bool {
-        let Ok(dir) = self.open_dir(root, rel) else { return false };
-        if classify::is_dot_git(rel) {
-            return true;
-        }
-        let mut marks = GitDirMarks::default();
-        for name in ["HEAD", "commondir", "objects", "refs"] {
-            if nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
-                marks.note(name.as_bytes());
-            }
-        }
-        marks.is_git_dir()
+        is_git_dir_at(self.roots[root].fd.as_fd(), rel)
+    }
+
+    /// Whether the directory holding `rel`, or the one above it (`hooks/`,
+    /// `info/`), is a git directory by the model.
+    pub(crate) fn in_git_dir(&self, root: usize, rel: &Path) -> bool {
+        let parent = rel.parent();
+        parent.into_iter().chain(parent.and_then(Path::parent)).any(|dir| self.is_git_dir(root, dir))
     }
 
     /// Whether a sweep leaves this git control entry alone: in a volume
@@ -484,7 +668,11 @@ impl Engine {
             Ok(Some(fd)) => safe_path::file_kind(fd.as_fd()).is_ok_and(|kind| kind != FileKind::Symlink),
             Err(_) => false,
         };
-        if inside.is_some_and(|paths| paths.iter().all(|p| plain(p) && self.path_ok(root, p))) {
+        // At a name git reads (`config`, `hooks`, `info`, a hook), git would
+        // read the target under another name, which the gate does not
+        // judge: never kept, wherever it leads.
+        let redirecting = super::gate::is_redirecting_name(rel);
+        if !redirecting && inside.is_some_and(|paths| paths.iter().all(|p| plain(p) && self.path_ok(root, p))) {
             return;
         }
         self.quarantine(
@@ -493,7 +681,11 @@ impl Engine {
             parent.as_fd(),
             name,
             &st,
-            "a symlink in a git dir leading out of the workspace or through another symlink (git would read what it names)",
+            if redirecting {
+                "a symlink in a git dir at a name git reads (git would read what it names as its config, hooks or attributes)"
+            } else {
+                "a symlink in a git dir leading out of the workspace or through another symlink (git would read what it names)"
+            },
             cause,
             out,
         )
@@ -665,7 +857,9 @@ impl Engine {
                     // are relative to the objects directory.
                     let objects_dir = rel.parent().and_then(Path::parent).unwrap_or(Path::new(""));
                     let inside = git_model::alternates_inside(&contents, &self.roots[root].path, objects_dir);
-                    if !inside.is_some_and(|paths| paths.iter().all(|p| self.path_ok(root, p))) {
+                    if inside.is_some_and(|paths| paths.iter().all(|p| self.path_ok(root, p))) {
+                        self.seal_current(root, rel, parent, name, cause, out)
+                    } else {
                         self.quarantine(
                             root,
                             rel,
@@ -698,8 +892,12 @@ impl Engine {
             // dir itself).
             (ControlFile::Commondir | ControlFile::Gitdir, _) if st.st_size == 0 => {}
             (ControlFile::Commondir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
-                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
-                Ok(Some(contents)) if classify::commondir_ok(git_dir, &String::from_utf8_lossy(&contents)) => {}
+                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {
+                    self.seal_current(root, rel, parent, name, cause, out)
+                }
+                Ok(Some(contents)) if classify::commondir_ok(git_dir, &String::from_utf8_lossy(&contents)) => {
+                    self.seal_current(root, rel, parent, name, cause, out)
+                }
                 Ok(None) => {}
                 Ok(Some(_)) => {
                     self.quarantine(root, rel, parent, name, &st, "a commondir that redirects git to another git directory", cause, out)
@@ -711,13 +909,17 @@ impl Engine {
             // is loaded through it. Another value would only steer `git
             // worktree repair` or `prune`.
             (ControlFile::Gitdir, _) => match read_regular(parent, name, MAX_CONTROL_FILE) {
-                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {}
+                Ok(Some(contents)) if contents.iter().all(u8::is_ascii_whitespace) => {
+                    self.seal_current(root, rel, parent, name, cause, out)
+                }
                 Ok(Some(contents)) => {
                     let text = String::from_utf8_lossy(&contents);
                     let value = text.trim_end_matches(['\n', '\r']);
                     let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
                     if !classify::back_link_ok(&text) && config_filter::workspace_relative(value, location).is_none() {
                         self.quarantine(root, rel, parent, name, &st, "a gitdir back-link that names no work tree's .git", cause, out)
+                    } else {
+                        self.seal_current(root, rel, parent, name, cause, out)
                     }
                 }
                 Ok(None) => {}
@@ -758,14 +960,20 @@ impl Engine {
             let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
             let filtered = config_filter::filter_config(&contents, location, &|p| self.path_ok(root, p));
             if !filtered.changes(&contents) {
-                return;
+                return self.seal(root, rel, parent, name, st, &contents, &version, cause, out);
             }
             // The last attempt replaces whatever is there: filtered wins over
             // an update that keeps racing.
             let exchange = attempt < ATTEMPTS;
-            match replace_with(self.config.developer, rel, parent, name, &temp_name(), &filtered.text, exchange.then_some(&version)) {
-                Ok(true) => {}
-                Ok(false) => continue,
+            self.note_taken((version.dev, version.ino));
+            match replace_with(self.replacement(), rel, parent, name, &temp_name(), &filtered.text, exchange.then_some(&version)) {
+                Ok(Replaced::Placed(filtered_version)) => {
+                    if let Some(seals) = &self.seals {
+                        seals.insert(filtered_version, root, rel);
+                    }
+                }
+                Ok(Replaced::Gone) => return,
+                Ok(Replaced::Newer) => continue,
                 // Never left as the agent wrote it: the original goes.
                 Err(e) => {
                     let reason = format!("a git config the guard could not filter ({e}): taken away whole");
@@ -819,9 +1027,11 @@ impl Engine {
             Verdict::Quarantine(reason) => return self.quarantine(root, rel, parent, name, st, reason, cause, out),
             Verdict::Rewrite { text, removed } => (text, removed),
         };
-        match replace_with(self.config.developer, rel, parent, name, &temp_name(), &text, Some(&version)) {
-            Ok(true) => {}
-            Ok(false) => return self.error(root, rel, "changed while it was checked; the next sweep checks it again", out),
+        self.note_taken((version.dev, version.ino));
+        match replace_with((self.config.developer, 0o644), rel, parent, name, &temp_name(), &text, Some(&version)) {
+            Ok(Replaced::Placed(_)) => {}
+            Ok(Replaced::Gone) => return,
+            Ok(Replaced::Newer) => return self.error(root, rel, "changed while it was checked; the next sweep checks it again", out),
             Err(e) => {
                 let reason = format!("operation state the guard could not rewrite ({e}): taken away whole");
                 return self.quarantine(root, rel, parent, name, st, &reason, cause, out);
@@ -855,6 +1065,10 @@ impl Engine {
         cause: Cause,
         out: &mut Out,
     ) {
+        if safe_path::kind_of(st) == FileKind::Symlink && super::gate::is_redirecting_name(rel) && self.in_git_dir(root, rel) {
+            self.note_taint(root, rel);
+        }
+        self.note_taken((st.st_dev, st.st_ino));
         match self.quarantine.take(&self.roots[root].label, rel, parent, name, st, reason) {
             Ok(id) => self.record(root, rel, Action::Quarantined, reason, Some(id), cause, out),
             Err(e) => self.error(root, rel, e, out),
@@ -923,22 +1137,26 @@ fn temp_name() -> String {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
     let mut hasher = std::hash::RandomState::new().build_hasher();
     hasher.write_u64(NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
-    format!(".lazaret-guard-{:016x}", hasher.finish())
+    format!("{TEMP_PREFIX}{:016x}", hasher.finish())
 }
+
+/// How the guard's temporary files are named: a replacement before it is
+/// renamed into place, or what an exchange took out of place.
+pub(crate) const TEMP_PREFIX: &str = ".lazaret-guard-";
 
 /// Puts `text` at `name` through the new file `temp`. With `expected`,
 /// the two are exchanged and the exchange is undone (returning false)
 /// unless what came out is still that version; a filesystem without
 /// `RENAME_EXCHANGE` gets a plain rename.
 fn replace_with(
-    developer: super::Owner,
+    (owner, mode): (super::Owner, u32),
     rel: &Path,
     parent: BorrowedFd<'_>,
     name: &OsStr,
     temp: &str,
     text: &[u8],
     expected: Option<&FileVersion>,
-) -> Result<bool, MountError> {
+) -> Result<Replaced, MountError> {
     let unlink_temp = || {
         let _ = nix::unistd::unlinkat(parent, temp, nix::unistd::UnlinkatFlags::NoRemoveDir);
     };
@@ -947,33 +1165,40 @@ fn replace_with(
         parent,
         temp,
         OFlag::O_WRONLY | OFlag::O_CREAT | OFlag::O_EXCL | OFlag::O_NOFOLLOW | OFlag::O_CLOEXEC,
-        Mode::from_bits_truncate(0o644),
+        Mode::from_bits_truncate(mode),
     )
     .map_err(|e| MountError::sys("create", rel, e))?;
-    let _ = nix::unistd::fchown(&fd, Some(Uid::from_raw(developer.uid)), Some(Gid::from_raw(developer.gid)));
+    let _ = nix::unistd::fchown(&fd, Some(Uid::from_raw(owner.uid)), Some(Gid::from_raw(owner.gid)));
+    // The umask may have narrowed it; a sealed file must have exactly this.
+    let _ = nix::sys::stat::fchmod(&fd, Mode::from_bits_truncate(mode));
+    // Which file is ours, from the fd: what is at `name` after the rename
+    // may already be someone else's.
+    let placed = match nix::sys::stat::fstat(&fd) {
+        Ok(st) => Replaced::Placed(FileVersion::of(&st)),
+        Err(e) => {
+            unlink_temp();
+            return Err(MountError::sys("fstat", rel, e));
+        }
+    };
     if let Err(e) = std::io::Write::write_all(&mut std::fs::File::from(fd), text) {
         unlink_temp();
         return Err(MountError::io("write", rel, e));
     }
     let exchange = |from: &str| nix::fcntl::renameat2(parent, from, parent, name, nix::fcntl::RenameFlags::RENAME_EXCHANGE);
-    let Some(expected) = expected else {
-        return nix::fcntl::renameat(parent, temp, parent, name).map(|()| true).map_err(|e| {
+    let plain_rename = || {
+        nix::fcntl::renameat(parent, temp, parent, name).map(|()| placed).map_err(|e| {
             unlink_temp();
             MountError::sys("rename", rel, e)
-        });
+        })
     };
+    let Some(expected) = expected else { return plain_rename() };
     match exchange(temp) {
         Ok(()) => {}
-        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => {
-            return nix::fcntl::renameat(parent, temp, parent, name).map(|()| true).map_err(|e| {
-                unlink_temp();
-                MountError::sys("rename", rel, e)
-            });
-        }
+        Err(Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP) => return plain_rename(),
         Err(Errno::ENOENT) => {
-            // The config went away meanwhile: nothing to filter.
+            // The file went away meanwhile: nothing to replace.
             unlink_temp();
-            return Ok(true);
+            return Ok(Replaced::Gone);
         }
         Err(e) => {
             unlink_temp();
@@ -983,12 +1208,23 @@ fn replace_with(
     let swapped_out = nix::sys::stat::fstatat(parent, temp, AtFlags::AT_SYMLINK_NOFOLLOW).ok();
     if swapped_out.is_some_and(|st| FileVersion::of(&st) == *expected) {
         unlink_temp();
-        return Ok(true);
+        return Ok(placed);
     }
     // A newer version came out: put it back and filter that instead.
     let undone = exchange(temp);
     unlink_temp();
-    undone.map(|()| false).map_err(|e| MountError::sys("rename", rel, e))
+    undone.map(|()| Replaced::Newer).map_err(|e| MountError::sys("rename", rel, e))
+}
+
+/// What [`replace_with`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Replaced {
+    /// The new file (this version of it) is at the name.
+    Placed(FileVersion),
+    /// Nothing was at the name any more: nothing placed.
+    Gone,
+    /// Another version than the expected one was there: left in place.
+    Newer,
 }
 
 /// Reads the regular file `name` of `dir` (never through a symlink; at
@@ -1051,6 +1287,23 @@ pub(crate) fn list_names(dir: OwnedFd) -> Vec<std::ffi::OsString> {
         .collect()
 }
 
+/// Whether the directory `rel` beneath `root` is a git directory by the
+/// model ([`GitDirMarks`]: named `.git`, or `HEAD` and `commondir`, or
+/// `objects` and `refs`, entries of any type); no symlink is followed.
+pub(crate) fn is_git_dir_at(root: BorrowedFd<'_>, rel: &Path) -> bool {
+    let Ok(dir) = safe_path::open_beneath(root, rel, OFlag::O_PATH | OFlag::O_DIRECTORY) else { return false };
+    if classify::is_dot_git(rel) {
+        return true;
+    }
+    let mut marks = GitDirMarks::default();
+    for name in ["HEAD", "commondir", "objects", "refs"] {
+        if nix::sys::stat::fstatat(&dir, name, AtFlags::AT_SYMLINK_NOFOLLOW).is_ok() {
+            marks.note(name.as_bytes());
+        }
+    }
+    marks.is_git_dir()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1070,13 +1323,18 @@ mod tests {
         let (_, first) = read_regular_versioned(parent.as_fd(), name, 1 << 20).expect("read").expect("regular");
         std::fs::write(dir.path().join("config.lock"), b"[core]\n\tfsmonitor = x\n[remote \"origin\"]\n\turl = /src\n").expect("write");
         std::fs::rename(dir.path().join("config.lock"), dir.path().join("config")).expect("rename");
-        let replaced = replace_with(owner(), Path::new("config"), parent.as_fd(), name, ".t1", b"[core]\n", Some(&first)).expect("replace");
-        assert!(!replaced, "the exchange is undone");
+        let replaced =
+            replace_with((owner(), 0o644), Path::new("config"), parent.as_fd(), name, ".t1", b"[core]\n", Some(&first)).expect("replace");
+        assert_eq!(replaced, Replaced::Newer, "the exchange is undone");
         let now = std::fs::read_to_string(dir.path().join("config")).expect("read");
         assert!(now.contains("url = /src"), "git's update is still there: {now}");
         // The version now there is filtered in turn.
         let (_, second) = read_regular_versioned(parent.as_fd(), name, 1 << 20).expect("read").expect("regular");
-        assert!(replace_with(owner(), Path::new("config"), parent.as_fd(), name, ".t2", b"[core]\n", Some(&second)).expect("replace"));
+        let placed =
+            replace_with((owner(), 0o644), Path::new("config"), parent.as_fd(), name, ".t2", b"[core]\n", Some(&second)).expect("replace");
+        let Replaced::Placed(new_file) = placed else { panic!("not placed: {placed:?}") };
+        let now = nix::sys::stat::stat(&dir.path().join("config")).expect("stat");
+        assert_eq!((new_file.dev, new_file.ino), (now.st_dev, now.st_ino), "the placed file is the one now at the name");
         assert_eq!(std::fs::read(dir.path().join("config")).expect("read"), b"[core]\n");
         let names: Vec<_> = std::fs::read_dir(dir.path()).expect("list").map(|e| e.expect("entry").file_name()).collect();
         assert_eq!(names, ["config"], "no temporary file left");

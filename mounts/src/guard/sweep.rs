@@ -47,7 +47,7 @@ pub(crate) fn sweep_engine(engine: &Engine) -> SweepReport {
 /// of entries seen. `every_file` ignores [`GuardConfig::changed_since`] (a
 /// directory renamed in keeps its entries' old ctimes).
 pub(crate) fn walk(engine: &Engine, root: usize, start: &Path, every_file: bool, out: &mut Out) -> u64 {
-    let cause = Cause { pid: None, every_file };
+    let cause = Cause { pid: None, every_file, still_open: None };
     let git_control = engine.roots[root].kind.has_git_control();
     let mut seen = 0;
     // Paths, not fds, wait on the stack (a wide tree would exhaust fds);

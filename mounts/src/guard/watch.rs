@@ -26,6 +26,7 @@
 
 use std::collections::HashMap;
 use std::ffi::OsStr;
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -37,6 +38,7 @@ use nix::errno::Errno;
 use nix::fcntl::{AtFlags, OFlag};
 use nix::poll::{PollFd, PollFlags, PollTimeout};
 
+use super::gate::{Gate, GateShared};
 use super::neutralise::{Cause, Engine, Out};
 use super::sweep::{sweep_engine, walk};
 use super::{EventSink, GuardConfig, GuardError, GuardEvent, PidFilter, SweepReport};
@@ -58,6 +60,10 @@ pub enum Backend {
 /// The events watched.
 const EVENT_MASK: u64 =
     libc::FAN_CREATE | libc::FAN_MOVED_TO | libc::FAN_ATTRIB | libc::FAN_CLOSE_WRITE | libc::FAN_MODIFY | libc::FAN_ONDIR;
+
+/// Watched too with a gate, which alone needs to know what left a name
+/// (a rename queues twice the events with it: the queue overflows sooner).
+const GATE_EVENTS: u64 = libc::FAN_MOVED_FROM;
 
 /// `fanotify_init` flags.
 const INIT_FLAGS: libc::c_uint = libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK | libc::FAN_REPORT_DFID_NAME;
@@ -96,8 +102,8 @@ fn new_group() -> Result<OwnedFd, GuardError> {
 
 /// Marks the filesystem of `dir`; `Ok(false)` if that filesystem cannot be
 /// watched this way.
-fn mark_filesystem(group: &OwnedFd, dir: &OwnedFd, path: &Path) -> Result<bool, GuardError> {
-    match crate::sys::fanotify_mark(group.as_fd(), libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM, EVENT_MASK, dir.as_fd(), Some(c".")) {
+fn mark_filesystem(group: &OwnedFd, dir: &OwnedFd, path: &Path, mask: u64) -> Result<bool, GuardError> {
+    match crate::sys::fanotify_mark(group.as_fd(), libc::FAN_MARK_ADD | libc::FAN_MARK_FILESYSTEM, mask, dir.as_fd(), Some(c".")) {
         Ok(()) => Ok(true),
         Err(Errno::EXDEV | Errno::ENODEV | Errno::EOPNOTSUPP | Errno::EINVAL) => Ok(false),
         Err(errno) => {
@@ -111,12 +117,14 @@ fn mark_filesystem(group: &OwnedFd, dir: &OwnedFd, path: &Path) -> Result<bool, 
 pub fn probe_backend(path: &Path) -> Result<Backend, GuardError> {
     let group = new_group()?;
     let dir = safe_path::open_root_dir(path)?;
-    Ok(if mark_filesystem(&group, &dir, path)? { Backend::Fanotify } else { Backend::SweepOnly })
+    Ok(if mark_filesystem(&group, &dir, path, EVENT_MASK)? { Backend::Fanotify } else { Backend::SweepOnly })
 }
 
 /// Requests to the guard thread.
 enum Command {
     Settle(mpsc::Sender<()>),
+    /// The gate waits for the queue to be handled: drain now.
+    GateDrain,
     Stop,
 }
 
@@ -129,6 +137,11 @@ pub struct Guard {
     wake: OwnedFd,
     backends: Vec<Backend>,
     config: GuardConfig,
+    /// Dropped after the final sweep: the kernel lets every open through
+    /// once it is gone.
+    gate: Option<Gate>,
+    /// What the guard sealed (with a gate), given back at the stop.
+    seals: Option<std::sync::Arc<super::neutralise::Seals>>,
 }
 
 impl Guard {
@@ -138,7 +151,9 @@ impl Guard {
     /// thread). Does not sweep: call [`super::sweep`] first when restarting
     /// a guard over a Domain that ran without one.
     pub fn start(config: GuardConfig, is_sandbox: PidFilter, sink: EventSink) -> Result<Guard, GuardError> {
-        let engine = Engine::open(config.clone())?;
+        let mut engine = Engine::open(config.clone())?;
+        let seals = config.gate.as_ref().map(|_| std::sync::Arc::new(super::neutralise::Seals::default()));
+        engine.seals = seals.clone();
         let group = new_group()?;
         let mut backends = Vec::new();
         let mut fsids = Vec::new();
@@ -146,13 +161,28 @@ impl Guard {
         for root in &engine.roots {
             // open_by_handle_at refuses O_PATH fds as its mount fd.
             mount_fds.push(safe_path::open_beneath(root.fd.as_fd(), Path::new(""), OFlag::O_RDONLY | OFlag::O_DIRECTORY)?);
-            let watched = mark_filesystem(&group, &root.fd, &root.path)?;
+            let mask = if config.gate.is_some() { EVENT_MASK | GATE_EVENTS } else { EVENT_MASK };
+            let watched = mark_filesystem(&group, &root.fd, &root.path, mask)?;
             backends.push(if watched { Backend::Fanotify } else { Backend::SweepOnly });
             fsids.push(crate::sys::fsid(root.fd.as_fd()).map_err(|e| MountError::sys("fstatfs", &root.path, e))?);
         }
         let (wake_read, wake_write) =
             nix::unistd::pipe2(OFlag::O_CLOEXEC | OFlag::O_NONBLOCK).map_err(|e| MountError::sys("pipe2", "guard", e))?;
         let (commands, receiver) = mpsc::channel();
+        let gate_shared = match &config.gate {
+            None => None,
+            Some(_) => {
+                let queue = group.try_clone().map_err(|e| MountError::io("dup", "fanotify group", e))?;
+                let (sender, wake) = (commands.clone(), wake_write.try_clone().map_err(|e| MountError::io("dup", "guard wake pipe", e))?);
+                let sender = std::sync::Mutex::new(sender);
+                let request: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+                    if sender.lock().unwrap_or_else(std::sync::PoisonError::into_inner).send(Command::GateDrain).is_ok() {
+                        let _ = nix::unistd::write(&wake, &[1]);
+                    }
+                });
+                Some(std::sync::Arc::new(GateShared::new(queue, request, seals.clone().unwrap_or_default())?))
+            }
+        };
         let mut state = LoopState {
             engine,
             group,
@@ -164,12 +194,25 @@ impl Guard {
             mount_fds,
             sweep_pending: false,
             resweep_pending: false,
+            gate: gate_shared.clone(),
         };
         let thread = std::thread::Builder::new()
             .name("workspace-guard".into())
-            .spawn(move || state.run())
+            .spawn(move || {
+                let _stopped = LoopStopped(state.gate.clone());
+                state.run()
+            })
             .map_err(|e| MountError::io("spawn", "workspace-guard", e))?;
-        Ok(Guard { thread: Some(thread), commands, wake: wake_write, backends, config })
+        let mut guard = Guard { thread: Some(thread), commands, wake: wake_write, backends, config, gate: None, seals };
+        if let (Some(gate), Some(shared)) = (&guard.config.gate, gate_shared) {
+            let host_root = match &gate.host_root {
+                Some(fd) => fd.try_clone().map_err(|e| MountError::io("dup", "/", e))?,
+                None => OwnedFd::from(std::fs::File::open("/").map_err(|e| MountError::io("open", "/", e))?),
+            };
+            // On failure `guard` is dropped: the loop stops.
+            guard.gate = Some(Gate::start(&guard.config, &host_root, shared)?);
+        }
+        Ok(guard)
     }
 
     /// The backend used for each root, in [`GuardConfig::roots`] order.
@@ -190,7 +233,26 @@ impl Guard {
     /// Stops the thread, then runs a final [`super::sweep`] and returns it.
     pub fn stop(mut self) -> Result<SweepReport, GuardError> {
         self.halt();
-        super::sweep(&self.config)
+        let mut report = super::sweep(&self.config);
+        let unsealed = self.unseal();
+        if let Ok(report) = &mut report {
+            report.errors.extend(unsealed);
+        }
+        if let (Some(gate), true) = (&self.gate, report.is_ok()) {
+            gate.final_sweep_done();
+        }
+        self.gate = None;
+        report
+    }
+
+    /// Gives the sealed control files back to the developer.
+    fn unseal(&mut self) -> Vec<String> {
+        self.seals.take().map(|s| s.unseal_all(&self.config)).unwrap_or_default()
+    }
+
+    /// Whether host opens are gated (see [`super::gate`]).
+    pub fn gated(&self) -> bool {
+        self.gate.is_some()
     }
 
     fn send(&self, command: Command) -> Result<(), GuardError> {
@@ -210,6 +272,7 @@ impl Guard {
 impl Drop for Guard {
     fn drop(&mut self) {
         self.halt();
+        let _ = self.unseal();
     }
 }
 
@@ -230,6 +293,21 @@ struct LoopState {
     /// Something appeared where a kept git value leads through: sweep once
     /// the queue is drained.
     resweep_pending: bool,
+    /// Shared with the gate, when there is one.
+    gate: Option<std::sync::Arc<GateShared>>,
+}
+
+/// Tells the gate when the loop ends by a panic: what waits for it is then
+/// refused at once. (A stop is followed by the final sweep, which decides
+/// what waits: [`Guard::stop`].)
+struct LoopStopped(Option<std::sync::Arc<GateShared>>);
+
+impl Drop for LoopStopped {
+    fn drop(&mut self) {
+        if let (Some(gate), true) = (&self.0, std::thread::panicking()) {
+            gate.loop_stopped();
+        }
+    }
 }
 
 /// One parsed event (in a batch: every event of one entry, merged).
@@ -274,6 +352,7 @@ impl LoopState {
                             self.engine.reload_restored();
                             let _ = reply.send(());
                         }
+                        Command::GateDrain => self.drain(&mut buffer),
                         Command::Stop => return,
                     }
                 }
@@ -284,8 +363,19 @@ impl LoopState {
     /// Reads and handles events until the queue is empty, then runs the
     /// sweep an overflow asked for.
     fn drain(&mut self, buffer: &mut [u8]) {
+        // Events read but not yet counted as handled for the gate: held
+        // back while a sweep is due, which is their handling.
+        let mut unpublished = 0u64;
         loop {
-            let length = match nix::unistd::read(&self.group, buffer) {
+            if let Some(gate) = &self.gate {
+                gate.reading();
+            }
+            let read = nix::unistd::read(&self.group, buffer);
+            let events = read.as_ref().map_or(0, |&n| event_count(&buffer[..n]));
+            if let Some(gate) = &self.gate {
+                gate.read_done(events);
+            }
+            let length = match read {
                 Ok(0) | Err(Errno::EAGAIN) => break,
                 Ok(n) => n,
                 Err(Errno::EINTR) => continue,
@@ -298,18 +388,34 @@ impl LoopState {
             let mut overflow = false;
             let mut batch = Batch::default();
             let mut pids = PidMemo::default();
+            let mut developer = Batch::default();
+            let mut moved_away = Batch::default();
             for_each_event(&buffer[..length], |event| match event {
                 Parsed::Overflow => overflow = true,
+                // Only the gate needs to know what left a name.
+                Parsed::Event(event) if event.mask & libc::FAN_MOVED_FROM != 0 => {
+                    if self.gate.is_some() && pids.accepts(event.pid, &*self.is_sandbox) {
+                        moved_away.add(event);
+                    }
+                }
                 Parsed::Event(event) => {
                     if self.wanted(&event, &mut pids) {
                         batch.add(event);
+                    } else if self.gate.is_some() && developer_control_write(&event) {
+                        developer.add(event);
                     }
                 }
             });
             self.handle_batch(&batch, &mut out);
+            self.note_developer_writes(&developer, &batch);
+            self.note_moved_away(&moved_away);
             self.sweep_pending |= overflow;
             self.resweep_pending |= out.sweep;
             self.emit(out);
+            unpublished += events;
+            if !(self.sweep_pending || self.resweep_pending) {
+                self.publish(std::mem::take(&mut unpublished));
+            }
         }
         let overflowed = std::mem::take(&mut self.sweep_pending);
         if overflowed | std::mem::take(&mut self.resweep_pending) {
@@ -322,6 +428,21 @@ impl LoopState {
             if overflowed {
                 (self.sink)(GuardEvent::Overflow { sweep_time });
             }
+        }
+        self.publish(unpublished);
+    }
+
+    /// Tells the gate that `events` more of the queue are handled (a
+    /// symlink taken away in them first), and reports what the gate
+    /// refused.
+    fn publish(&mut self, events: u64) {
+        let Some(gate) = self.gate.clone() else { return };
+        if let Some(cause) = self.engine.take_taint() {
+            gate.taint(cause);
+        }
+        gate.handled(events);
+        for refusal in gate.take_refusals() {
+            (self.sink)(GuardEvent::Refused(refusal));
         }
     }
 
@@ -341,11 +462,73 @@ impl LoopState {
         if modify_only && !MODIFY_NAMES.contains(&event.name) {
             return false;
         }
-        pids.accepts(event.pid, &*self.is_sandbox)
+        let sandbox = pids.accepts(event.pid, &*self.is_sandbox);
+        let dir_moved = event.mask & (libc::FAN_MOVED_TO | libc::FAN_ONDIR) == libc::FAN_MOVED_TO | libc::FAN_ONDIR;
+        if !sandbox && dir_moved && event.pid != std::process::id() {
+            // Perhaps from outside into a root, with the gate's ignore mark.
+            if let Some(gate) = &self.gate {
+                gate.directory_moved();
+            }
+        }
+        sandbox
     }
 
-    /// Handles the entries of one batch, each directory resolved once.
+    /// Tells the gate which control files the developer (not the sandbox)
+    /// wrote last, as they are now; an entry the sandbox also touched in
+    /// this batch is the guard's to judge.
+    fn note_developer_writes(&self, developer: &Batch<'_>, sandbox: &Batch<'_>) {
+        let Some(gate) = &self.gate else { return };
+        for event in &developer.entries {
+            let key = ((event.fsid, event.handle_type, event.handle), event.name, false);
+            if sandbox.index.contains_key(&key) {
+                continue;
+            }
+            let Some((_, _, dir)) = self.resolve_dir(event) else { continue };
+            if let Ok(st) = nix::sys::stat::fstatat(&dir, OsStr::from_bytes(event.name), AtFlags::AT_SYMLINK_NOFOLLOW) {
+                if safe_path::kind_of(&st) == FileKind::Regular {
+                    gate.developer_wrote(&st);
+                }
+            }
+        }
+    }
+
+    /// Tells the gate whether the sandbox moved a git control entry away
+    /// (a control file, or a `hooks` or `info` directory of a git dir): a
+    /// host open of the file that was there finds it under another name.
+    fn note_moved_away(&self, moved: &Batch<'_>) {
+        let Some(gate) = &self.gate else { return };
+        self.each_resolved(moved, |event, root, dir_rel, _| {
+            if !self.engine.roots[root].kind.has_git_control() {
+                return ControlFlow::Continue(());
+            }
+            let in_git_dir = || gate.is_or_was_git_dir(self.engine.roots[root].fd.as_fd(), dir_rel);
+            let matters = if event.mask & libc::FAN_ONDIR != 0 {
+                matches!(event.name, b"hooks" | b"info") && in_git_dir()
+            } else {
+                let rel = dir_rel.join(OsStr::from_bytes(event.name));
+                let by_name = matches!(event.name, b"alternates" | b"http-alternates") || dir_rel.file_name() == Some(OsStr::new("hooks"));
+                super::gate::is_control_name(&rel) && (by_name || in_git_dir() || self.engine.in_git_dir(root, &rel))
+            };
+            if matters {
+                gate.control_moved_away();
+                return ControlFlow::Break(());
+            }
+            ControlFlow::Continue(())
+        });
+    }
+
+    /// Handles the entries of one batch.
     fn handle_batch(&self, batch: &Batch<'_>, out: &mut Out) {
+        self.each_resolved(batch, |event, root, dir_rel, dir| {
+            self.handle(event, root, dir_rel, dir, out);
+            ControlFlow::Continue(())
+        });
+    }
+
+    /// Calls `each` with every entry of `batch` whose directory is
+    /// (verifiably) in a root, each directory resolved once, until it
+    /// breaks.
+    fn each_resolved<'a>(&self, batch: &Batch<'a>, mut each: impl FnMut(&RawEvent<'a>, usize, &Path, BorrowedFd<'_>) -> ControlFlow<()>) {
         let mut dirs: HashMap<DirKey<'_>, Option<(usize, PathBuf, OwnedFd)>> = HashMap::new();
         for event in &batch.entries {
             if dirs.len() >= DIR_CACHE {
@@ -353,7 +536,9 @@ impl LoopState {
             }
             let resolved = dirs.entry((event.fsid, event.handle_type, event.handle)).or_insert_with(|| self.resolve_dir(event));
             if let Some((root, dir_rel, dir)) = resolved {
-                self.handle(event, *root, dir_rel, dir.as_fd(), out);
+                if each(event, *root, dir_rel, dir.as_fd()).is_break() {
+                    return;
+                }
             }
         }
     }
@@ -361,7 +546,16 @@ impl LoopState {
     /// Handles one entry of the sandbox (its events merged; see the module
     /// documentation) in the verified directory `dir` (`dir_rel` in `root`).
     fn handle(&self, event: &RawEvent<'_>, root: usize, dir_rel: &Path, dir: BorrowedFd<'_>, out: &mut Out) {
-        let cause = Cause { pid: Some(event.pid), every_file: false };
+        let mut cause = Cause { pid: Some(event.pid), every_file: false, still_open: None };
+        let written = event.mask & (libc::FAN_CREATE | libc::FAN_MODIFY) != 0 && event.mask & libc::FAN_ONDIR == 0;
+        // Only a gate's guard seals.
+        if self.gate.is_some() && written && event.mask & (libc::FAN_CLOSE_WRITE | libc::FAN_MOVED_TO) == 0 && !event.name.is_empty() {
+            // Its writer may still be writing (`echo x > alternates`: the
+            // create's event can come before the write).
+            cause.still_open = nix::sys::stat::fstatat(dir, OsStr::from_bytes(event.name), AtFlags::AT_SYMLINK_NOFOLLOW)
+                .ok()
+                .map(|st| (st.st_dev, st.st_ino));
+        }
         if event.name.is_empty() || event.name == b"." {
             // An event on the directory itself.
             let Some(name) = dir_rel.file_name().map(OsStr::to_os_string) else { return };
@@ -379,10 +573,15 @@ impl LoopState {
 
     #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
     fn handle_entry(&self, root: usize, rel: &Path, parent: BorrowedFd<'_>, name: &OsStr, mask: u64, cause: Cause, out: &mut Out) {
+        let git_control = self.engine.roots[root].kind.has_git_control();
+        if let (Some(gate), true) = (&self.gate, git_control && super::git_model::GitDirMarks::is_mark(name.as_bytes())) {
+            if let Ok(dir) = nix::sys::stat::fstat(parent) {
+                gate.note_git_dir(&dir);
+            }
+        }
         if self.engine.protected(root, rel) {
             return;
         }
-        let git_control = self.engine.roots[root].kind.has_git_control();
         if mask & METADATA_EVENTS == 0 {
             // Only written: its content may matter to git, nothing else.
             if git_control {
@@ -397,8 +596,20 @@ impl LoopState {
         }
         let st = match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(st) => st,
-            Err(_) => return, // gone already
+            Err(_) => {
+                // Gone already: if it was a symlink at a name git reads in
+                // a git dir, a host open meanwhile may have gone through
+                // it (a directory there cannot have been one).
+                let made = mask & (libc::FAN_CREATE | libc::FAN_MOVED_TO) != 0 && mask & libc::FAN_ONDIR == 0;
+                if git_control && made && super::gate::is_redirecting_name(rel) && self.engine.in_git_dir(root, rel) {
+                    self.engine.note_taint(root, rel);
+                }
+                return;
+            }
         };
+        if let Some(gate) = &self.gate {
+            gate.sandbox_touched(&st);
+        }
         self.engine.fix_entry(root, rel, parent, name, &st, cause, out);
         if git_control {
             self.engine.check_git_event(root, rel, cause, out);
@@ -444,6 +655,16 @@ impl LoopState {
     }
 }
 
+/// Whether an event of a process outside the sandbox may have changed a
+/// git control file (by name: resolving every developer event would cost
+/// their builds).
+fn developer_control_write(event: &RawEvent<'_>) -> bool {
+    event.mask & libc::FAN_ONDIR == 0
+        && event.pid != std::process::id()
+        && (super::gate::is_control_name(Path::new(OsStr::from_bytes(event.name)))
+            || super::git_model::HOOK_NAMES.iter().any(|h| h.as_bytes() == event.name))
+}
+
 /// A directory as events name it: filesystem, handle type and handle.
 type DirKey<'a> = ([u8; 8], i32, &'a [u8]);
 
@@ -452,12 +673,15 @@ type DirKey<'a> = ([u8; 8], i32, &'a [u8]);
 #[derive(Default)]
 struct Batch<'a> {
     entries: Vec<RawEvent<'a>>,
-    index: HashMap<(DirKey<'a>, &'a [u8]), usize>,
+    /// By directory, name, and whether the event was on a directory (a
+    /// name that was a file and then a directory in one batch is two
+    /// entries: what it was first must not hide under `FAN_ONDIR`).
+    index: HashMap<(DirKey<'a>, &'a [u8], bool), usize>,
 }
 
 impl<'a> Batch<'a> {
     fn add(&mut self, event: RawEvent<'a>) {
-        let key = ((event.fsid, event.handle_type, event.handle), event.name);
+        let key = ((event.fsid, event.handle_type, event.handle), event.name, event.mask & libc::FAN_ONDIR != 0);
         match self.index.get(&key) {
             Some(&at) => self.entries[at].mask |= event.mask,
             None => {
@@ -502,6 +726,20 @@ fn u32_at(b: &[u8], at: usize) -> Option<u32> {
 }
 fn u64_at(b: &[u8], at: usize) -> Option<u64> {
     Some(u64::from_ne_bytes(b.get(at..at + 8)?.try_into().ok()?))
+}
+
+/// How many events a buffer read from the queue holds (the unit of the
+/// gate's count: see [`super::gate`]).
+fn event_count(buffer: &[u8]) -> u64 {
+    let (mut offset, mut count) = (0, 0);
+    while let Some(len) = u32_at(buffer, offset).map(|l| l as usize) {
+        if len < 24 || offset + len > buffer.len() {
+            break;
+        }
+        offset += len;
+        count += 1;
+    }
+    count
 }
 
 /// Parses a buffer of fanotify events (`struct fanotify_event_metadata`
