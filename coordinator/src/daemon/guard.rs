@@ -14,7 +14,11 @@
 //!   shown as one line on every session's terminal
 //!   ([`CoordinatorMessage::Notice`], which the client prints on its stderr
 //!   on a line of its own), at most [`NOTICE_BURST`] per second, then one
-//!   line saying how many more `lazaret audit` lists. Ownership given back
+//!   line saying how many more `lazaret audit` lists. Opens the gate
+//!   refused have a budget of their own (the gate already reports a path at
+//!   most once a second), so a flood of neutralisations cannot hide them;
+//!   the ones over it are counted, and all are in `coordinator.log`.
+//!   Ownership given back
 //!   to the developer is routine, not a neutralisation of anything the
 //!   agent planted: it is counted in the log, not journalled file by file.
 //! - **Sweeps**: at the end of each session
@@ -65,6 +69,28 @@ const OWNERSHIP_LOG_LINES: usize = 10;
 const RUN_MARKER: &str = "guard-run.json";
 /// How long [`DomainGuard::finish`] waits for the sandbox's processes to die.
 const QUIESCE_WAIT: Duration = Duration::from_secs(2);
+
+/// The test hook that turns the gate off (the guard then acts after the
+/// fact only), so that a test can show the attack the gate stops.
+const GATE_HOOK: &str = "LAZARET_TEST_GUARD_GATE";
+
+/// Whether the test hook turns the gate off for this coordinator.
+fn gate_disabled_by_test_hook() -> bool {
+    std::env::var("LAZARET_TEST_HOOKS").as_deref() == Ok("1") && std::env::var(GATE_HOOK).as_deref() == Ok("off")
+}
+
+/// An fd of `/` in the developer's mount namespace, opened before the
+/// Domain's init entered a private one ([`keep_host_root`]): the gate
+/// marks the developer's mounts through it.
+static HOST_ROOT: std::sync::OnceLock<Arc<std::os::fd::OwnedFd>> = std::sync::OnceLock::new();
+
+/// Keeps an fd of this process's `/` for the gate; call before leaving the
+/// developer's mount namespace.
+pub fn keep_host_root() -> std::io::Result<()> {
+    let root = std::fs::File::open("/")?;
+    let _ = HOST_ROOT.set(Arc::new(root.into()));
+    Ok(())
+}
 
 /// Whether the test hook turns the guard off for this coordinator.
 pub fn disabled_by_test_hook() -> bool {
@@ -263,7 +289,17 @@ impl DomainGuard {
     ) -> Result<(DomainGuard, Vec<String>), guard::GuardError> {
         let mut warnings = Vec::new();
         let begun = Instant::now();
-        let config = crate::workspace_guard::guard_config(ctx, &guarded, Some(started));
+        let mut config = crate::workspace_guard::guard_config(ctx, &guarded, Some(started));
+        if gate_disabled_by_test_hook() {
+            log("workspace guard: gate OFF (test hook LAZARET_TEST_GUARD_GATE=off): host opens are not gated in this run");
+            warnings.push(format!("the Workspace Guard's gate is OFF for this Domain (test hook {GATE_HOOK}=off)"));
+        } else {
+            let host_root = HOST_ROOT.get().cloned();
+            if host_root.is_none() {
+                log("workspace guard: no fd of the developer's / was kept; the gate marks this namespace's mounts");
+            }
+            config.gate = Some(guard::GateConfig { host_root });
+        }
         let marker = marker_path(ctx);
         let (tx, rx) = channel();
         let mut guard = DomainGuard {
@@ -413,15 +449,35 @@ fn alive(pid: u32) -> bool {
 /// The reporter thread's state: notice rate limiting and the ownership count.
 struct Reporter {
     window: Instant,
-    shown: usize,
-    suppressed: usize,
+    neutralised: Burst,
+    refused: Burst,
     owners: usize,
     profile: String,
 }
 
+/// One kind of notice line in the current second: shown, and held back.
+#[derive(Default)]
+struct Burst {
+    shown: usize,
+    suppressed: usize,
+}
+
+/// Which [`Burst`] a notice counts against.
+#[derive(Clone, Copy)]
+enum NoticeKind {
+    Neutralised,
+    Refused,
+}
+
 impl Reporter {
     fn new(d: &Domain) -> Reporter {
-        Reporter { window: Instant::now(), shown: 0, suppressed: 0, owners: 0, profile: d.ctx.profile.name.clone() }
+        Reporter {
+            window: Instant::now(),
+            neutralised: Burst::default(),
+            refused: Burst::default(),
+            owners: 0,
+            profile: d.ctx.profile.name.clone(),
+        }
     }
 
     fn run(&mut self, d: &Domain, config: &GuardConfig, engine: &Mutex<Option<Guard>>, rx: Receiver<Report>) {
@@ -441,6 +497,7 @@ impl Reporter {
                     log(&format!("workspace guard: the event queue overflowed; swept everything in {sweep_time:?}"))
                 }
                 Report::Event(GuardEvent::Error(e)) => log(&format!("workspace guard: {e}")),
+                Report::Event(GuardEvent::Refused(r)) => self.refused(d, &r),
                 Report::Sweep(why) => {
                     // Events already queued first, so both never act on one file.
                     if let Some(g) = engine.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
@@ -502,23 +559,43 @@ impl Reporter {
             }
             live.sessions.values().map(|s| s.link.clone()).collect()
         };
+        self.notice(&links, summary, NoticeKind::Neutralised);
+    }
+
+    /// A host open the gate refused: the log and the terminals (the gate
+    /// reports a path at most once a second).
+    fn refused(&mut self, d: &Domain, r: &guard::Refusal) {
+        let summary = r.summary();
+        log(&summary);
+        let links: Vec<_> = d.live().sessions.values().map(|s| s.link.clone()).collect();
+        self.notice(&links, summary, NoticeKind::Refused);
+    }
+
+    /// Shows a line on the terminals, at most [`NOTICE_BURST`] a second of
+    /// each kind.
+    fn notice(&mut self, links: &[Arc<super::escalation::SessionLink>], summary: String, kind: NoticeKind) {
         if self.window.elapsed() >= Duration::from_secs(1) {
-            self.flush_suppressed_to(&links);
+            self.flush_suppressed_to(links);
             self.window = Instant::now();
-            self.shown = 0;
+            self.neutralised.shown = 0;
+            self.refused.shown = 0;
         }
-        if self.shown < NOTICE_BURST {
-            self.shown += 1;
-            for l in &links {
+        let burst = match kind {
+            NoticeKind::Neutralised => &mut self.neutralised,
+            NoticeKind::Refused => &mut self.refused,
+        };
+        if burst.shown < NOTICE_BURST {
+            burst.shown += 1;
+            for l in links {
                 l.send(&CoordinatorMessage::Notice { text: summary.clone() });
             }
         } else {
-            self.suppressed += 1;
+            burst.suppressed += 1;
         }
     }
 
     fn flush_suppressed(&mut self, d: &Domain) {
-        if self.suppressed == 0 {
+        if self.neutralised.suppressed + self.refused.suppressed == 0 {
             return;
         }
         let links: Vec<_> = d.live().sessions.values().map(|s| s.link.clone()).collect();
@@ -526,14 +603,20 @@ impl Reporter {
     }
 
     fn flush_suppressed_to(&mut self, links: &[Arc<super::escalation::SessionLink>]) {
-        if self.suppressed == 0 {
-            return;
+        let neutralised = std::mem::take(&mut self.neutralised.suppressed);
+        let refused = std::mem::take(&mut self.refused.suppressed);
+        let mut lines = Vec::new();
+        if neutralised > 0 {
+            lines.push(format!("workspace guard: and {neutralised} more neutralisation(s); `lazaret audit {}` lists them", self.profile));
         }
-        let text = format!("workspace guard: and {} more neutralisation(s); `lazaret audit {}` lists them", self.suppressed, self.profile);
-        for l in links {
-            l.send(&CoordinatorMessage::Notice { text: text.clone() });
+        if refused > 0 {
+            lines.push(format!("workspace guard: and {refused} more refused open(s); the Domain's coordinator.log lists them"));
         }
-        self.suppressed = 0;
+        for text in lines {
+            for l in links {
+                l.send(&CoordinatorMessage::Notice { text: text.clone() });
+            }
+        }
     }
 }
 

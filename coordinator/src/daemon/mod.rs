@@ -200,6 +200,10 @@ fn crash_point(point: &str) {
 /// PID 1 of the Domain's PID namespace: private mounts and /proc, fork the
 /// coordinator, reap everything until it exits.
 fn namespace_init(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status: StatusPipe, signals: &mut Signals) -> i32 {
+    // The gate marks the developer's mounts, not this namespace's copies.
+    if let Err(e) = guard::keep_host_root() {
+        return status.fail(&format!("opening / for the Workspace Guard's gate: {e}"));
+    }
     if let Err(e) = lazaret_mounts::enter_private_mount_namespace() {
         return status.fail(&e);
     }
