@@ -131,10 +131,12 @@ fn build_workspace(env: &TestEnv) {
 /// "repositories created during a run" (B). `$M` is the host's marker
 /// directory, `$W` the workspace.
 const CONTROL_ROUTES: &[(&str, &str)] = &[
-    // A1: a linked worktree added in the run gets its own config.worktree.
+    // A1: a linked worktree added in the run gets its own config.worktree
+    // (renamed into place: the guard seals the one git made, root's and
+    // read-only, so writing it in place fails).
     (
         "a1-new-worktree-config",
-        "git -C $W worktree add -q $W/wt2 -b wt2-branch; printf '[core]\\n\\tfsmonitor = touch %s/a1\\n' $M > $W/.git/worktrees/wt2/config.worktree",
+        "git -C $W worktree add -q $W/wt2 -b wt2-branch; printf '[core]\\n\\tfsmonitor = touch %s/a1\\n' $M > $W/.git/worktrees/wt2/cw.tmp; mv -f $W/.git/worktrees/wt2/cw.tmp $W/.git/worktrees/wt2/config.worktree",
     ),
     // A2: a commondir created in Git Sentry's own submodule gitdir points
     // git at a configuration the agent wrote.
@@ -765,4 +767,132 @@ fn audit_lists_a_quarantined_hook_and_restore_puts_it_back() {
     }
     env.assert_nothing_left();
     env.assert_journal_conforms();
+}
+
+/// The developer's `git status` on the host, as a shell prompt or an
+/// editor runs it: in `dir` itself, or with `git -C dir` from `from`.
+fn host_status(dir: &Path, from: Option<&Path>) -> std::process::Output {
+    match from {
+        Some(from) => developer_git(from, &["-C", &dir.to_string_lossy(), "status", "--porcelain"]),
+        None => developer_git(dir, &["status", "--porcelain"]),
+    }
+}
+
+/// What [`rewrite_race`] saw: the markers the host's git made (what ran),
+/// how many host runs there were, the session's stderr, and the host's
+/// `git status` in a repository whose config the agent held open for
+/// writing (a file the guard cannot seal yet).
+struct RaceOutcome {
+    ran: Vec<String>,
+    runs: usize,
+    stderr: String,
+    held_open: std::process::Output,
+}
+
+/// Issue 30's race, end to end: while the agent rewrites new
+/// repositories' configs with `core.fsmonitor` in loops (in place, with
+/// `git config`, and by renaming a prepared directory into place as
+/// `.git`), the developer's git runs `git status` in them (from inside and
+/// with `git -C`) every few milliseconds for ten seconds.
+///
+/// Whether the gate refuses anything in the race itself depends on who
+/// wins it (a fast guard seals each config before the host looks), so it
+/// says nothing about whether the gate was on. What does, every time: the
+/// host's `git status` while the agent holds a config open that it wrote
+/// (the guard seals a file only once its writer closed it, so the gate
+/// must refuse it; without the gate git reads it).
+fn rewrite_race(gate_off: bool) -> (RaceOutcome, TestEnv) {
+    let mut env = developer_env("");
+    if gate_off {
+        env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+        env.env.push(("LAZARET_TEST_GUARD_GATE".into(), "off".into()));
+    }
+    let ws = env.workspace.clone();
+    commit_file(&ws, "tracked.txt");
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let script = format!(
+        "M={m}; W={w}; git init -q $W/tools && git init -q $W/t2 && mkdir -p $W/r3 && git init -q $W/held || exit 1; \
+         rm -f $W/held/.git/config; exec 3>$W/held/.git/config; printf '[core]\\n\\trepositoryformatversion = 0\\n' >&3; \
+         echo held; read go; exec 3>&-; echo ready; \
+         end=$(( $(date +%s) + 12 )); \
+         ( while [ $(date +%s) -lt $end ]; do {{ printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/in-place\\n' $M > $W/tools/.git/config; }} 2>/dev/null; done ) & \
+         ( while [ $(date +%s) -lt $end ]; do git -C $W/t2 config core.fsmonitor \"touch $M/git-config\" 2>/dev/null; done ) & \
+         ( while [ $(date +%s) -lt $end ]; do rm -rf $W/.stage; mkdir -p $W/.stage/objects; \
+             printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/renamed\\n' $M > $W/.stage/config; \
+             echo 'ref: refs/heads/main' > $W/.stage/HEAD; mkdir $W/.stage/refs; mv $W/.stage $W/r3/.git; rm -rf $W/r3/.git; done ) & \
+         wait; echo done",
+        m = marker_dir.display(),
+        w = ws.display()
+    );
+    let mut session = PipedSession::script(&env, &script);
+    session.expect_line("held", "the agent's repositories");
+    let held_open = host_status(&ws.join("held"), None);
+    session.send(b"go\n");
+    session.expect_line("ready", "the agent's repositories");
+    let (mut runs, start) = (0, std::time::Instant::now());
+    while start.elapsed() < std::time::Duration::from_secs(10) {
+        for repo in ["tools", "t2", "r3"] {
+            let dir = ws.join(repo);
+            let _ = host_status(&dir, None);
+            let _ = host_status(&dir, Some(&ws));
+            runs += 2;
+        }
+    }
+    // The developer's own repository stays usable meanwhile.
+    let own = host_status(&ws, None);
+    assert!(own.status.success(), "the developer's git in the workspace failed during the run: {}", text(&own.stderr));
+    let (status, rest, stderr) = session.finish();
+    assert_eq!(status, Some(0), "stdout: {rest:?}\nstderr: {stderr}");
+    assert!(rest.iter().any(|l| l == "done"), "{rest:?}");
+    (RaceOutcome { ran: markers(&marker_dir), runs, stderr, held_open }, env)
+}
+
+#[test]
+fn a_config_rewritten_in_a_loop_is_never_read_by_the_hosts_git() {
+    let (RaceOutcome { ran, runs, stderr, held_open }, env) = rewrite_race(false);
+    println!("gate on: {runs} host git runs; ran {ran:?}\n{stderr}");
+    assert!(ran.is_empty(), "the host's git ran what the agent wrote, in {runs} runs: {ran:?}");
+    let refused_held =
+        stderr.lines().any(|l| l.starts_with("lazaret: workspace guard: refused ") && l.contains("workspace:held/.git/config"));
+    assert!(
+        refused_held,
+        "the gate did not refuse the config the agent held open (was it on?); the host's git said {:?}: {stderr}",
+        text(&held_open.stderr)
+    );
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+    // The sealed copies are the developer's again, and what the host's git
+    // now reads of the agent's keys is the filtered version.
+    let ws = env.workspace.clone();
+    for repo in ["tools", "t2"] {
+        let config = ws.join(repo).join(".git/config");
+        let st = fs::metadata(&config).expect("config");
+        assert_eq!((st.uid(), st.mode() & 0o222 != 0), (test_user().0, true), "{} is the developer's and writable again", config.display());
+        let listed = dev_git_ok(&ws.join(repo), &["config", "--list", "--show-origin"]);
+        assert!(!listed.contains("fsmonitor"), "{repo}: {listed}");
+    }
+    host_git_everywhere(&ws, &["tools", "t2", "r3"]);
+    assert!(markers(&marker_dir_of(&env)).is_empty());
+    env.assert_nothing_left();
+}
+
+#[test]
+fn without_the_gate_the_same_race_is_won_by_the_agent() {
+    let (RaceOutcome { ran, runs, stderr, held_open }, env) = rewrite_race(true);
+    println!("gate off: {runs} host git runs; ran {ran:?}\n{stderr}");
+    assert!(!ran.is_empty(), "with the gate off the agent never won the race in {runs} runs: the test cannot fail");
+    assert!(
+        held_open.status.success() && !stderr.contains("refused"),
+        "with the gate off the host's git still could not read the config the agent held open: {:?}\n{stderr}",
+        text(&held_open.stderr)
+    );
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+    env.assert_nothing_left();
+}
+
+/// The marker directory [`marker_dir`] made for `env`.
+fn marker_dir_of(env: &TestEnv) -> PathBuf {
+    env.scratch.join("markers")
 }
