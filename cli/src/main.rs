@@ -941,8 +941,7 @@ fn journal(
 
 /// `SECONDS` since the epoch as `YYYY-MM-DD HH:MM:SS` (UTC).
 fn humantime_utc(seconds: u64) -> String {
-    let t = lazaret_protocol::utc::Utc::from_unix(seconds);
-    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}", t.year, t.month, t.day, t.hour, t.minute, t.second)
+    lazaret_protocol::utc::Utc::from_unix(seconds).readable()
 }
 
 #[cfg(test)]

@@ -49,7 +49,7 @@ pub mod trust;
 pub mod workspace_guard;
 
 /// Exit status of `lazaret` for its own failures, distinct from the agent's.
-pub const LAZARET_FAILED: i32 = 125;
+pub const LAZARET_FAILED: i32 = lazaret_protocol::session::EXIT_FAILED;
 
 /// Exit status of a coordinator that lost the lock race (another one owns
 /// the Domain): the launcher simply connects to that one.

@@ -10,8 +10,7 @@ pub(crate) fn now_rfc3339() -> String {
 
 /// Formats seconds since the Unix epoch as an RFC 3339 UTC timestamp.
 pub(crate) fn rfc3339(secs: u64) -> String {
-    let t = lazaret_protocol::utc::Utc::from_unix(secs);
-    format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", t.year, t.month, t.day, t.hour, t.minute, t.second)
+    lazaret_protocol::utc::Utc::from_unix(secs).rfc3339()
 }
 
 #[cfg(test)]

@@ -42,6 +42,16 @@ impl Utc {
             second: (rest % 60) as u32,
         }
     }
+
+    /// RFC 3339 in whole seconds: `YYYY-MM-DDTHH:MM:SSZ`.
+    pub fn rfc3339(&self) -> String {
+        format!("{:04}-{:02}-{:02}T{:02}:{:02}:{:02}Z", self.year, self.month, self.day, self.hour, self.minute, self.second)
+    }
+
+    /// For people, as `lazaret` prints times: `YYYY-MM-DD HH:MM:SS` (UTC).
+    pub fn readable(&self) -> String {
+        format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}", self.year, self.month, self.day, self.hour, self.minute, self.second)
+    }
 }
 
 #[cfg(test)]
@@ -54,5 +64,15 @@ mod tests {
         // 2000-02-29, a leap day of a century year divisible by 400.
         assert_eq!(Utc::from_unix(11_016 * 86_400 + 3_723), Utc { year: 2000, month: 2, day: 29, hour: 1, minute: 2, second: 3 });
         assert_eq!(Utc::from_unix(1_796_165_040).year, 2026);
+    }
+
+    #[test]
+    fn formats() {
+        assert_eq!(Utc::from_unix(0).rfc3339(), "1970-01-01T00:00:00Z");
+        assert_eq!(Utc::from_unix(0).readable(), "1970-01-01 00:00:00");
+        // The leap day of 2024, the last second of the day.
+        let leap = Utc::from_unix(1_709_251_199);
+        assert_eq!(leap.rfc3339(), "2024-02-29T23:59:59Z");
+        assert_eq!(leap.readable(), "2024-02-29 23:59:59");
     }
 }

@@ -13,11 +13,11 @@ use std::path::{Path, PathBuf};
 /// runsc's exit status when a command fails before the container process runs.
 pub const RUNSC_FATAL: i32 = 128;
 /// Exit status when the agent's command was not found (as POSIX shells).
-pub const EXIT_NOT_FOUND: i32 = 127;
+pub const EXIT_NOT_FOUND: i32 = lazaret_protocol::session::EXIT_NOT_FOUND;
 /// Exit status when the agent's command exists but cannot be executed.
-pub const EXIT_NOT_EXECUTABLE: i32 = 126;
+pub const EXIT_NOT_EXECUTABLE: i32 = lazaret_protocol::session::EXIT_NOT_EXECUTABLE;
 /// Exit status when runsc failed for any other reason (Lazaret's failure).
-pub const EXIT_RUNSC_FAILED: i32 = 125;
+pub const EXIT_RUNSC_FAILED: i32 = lazaret_protocol::session::EXIT_FAILED;
 
 /// Why `runsc exec` did not start the agent.
 #[derive(Debug, Clone, PartialEq, Eq)]

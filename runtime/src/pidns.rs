@@ -30,6 +30,8 @@ use nix::sys::termios;
 use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::{ForkResult, Pid};
 
+use lazaret_protocol::session::EXIT_FAILED;
+
 use crate::ExitStatus;
 use crate::signals::Signals;
 
@@ -76,7 +78,7 @@ pub fn run_as_namespace_init(signals: &mut Signals, init: impl FnOnce(&mut Signa
             // parent holds the write end; EOF means it is gone.)
             drop(alive_w);
             if nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).is_err() || parent_gone(&alive_r) {
-                std::process::exit(125);
+                std::process::exit(EXIT_FAILED);
             }
             drop(alive_r);
             let code = init(signals);
@@ -114,7 +116,7 @@ fn wait_forwarding(signals: &mut Signals, child: Pid) -> ExitStatus {
                 }
             }
             Err(nix::errno::Errno::EINTR) => continue,
-            Err(_) => return ExitStatus(125),
+            Err(_) => return ExitStatus(EXIT_FAILED),
         }
         if let Some((sig, from_process)) = signals.wait_next() {
             if from_process && matches!(sig, Signal::SIGTERM | Signal::SIGHUP) {

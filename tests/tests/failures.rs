@@ -4,9 +4,8 @@
 use std::os::unix::fs::PermissionsExt;
 use std::process::Output;
 
+use lazaret_coordinator::LAZARET_FAILED;
 use lazaret_tests::*;
-
-const LAZARET_FAILED: i32 = 125;
 
 fn assert_refused(env: &TestEnv, out: &Output, needles: &[&str]) {
     let err = text(&out.stderr);
