@@ -168,10 +168,13 @@ pub fn reset_profile_state(config: Option<&Path>, profile: &str) -> Result<Profi
 /// the workspace's Ignored Workspace State and Git Sentry binds right after
 /// the workspace. Host mountpoints made are appended to `mounted` (for the
 /// caller's clean-up). Warnings go to stderr; `log_only` writes a line to
-/// the Domain's log alone (what sticky isolation kept isolated). Also
-/// returns Git Sentry's git directories outside the workspace, bound
-/// read-write (a linked worktree's common directory), for the Workspace
-/// Guard.
+/// the Domain's log alone (what sticky isolation kept isolated).
+/// `gated_configs`: the repositories' own configs are left writable for
+/// the Workspace Guard's gate (only when it runs). Also returns what the
+/// Workspace Guard needs of Git Sentry: its git directories outside the
+/// workspace, bound read-write (a linked worktree's common directory), and
+/// the configs left writable.
+#[allow(clippy::too_many_arguments)] // the start-up stage's inputs, each named
 pub fn assemble(
     ctx: &Context,
     image: &ImageRecord,
@@ -179,8 +182,9 @@ pub fn assemble(
     run_dir: &RunDir,
     mounted: &mut Vec<PathBuf>,
     base: Vec<BindMount>,
+    gated_configs: bool,
     log_only: &dyn Fn(&str),
-) -> Result<(Vec<BindMount>, Vec<PathBuf>), FilesystemError> {
+) -> Result<(Vec<BindMount>, SentryForGuard), FilesystemError> {
     ctx.paths.ensure_storage().map_err(ContextError::from)?;
     let domain_root = ctx.paths.ensure_domain_root(&ctx.domain_id).map_err(ContextError::from)?;
 
@@ -197,6 +201,7 @@ pub fn assemble(
         isolate_gitignored: ctx.profile.isolate_gitignored,
         host_git: HostGitSettings::for_home(Some(ctx.developer.home.clone())),
         sandbox_workspace: workspace.clone(),
+        gate_repository_configs: gated_configs,
     };
     let workspace_plan = plan::plan_workspace(&workspace, &domain_root, &opts)?;
     for w in workspace_plan.warnings.iter().chain(&workspace_plan.sentry.warnings) {
@@ -231,7 +236,17 @@ pub fn assemble(
             binds.extend(assembled.binds.iter().cloned());
         }
     }
-    Ok((binds, workspace_plan.sentry.outside_git_dirs.clone()))
+    let sentry = workspace_plan.sentry;
+    Ok((binds, SentryForGuard { outside_git_dirs: sentry.outside_git_dirs, gated_configs: sentry.gated_configs }))
+}
+
+/// What the Workspace Guard needs of Git Sentry's plan besides the binds.
+#[derive(Debug, Clone, Default)]
+pub struct SentryForGuard {
+    /// Git directories outside the workspace, bound read-write.
+    pub outside_git_dirs: Vec<PathBuf>,
+    /// Repository configs left writable, with the developer's versions.
+    pub gated_configs: Vec<lazaret_mounts::git_sentry::GatedConfig>,
 }
 
 /// The agent CLI whose own state directory (where it takes settings that

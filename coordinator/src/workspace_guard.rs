@@ -43,6 +43,12 @@ pub struct GuardedPaths {
     /// like the workspace.
     #[serde(default)]
     pub git_dirs: Vec<PathBuf>,
+    /// Repository configs in the workspace that the sandbox may write,
+    /// judged by the guard's gate, with the developer's versions (kept in
+    /// the crash-recovery marker: a crashed run's sweep filters against
+    /// them).
+    #[serde(default)]
+    pub gated_configs: Vec<lazaret_mounts::git_sentry::GatedConfig>,
 }
 
 impl GuardedPaths {
@@ -58,7 +64,7 @@ impl GuardedPaths {
                 Err(_) => {}
             }
         }
-        GuardedPaths { protected, git_dirs }
+        GuardedPaths { protected, git_dirs, gated_configs: Vec::new() }
     }
 }
 
@@ -148,6 +154,7 @@ pub fn guard_config(ctx: &Context, guarded: &GuardedPaths, changed_since: Option
         developer: Owner { uid: ctx.developer.uid, gid: ctx.developer.gid },
         quarantine_dir: layout::quarantine_dir(&domain_root),
         protected: guarded.protected.clone(),
+        developer_configs: guarded.gated_configs.clone(),
         changed_since,
         host_hooks_paths: developer_hooks_paths(ctx),
         ..GuardConfig::default()
@@ -261,7 +268,7 @@ pub fn audit(config: Option<&Path>, profile: Option<&str>, dir: &Path) -> Result
 pub fn restore(config: Option<&Path>, profile: Option<&str>, dir: &Path, id: &str) -> Result<RestoredFile, AuditError> {
     require_root()?;
     let ctx = Context::resolve(config, profile, dir)?;
-    let guard = guard_config(&ctx, &GuardedPaths { protected: Vec::new(), git_dirs: workspace_git_dirs(ctx.workspace.root()) }, None);
+    let guard = guard_config(&ctx, &GuardedPaths { git_dirs: workspace_git_dirs(ctx.workspace.root()), ..GuardedPaths::default() }, None);
     let known = if guard.quarantine_dir.is_dir() { lazaret_mounts::guard::quarantine::list(&guard.quarantine_dir)? } else { Vec::new() };
     if !known.iter().any(|r| r.id == id) {
         return Err(AuditError::NoSuchEntry { id: id.to_string(), dir: guard.quarantine_dir, profile: ctx.profile.name.clone() });
@@ -363,8 +370,7 @@ fn join_quarantine(mut entries: Vec<AuditEntry>, records: Vec<QuarantineRecord>)
 
 /// Milliseconds since the epoch as `YYYY-MM-DD HH:MM:SS` UTC.
 pub fn format_utc(time_ms: u64) -> String {
-    let t = lazaret_protocol::utc::Utc::from_unix(time_ms / 1000);
-    format!("{:04}-{:02}-{:02} {:02}:{:02}:{:02}", t.year, t.month, t.day, t.hour, t.minute, t.second)
+    lazaret_protocol::utc::Utc::from_unix(time_ms / 1000).readable()
 }
 
 #[cfg(test)]
@@ -408,7 +414,7 @@ mod tests {
         assert_eq!(guarded.git_dirs, [PathBuf::from("/home/d/main/.git")]);
         // A crash-recovery marker of an older build has no git_dirs.
         let old: GuardedPaths = serde_json::from_str(r#"{"protected":[".git/config"]}"#).expect("old marker");
-        assert_eq!(old, GuardedPaths { protected: vec![PathBuf::from(".git/config")], git_dirs: Vec::new() });
+        assert_eq!(old, GuardedPaths { protected: vec![PathBuf::from(".git/config")], ..GuardedPaths::default() });
     }
 
     fn line(path: &str, id: Option<&str>, t: u64) -> String {

@@ -44,6 +44,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             isolate_gitignored: true,
             host_git: HostGitSettings { home: Some(dir.path().join("home")), xdg_config_home: None, system_config: None },
             sandbox_workspace: "/workspace".into(),
+            gate_repository_configs: false,
         };
         let domain = dir.path().join("domain");
         let (mut plan_times, mut assemble_times) = (Vec::new(), Vec::new());

@@ -115,6 +115,7 @@ fn round(ws: &Path, tar: &Path, quarantine: &Path, developer: Owner, on: bool) -
                 }
                 GuardEvent::Error(e) => eprintln!("guard error: {e}"),
                 GuardEvent::Refused(r) => eprintln!("{}", r.summary()),
+                GuardEvent::Failed(e) => eprintln!("guard failed: {e}"),
             }),
         )?)
     } else {

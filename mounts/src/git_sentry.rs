@@ -22,6 +22,12 @@
 //! pinned (see [`SentryPlan::pinned`]). Index, HEAD, refs, objects and logs
 //! stay writable.
 //!
+//! When the Workspace Guard runs with its gate (and the agent is not root),
+//! each repository's own `config` in the workspace is left writable
+//! instead ([`SentryPlan::gate_repository_configs`]): the gate keeps the
+//! host's opens of what the sandbox writes there until the guard has
+//! filtered it against the version recorded here.
+//!
 //! Missing `hooks/` and `info/` of a common git dir, a missing
 //! `config.worktree` when `extensions.worktreeConfig` is on, a missing
 //! in-workspace `core.hooksPath` directory and a missing in-workspace include
@@ -60,6 +66,23 @@ pub struct ProtectedPath {
     pub path: GitDirPath,
     /// Directory or regular file (binds are dir-over-dir, file-over-file).
     pub kind: FileKind,
+    /// A repository's own `config` (not a file some config includes, nor
+    /// the developer's global config): [`SentryPlan::gate_repository_configs`]
+    /// can leave it writable for the Workspace Guard's gate to judge.
+    pub repository_config: bool,
+}
+
+/// A repository's own `config` in the workspace that the sandbox may
+/// write (issue 30): instead of a read-only bind, the Workspace Guard's
+/// gate keeps the host's opens of the sandbox's versions until the guard
+/// has filtered them against `developer` (the developer's entries kept,
+/// the sandbox's allowlisted).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GatedConfig {
+    /// Workspace-relative path.
+    pub path: PathBuf,
+    /// Its content when the Domain started: the developer's version.
+    pub developer: Vec<u8>,
 }
 
 /// Everything Git Sentry needs for one workspace.
@@ -67,6 +90,9 @@ pub struct ProtectedPath {
 pub struct SentryPlan {
     /// Read-only binds, in discovery order.
     pub protected: Vec<ProtectedPath>,
+    /// Repository configs left writable for the gate
+    /// ([`SentryPlan::gate_repository_configs`]); empty otherwise.
+    pub gated_configs: Vec<GatedConfig>,
     /// Git directories outside the workspace (linked worktrees) that must be
     /// bound read-write at the same absolute path for the `gitdir:` file to
     /// work in the sandbox.
@@ -87,12 +113,15 @@ pub struct SentryPlan {
 }
 
 impl SentryPlan {
-    /// Recomputes [`SentryPlan::pinned`] from the protected paths.
+    /// Recomputes [`SentryPlan::pinned`] from the protected paths and the
+    /// gated configs (a gated config's directory must not be swapped for
+    /// another either: the guard judges the file at that path).
     pub fn compute_pins(&mut self) {
         let protected: HashSet<&GitDirPath> = self.protected.iter().map(|p| &p.path).collect();
+        let gated: Vec<GitDirPath> = self.gated_configs.iter().map(|c| GitDirPath::Inside(c.path.clone())).collect();
         let mut pins = std::collections::BTreeSet::new();
-        for entry in &self.protected {
-            let (path, floor) = match &entry.path {
+        for entry_path in self.protected.iter().map(|p| &p.path).chain(&gated) {
+            let (path, floor) = match entry_path {
                 GitDirPath::Inside(rel) => (rel.clone(), PathBuf::new()),
                 GitDirPath::Outside(abs) => {
                     let Some(floor) = self.outside_git_dirs.iter().find(|d| abs.starts_with(d)) else { continue };
@@ -103,7 +132,7 @@ impl SentryPlan {
                 if ancestor == floor || !ancestor.starts_with(&floor) || ancestor.as_os_str().is_empty() {
                     break;
                 }
-                let pin = match &entry.path {
+                let pin = match entry_path {
                     GitDirPath::Inside(_) => GitDirPath::Inside(ancestor.to_owned()),
                     GitDirPath::Outside(_) => GitDirPath::Outside(ancestor.to_owned()),
                 };
@@ -114,7 +143,48 @@ impl SentryPlan {
         }
         self.pinned = pins.into_iter().collect();
     }
+
+    /// Leaves every repository's own `config` in the workspace writable in
+    /// the sandbox, for the Workspace Guard's gate to judge (issue 30): each
+    /// moves from [`SentryPlan::protected`] to [`SentryPlan::gated_configs`]
+    /// with its content now, the developer's version. Call it only when the
+    /// guard runs with its gate. Include targets, `config.worktree` files
+    /// and configs in git directories outside the workspace keep their
+    /// read-only binds; so does a config too large for the guard to filter
+    /// (with a warning). Recomputes the pins.
+    pub fn gate_repository_configs(&mut self, workspace: BorrowedFd<'_>) -> Result<(), MountError> {
+        let mut kept = Vec::new();
+        for entry in std::mem::take(&mut self.protected) {
+            let GitDirPath::Inside(rel) = &entry.path else {
+                kept.push(entry);
+                continue;
+            };
+            if !entry.repository_config {
+                kept.push(entry);
+                continue;
+            }
+            match safe_path::read_beneath(workspace, rel, GATED_CONFIG_LIMIT) {
+                Ok(Some(developer)) => self.gated_configs.push(GatedConfig { path: rel.clone(), developer }),
+                Ok(None) => return Err(MountError::refused(rel, "disappeared while planning the mounts")),
+                Err(MountError::Refused { .. }) => {
+                    self.warnings.push(format!(
+                        "{} is larger than {GATED_CONFIG_LIMIT} bytes: it stays read-only in the sandbox (git config inside cannot change it)",
+                        lazaret_protocol::display::escaped(rel)
+                    ));
+                    kept.push(entry);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        self.protected = kept;
+        self.compute_pins();
+        Ok(())
+    }
 }
+
+/// The largest repository config left writable for the gate (the guard
+/// filters what it can read whole: `MAX_CONTROL_FILE` in the guard).
+const GATED_CONFIG_LIMIT: u64 = 1 << 20;
 
 /// Discovers the Git Sentry paths for the repositories whose work trees are
 /// `worktrees` (relative to the workspace; `""` is the workspace root).
@@ -153,6 +223,12 @@ pub fn discover(
         sentry.plan.repositories.push(location);
     }
     let mut plan = sentry.plan;
+    // A repository's config that is also some config's include target is
+    // an include target: it stays read-only.
+    let included: HashSet<GitDirPath> = plan.protected.iter().filter(|p| !p.repository_config).map(|p| p.path.clone()).collect();
+    for entry in &mut plan.protected {
+        entry.repository_config &= !included.contains(&entry.path);
+    }
     let mut seen = HashSet::new();
     plan.protected.retain(|p| seen.insert(p.path.clone()));
     plan.compute_pins();
@@ -204,7 +280,7 @@ impl Sentry<'_> {
     }
 
     fn protect(&mut self, path: GitDirPath, kind: FileKind) {
-        self.plan.protected.push(ProtectedPath { path, kind });
+        self.plan.protected.push(ProtectedPath { path, kind, repository_config: false });
     }
 
     /// Is this git dir visible in the sandbox (so worth protecting)?
@@ -430,7 +506,13 @@ impl Sentry<'_> {
     /// `chain` holds the files being read (cycle detection).
     fn config_file(&mut self, file: &ConfigFile, depth: usize, chain: &mut Vec<ConfigFile>) -> Result<Option<GitConfig>, MountError> {
         if let Some(done) = self.configs.get(file) {
-            return Ok(Some(done.clone()));
+            let done = done.clone();
+            // Read again as an include (or as the developer's own config):
+            // an include target too, which stays read-only.
+            if let (ConfigFile::Sandbox(path), true) = (file, !chain.is_empty() || self.creating_global) {
+                self.protect(path.clone(), FileKind::Regular);
+            }
+            return Ok(Some(done));
         }
         let raw = match file {
             ConfigFile::Sandbox(path) => {
@@ -478,7 +560,12 @@ impl Sentry<'_> {
                         ));
                     }
                 }
-                self.protect(path.clone(), FileKind::Regular);
+                // A git dir's own `config`, read as such (not included).
+                let repository_config = depth == 0
+                    && chain.is_empty()
+                    && !self.creating_global
+                    && path.display_path().file_name() == Some(std::ffi::OsStr::new("config"));
+                self.plan.protected.push(ProtectedPath { path: path.clone(), kind: FileKind::Regular, repository_config });
                 match self.read_sandbox(path) {
                     Ok(raw) => raw,
                     Err(e) => {

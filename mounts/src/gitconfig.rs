@@ -29,6 +29,8 @@ struct Entry {
     subsection: Option<String>,
     /// Lower-cased.
     key: String,
+    /// `key` as the file spells it (git keeps the case a key was set with).
+    key_as_written: String,
     /// As git 2.46 and later read it; `true` for a key without a value.
     value: String,
     /// How git before 2.46 reads the value, where that differs: it turned
@@ -45,6 +47,8 @@ pub struct ConfigEntry<'a> {
     pub subsection: Option<&'a str>,
     /// Lower-cased.
     pub key: &'a str,
+    /// The key as the file spells it (for writing it back as git would).
+    pub key_as_written: &'a str,
     /// The value as current git reads it.
     pub value: &'a str,
     /// The value as git before 2.46 reads it, where that differs (an
@@ -97,7 +101,9 @@ impl GitConfig {
                     continue;
                 }
                 b'[' => read_header(&mut reader).map(|name| header = name),
-                c if c.is_ascii_alphabetic() => read_entry(&mut reader, c).map(|(key, value)| config.push(&header, &key, value)),
+                c if c.is_ascii_alphabetic() => {
+                    read_entry(&mut reader, c).map(|(key, spelled, value)| config.push(&header, &key, &spelled, value))
+                }
                 _ => Err(Malformed),
             };
             if read.is_err() {
@@ -114,7 +120,7 @@ impl GitConfig {
     /// up to the first dot, the key after the last. A NUL ends a C string:
     /// git sees a name or value only up to the first one. Entries before
     /// any header have no name git looks up and are left out.
-    fn push(&mut self, header: &str, key: &str, value: Option<Value>) {
+    fn push(&mut self, header: &str, key: &str, spelled: &str, value: Option<Value>) {
         if header.is_empty() {
             return;
         }
@@ -127,10 +133,14 @@ impl GitConfig {
             None => ("true".to_owned(), None),
             Some(Value { current, older }) => (current, older),
         };
+        let key = name[last + 1..].to_owned();
+        // (A NUL in the header can cut the name short of the key read.)
+        let key_as_written = if spelled.eq_ignore_ascii_case(&key) { spelled.to_owned() } else { key.clone() };
         self.entries.push(Entry {
             section: name[..first].to_owned(),
             subsection: (last > first).then(|| name[first + 1..last].to_owned()),
-            key: name[last + 1..].to_owned(),
+            key,
+            key_as_written,
             value,
             older_git_value,
         });
@@ -143,6 +153,7 @@ impl GitConfig {
             section: &e.section,
             subsection: e.subsection.as_deref(),
             key: &e.key,
+            key_as_written: &e.key_as_written,
             value: &e.value,
             older_git_value: e.older_git_value.as_deref(),
         })
@@ -357,20 +368,22 @@ fn read_quoted_subsection(reader: &mut Reader<'_>, name: &mut Vec<u8>, mut c: u8
 }
 
 /// A key starting with `first` (a letter), then nothing (a key without a
-/// value) or `=` and a value.
-fn read_entry(reader: &mut Reader<'_>, first: u8) -> Result<(String, Option<Value>), Malformed> {
-    let mut key = String::from(first.to_ascii_lowercase() as char);
+/// value) or `=` and a value: the key lower-cased (git's name for it), as
+/// spelled, and the value.
+fn read_entry(reader: &mut Reader<'_>, first: u8) -> Result<(String, String, Option<Value>), Malformed> {
+    let mut spelled = String::from(first as char);
     let mut c = reader.next();
     while !reader.eof && is_key_char(c) {
-        key.push(c.to_ascii_lowercase() as char);
+        spelled.push(c as char);
         c = reader.next();
     }
+    let key = spelled.to_ascii_lowercase();
     while c == b' ' || c == b'\t' {
         c = reader.next();
     }
     match c {
-        b'\n' => Ok((key, None)),
-        b'=' => Ok((key, Some(read_value(reader)?))),
+        b'\n' => Ok((key, spelled, None)),
+        b'=' => Ok((key, spelled, Some(read_value(reader)?))),
         _ => Err(Malformed),
     }
 }

@@ -29,6 +29,10 @@ pub struct WorkspaceOptions {
     pub host_git: HostGitSettings,
     /// Where the workspace is mounted inside the sandbox.
     pub sandbox_workspace: PathBuf,
+    /// Leave the repositories' own `config` files writable in the sandbox
+    /// ([`SentryPlan::gate_repository_configs`]): only when the Workspace
+    /// Guard runs with its gate, which then judges them.
+    pub gate_repository_configs: bool,
 }
 
 /// What [`plan_workspace`] decided; consumed by [`assemble`].
@@ -113,6 +117,9 @@ pub fn plan_workspace(workspace: &Path, domain_root: &Path, opts: &WorkspaceOpti
     });
     let mut seen = HashSet::new();
     sentry.protected.retain(|p| seen.insert(p.path.clone()));
+    if opts.gate_repository_configs {
+        sentry.gate_repository_configs(root.as_fd())?;
+    }
     sentry.compute_pins();
     pin_above_isolated(&mut sentry, &ignored);
     Ok(WorkspacePlan {

@@ -58,6 +58,7 @@ impl Fixture {
             isolate_gitignored: true,
             host_git: HostGitSettings { home: Some(self.path("home")), xdg_config_home: None, system_config: None },
             sandbox_workspace: PathBuf::from(SANDBOX_WS),
+            gate_repository_configs: false,
         }
     }
     fn plan(&self) -> Result<WorkspacePlan, MountError> {

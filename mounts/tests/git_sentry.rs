@@ -560,3 +560,45 @@ fn plan_time_for_50_worktrees_and_20_modules() {
     assert!(elapsed < std::time::Duration::from_secs(2), "discovery took {elapsed:?}");
     assert!(binds < 250, "{binds} binds");
 }
+
+/// Issue 30: with the gate, every repository's own `config` in the
+/// workspace leaves the read-only binds for the guard to judge, with the
+/// developer's version as it is now; include targets (a nested
+/// repository's config included by the main one), `config.worktree` and
+/// hooks stay read-only, and the git dirs stay pinned.
+#[test]
+fn with_the_gate_repository_configs_are_left_writable_and_include_targets_are_not() {
+    let f = Fixture::new();
+    f.init();
+    let ws = f.ws();
+    git(&ws, &f.home(), &["config", "alias.st", "status"]);
+    for nested in ["lib", "inc"] {
+        std::fs::create_dir(ws.join(nested)).expect("mkdir");
+        git(&ws.join(nested), &f.home(), &["init", "-q"]);
+    }
+    // inc's config is also the main repository's include target.
+    git(&ws, &f.home(), &["config", "include.path", "../inc/.git/config"]);
+    git(&ws, &f.home(), &["config", "extensions.worktreeConfig", "true"]);
+    let mut plan = f.discover(&["", "lib", "inc"]).expect("discover");
+    assert!(plan.gated_configs.is_empty(), "nothing is gated unless asked");
+    let root = open_root_dir(&ws).expect("open ws");
+    plan.gate_repository_configs(root.as_fd()).expect("gate");
+    let gated: Vec<&Path> = plan.gated_configs.iter().map(|c| c.path.as_path()).collect();
+    assert_eq!(gated, [Path::new(".git/config"), Path::new("lib/.git/config")]);
+    let main = &plan.gated_configs[0];
+    assert_eq!(main.developer, std::fs::read(ws.join(".git/config")).expect("read"), "the developer's version, byte for byte");
+    assert!(String::from_utf8_lossy(&main.developer).contains("st = status"));
+    assert!(!has(&plan, ".git/config", FileKind::Regular) && !has(&plan, "lib/.git/config", FileKind::Regular), "{:?}", inside(&plan));
+    assert_has(
+        &plan,
+        &[
+            ("inc/.git/config", FileKind::Regular),
+            (".git/config.worktree", FileKind::Regular),
+            (".git/hooks", FileKind::Directory),
+            ("lib/.git/hooks", FileKind::Directory),
+        ],
+    );
+    for pin in [".git", "lib/.git"] {
+        assert!(plan.pinned.contains(&GitDirPath::Inside(PathBuf::from(pin))), "{pin} pinned: {:?}", plan.pinned);
+    }
+}

@@ -61,6 +61,17 @@ fn run_command(args: &[&str]) -> Result<(), String> {
         }
         ["chown", path, uid, gid] => std::os::unix::fs::lchown(path, uid.parse().ok(), gid.parse().ok()).map_err(e),
         ["rename", from, to] => std::fs::rename(from, to).map_err(e),
+        ["rm", path] => std::fs::remove_file(path).map_err(e),
+        ["swap-config-loop", lock, path, content, millis] => {
+            // What `git config` does, again and again for `millis` ms: the
+            // new version written to `lock`, then renamed over `path`.
+            let until = std::time::Instant::now() + std::time::Duration::from_millis(millis.parse().map_err(|_| "millis")?);
+            let content = content.replace("\\n", "\n").replace("\\t", "\t");
+            while std::time::Instant::now() < until {
+                let _ = std::fs::write(lock, &content).and_then(|()| std::fs::rename(lock, path));
+            }
+            Ok(())
+        }
         ["symlink", target, path] => std::os::unix::fs::symlink(target, path).map_err(e),
         ["setcap", path] => {
             lazaret_mounts::sys::set_xattr_nofollow(Path::new(path), c"security.capability", &CAP_NET_RAW_V2).map_err(|x| x.to_string())
@@ -1168,7 +1179,7 @@ fn gated_tmpfs<R: Send>(
         let dir = tempfile::tempdir().expect("tempdir");
         let mount = dir.path().canonicalize().expect("canonical").join("mnt");
         std::fs::create_dir(&mount).expect("mkdir");
-        nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=64m")).expect("mount tmpfs");
+        nix::mount::mount(Some("tmpfs"), &mount, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=256m")).expect("mount tmpfs");
         prep(&mount);
         let chowned = Command::new("chown").arg("-R").arg(format!("{}:{}", DEVELOPER.uid, DEVELOPER.gid)).arg(&mount).status();
         assert!(chowned.expect("chown").success(), "chown the tmpfs");
@@ -1360,6 +1371,192 @@ fn the_developers_own_control_file_writes_are_not_refused() {
                     "the developer's config rename, then a read"
                 );
             }
+        },
+    );
+}
+
+/// Issue 30, part 2: the workspace's own config is writable in the
+/// sandbox. Each version the sandbox writes is filtered against the
+/// developer's (their entries kept, one the sandbox removed put back, the
+/// sandbox's allowlisted) and sealed; a host reader never gets the
+/// sandbox's version while it rewrites it in a loop; a sweep leaves the
+/// developer's own write during the run as it is, and puts their version
+/// back when the sandbox removed the file.
+#[test]
+fn the_developers_config_is_writable_inside_and_the_host_reads_only_what_the_guard_allowed() {
+    const DEVELOPERS: &str = "[core]\n\trepositoryformatversion = 0\n\tfsmonitor = .git/hooks/watchman\n[alias]\n\tst = status\n\
+                              [remote \"origin\"]\n\turl = git@example.invalid:dev/p.git\n";
+    gated_tmpfs(
+        |m| {
+            let git_dir = m.join(".git");
+            for d in ["objects", "refs", "hooks"] {
+                std::fs::create_dir_all(git_dir.join(d)).expect("mkdir");
+            }
+            std::fs::write(git_dir.join("HEAD"), "ref: refs/heads/main\n").expect("HEAD");
+            std::fs::write(git_dir.join("config"), DEVELOPERS).expect("config");
+        },
+        |config| {
+            config.developer_configs = vec![lazaret_mounts::git_sentry::GatedConfig {
+                path: PathBuf::from(".git/config"),
+                developer: DEVELOPERS.as_bytes().to_vec(),
+            }]
+        },
+        |fx, mount, mut sb| {
+            let config = mount.join(".git/config");
+            let lock = mount.join(".git/config.lock");
+            // What `git remote add`, `git config user.name` and a planted
+            // key make of it, with the developer's alias removed (git
+            // writes config.lock and renames it over).
+            let bare = mount.join("bare.git");
+            let agents = format!(
+                "[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = .git/hooks/watchman\\n\\tpager = agent-command\\n\
+                 [remote \"origin\"]\\n\\turl = git@example.invalid:dev/p.git\\n\
+                 [remote \"local\"]\\n\\turl = {}\\n[user]\\n\\tname = Agent\\n",
+                bare.display()
+            );
+            sb.run(&["write", s(&lock), &agents]);
+            sb.run(&["rename", s(&lock), s(&config)]);
+            fx.settle();
+            let text = std::fs::read_to_string(&config).expect("read");
+            let local_url = format!("url = {}", bare.display());
+            for kept in
+                ["fsmonitor = .git/hooks/watchman", "st = status", "url = git@example.invalid:dev/p.git", &local_url, "name = Agent"]
+            {
+                assert!(text.contains(kept), "{kept} missing: {text}");
+            }
+            assert!(!text.contains("agent-command"), "{text}");
+            let st = std::fs::metadata(&config).expect("stat");
+            assert_eq!((st.uid(), st.mode() & 0o7777), (0, 0o444), "what the host reads is the guard's sealed copy");
+            let filtered = fx.neutralised().into_iter().find(|n| n.path == Path::new(".git/config")).expect("a neutralisation");
+            assert_eq!(filtered.action, Action::FilteredGitConfig { dropped_keys: vec!["core.pager".into()] });
+            assert!(filtered.reason.contains("put back: alias.st"), "{}", filtered.reason);
+
+            // A rewrite loop with the agent's key: the host never reads it.
+            let evil = "[core]\\n\\trepositoryformatversion = 0\\n\\tpager = agent-command\\n";
+            let args = ["swap-config-loop", s(&lock), s(&config), evil, "2000"];
+            let (runs, leaked, _) = host_loop_while_sandbox_runs(sb, &args, mount, "cat .git/config", "agent-command", 1800);
+            eprintln!("{runs} host reads, {leaked} saw the agent's config");
+            assert!(runs > 20, "the host read too seldom to tell ({runs})");
+            assert_eq!(leaked, 0, "a host read saw the agent's config in {runs} reads");
+            fx.settle();
+            assert!(std::fs::read_to_string(&config).expect("read").contains("st = status"), "the developer's entries are still there");
+
+            // The developer's own change on the host during the run stands
+            // through a sweep, whatever it holds.
+            // (By another process, as the developer: the guard's own
+            // process is never taken for the developer.)
+            let ours = format!("{DEVELOPERS}[alias]\n\tco = checkout\n[core]\n\teditor = vim\n");
+            let written = Command::new("setpriv")
+                .args([format!("--reuid={}", DEVELOPER.uid), format!("--regid={}", DEVELOPER.gid), "--clear-groups".into()])
+                .args(["sh", "-c", "cat > .git/config.lock && mv .git/config.lock .git/config"])
+                .current_dir(mount)
+                .stdin(Stdio::piped())
+                .spawn()
+                .and_then(|mut child| {
+                    child.stdin.take().expect("stdin").write_all(ours.as_bytes())?;
+                    child.wait()
+                })
+                .expect("the developer's write");
+            assert!(written.success(), "the developer's write");
+            fx.settle();
+            let before = fx.neutralised().len();
+            let swept = fx.guard.as_ref().expect("guard").sweep_now().expect("sweep");
+            assert!(!swept.neutralised.iter().any(|n| n.path == Path::new(".git/config")), "{:?}", swept.neutralised);
+            assert_eq!(std::fs::read_to_string(&config).expect("read"), ours, "the developer's write is left as it is");
+            assert_eq!(fx.neutralised().len(), before);
+
+            // Removed in the sandbox: the sweep puts the developer's version back.
+            let mut sb = Sandbox::spawn_through_own_mount(mount);
+            fx.pids.lock().expect("pids").insert(sb.pid());
+            sb.run(&["rm", s(&config)]);
+            fx.settle();
+            let swept = fx.guard.as_ref().expect("guard").sweep_now().expect("sweep");
+            assert!(
+                swept.neutralised.iter().any(|n| n.path == Path::new(".git/config") && n.action == Action::RestoredDeveloperConfig),
+                "{:?}",
+                swept.neutralised
+            );
+            assert_eq!(std::fs::read_to_string(&config).expect("read"), DEVELOPERS);
+        },
+    );
+}
+
+/// Issue 30, bad input: the guard's thread fails (a panic, as a bug would
+/// make). It reports the failure (the coordinator then stops the Domain);
+/// meanwhile the gate refuses host opens it can no longer order, so the
+/// agent's new config is never read; the final sweep still judges
+/// everything, and then the host reads the filtered config and the
+/// developer's own files again.
+#[test]
+fn a_failed_guard_keeps_the_agents_config_from_the_host_until_the_final_sweep() {
+    gated_tmpfs(
+        |m| {
+            std::fs::create_dir_all(m.join("mine")).expect("mkdir");
+            std::fs::write(m.join("mine/notes.txt"), "the developer's\n").expect("notes");
+        },
+        |_| {},
+        |fx, mount, mut sb| {
+            fx.guard.as_ref().expect("guard").fail_for_test().expect("fail");
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !fx.events.lock().expect("events").iter().any(|e| matches!(e, GuardEvent::Failed(_))) {
+                assert!(std::time::Instant::now() < deadline, "the failure was not reported: {:?}", fx.events.lock().expect("events"));
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            let git_dir = mount.join("agent/.git");
+            for d in ["objects", "refs"] {
+                sb.run(&["mkdir", s(&git_dir.join(d))]);
+            }
+            sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+            sb.run(&["write", s(&git_dir.join("config")), "[core]\\n\\tfsmonitor = agent-command\\n"]);
+            let read = |rel: &str| Command::new("cat").arg(mount.join(rel)).output().expect("cat");
+            let agents = read("agent/.git/config");
+            assert!(!agents.status.success(), "read the agent's config with the guard failed: {}", String::from_utf8_lossy(&agents.stdout));
+            // The final sweep judges what the failed guard did not.
+            let report = fx.guard.take().expect("guard").stop().expect("the final sweep");
+            assert!(report.neutralised.iter().any(|n| n.path == Path::new("agent/.git/config")), "{:?}", report.neutralised);
+            let agents = read("agent/.git/config");
+            assert!(agents.status.success() && !String::from_utf8_lossy(&agents.stdout).contains("agent-command"));
+            assert_eq!(String::from_utf8_lossy(&read("mine/notes.txt").stdout), "the developer's\n");
+        },
+    );
+}
+
+/// Issue 30, bad input: the guard stalls (starved of CPU) while the
+/// sandbox floods it with more events than the kernel queues (tens of
+/// thousands of files) and makes a repository with `core.fsmonitor`. A
+/// host open that waits longer than the gate's deadline is refused, never
+/// allowed; the queue overflows, the guard sweeps instead of reading what
+/// was lost, and then the host reads the filtered config.
+#[test]
+fn a_stalled_and_overflowed_guard_refuses_and_then_sweeps_never_allows() {
+    gated_tmpfs(
+        |_| {},
+        |_| {},
+        |fx, mount, mut sb| {
+            let git_dir = mount.join("agent/.git");
+            let guard = fx.guard.as_ref().expect("guard");
+            guard.stall_for_test(std::time::Duration::from_secs(4)).expect("stall");
+            // Let the loop take the command before the flood starts.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            for d in ["objects", "refs"] {
+                sb.run(&["mkdir", s(&git_dir.join(d))]);
+            }
+            sb.run(&["write", s(&git_dir.join("HEAD")), "ref: refs/heads/main\\n"]);
+            sb.run(&["write", s(&git_dir.join("config")), "[core]\\n\\tfsmonitor = agent-command\\n"]);
+            sb.run(&["many", s(&mount.join("flood")), "20000"]);
+            let started = std::time::Instant::now();
+            let out = Command::new("cat").arg(git_dir.join("config")).output().expect("cat");
+            let waited = started.elapsed();
+            assert!(!out.status.success(), "a host read got the unjudged config: {}", String::from_utf8_lossy(&out.stdout));
+            assert!(waited < std::time::Duration::from_secs(10), "the opener hung for {waited:?}");
+            fx.settle();
+            assert!(
+                fx.events.lock().expect("events").iter().any(|e| matches!(e, GuardEvent::Overflow { .. })),
+                "20,000 files did not overflow the queue (the test cannot show the fallback)"
+            );
+            let out = Command::new("cat").arg(git_dir.join("config")).output().expect("cat");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(out.status.success() && !text.contains("agent-command"), "after the sweep: {text}");
         },
     );
 }

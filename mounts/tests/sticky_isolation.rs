@@ -49,6 +49,7 @@ impl Fixture {
             isolate_gitignored: true,
             host_git: HostGitSettings { home: Some(self.path("home")), xdg_config_home: None, system_config: None },
             sandbox_workspace: PathBuf::from("/workspace"),
+            gate_repository_configs: false,
         };
         plan_workspace(&self.ws(), &self.path("domain"), &opts).expect("plan")
     }
@@ -123,6 +124,7 @@ fn a_damaged_record_stops_planning() {
         isolate_gitignored: true,
         host_git: HostGitSettings { home: Some(f.path("home")), xdg_config_home: None, system_config: None },
         sandbox_workspace: PathBuf::from("/workspace"),
+        gate_repository_configs: false,
     };
     let error = plan_workspace(&f.ws(), &f.path("domain"), &opts).expect_err("must refuse").to_string();
     assert!(error.contains("isolated-paths.json") && error.contains("reset-isolation"), "{error}");

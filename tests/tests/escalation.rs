@@ -330,6 +330,37 @@ fn host_commands_run_only_in_repositories_protected_since_the_start() {
     finish(&env);
 }
 
+/// Issue 30: a developer agent may write the workspace's own
+/// `.git/config` (the Workspace Guard's gate judges it). Host commands run
+/// outside the sandbox in the coordinator's mount namespace, which the
+/// gate covers as well: a rule-approved `git status` asked again and again
+/// while the agent rewrites the config with `core.fsmonitor` in a loop
+/// (`git config`, and a file renamed over it) never reads the agent's
+/// version.
+#[test]
+fn a_host_git_command_never_reads_the_config_a_developer_agent_rewrites_in_a_loop() {
+    let host = HostDir::new();
+    let marker = host.arg("fsmonitor-ran");
+    let rules = [Rule::new("status", &["git", "status", "--short"])];
+    let env = developer_env(&rules_toml(&rules));
+    let script = format!(
+        "end=$(( $(date +%s) + 8 )); \
+         ( while [ $(date +%s) -lt $end ]; do git config core.fsmonitor 'touch {marker}' 2>/dev/null; \
+             printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch {marker}\\n' > .git/c.new && mv -f .git/c.new .git/config; done ) & \
+         runs=0; ran=0; while [ $(date +%s) -lt $end ]; do lazaret-escalate -- git status --short >/dev/null 2>&1 && ran=$((ran+1)); runs=$((runs+1)); done; \
+         wait; echo runs=$runs; echo ran=$ran"
+    );
+    let out = agent(&env, &["sh", "-c", &script]);
+    let stdout = ok(&out);
+    let stderr = text(&out.stderr);
+    let (runs, ran): (u32, u32) = (field(&stdout, "runs").parse().expect("runs"), field(&stdout, "ran").parse().expect("ran"));
+    println!("{runs} host git status runs, {ran} of them succeeded\n{stderr}");
+    assert!(ran >= 5, "the host command ran too seldom to tell ({ran} of {runs}): {stderr}");
+    assert!(!host.file("fsmonitor-ran").exists(), "the host's git ran the agent's core.fsmonitor ({runs} runs)");
+    assert!(!fs::read_to_string(env.workspace.join(".git/config")).expect("config").contains("fsmonitor"), "the agent's key stayed");
+    finish(&env);
+}
+
 #[test]
 fn an_extra_argument_is_not_auto_approved_unless_the_rule_allows_it() {
     let (uid, gid) = test_user();

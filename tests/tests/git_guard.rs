@@ -3,10 +3,14 @@
 //! tries several routes per class to make the host's git run a command of
 //! its choice — through a `commondir`, an included config file, a linked
 //! worktree's or a submodule's gitdir, and the files that decide the next
-//! start's ignored set. Every write must fail inside; afterwards the
-//! developer's own git on the host (status, log, diff, commit, submodule
-//! status) in the workspace, the linked worktree, the submodules and the
-//! nested repositories runs nothing. Ordinary git work inside still works.
+//! start's ignored set. Every write must fail inside, except those to a
+//! repository's own `config`, which a developer agent may write (issue 30:
+//! the Workspace Guard's gate keeps the host's git from reading them until
+//! the guard has filtered them against the developer's version);
+//! afterwards the developer's own git on the host (status, log, diff,
+//! commit, submodule status) in the workspace, the linked worktree, the
+//! submodules and the nested repositories runs nothing. Ordinary git work
+//! inside still works, `git submodule update` included.
 //!
 //! Not covered here (the run-time guard's job, a later piece): control
 //! files the agent *creates* during the run, such as a new
@@ -84,7 +88,6 @@ const ROUTES: &[(&str, &str)] = &[
     ("commondir-wt-remove", "rm -f $W/.git/worktrees/wt/commondir"),
     ("commondir-wt-rename", "mv $W/.git/worktrees/wt/commondir $W/.git/worktrees/wt/commondir.old"),
     ("commondir-nested-rewrite", "echo ../../evil > $W/linked/.git/commondir"),
-    ("commondir-target-config", "printf \"[core]\\n\\tfsmonitor = touch $M/commondir-target-config\\n\" >> $W/shared/.git/config"),
     (
         "commondir-target-hook",
         "printf \"#!/bin/sh\\ntouch $M/commondir-target-hook\\n\" > $W/shared/.git/hooks/post-commit && chmod +x $W/shared/.git/hooks/post-commit",
@@ -103,14 +106,9 @@ const ROUTES: &[(&str, &str)] = &[
     ("worktree-broken-commondir", "echo ../../../evil > $W/.git/worktrees/broken/commondir"),
     ("worktree-swap-dir", "mv $W/.git/worktrees/wt $W/.git/worktrees/wt-old"),
     // submodule gitdirs
-    ("module-config", "printf \"[core]\\n\\tfsmonitor = touch $M/module-config\\n\" >> $W/.git/modules/sub/config"),
     (
         "module-hook",
         "printf \"#!/bin/sh\\ntouch $M/module-hook\\n\" > $W/.git/modules/sub/hooks/post-commit && chmod +x $W/.git/modules/sub/hooks/post-commit",
-    ),
-    (
-        "module-nested-config",
-        "printf \"[core]\\n\\tfsmonitor = touch $M/module-nested-config\\n\" >> $W/.git/modules/sub/modules/inner/config",
     ),
     ("module-nested-hook", "printf \"#!/bin/sh\\ntouch $M/module-nested-hook\\n\" > $W/.git/modules/sub/modules/inner/hooks/pre-commit"),
     ("module-swap-dir", "mv $W/.git/modules/sub $W/.git/modules/sub-old"),
@@ -119,6 +117,18 @@ const ROUTES: &[(&str, &str)] = &[
     ("exclude-attributes", "echo '* filter=evil' > $W/.git/info/attributes"),
     ("excludes-file-rewrite", ": > $W/.lazaret-excludes"),
     ("module-exclude", "echo x > $W/.git/modules/sub/info/exclude"),
+];
+
+/// Routes to a repository's own config, which a developer agent may
+/// write: each must be written, and then run nothing on the host.
+const GATED_ROUTES: &[(&str, &str)] = &[
+    ("commondir-target-config", "printf \"[core]\\n\\tfsmonitor = touch $M/commondir-target-config\\n\" >> $W/shared/.git/config"),
+    ("module-config", "printf \"[core]\\n\\tfsmonitor = touch $M/module-config\\n\" >> $W/.git/modules/sub/config"),
+    (
+        "module-nested-config",
+        "printf \"[core]\\n\\tfsmonitor = touch $M/module-nested-config\\n\" >> $W/.git/modules/sub/modules/inner/config",
+    ),
+    ("main-config", "git -C $W config core.fsmonitor \"touch $M/main-config\""),
 ];
 
 #[test]
@@ -146,18 +156,16 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
         marker_dir.display(),
         ws.display()
     );
-    for (name, command) in ROUTES {
+    for (name, command) in ROUTES.iter().chain(GATED_ROUTES) {
         script.push_str(&format!("if ( {command} ) 2>/dev/null; then echo 'route {name}=written'; else echo 'route {name}=refused'; fi; "));
     }
     // Ordinary work inside: the agent can write the workspace, commit,
     // branch, commit in the linked worktree, add a new worktree (not
-    // protected until the next start), and check out a submodule's commit.
-    // `git submodule update` of an existing submodule does not work: git
-    // rewrites the submodule's `core.worktree` (to the same value) by
-    // renaming a new config over the read-only mount point (EBUSY); the same
-    // holds for `git submodule add` and `git config`, which write the
-    // read-only `.git/config`. That needs the run-time guard (configs left
-    // writable, changes undone), not a start-time bind.
+    // protected until the next start), check out a submodule's commit and
+    // update the submodule (git rewrites its `core.worktree`, to the same
+    // value, by renaming a new config over the old one: possible now that
+    // the guard's gate judges repository configs instead of a read-only
+    // bind).
     // A control: a write the agent may make is seen as written.
     script.push_str(
         "if ( echo x > $W/evil/control ) 2>/dev/null; then echo 'route control=written'; else echo 'route control=refused'; fi; ",
@@ -177,15 +185,13 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
     assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
     // Checked after the host's git has run, so that a failure shows both
     // what could be written and what then ran.
-    let mut written = Vec::new();
-    for (name, _) in ROUTES {
+    let result = |name: &str| {
         let line = format!("route {name}=");
-        let result =
-            stdout.lines().find_map(|l| l.strip_prefix(line.as_str())).unwrap_or_else(|| panic!("no result for {name}:\n{stdout}"));
-        if result != "refused" {
-            written.push(*name);
-        }
-    }
+        stdout.lines().find_map(|l| l.strip_prefix(line.as_str())).unwrap_or_else(|| panic!("no result for {name}:\n{stdout}"))
+    };
+    let written: Vec<&str> = ROUTES.iter().map(|(name, _)| *name).filter(|name| result(name) != "refused").collect();
+    let not_written: Vec<&str> = GATED_ROUTES.iter().map(|(name, _)| *name).filter(|name| result(name) != "written").collect();
+    assert!(not_written.is_empty(), "a developer agent could not write these repository configs: {not_written:?}\n{stdout}");
     assert!(stdout.contains("route control=written"), "the route check cannot tell a write: {stdout}");
     assert!(stdout.contains("done=yes"), "{stdout}");
     assert_eq!(
@@ -193,9 +199,7 @@ fn start_time_git_control_files_are_read_only_and_the_hosts_git_runs_nothing() {
         Some(recorded_sub.trim()),
         "checking out the submodule inside"
     );
-    // Known limitation (see above): flip this when the run-time guard lets
-    // git rewrite a submodule's config.
-    assert!(stdout.contains("submodule-update=failed") && stdout.contains("core.worktree"), "git submodule update inside: {stdout}");
+    assert!(stdout.contains("submodule-update=ok"), "git submodule update inside: {stdout}");
     assert!(stderr.contains("branch.cfg"), "the placeholder for the missing include is reported: {stderr}");
     assert_eq!(fs::read_to_string(ws.join("agent-file")).expect("agent-file"), "plain\n");
 

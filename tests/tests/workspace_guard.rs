@@ -673,18 +673,13 @@ fn ordinary_git_work_inside_keeps_working_and_is_seen_on_both_sides() {
     assert_eq!(dev_git_ok(&ws.join("wt-new"), &["log", "-1", "--format=%s"]).trim(), "agent-wt");
     assert_eq!(dev_git_ok(&ws.join("nested"), &["log", "-1", "--format=%s"]).trim(), "agent-nested");
     assert_eq!(dev_git_ok(&ws.join("cloned"), &["log", "-1", "--format=%s"]).trim(), "agent-cloned");
-    // `git submodule add` inside clones the submodule and records it
-    // (.gitmodules, the gitlink, .git/modules/sub2), but cannot register
-    // its URL in .git/config, and `git submodule update --init` fails on
-    // that: Git Sentry binds .git/config read-only and git rewrites it by
-    // renaming a new file over it (EBUSY). Known limitation (see
-    // docs/workspace-guard.md): flip these when .git/config becomes
-    // writable under the guard. The developer finishes it on the host.
+    // `git submodule add` and `update --init` inside: the submodule is
+    // recorded (.gitmodules, the gitlink, .git/modules/sub2) and registered
+    // in .git/config, which a developer agent may write (issue 30); the
+    // host's git reads the registration as the guard allowed it.
     assert!(stdout.contains("submodule-add=ok"), "git submodule add inside: {stdout}");
-    assert!(
-        stdout.contains("submodule-update=failed") && stdout.contains("could not write config file .git/config"),
-        "git submodule update inside: {stdout}"
-    );
+    assert!(stdout.contains("submodule-update=ok"), "git submodule update inside: {stdout}");
+    assert_eq!(dev_git_ok(&ws, &["config", "--get", "submodule.sub2.url"]).trim(), ws.join("nested").display().to_string());
     assert!(fs::read_to_string(ws.join(".gitmodules")).expect(".gitmodules").contains("path = sub2"));
     assert!(dev_git_ok(&ws, &["ls-files", "-s", "sub2"]).starts_with("160000"), "sub2 is a gitlink");
     dev_git_ok(&ws, &["-c", "protocol.file.allow=always", "submodule", "update", "-q", "--init", "sub2"]);
@@ -895,4 +890,126 @@ fn without_the_gate_the_same_race_is_won_by_the_agent() {
 /// The marker directory [`marker_dir`] made for `env`.
 fn marker_dir_of(env: &TestEnv) -> PathBuf {
     env.scratch.join("markers")
+}
+
+/// Issue 30, part 2: a developer agent's `git config`, `remote add`,
+/// `push -u`, `branch -u` and `submodule add`/`update --init` work inside
+/// on the workspace's own `.git/config`; the host's git reads only what
+/// the guard allowed: the agent's allowlisted keys, every key the
+/// developer had (one the agent removed is put back), none of the agent's
+/// others (each reported on the terminal), and nothing runs.
+#[test]
+fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
+    let env = developer_env("");
+    let ws = env.workspace.clone();
+    commit_file(&ws, "tracked.txt");
+    setup_git(&ws, &["config", "alias.st", "status"]);
+    setup_git(&ws, &["config", "core.editor", "vim"]);
+    setup_git(&ws, &["remote", "add", "origin", "git@example.invalid:dev/project.git"]);
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let script = format!(
+        "set -e; M={m}; W={w}; cd $W; \
+         git init -q --bare $W/bare.git; git init -q -b main $W/subsrc; echo s > $W/subsrc/s.txt; git -C $W/subsrc add s.txt; git -C $W/subsrc commit -qm sub; \
+         git config user.name 'Agent Smith'; \
+         git remote add local $W/bare.git; \
+         git push -q -u local HEAD:work; \
+         git branch -q other; git branch -q -u local/work other; \
+         git -c protocol.file.allow=always submodule add -q $W/subsrc sub; \
+         git -c protocol.file.allow=always submodule update -q --init; \
+         git config core.fsmonitor \"touch $M/fsmonitor\"; \
+         git config core.pager \"touch $M/pager\"; \
+         git config --unset alias.st; \
+         echo inside-origin=$(git config --get remote.origin.url); echo done=yes",
+        m = marker_dir.display(),
+        w = ws.display()
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    println!("inside:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(out.status.code(), Some(0), "stdout: {stdout}\nstderr: {stderr}");
+    assert!(stdout.contains("done=yes") && stdout.contains("inside-origin=git@example.invalid:dev/project.git"), "{stdout}");
+    for key in ["core.fsmonitor", "core.pager"] {
+        assert!(
+            stderr
+                .lines()
+                .any(|l| l.starts_with("lazaret: workspace guard: workspace:.git/config: filtered git config") && l.contains(key)),
+            "{key} dropped without a line on the terminal: {stderr}"
+        );
+    }
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+
+    let listed = dev_git_ok(&ws, &["config", "--list", "--show-origin"]);
+    println!("host's git config --list --show-origin:\n{listed}");
+    for kept in [
+        "file:.git/config\tuser.name=Agent Smith",
+        &format!("file:.git/config\tremote.local.url={}/bare.git", ws.display()),
+        "file:.git/config\tbranch.main.remote=local",
+        "file:.git/config\tbranch.main.merge=refs/heads/work",
+        "file:.git/config\tbranch.other.remote=local",
+        &format!("file:.git/config\tsubmodule.sub.url={}/subsrc", ws.display()),
+        "file:.git/config\tsubmodule.sub.active=true",
+        // The developer's own, the one the agent removed included.
+        "file:.git/config\talias.st=status",
+        "file:.git/config\tcore.editor=vim",
+        "file:.git/config\tremote.origin.url=git@example.invalid:dev/project.git",
+    ] {
+        assert!(listed.lines().any(|l| l == kept), "{kept:?} missing from the host's config:\n{listed}");
+    }
+    assert!(!listed.contains("fsmonitor") && !listed.contains("pager"), "{listed}");
+    // The developer's file again, writable by them.
+    let st = fs::metadata(ws.join(".git/config")).expect("config");
+    assert_eq!((st.uid(), st.mode() & 0o777), (uid, 0o644), "the guard's stop gives the config back");
+    dev_git_ok(&ws, &["config", "alias.co", "checkout"]);
+    // What the agent pushed and checked out is there for the developer.
+    assert_eq!(dev_git_ok(&ws.join("bare.git"), &["rev-parse", "work"]), dev_git_ok(&ws, &["rev-parse", "HEAD"]));
+    host_git_everywhere(&ws, &[".", "sub"]);
+    assert!(markers(&marker_dir).is_empty(), "the host's git ran the agent's: {:?}", markers(&marker_dir));
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
+}
+
+/// Issue 30, bad input: the guard's thread fails (the test hook makes it
+/// panic 1.5 s after the start) while the agent rewrites a new
+/// repository's config with `core.fsmonitor` in a loop. The Domain does
+/// not run on unguarded: it stops, telling the session why; the final
+/// sweep judges what the failed guard did not, so the host's git runs
+/// nothing of the agent's afterwards.
+#[test]
+fn a_failed_guard_stops_the_domain_with_a_clear_message() {
+    let mut env = developer_env("");
+    env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+    env.env.push(("LAZARET_TEST_GUARD_FAIL_MS".into(), "1500".into()));
+    let ws = env.workspace.clone();
+    commit_file(&ws, "tracked.txt");
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let marker_dir = marker_dir(&env);
+    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let script = format!(
+        "M={m}; W={w}; git init -q $W/late || exit 1; \
+         end=$(( $(date +%s) + 30 )); while [ $(date +%s) -lt $end ]; do \
+           printf '[core]\\n\\trepositoryformatversion = 0\\n\\tfsmonitor = touch %s/late\\n' $M > $W/late/.git/c.new 2>/dev/null; \
+           mv -f $W/late/.git/c.new $W/late/.git/config 2>/dev/null; done; echo survived",
+        m = marker_dir.display(),
+        w = ws.display()
+    );
+    let out = env.run(["run", "test", "--", "sh", "-c", &script]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    println!("status {:?}\nstdout: {stdout}\nstderr: {stderr}", out.status.code());
+    assert!(!stdout.contains("survived"), "the Domain ran on with a failed guard: {stdout}");
+    assert_ne!(out.status.code(), Some(0), "{stderr}");
+    assert!(
+        stderr.contains("lazaret: workspace guard: failed (the guard failed on purpose (test hook)); the Domain stops"),
+        "the session was not told why: {stderr}"
+    );
+    assert_eq!(env.wait_domains_unlocked(), Vec::<String>::new(), "the Domain did not go down");
+    let config = fs::read_to_string(ws.join("late/.git/config")).unwrap_or_default();
+    assert!(!config.contains("fsmonitor"), "the final sweep left the agent's key: {config}");
+    host_git_everywhere(&ws, &["late"]);
+    assert!(markers(&marker_dir).is_empty(), "the host's git ran the agent's: {:?}", markers(&marker_dir));
+    env.assert_nothing_left();
+    env.assert_journal_conforms();
 }

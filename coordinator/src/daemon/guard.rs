@@ -74,8 +74,16 @@ const QUIESCE_WAIT: Duration = Duration::from_secs(2);
 /// fact only), so that a test can show the attack the gate stops.
 const GATE_HOOK: &str = "LAZARET_TEST_GUARD_GATE";
 
+/// The test hook that makes the guard's thread fail (panic) this many
+/// milliseconds after the Domain is published, so that a test can show
+/// that a failed guard stops the Domain.
+const FAIL_HOOK: &str = "LAZARET_TEST_GUARD_FAIL_MS";
+
+/// How long the sessions get after a guard failure to end by SIGTERM.
+const FAILURE_GRACE: Duration = Duration::from_secs(2);
+
 /// Whether the test hook turns the gate off for this coordinator.
-fn gate_disabled_by_test_hook() -> bool {
+pub fn gate_disabled_by_test_hook() -> bool {
     std::env::var("LAZARET_TEST_HOOKS").as_deref() == Ok("1") && std::env::var(GATE_HOOK).as_deref() == Ok("off")
 }
 
@@ -90,6 +98,14 @@ pub fn keep_host_root() -> std::io::Result<()> {
     let root = std::fs::File::open("/")?;
     let _ = HOST_ROOT.set(Arc::new(root.into()));
     Ok(())
+}
+
+/// The delay of the failure the test hook asks for, if any.
+fn fail_hook() -> Option<u64> {
+    if std::env::var("LAZARET_TEST_HOOKS").as_deref() != Ok("1") {
+        return None;
+    }
+    std::env::var(FAIL_HOOK).ok()?.parse().ok()
 }
 
 /// Whether the test hook turns the guard off for this coordinator.
@@ -226,6 +242,7 @@ pub(super) fn sweep_other_crashed_run(run: &crate::git_trust::RunEntry, host_hoo
         developer: guard::Owner { uid, gid },
         quarantine_dir: crate::layout::quarantine_dir(domain_root),
         protected: guarded.protected,
+        developer_configs: guarded.gated_configs,
         changed_since: Some(since),
         host_hooks_paths: host_hooks_paths.to_vec(),
         ..GuardConfig::default()
@@ -298,7 +315,8 @@ impl DomainGuard {
             if host_root.is_none() {
                 log("workspace guard: no fd of the developer's / was kept; the gate marks this namespace's mounts");
             }
-            config.gate = Some(guard::GateConfig { host_root });
+            // Escalated host commands run in this namespace: gated too.
+            config.gate = Some(guard::GateConfig { host_root, this_namespace_too: true });
         }
         let marker = marker_path(ctx);
         let (tx, rx) = channel();
@@ -371,14 +389,24 @@ impl DomainGuard {
     /// terminals); what happened before it ran waits in its queue.
     pub fn attach(&mut self, d: &Arc<Domain>) {
         let Some(rx) = self.pending.take() else { return };
-        let (d, config, engine) = (d.clone(), self.config.clone(), self.engine.clone());
+        let (d, engine) = (d.clone(), self.engine.clone());
         let recovered = std::mem::take(&mut self.recovered);
+        if let Some(ms) = fail_hook() {
+            let engine = self.engine.clone();
+            log(&format!("workspace guard: test hook {FAIL_HOOK}: the guard fails in {ms} ms"));
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(ms));
+                if let Some(g) = engine.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                    let _ = g.fail_for_test();
+                }
+            });
+        }
         self.reporter = Some(std::thread::spawn(move || {
             let mut reporter = Reporter::new(&d);
             for n in recovered {
                 reporter.neutralised(&d, n, FoundBy::Sweep);
             }
-            reporter.run(&d, &config, &engine, rx);
+            reporter.run(&d, &engine, rx);
         }));
     }
 
@@ -480,7 +508,7 @@ impl Reporter {
         }
     }
 
-    fn run(&mut self, d: &Domain, config: &GuardConfig, engine: &Mutex<Option<Guard>>, rx: Receiver<Report>) {
+    fn run(&mut self, d: &Domain, engine: &Mutex<Option<Guard>>, rx: Receiver<Report>) {
         loop {
             // Wake up now and then to flush the count of suppressed lines.
             let report = match rx.recv_timeout(Duration::from_secs(1)) {
@@ -498,16 +526,16 @@ impl Reporter {
                 }
                 Report::Event(GuardEvent::Error(e)) => log(&format!("workspace guard: {e}")),
                 Report::Event(GuardEvent::Refused(r)) => self.refused(d, &r),
+                Report::Event(GuardEvent::Failed(why)) => failed(d, &why),
                 Report::Sweep(why) => {
-                    // Events already queued first, so both never act on one file.
-                    if let Some(g) = engine.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
-                        if let Err(e) = g.settle() {
-                            log(&format!("workspace guard: settling before the sweep ({why}): {e}"));
-                        }
-                    } else {
-                        continue;
-                    }
-                    match guard::sweep(config) {
+                    // By the guard's own thread, after the events already
+                    // queued (so both never act on one file), with what it
+                    // knows of its seals and the developer's writes.
+                    let swept = match engine.lock().unwrap_or_else(|p| p.into_inner()).as_ref() {
+                        Some(g) => g.sweep_now(),
+                        None => continue,
+                    };
+                    match swept {
                         Ok(r) => self.swept(d, why, r),
                         Err(e) => log(&format!("workspace guard: sweep ({why}) failed: {e}")),
                     }
@@ -620,6 +648,22 @@ impl Reporter {
     }
 }
 
+/// The guard's thread failed: nothing the sandbox writes is judged any
+/// more, so the Domain stops (its sessions are told, then get SIGTERM;
+/// the final sweep judges what the failed guard did not). Until then the
+/// gate refuses host opens of what may be the agent's.
+fn failed(d: &Domain, why: &str) {
+    let notice = format!(
+        "workspace guard: failed ({why}); the Domain stops so that nothing the agent writes goes unjudged (coordinator.log has the details)"
+    );
+    log(&notice);
+    let mut live = d.live();
+    if live.stop.is_none() && live.phase == super::domain::Phase::Ready {
+        live.stop = Some(super::domain::StopRequest::because(FAILURE_GRACE, notice));
+        d.changed.notify_all();
+    }
+}
+
 /// The journal observation of `n`.
 fn journal_event(n: &Neutralisation, summary: &str, found_by: FoundBy) -> Event {
     Event::NeutraliseSandboxWrite {
@@ -640,6 +684,7 @@ fn action_kind(a: &Action) -> &'static str {
         Action::RemovedFileCapabilities => "removed_file_capabilities",
         Action::ChangedOwner { .. } => "changed_owner",
         Action::FilteredGitConfig { .. } => "filtered_git_config",
+        Action::RestoredDeveloperConfig => "restored_developer_config",
         Action::Quarantined => "quarantined",
         Action::DisabledRebaseExec { .. } => "disabled_rebase_exec",
     }

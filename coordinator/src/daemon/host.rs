@@ -359,19 +359,25 @@ impl Effects for HostEffects {
     fn mount_filesystem(&mut self, prepared: &Prepared, run: &RunDir) -> Result<Filesystem, StartError> {
         let mut mountpoints = Vec::new();
         let mut profile_state = None;
-        let assembled = (|| -> Result<(Vec<BindMount>, Vec<PathBuf>), StartError> {
+        // The repositories' configs are writable only behind the guard's
+        // gate, and not for a root agent: root needs no write bit, so it
+        // could rewrite the guard's sealed copy in place after the gate let
+        // a host process open it (docs/workspace-guard.md).
+        let gated_configs = prepared.spec.uid != 0 && !super::guard::disabled_by_test_hook() && !super::guard::gate_disabled_by_test_hook();
+        let assembled = (|| -> Result<(Vec<BindMount>, filesystem::SentryForGuard), StartError> {
             for d in [run.rootfs(), run.upper(), run.work()] {
                 make_dir(&d, 0o755)?;
             }
             lazaret_mounts::mount_overlay(&[prepared.image.rootfs.as_path()], &run.upper(), &run.work(), &run.rootfs())?;
             mountpoints.push(run.rootfs());
-            let (mut binds, outside_git_dirs) = filesystem::assemble(
+            let (mut binds, sentry) = filesystem::assemble(
                 &self.ctx,
                 &prepared.image,
                 self.reset_anchor,
                 run,
                 &mut mountpoints,
                 prepared.spec.mounts.clone(),
+                gated_configs,
                 &|line| self.stderr.log_only(line),
             )?;
             if let Some((lock, state_binds)) = filesystem::prepare_profile_state(&self.ctx)? {
@@ -382,11 +388,14 @@ impl Effects for HostEffects {
             if let Some(home) = self.ctx.prepare_home(prepared.spec.uid, prepared.spec.gid, &mount_points)? {
                 binds.push(home);
             }
-            Ok((binds, outside_git_dirs))
+            Ok((binds, sentry))
         })();
         match assembled {
-            Ok((binds, outside_git_dirs)) => {
-                self.guarded = crate::workspace_guard::GuardedPaths::from_binds(self.ctx.workspace.root(), &binds, outside_git_dirs);
+            Ok((binds, sentry)) => {
+                let mut guarded =
+                    crate::workspace_guard::GuardedPaths::from_binds(self.ctx.workspace.root(), &binds, sentry.outside_git_dirs);
+                guarded.gated_configs = sentry.gated_configs;
+                self.guarded = guarded;
                 Ok(Filesystem(Arc::new(Mounted { mountpoints, binds, _profile_state: profile_state })))
             }
             Err(e) => {

@@ -417,9 +417,11 @@ fn domain_main(ctx: Context, dir: DomainDir, args: &CoordinatorArgs, mut status:
     drop(status);
 
     let stages::Started { stack, image, run_dir, trust, network, sandbox, listener } = started;
-    // Git Sentry's workspace-relative read-only paths: host commands run
-    // only in repositories they protect.
-    let protected = fx.guarded_paths().protected.into_iter().filter(|p| p.is_relative()).collect();
+    // Git Sentry's workspace-relative read-only paths and the configs the
+    // gate judges: host commands run only in repositories they protect.
+    let guarded = fx.guarded_paths();
+    let protected =
+        guarded.protected.into_iter().filter(|p| p.is_relative()).chain(guarded.gated_configs.into_iter().map(|c| c.path)).collect();
     let escalations = escalation_service(&ctx, &trust, &network, &sandbox.cgroups_path, protected, git_trust);
     let escalation_listener = escalations.as_ref().map(|_| network.escalation.clone());
     let guard_link = workspace_guard.link();

@@ -58,6 +58,9 @@ pub struct FilteredConfig {
     pub dropped: Vec<String>,
     /// Lines the parser skipped (malformed for git too; they are dropped).
     pub skipped_lines: usize,
+    /// `section[.subsection].key` of every entry of the developer's version
+    /// that the filtered text puts back ([`filter_config_against`]).
+    pub restored: Vec<String>,
 }
 
 impl FilteredConfig {
@@ -141,13 +144,15 @@ pub fn filter_config_against(
         writer.entry(&entry);
     }
     // What the sandbox took away of the developer's, in their order.
+    let mut restored = Vec::new();
     for entry in theirs.entries() {
         if let Some(n) = unclaimed.get_mut(&key(&entry)).filter(|n| **n > 0) {
             *n -= 1;
             writer.entry(&entry);
+            restored.push(entry_name(&entry));
         }
     }
-    FilteredConfig { text: writer.out.into_bytes(), dropped, skipped_lines: parsed.skipped_lines().len() }
+    FilteredConfig { text: writer.out.into_bytes(), dropped, skipped_lines: parsed.skipped_lines().len(), restored }
 }
 
 /// `section[.subsection].key` of an entry, for messages.
@@ -167,7 +172,7 @@ struct Writer {
 
 impl Writer {
     fn entry(&mut self, entry: &ConfigEntry<'_>) {
-        let ConfigEntry { section, subsection, key, value, .. } = *entry;
+        let ConfigEntry { section, subsection, key_as_written: key, value, .. } = *entry;
         let header = (section.to_owned(), subsection.map(str::to_owned));
         if self.current.as_ref() != Some(&header) {
             match subsection {
@@ -400,6 +405,7 @@ mod tests {
         let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
         let text = String::from_utf8_lossy(&out.text);
         assert_eq!(out.dropped, ["remote.origin.url"]);
+        assert_eq!(out.restored, ["remote.origin.url", "alias.st"]);
         assert!(!text.contains("ext::"), "{text}");
         assert!(text.contains("url = git@github.com:dev/project.git") && text.contains("st = status"), "{text}");
         // Each occurrence is the developer's once: a copy the agent adds is judged.
@@ -425,6 +431,19 @@ mod tests {
         let out = filter(module);
         assert!(out.dropped.is_empty(), "{:?}", out.dropped);
         assert!(!out.changes(module.as_bytes()));
+    }
+
+    /// git keeps the case a key was set with (`git config
+    /// extensions.worktreeConfig true` writes `worktreeConfig`): written
+    /// back the same, so the developer's config that the agent's `git
+    /// submodule add` extended needs no rewrite.
+    #[test]
+    fn keys_keep_their_spelling_and_a_git_written_developer_config_comes_out_unchanged() {
+        let developer = "[core]\n\trepositoryFormatVersion = 1\n\tfilemode = true\n[extensions]\n\tworktreeConfig = true\n";
+        let agents = format!("{developer}[submodule \"sub\"]\n\turl = /ws/nested\n\tactive = true\n");
+        let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
+        assert!(out.dropped.is_empty() && out.restored.is_empty(), "{:?} {:?}", out.dropped, out.restored);
+        assert!(!out.changes(agents.as_bytes()), "{}", String::from_utf8_lossy(&out.text));
     }
 
     #[test]

@@ -86,8 +86,8 @@ const MAX_PARKED: usize = 4096;
 /// outside the roots keep waking the gate.
 const MAX_IGNORE_MARKS: usize = 65_536;
 
-/// Most control files remembered as the developer's own writes.
-const MAX_DEVELOPER_FILES: usize = 65_536;
+/// Most directories remembered as ones the sandbox made git dir marks in.
+const MAX_GIT_DIRS: usize = 65_536;
 
 /// `struct fanotify_event_metadata`.
 const METADATA_LEN: usize = 24;
@@ -151,9 +151,8 @@ pub(crate) struct GateShared {
     drain_request: Box<dyn Fn() + Send + Sync>,
     /// Opens the gate refused, for the loop to report.
     refused: Mutex<Vec<Refusal>>,
-    /// Control files the developer wrote last, (device, inode) to ctime.
-    developer: Mutex<HashMap<(u64, u64), (i64, i64)>>,
-    /// What the guard sealed.
+    /// What the guard sealed, and which control files the developer wrote
+    /// last.
     seals: Arc<Seals>,
 }
 
@@ -203,7 +202,6 @@ impl GateShared {
             progress_read,
             drain_request,
             refused: Mutex::new(Vec::new()),
-            developer: Mutex::new(HashMap::new()),
             seals,
         })
     }
@@ -253,7 +251,7 @@ impl GateShared {
     /// directory `st`.
     pub(crate) fn note_git_dir(&self, st: &nix::sys::stat::FileStat) {
         let mut dirs = self.git_dirs.lock().unwrap_or_else(PoisonError::into_inner);
-        if dirs.len() >= MAX_DEVELOPER_FILES {
+        if dirs.len() >= MAX_GIT_DIRS {
             dirs.clear(); // then only the marks there now count
         }
         dirs.insert((st.st_dev, st.st_ino));
@@ -275,7 +273,7 @@ impl GateShared {
     /// The loop: the sandbox touched the file `st`: it is no longer the
     /// developer's write.
     pub(crate) fn sandbox_touched(&self, st: &nix::sys::stat::FileStat) {
-        self.developer.lock().unwrap_or_else(PoisonError::into_inner).remove(&(st.st_dev, st.st_ino));
+        self.seals.sandbox_touched(st);
     }
 
     /// The loop: a directory moved (not by the sandbox).
@@ -293,20 +291,15 @@ impl GateShared {
 
     /// The loop: the developer wrote the control file `st` (as it is now).
     pub(crate) fn developer_wrote(&self, st: &nix::sys::stat::FileStat) {
-        let mut table = self.developer.lock().unwrap_or_else(PoisonError::into_inner);
-        if table.len() >= MAX_DEVELOPER_FILES {
-            table.clear(); // their older writes are then refused once more
-        }
-        table.insert((st.st_dev, st.st_ino), (st.st_ctime, st.st_ctime_nsec));
+        self.seals.developer_wrote(st);
     }
 
     fn developer_wrote_last(&self, st: &nix::sys::stat::FileStat) -> bool {
-        self.developer_wrote_identity(Identity::of(st))
+        self.seals.developer_wrote_last(st)
     }
 
     fn developer_wrote_identity(&self, file: Identity) -> bool {
-        let table = self.developer.lock().unwrap_or_else(PoisonError::into_inner);
-        table.get(&(file.dev, file.ino)) == Some(&file.ctime)
+        self.seals.developer_wrote_version(file.dev, file.ino, file.ctime)
     }
 
     /// The loop: what the gate refused since the last call.
@@ -399,9 +392,15 @@ pub(crate) struct Gate {
 
 impl Gate {
     /// Marks the mounts holding `config`'s roots (as `host_root`, an fd of
-    /// `/` in the developer's mount namespace, reaches them) and starts the
+    /// `/` in the developer's mount namespace, reaches them, and as
+    /// `own_root`, this process's `/`, does when given) and starts the
     /// gate thread.
-    pub(crate) fn start(config: &GuardConfig, host_root: &OwnedFd, shared: Arc<GateShared>) -> Result<Gate, GuardError> {
+    pub(crate) fn start(
+        config: &GuardConfig,
+        host_root: &OwnedFd,
+        own_root: Option<&OwnedFd>,
+        shared: Arc<GateShared>,
+    ) -> Result<Gate, GuardError> {
         let group = crate::sys::fanotify_init(
             libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK | libc::FAN_UNLIMITED_MARKS,
             (libc::O_RDONLY | libc::O_LARGEFILE | libc::O_CLOEXEC) as libc::c_uint,
@@ -415,11 +414,19 @@ impl Gate {
         let mut roots = Vec::new();
         for root in &config.roots {
             let rel = host_relative(&root.path)?;
-            crate::sys::fanotify_mark(group.as_fd(), libc::FAN_MARK_ADD | libc::FAN_MARK_MOUNT, PERM_EVENTS, host_root.as_fd(), Some(&rel))
+            for namespace_root in std::iter::once(host_root).chain(own_root) {
+                crate::sys::fanotify_mark(
+                    group.as_fd(),
+                    libc::FAN_MARK_ADD | libc::FAN_MARK_MOUNT,
+                    PERM_EVENTS,
+                    namespace_root.as_fd(),
+                    Some(&rel),
+                )
                 .map_err(|errno| GuardError::Unsupported {
                     path: root.path.clone(),
                     reason: format!("fanotify_mark(FAN_MARK_MOUNT, FAN_OPEN_PERM): {errno}"),
                 })?;
+            }
             roots.push(GateRoot {
                 label: root.label.clone(),
                 path: root.path.clone(),

@@ -151,6 +151,15 @@ pub struct GuardConfig {
     /// Gate host opens of git control files until the guard has decided
     /// on them ([`gate`]); `None`: the guard acts after the fact only.
     pub gate: Option<GateConfig>,
+    /// Repository configs in the workspace that the sandbox may write (Git
+    /// Sentry's `gated_configs`; only with a gate, which keeps host opens
+    /// of the sandbox's versions until the guard has judged them). Each
+    /// version the sandbox writes is filtered against the developer's
+    /// (their entries kept, the sandbox's allowlisted); a sweep leaves one
+    /// that is unchanged since the start, the guard's sealed copy or the
+    /// developer's own write, and puts the developer's version back where
+    /// the config is missing.
+    pub developer_configs: Vec<crate::git_sentry::GatedConfig>,
 }
 
 /// How the gate reaches the host's mounts.
@@ -160,6 +169,12 @@ pub struct GateConfig {
     /// developer's), opened before the caller entered a private one;
     /// `None`: this process's own `/`.
     pub host_root: Option<Arc<std::os::fd::OwnedFd>>,
+    /// With `host_root`, gate this process's own mount namespace as well:
+    /// the processes the caller starts there (the coordinator's escalated
+    /// host commands) reach the roots through its own copies of the mounts,
+    /// which the marks through `host_root` do not cover. This process's own
+    /// opens are allowed at once all the same.
+    pub this_namespace_too: bool,
 }
 
 /// Decides whether a pid belongs to the sandbox (for the coordinator: "is
@@ -185,6 +200,11 @@ pub enum GuardEvent {
     },
     /// The gate refused a host process's open (see [`gate`]).
     Refused(Refusal),
+    /// The guard's thread failed (it panicked, with this message) and
+    /// stopped: nothing the sandbox writes is judged any more, and the gate
+    /// refuses what waits for it. The caller must stop the sandbox; the
+    /// final sweep of [`Guard::stop`] still runs.
+    Failed(String),
     /// An event could not be handled (the path was not neutralised; the
     /// next sweep retries it). Shown, not fatal.
     Error(String),
@@ -235,6 +255,9 @@ pub enum Action {
     },
     /// The file (or symlink) was moved into the quarantine.
     Quarantined,
+    /// A gated repository config was missing (the sandbox removed it or
+    /// moved it away): the developer's version was put back.
+    RestoredDeveloperConfig,
     /// The `exec` steps of a rebase todo list were turned into comments;
     /// the original is in the quarantine.
     DisabledRebaseExec {
@@ -253,10 +276,12 @@ impl Neutralisation {
             }
             Action::RemovedFileCapabilities => "removed file capabilities".to_owned(),
             Action::ChangedOwner { old_uid, old_gid } => format!("changed owner from {old_uid}:{old_gid} to the developer"),
+            Action::FilteredGitConfig { dropped_keys } if dropped_keys.is_empty() => "rewrote git config (nothing dropped)".to_owned(),
             Action::FilteredGitConfig { dropped_keys } => {
                 format!("filtered git config (dropped {})", dropped_keys.join(", "))
             }
             Action::Quarantined => "quarantined".to_owned(),
+            Action::RestoredDeveloperConfig => "put the developer's git config back".to_owned(),
             Action::DisabledRebaseExec { commands } => format!("disabled {} exec step(s) of a rebase in progress", commands.len()),
         };
         let id = self.quarantine_id.as_deref().map(|id| format!(" [quarantine {id}]")).unwrap_or_default();

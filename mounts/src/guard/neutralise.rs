@@ -104,11 +104,20 @@ const SEALED: (super::Owner, u32) = (super::Owner { uid: 0, gid: 0 }, 0o444);
 /// Also the files the guard took away or replaced (by device and inode):
 /// a host open of one that was waiting for the gate is refused, whatever
 /// its name (the opener holds the old file).
+///
+/// And the control files the developer (not the sandbox) wrote last, as
+/// the notification group saw them: the gate allows host opens of these,
+/// and a sweep leaves a gated repository config so written.
 #[derive(Default)]
 pub(crate) struct Seals {
     files: std::sync::Mutex<HashMap<(u64, u64), (usize, PathBuf)>>,
     taken: std::sync::Mutex<std::collections::HashSet<(u64, u64)>>,
+    /// (device, inode) to ctime.
+    developer: std::sync::Mutex<HashMap<(u64, u64), (i64, i64)>>,
 }
+
+/// Most control files remembered as the developer's own writes.
+const MAX_DEVELOPER_FILES: usize = 65_536;
 
 /// Most taken files remembered (an open waits at most the gate's deadline,
 /// so only recent ones matter; past it the set starts over).
@@ -143,6 +152,34 @@ impl Seals {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), (usize, PathBuf)>> {
         self.files.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn developer_table(&self) -> std::sync::MutexGuard<'_, HashMap<(u64, u64), (i64, i64)>> {
+        self.developer.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The developer wrote the control file `st` (as it is now).
+    pub(crate) fn developer_wrote(&self, st: &FileStat) {
+        let mut table = self.developer_table();
+        if table.len() >= MAX_DEVELOPER_FILES {
+            table.clear(); // their older writes are then refused once more
+        }
+        table.insert((st.st_dev, st.st_ino), (st.st_ctime, st.st_ctime_nsec));
+    }
+
+    /// The sandbox touched the file `st`: it is no longer the developer's write.
+    pub(crate) fn sandbox_touched(&self, st: &FileStat) {
+        self.developer_table().remove(&(st.st_dev, st.st_ino));
+    }
+
+    /// Whether `st`, as it is, is the developer's last write.
+    pub(crate) fn developer_wrote_last(&self, st: &FileStat) -> bool {
+        self.developer_wrote_version(st.st_dev, st.st_ino, (st.st_ctime, st.st_ctime_nsec))
+    }
+
+    /// Whether the file (device, inode) with this ctime is the developer's last write.
+    pub(crate) fn developer_wrote_version(&self, dev: u64, ino: u64, ctime: (i64, i64)) -> bool {
+        self.developer_table().get(&(dev, ino)) == Some(&ctime)
     }
 
     /// Gives every sealed file still in place back to the developer (mode
@@ -348,6 +385,63 @@ impl Engine {
 
     fn error(&self, root: usize, rel: &Path, error: impl std::fmt::Display, out: &mut Out) {
         out.errors.push(format!("{}:{}: {error}", self.roots[root].label, lazaret_protocol::display::escaped(rel)));
+    }
+
+    /// The developer's version of `rel` if it is a gated repository config
+    /// of the workspace ([`GuardConfig::developer_configs`]).
+    pub(crate) fn developer_config(&self, root: usize, rel: &Path) -> Option<&[u8]> {
+        if self.roots[root].kind != RootKind::Workspace {
+            return None;
+        }
+        self.config.developer_configs.iter().find(|c| c.path == rel).map(|c| c.developer.as_slice())
+    }
+
+    /// Puts the developer's version back where a gated repository config
+    /// is missing (the sandbox removed it or moved it away; no event says
+    /// so, so sweeps look): as the guard's sealed copy, which the gate lets
+    /// the host read.
+    pub(crate) fn restore_missing_developer_configs(&self, out: &mut Out) {
+        for root in (0..self.roots.len()).filter(|&r| self.roots[r].kind == RootKind::Workspace) {
+            for config in &self.config.developer_configs {
+                let rel = config.path.as_path();
+                let Some(name) = rel.file_name() else { continue };
+                // Its git dir is pinned (a mount point): it is there.
+                let Ok(parent) = self.open_dir(root, rel.parent().unwrap_or(Path::new(""))) else { continue };
+                if nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) != Err(Errno::ENOENT) {
+                    continue;
+                }
+                match replace_with(self.replacement(), rel, parent.as_fd(), name, &temp_name(), &config.developer, None) {
+                    Ok(Replaced::Placed(placed)) => {
+                        if let Some(seals) = &self.seals {
+                            seals.insert(placed, root, rel);
+                        }
+                        let reason = "the developer's git config was missing (removed or moved away in the sandbox)";
+                        self.record(
+                            root,
+                            rel,
+                            Action::RestoredDeveloperConfig,
+                            reason,
+                            None,
+                            Cause { pid: None, every_file: false, still_open: None },
+                            out,
+                        );
+                    }
+                    Ok(Replaced::Gone | Replaced::Newer) => {}
+                    Err(e) => self.error(root, rel, format!("putting the developer's git config back: {e}"), out),
+                }
+            }
+        }
+    }
+
+    /// Whether a sweep leaves the gated repository config `st` at `rel` as
+    /// it is: unchanged since the start, the guard's sealed copy, or the
+    /// developer's own write during the run. After an event of the
+    /// sandbox, and in the walk of a directory renamed in, it is judged.
+    fn developers_config_stands(&self, root: usize, rel: &Path, st: &FileStat, cause: Cause) -> bool {
+        if cause.pid.is_some() || cause.every_file {
+            return false;
+        }
+        !self.changed_in_run(st) || self.seals.as_ref().is_some_and(|s| s.holds(st, root, rel) || s.developer_wrote_last(st))
     }
 
     /// Whether the root-relative `rel` is Git Sentry's. In a git directory
@@ -878,9 +972,10 @@ impl Engine {
             (ControlFile::InfoAttributes, _) => {
                 self.quarantine(root, rel, parent, name, &st, "info/attributes in a repository the sandbox made or changed", cause, out)
             }
-            (ControlFile::Config | ControlFile::ConfigWorktree, _) => {
-                self.filter_config_file(root, git_dir, rel, parent, name, &st, cause, out)
-            }
+            (ControlFile::Config | ControlFile::ConfigWorktree, _) => match self.developer_config(root, rel) {
+                Some(_) if self.developers_config_stands(root, rel, &st, cause) => {}
+                developer => self.filter_config_file(root, git_dir, rel, parent, name, &st, developer, cause, out),
+            },
             (ControlFile::OperationState(_), FileKind::Other) => {
                 self.quarantine(root, rel, parent, name, &st, "operation state that is a special file", cause, out)
             }
@@ -936,6 +1031,11 @@ impl Engine {
     /// rename it), the exchange is undone and the newer version filtered in
     /// turn. Every version that lands at the name is filtered, so a race
     /// the agent plays on purpose only loses the agent's own update.
+    ///
+    /// `developer`: the developer's own version of a gated repository
+    /// config ([`GuardConfig::developer_configs`]); their entries are kept
+    /// and the ones the sandbox removed put back.
+    #[allow(clippy::too_many_arguments)] // verified fds and names, passed explicitly
     fn filter_config_file(
         &self,
         root: usize,
@@ -944,6 +1044,7 @@ impl Engine {
         parent: BorrowedFd<'_>,
         name: &OsStr,
         st: &FileStat,
+        developer: Option<&[u8]>,
         cause: Cause,
         out: &mut Out,
     ) {
@@ -958,7 +1059,8 @@ impl Engine {
                 Err(e) => return self.error(root, rel, e, out),
             };
             let location = ConfigLocation { workspace_abs: &self.roots[root].path, git_dir };
-            let filtered = config_filter::filter_config(&contents, location, &|p| self.path_ok(root, p));
+            let filtered =
+                config_filter::filter_config_against(&contents, developer.unwrap_or_default(), location, &|p| self.path_ok(root, p));
             if !filtered.changes(&contents) {
                 return self.seal(root, rel, parent, name, st, &contents, &version, cause, out);
             }
@@ -974,13 +1076,24 @@ impl Engine {
                 }
                 Ok(Replaced::Gone) => return,
                 Ok(Replaced::Newer) => continue,
-                // Never left as the agent wrote it: the original goes.
+                // Never left as the agent wrote it: the original goes (the
+                // developer's version is put back by the next sweep).
                 Err(e) => {
                     let reason = format!("a git config the guard could not filter ({e}): taken away whole");
                     return self.quarantine(root, rel, parent, name, st, &reason, cause, out);
                 }
             }
-            let reason = "git config of a repository the sandbox made or changed: only allowlisted keys kept";
+            let reason = match (developer, filtered.restored.is_empty()) {
+                (None, _) => "git config of a repository the sandbox made or changed: only allowlisted keys kept".to_owned(),
+                (Some(_), true) => {
+                    "the sandbox changed the developer's git config: their entries kept, the sandbox's allowlisted".to_owned()
+                }
+                (Some(_), false) => format!(
+                    "the sandbox changed the developer's git config: their entries kept (put back: {}), the sandbox's allowlisted",
+                    filtered.restored.join(", ")
+                ),
+            };
+            let reason = reason.as_str();
             let id = match self.quarantine.keep_copy(&self.roots[root].label, rel, st, &contents, reason) {
                 Ok(id) => id,
                 Err(e) => return self.error(root, rel, format!("filtered, but the original could not be kept: {e}"), out),

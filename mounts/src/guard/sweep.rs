@@ -27,7 +27,17 @@ const MAX_DEPTH: usize = 1024;
 /// Does not depend on pids; call it at session end, Domain stop and guard
 /// restart.
 pub fn sweep(config: &GuardConfig) -> Result<SweepReport, GuardError> {
-    let engine = Engine::open(config.clone())?;
+    sweep_sharing(config, None)
+}
+
+/// [`sweep`] with a stopped guard's seals (what it sealed, and the
+/// developer's writes it saw).
+pub(crate) fn sweep_sharing(
+    config: &GuardConfig,
+    seals: Option<std::sync::Arc<super::neutralise::Seals>>,
+) -> Result<SweepReport, GuardError> {
+    let mut engine = Engine::open(config.clone())?;
+    engine.seals = seals;
     Ok(sweep_engine(&engine))
 }
 
@@ -39,6 +49,7 @@ pub(crate) fn sweep_engine(engine: &Engine) -> SweepReport {
     for root in 0..engine.roots.len() {
         seen += walk(engine, root, Path::new(""), false, &mut out);
     }
+    engine.restore_missing_developer_configs(&mut out);
     SweepReport { neutralised: out.neutralised, errors: out.errors, entries_seen: seen, duration: started.elapsed() }
 }
 

@@ -125,6 +125,10 @@ enum Command {
     Settle(mpsc::Sender<()>),
     /// The gate waits for the queue to be handled: drain now.
     GateDrain,
+    /// Fail as a bug would ([`Guard::fail_for_test`]).
+    Fail,
+    /// Handle nothing for this long ([`Guard::stall_for_test`]).
+    Stall(std::time::Duration),
     Stop,
 }
 
@@ -200,7 +204,19 @@ impl Guard {
             .name("workspace-guard".into())
             .spawn(move || {
                 let _stopped = LoopStopped(state.gate.clone());
-                state.run()
+                let run = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| state.run()));
+                if let Err(payload) = run {
+                    // The gate first: what waits is refused at once.
+                    if let Some(gate) = &state.gate {
+                        gate.loop_stopped();
+                    }
+                    let message = payload
+                        .downcast_ref::<&str>()
+                        .map(|m| (*m).to_owned())
+                        .or_else(|| payload.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "a panic".to_owned());
+                    (state.sink)(GuardEvent::Failed(message));
+                }
             })
             .map_err(|e| MountError::io("spawn", "workspace-guard", e))?;
         let mut guard = Guard { thread: Some(thread), commands, wake: wake_write, backends, config, gate: None, seals };
@@ -209,8 +225,12 @@ impl Guard {
                 Some(fd) => fd.try_clone().map_err(|e| MountError::io("dup", "/", e))?,
                 None => OwnedFd::from(std::fs::File::open("/").map_err(|e| MountError::io("open", "/", e))?),
             };
+            let own_root = match (gate.this_namespace_too, &gate.host_root) {
+                (true, Some(_)) => Some(OwnedFd::from(std::fs::File::open("/").map_err(|e| MountError::io("open", "/", e))?)),
+                _ => None,
+            };
             // On failure `guard` is dropped: the loop stops.
-            guard.gate = Some(Gate::start(&guard.config, &host_root, shared)?);
+            guard.gate = Some(Gate::start(&guard.config, &host_root, own_root.as_ref(), shared)?);
         }
         Ok(guard)
     }
@@ -230,10 +250,36 @@ impl Guard {
         done.recv().map_err(|_| GuardError::Config("the guard thread has stopped".into()))
     }
 
-    /// Stops the thread, then runs a final [`super::sweep`] and returns it.
+    /// Handles every event queued so far ([`Guard::settle`]), then sweeps
+    /// every root in the caller's thread (the session-end sweep; the guard
+    /// goes on handling events meanwhile). Unlike [`super::sweep`] it shares
+    /// the running guard's seals: it knows the guard's sealed copies and the
+    /// developer's own writes during the run, and leaves them as they are.
+    pub fn sweep_now(&self) -> Result<SweepReport, GuardError> {
+        self.settle()?;
+        super::sweep::sweep_sharing(&self.config, self.seals.clone())
+    }
+
+    /// Makes the guard's thread panic, as a bug in it would: for the tests
+    /// that show what a failed guard means for the gate and the Domain.
+    #[doc(hidden)]
+    pub fn fail_for_test(&self) -> Result<(), GuardError> {
+        self.send(Command::Fail)
+    }
+
+    /// Makes the guard's thread handle nothing for `how_long`, as a guard
+    /// starved of CPU would: for the tests of the gate's deadline and of a
+    /// queue overflow.
+    #[doc(hidden)]
+    pub fn stall_for_test(&self, how_long: std::time::Duration) -> Result<(), GuardError> {
+        self.send(Command::Stall(how_long))
+    }
+
+    /// Stops the thread, then runs a final sweep (with the guard's seals
+    /// and what it knew of the developer's writes) and returns it.
     pub fn stop(mut self) -> Result<SweepReport, GuardError> {
         self.halt();
-        let mut report = super::sweep(&self.config);
+        let mut report = super::sweep::sweep_sharing(&self.config, self.seals.clone());
         let unsealed = self.unseal();
         if let Ok(report) = &mut report {
             report.errors.extend(unsealed);
@@ -297,7 +343,8 @@ struct LoopState {
     gate: Option<std::sync::Arc<GateShared>>,
 }
 
-/// Tells the gate when the loop ends by a panic: what waits for it is then
+/// Tells the gate when the loop ends by a panic that was not caught (one
+/// in the sink that reports the failure): what waits for it is then
 /// refused at once. (A stop is followed by the final sweep, which decides
 /// what waits: [`Guard::stop`].)
 struct LoopStopped(Option<std::sync::Arc<GateShared>>);
@@ -353,6 +400,8 @@ impl LoopState {
                             let _ = reply.send(());
                         }
                         Command::GateDrain => self.drain(&mut buffer),
+                        Command::Fail => panic!("the guard failed on purpose (test hook)"),
+                        Command::Stall(how_long) => std::thread::sleep(how_long),
                         Command::Stop => return,
                     }
                 }
