@@ -905,6 +905,7 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
     commit_file(&ws, "tracked.txt");
     setup_git(&ws, &["config", "alias.st", "status"]);
     setup_git(&ws, &["config", "core.editor", "vim"]);
+    setup_git(&ws, &["config", "user.email", "dev@example.invalid"]);
     setup_git(&ws, &["remote", "add", "origin", "git@example.invalid:dev/project.git"]);
     let (uid, gid) = test_user();
     chown_tree(&ws, uid, gid);
@@ -913,7 +914,7 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
     let script = format!(
         "set -e; M={m}; W={w}; cd $W; \
          git init -q --bare $W/bare.git; git init -q -b main $W/subsrc; echo s > $W/subsrc/s.txt; git -C $W/subsrc add s.txt; git -C $W/subsrc commit -qm sub; \
-         git config user.name 'Agent Smith'; \
+         git config user.name 'Agent Smith'; git config user.email agent@example.invalid; \
          git remote add local $W/bare.git; \
          git push -q -u local HEAD:work; \
          git branch -q other; git branch -q -u local/work other; \
@@ -945,6 +946,8 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
     println!("host's git config --list --show-origin:\n{listed}");
     for kept in [
         "file:.git/config\tuser.name=Agent Smith",
+        // A key of the developer's the agent set to an allowed value.
+        "file:.git/config\tuser.email=agent@example.invalid",
         &format!("file:.git/config\tremote.local.url={}/bare.git", ws.display()),
         "file:.git/config\tbranch.main.remote=local",
         "file:.git/config\tbranch.main.merge=refs/heads/work",
@@ -959,6 +962,10 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
         assert!(listed.lines().any(|l| l == kept), "{kept:?} missing from the host's config:\n{listed}");
     }
     assert!(!listed.contains("fsmonitor") && !listed.contains("pager"), "{listed}");
+    assert!(
+        !listed.contains("file:.git/config\tuser.email=dev@example.invalid"),
+        "the developer's value stayed beside the agent's: {listed}"
+    );
     // The developer's file again, writable by them.
     let st = fs::metadata(ws.join(".git/config")).expect("config");
     assert_eq!((st.uid(), st.mode() & 0o777), (uid, 0o644), "the guard's stop gives the config back");

@@ -89,9 +89,12 @@ pub fn filter_config(text: &[u8], location: ConfigLocation<'_>, path_ok: &dyn Fn
 /// [`filter_config`] of a config the developer had written before the
 /// sandbox rewrote it (`developer`: the developer's own version): every
 /// entry of the developer's is kept as well, wherever the sandbox moved
-/// it, and one the sandbox removed or changed is put back at the end (a
-/// key the developer set is never lost; what the sandbox made of it is
-/// allowlisted like any other entry). Entries compare by section,
+/// it; a key the sandbox removed, or set only to values that are dropped,
+/// gets the developer's entries back at the end (a key the developer set
+/// is never lost). A key the sandbox set to a value that is kept (an
+/// allowlisted one: `git config user.name X`, `git push -u`) has that
+/// value instead of the developer's, which the caller keeps in the
+/// quarantine's copy of the original. Entries compare by section,
 /// subsection, key and value, each occurrence once.
 pub fn filter_config_against(
     text: &[u8],
@@ -128,6 +131,9 @@ pub fn filter_config_against(
         .collect();
     let mut writer = Writer::default();
     let mut dropped = Vec::new();
+    // The names (section, subsection, key) the filtered text sets.
+    let name = |e: &ConfigEntry<'_>| (e.section.to_owned(), e.subsection.map(str::to_owned), e.key.to_owned());
+    let mut kept_names = HashSet::new();
     for entry in parsed.entries() {
         let k = key(&entry);
         let developers = match unclaimed.get_mut(&k) {
@@ -141,11 +147,17 @@ pub fn filter_config_against(
             dropped.push(entry_name(&entry));
             continue;
         }
+        kept_names.insert(name(&entry));
         writer.entry(&entry);
     }
-    // What the sandbox took away of the developer's, in their order.
+    // What the sandbox took away of the developer's, in their order: a
+    // name it removed, or set only to values that were dropped. (One it set
+    // to a kept value has that value now: `git config user.name X`.)
     let mut restored = Vec::new();
     for entry in theirs.entries() {
+        if kept_names.contains(&name(&entry)) {
+            continue;
+        }
         if let Some(n) = unclaimed.get_mut(&key(&entry)).filter(|n| **n > 0) {
             *n -= 1;
             writer.entry(&entry);
@@ -396,6 +408,32 @@ mod tests {
         // Without the developer's version, their keys would go too.
         let plain = filter_config(agents.as_bytes(), location(), &|_| true);
         assert!(plain.dropped.contains(&"core.fsmonitor".to_owned()) && plain.dropped.contains(&"remote.origin.url".to_owned()));
+    }
+
+    /// The user's trial: `git config user.name Agent` inside replaced the
+    /// developer's `user.name = Dev`, and putting Dev back after it made
+    /// the key multi-valued (git's last value wins: the agent's change was
+    /// undone, and `git config user.name` then refused to set it).
+    #[test]
+    fn a_developer_key_the_agent_set_to_an_allowlisted_value_takes_that_value() {
+        let developer = "[user]\n\tname = Dev\n[branch \"main\"]\n\tremote = origin\n\tmerge = refs/heads/main\n\
+                         [remote \"origin\"]\n\turl = git@github.com:dev/project.git\n";
+        let agents = "[user]\n\tname = Agent\n[branch \"main\"]\n\tremote = local\n\tmerge = refs/heads/work\n\
+                      [remote \"origin\"]\n\turl = git@github.com:dev/project.git\n[remote \"local\"]\n\turl = /ws/bare.git\n";
+        let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
+        assert!(out.dropped.is_empty() && out.restored.is_empty(), "{:?} {:?}", out.dropped, out.restored);
+        assert!(!out.changes(agents.as_bytes()), "{}", String::from_utf8_lossy(&out.text));
+        // Set to a value that is dropped: the developer's comes back, once.
+        let agents = "[user]\n\tname = Agent\n[remote \"origin\"]\n\turl = https://evil.example/x.git\n";
+        let out = filter_config_against(agents.as_bytes(), developer.as_bytes(), location(), &|_| true);
+        assert_eq!(out.dropped, ["remote.origin.url"]);
+        assert_eq!(out.restored, ["branch.main.remote", "branch.main.merge", "remote.origin.url"]);
+        let text = String::from_utf8_lossy(&out.text);
+        assert_eq!(text.matches("url = ").count(), 1, "{text}");
+        assert!(
+            text.contains("url = git@github.com:dev/project.git") && text.contains("name = Agent") && !text.contains("name = Dev"),
+            "{text}"
+        );
     }
 
     #[test]
