@@ -764,6 +764,27 @@ fn audit_lists_a_quarantined_hook_and_restore_puts_it_back() {
     env.assert_journal_conforms();
 }
 
+/// A developer Domain (with the coordinator's test hooks `hooks`, if any)
+/// whose workspace has one commit, `prepare`d as the developer's and then
+/// given to them, and the marker directory where an attack that ran on
+/// the host leaves a file (the detector checked): (env, workspace,
+/// markers).
+fn attack_ready(hooks: &[(&str, &str)], prepare: impl FnOnce(&Path)) -> (TestEnv, PathBuf, PathBuf) {
+    let mut env = developer_env("");
+    if !hooks.is_empty() {
+        env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
+    }
+    env.env.extend(hooks.iter().map(|(k, v)| ((*k).to_owned(), (*v).to_owned())));
+    let ws = env.workspace.clone();
+    commit_file(&ws, "tracked.txt");
+    prepare(&ws);
+    let (uid, gid) = test_user();
+    chown_tree(&ws, uid, gid);
+    let markers = marker_dir(&env);
+    assert_detector_sees_an_attack(&ws, &markers);
+    (env, ws, markers)
+}
+
 /// The developer's `git status` on the host, as a shell prompt or an
 /// editor runs it: in `dir` itself, or with `git -C dir` from `from`.
 fn host_status(dir: &Path, from: Option<&Path>) -> std::process::Output {
@@ -797,17 +818,8 @@ struct RaceOutcome {
 /// (the guard seals a file only once its writer closed it, so the gate
 /// must refuse it; without the gate git reads it).
 fn rewrite_race(gate_off: bool) -> (RaceOutcome, TestEnv) {
-    let mut env = developer_env("");
-    if gate_off {
-        env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
-        env.env.push(("LAZARET_TEST_GUARD_GATE".into(), "off".into()));
-    }
-    let ws = env.workspace.clone();
-    commit_file(&ws, "tracked.txt");
-    let (uid, gid) = test_user();
-    chown_tree(&ws, uid, gid);
-    let marker_dir = marker_dir(&env);
-    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let hooks: &[(&str, &str)] = if gate_off { &[("LAZARET_TEST_GUARD_GATE", "off")] } else { &[] };
+    let (env, ws, marker_dir) = attack_ready(hooks, |_| {});
     let script = format!(
         "M={m}; W={w}; git init -q $W/tools && git init -q $W/t2 && mkdir -p $W/r3 && git init -q $W/held || exit 1; \
          rm -f $W/held/.git/config; exec 3>$W/held/.git/config; printf '[core]\\n\\trepositoryformatversion = 0\\n' >&3; \
@@ -900,17 +912,13 @@ fn marker_dir_of(env: &TestEnv) -> PathBuf {
 /// others (each reported on the terminal), and nothing runs.
 #[test]
 fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
-    let env = developer_env("");
-    let ws = env.workspace.clone();
-    commit_file(&ws, "tracked.txt");
-    setup_git(&ws, &["config", "alias.st", "status"]);
-    setup_git(&ws, &["config", "core.editor", "vim"]);
-    setup_git(&ws, &["config", "user.email", "dev@example.invalid"]);
-    setup_git(&ws, &["remote", "add", "origin", "git@example.invalid:dev/project.git"]);
-    let (uid, gid) = test_user();
-    chown_tree(&ws, uid, gid);
-    let marker_dir = marker_dir(&env);
-    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let (env, ws, marker_dir) = attack_ready(&[], |ws| {
+        setup_git(ws, &["config", "alias.st", "status"]);
+        setup_git(ws, &["config", "core.editor", "vim"]);
+        setup_git(ws, &["config", "user.email", "dev@example.invalid"]);
+        setup_git(ws, &["remote", "add", "origin", "git@example.invalid:dev/project.git"]);
+    });
+    let (uid, _) = test_user();
     let script = format!(
         "set -e; M={m}; W={w}; cd $W; \
          git init -q --bare $W/bare.git; git init -q -b main $W/subsrc; echo s > $W/subsrc/s.txt; git -C $W/subsrc add s.txt; git -C $W/subsrc commit -qm sub; \
@@ -986,15 +994,7 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
 /// nothing of the agent's afterwards.
 #[test]
 fn a_failed_guard_stops_the_domain_with_a_clear_message() {
-    let mut env = developer_env("");
-    env.env.push(("LAZARET_TEST_HOOKS".into(), "1".into()));
-    env.env.push(("LAZARET_TEST_GUARD_FAIL_MS".into(), "1500".into()));
-    let ws = env.workspace.clone();
-    commit_file(&ws, "tracked.txt");
-    let (uid, gid) = test_user();
-    chown_tree(&ws, uid, gid);
-    let marker_dir = marker_dir(&env);
-    assert_detector_sees_an_attack(&ws, &marker_dir);
+    let (env, ws, marker_dir) = attack_ready(&[("LAZARET_TEST_GUARD_FAIL_MS", "1500")], |_| {});
     let script = format!(
         "M={m}; W={w}; git init -q $W/late || exit 1; \
          end=$(( $(date +%s) + 30 )); while [ $(date +%s) -lt $end ]; do \
