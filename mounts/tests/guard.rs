@@ -1560,3 +1560,38 @@ fn a_stalled_and_overflowed_guard_refuses_and_then_sweeps_never_allows() {
         },
     );
 }
+
+/// Issue 30, bad input: the Domain Root is full, so the quarantine cannot
+/// keep a hook the sandbox planted. The hook still goes (deleted, and
+/// said so): the property comes before the agent's file.
+#[test]
+fn a_hook_the_full_quarantine_cannot_keep_is_deleted_not_left() {
+    common::in_private_mount_ns(|| {
+        let mut fx = Fixture::new();
+        let domain = fx.base().join("domain");
+        // A tmpfs with room for the quarantine directory and two more inodes.
+        nix::mount::mount(Some("tmpfs"), &domain, Some("tmpfs"), nix::mount::MsFlags::empty(), Some("size=64k,nr_inodes=4"))
+            .expect("mount tmpfs");
+        fx.start();
+        let quarantine = domain.join("quarantine");
+        let mut filled = 0;
+        while std::fs::write(quarantine.join(format!("filler-{filled}")), b"").is_ok() {
+            filled += 1;
+            assert!(filled < 100, "the tmpfs does not fill up");
+        }
+        let ws = fx.ws();
+        let mut sb = fx.sandbox();
+        let git = ws.join("planted/.git");
+        for d in ["objects", "refs", "hooks"] {
+            sb.run(&["mkdir", s(&git.join(d))]);
+        }
+        sb.run(&["write", s(&git.join("HEAD")), "ref: refs/heads/main\\n"]);
+        sb.run(&["write", s(&git.join("hooks/pre-commit")), "#!/bin/sh\\nevil\\n"]);
+        fx.settle();
+        assert!(!git.join("hooks/pre-commit").exists(), "the hook stayed: {:?} {:?}", fx.neutralised(), fx.errors());
+        let taken = fx.neutralised().into_iter().find(|n| n.path == Path::new("planted/.git/hooks/pre-commit")).expect("reported");
+        assert!(taken.quarantine_id.is_none() && taken.reason.contains("deleted: the quarantine could not keep it"), "{taken:?}");
+        drop(fx);
+        nix::mount::umount2(&domain, nix::mount::MntFlags::MNT_DETACH).expect("umount");
+    });
+}

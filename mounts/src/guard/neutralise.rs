@@ -1184,7 +1184,21 @@ impl Engine {
         self.note_taken((st.st_dev, st.st_ino));
         match self.quarantine.take(&self.roots[root].label, rel, parent, name, st, reason) {
             Ok(id) => self.record(root, rel, Action::Quarantined, reason, Some(id), cause, out),
-            Err(e) => self.error(root, rel, e, out),
+            // The quarantine cannot keep it (the Domain Root is full, say):
+            // the property comes before the agent's file, which goes.
+            Err(e) => match nix::sys::stat::fstatat(parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                Ok(now) if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino) => {
+                    match nix::unistd::unlinkat(parent, name, nix::unistd::UnlinkatFlags::NoRemoveDir) {
+                        Ok(()) | Err(Errno::ENOENT) => {
+                            let reason = format!("{reason} (deleted: the quarantine could not keep it: {e})");
+                            self.record(root, rel, Action::Quarantined, reason, None, cause, out)
+                        }
+                        Err(errno) => self.error(root, rel, format!("{e}; and deleting it failed: {errno}"), out),
+                    }
+                }
+                // Gone or replaced meanwhile: the new one has its own event.
+                _ => self.error(root, rel, e, out),
+            },
         }
     }
 
