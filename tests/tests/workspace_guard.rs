@@ -905,7 +905,8 @@ fn marker_dir_of(env: &TestEnv) -> PathBuf {
 }
 
 /// Issue 30, part 2: a developer agent's `git config`, `remote add`,
-/// `push -u`, `branch -u` and `submodule add`/`update --init` work inside
+/// `push -u` (to a bare repository in the workspace), `branch -u` and
+/// `submodule add`/`update --init` (from another) work inside
 /// on the workspace's own `.git/config`; the host's git reads only what
 /// the guard allowed: the agent's allowlisted keys, every key the
 /// developer had (one the agent removed is put back), none of the agent's
@@ -921,12 +922,12 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
     let (uid, _) = test_user();
     let script = format!(
         "set -e; M={m}; W={w}; cd $W; \
-         git init -q --bare $W/bare.git; git init -q -b main $W/subsrc; echo s > $W/subsrc/s.txt; git -C $W/subsrc add s.txt; git -C $W/subsrc commit -qm sub; \
+         git init -q --bare $W/bare.git; git init -q -b main $W/subsrc; echo s > $W/subsrc/s.txt; git -C $W/subsrc add s.txt; git -C $W/subsrc commit -qm sub; git clone -q --bare $W/subsrc $W/sub.git; \
          git config user.name 'Agent Smith'; git config user.email agent@example.invalid; \
          git remote add local $W/bare.git; \
          git push -q -u local HEAD:work; \
          git branch -q other; git branch -q -u local/work other; \
-         git -c protocol.file.allow=always submodule add -q $W/subsrc sub; \
+         git -c protocol.file.allow=always submodule add -q $W/sub.git sub; \
          git -c protocol.file.allow=always submodule update -q --init; \
          git config core.fsmonitor \"touch $M/fsmonitor\"; \
          git config core.pager \"touch $M/pager\"; \
@@ -960,7 +961,7 @@ fn the_agents_git_config_work_inside_reaches_the_host_only_as_allowed() {
         "file:.git/config\tbranch.main.remote=local",
         "file:.git/config\tbranch.main.merge=refs/heads/work",
         "file:.git/config\tbranch.other.remote=local",
-        &format!("file:.git/config\tsubmodule.sub.url={}/subsrc", ws.display()),
+        &format!("file:.git/config\tsubmodule.sub.url={}/sub.git", ws.display()),
         "file:.git/config\tsubmodule.sub.active=true",
         // The developer's own, the one the agent removed included.
         "file:.git/config\talias.st=status",
