@@ -41,7 +41,7 @@ fi
 rust_ok || { echo "setup: no Rust >= 1.85 found or installable (install one with rustup)" >&2; exit 1; }
 
 need=()
-packages=(debootstrap zstd git pkg-config libnftnl-dev libmnl-dev ca-certificates gcc libc6-dev iproute2 util-linux)
+packages=(debootstrap zstd git pkg-config ca-certificates gcc libc6-dev iproute2 util-linux)
 # The test suite also needs a registry, skopeo, htpasswd and openssl (issue
 # 7's tests) and Python's venv (the TLA+ parsers of protocol/check-tla.sh).
 # busybox-static makes the escalation tests' image that has no libc at all.

@@ -73,6 +73,7 @@ mod live;
 pub mod nat;
 pub mod netns;
 mod nft;
+mod nftcodec;
 mod nftset;
 mod refused;
 
@@ -112,7 +113,7 @@ pub fn refused_destinations(sidecar: &Netns) -> Result<Vec<RefusedDestination>, 
         let tables = nat::list_tables()?;
         let mut found = Vec::new();
         for name in [SIDECAR_FILTER_TABLE, LOCKED_TABLE] {
-            if tables.iter().any(|t| t.family == nft::NFPROTO_INET && t.name == name) {
+            if tables.iter().any(|t| t.family == nftcodec::NFPROTO_INET && t.name == name) {
                 found.extend(refused::read_table(name)?);
             }
         }
@@ -1087,7 +1088,7 @@ fn sidecar_filter_differences(filter: &nft::TableSpec, locked: Option<&nft::Tabl
     }
     let ours = |name: &str| name == filter.name || locked.is_some_and(|l| l.name == name);
     for table in nat::list_tables()? {
-        if !(table.family == nft::NFPROTO_INET && ours(&table.name)) {
+        if !(table.family == nftcodec::NFPROTO_INET && ours(&table.name)) {
             differences.push(format!("unexpected nftables table {} (family {}) in the sidecar", table.name, table.family));
         }
     }

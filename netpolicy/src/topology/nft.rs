@@ -1,9 +1,9 @@
 //! Lazaret's nftables tables as data: one description of each table
-//! ([`TableSpec`]) is what gets installed (through nftnl, as in [`super::nat`])
+//! ([`TableSpec`]) is what gets installed (netlink messages of `nftcodec`)
 //! and what a dump of the kernel's chains and rules is compared with.
 //!
 //! The comparison is on the netlink form: the rules Lazaret would send are
-//! serialized by nftnl, the kernel's are dumped, and both are reduced to
+//! serialized by `nftcodec`, the kernel's are dumped, and both are reduced to
 //! their expressions (name and attributes, attribute order and nesting
 //! flags ignored). Only `accept`-policy base chains are used, and a chain
 //! of one Lazaret table can only drop or reject: another table's verdicts
@@ -20,20 +20,29 @@
 //! (and `lazaret-locked` in locked mode, [`locked_table`]). A sidecar
 //! table counts what it refuses: its rejecting rules `goto refuse`, a chain
 //! that, with the counting sets and `lazaret-filter`'s `refused-routes`, is
-//! built from raw messages by `refused` and read back here with the rest.
+//! described by `refused` and read back here with the rest.
 
-use std::ffi::CString;
 use std::fmt;
-use std::io;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
-use nftnl::expr::{Lookup, Verdict as NftVerdict};
-use nftnl::set::Set;
-use nftnl::{Batch, Chain, ChainType, FinalizedBatch, Hook, MsgType, Policy, ProtoFamily, Rule, Table, nft_expr};
-
+use super::nftcodec::{
+    self as codec, BaseChain, Batch, Expr, Message, NFPROTO_INET, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_CT_STATE, NFT_META_IIFNAME,
+    NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_META_OIFNAME, NFT_MSG_DELCHAIN, NFT_MSG_DELTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
+    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NLM_F_APPEND,
+    NLM_F_CREATE, NLM_F_EXCL, Transaction, Verdict, attributes, be32_value, find, parse_messages, string,
+};
+use super::nftset::{self, SetSpec};
 use super::refused::{self, Counting, REFUSED_SET_SIZE, REFUSED_TIMEOUT, refused_set_name};
 use super::{SIDECAR_INNER_LINK, SidecarId, TopologyError};
 use crate::prefix::Prefix;
+
+/// Host table names start with this; the Sidecar ID follows.
+pub const NAT_TABLE_PREFIX: &str = "lazaret-";
+
+/// The name of a Domain's host (NAT) table.
+pub fn table_name(id: SidecarId) -> String {
+    format!("{NAT_TABLE_PREFIX}{id}")
+}
 
 /// How [`TableSpec::batch`] treats what is there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,10 +56,8 @@ enum Replacing {
 
 /// The sidecar's filter table (family inet).
 pub const SIDECAR_FILTER_TABLE: &str = "lazaret-filter";
-/// `NFPROTO_INET`.
-pub(crate) const NFPROTO_INET: u8 = 1;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+const NFPROTO_IPV4: u8 = codec::NFPROTO_IPV4;
+const NFPROTO_IPV6: u8 = codec::NFPROTO_IPV6;
 /// Standard `srcnat` and `filter` priorities.
 const SRCNAT_PRIORITY: i32 = 100;
 const FILTER_PRIORITY: i32 = 0;
@@ -123,14 +130,6 @@ pub(crate) struct ChainSpec {
     pub name: &'static str,
     pub kind: ChainKind,
     pub rules: Vec<RuleSpec>,
-}
-
-/// One named set of addresses whose elements time out (`type
-/// ipv4_addr|ipv6_addr; flags timeout;`), filled at run time.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct SetSpec {
-    pub name: String,
-    pub v4: bool,
 }
 
 /// One `inet` table.
@@ -253,102 +252,105 @@ fn netmask(prefix: &Prefix) -> IpAddr {
     }
 }
 
-fn c_name(text: &str) -> Result<CString, TopologyError> {
-    CString::new(text).map_err(|_| TopologyError::BadInterfaceName("nft name with NUL".into()))
+fn c_name(text: &str) -> Result<&str, TopologyError> {
+    if text.contains('\0') {
+        return Err(TopologyError::BadInterfaceName("nft name with NUL".into()));
+    }
+    Ok(text)
 }
 
-fn add_address(rule: &mut Rule<'_>, address: IpAddr, source: bool, equal: bool) {
-    match (address, source) {
-        (IpAddr::V4(_), true) => rule.add_expr(&nft_expr!(payload ipv4 saddr)),
-        (IpAddr::V4(_), false) => rule.add_expr(&nft_expr!(payload ipv4 daddr)),
-        (IpAddr::V6(_), true) => rule.add_expr(&nft_expr!(payload ipv6 saddr)),
-        (IpAddr::V6(_), false) => rule.add_expr(&nft_expr!(payload ipv6 daddr)),
+/// `payload ip|ip6 saddr|daddr` into register 1.
+fn address_payload(v4: bool, source: bool) -> Expr {
+    let (offset, len) = match (v4, source) {
+        (true, true) => (12, 4),
+        (true, false) => (16, 4),
+        (false, true) => (8, 16),
+        (false, false) => (24, 16),
+    };
+    Expr::Payload { base: NFT_PAYLOAD_NETWORK_HEADER, offset, len, dreg: NFT_REG_1 }
+}
+
+fn octets(address: IpAddr) -> Vec<u8> {
+    match address {
+        IpAddr::V4(a) => a.octets().to_vec(),
+        IpAddr::V6(a) => a.octets().to_vec(),
     }
-    if equal {
-        rule.add_expr(&nft_expr!(cmp == address));
-    } else {
-        rule.add_expr(&nft_expr!(cmp != address));
-    }
+}
+
+fn add_address(rule: &mut Vec<Expr>, address: IpAddr, source: bool, equal: bool) {
+    rule.push(address_payload(address.is_ipv4(), source));
+    rule.push(Expr::Cmp { op: if equal { NFT_CMP_EQ } else { NFT_CMP_NEQ }, value: octets(address) });
+}
+
+fn meta(key: u32) -> Expr {
+    Expr::Meta { key, dreg: NFT_REG_1 }
+}
+
+fn cmp(op: u32, value: &[u8]) -> Expr {
+    Expr::Cmp { op, value: value.to_vec() }
 }
 
 impl RuleSpec {
-    fn build<'c>(&self, chain: &'c Chain<'c>, comment: &CString) -> Result<Rule<'c>, TopologyError> {
-        let mut rule = Rule::new(chain);
+    /// The rule's expressions.
+    fn expressions(&self) -> Result<Vec<Expr>, TopologyError> {
+        let mut rule = Vec::new();
         for item in &self.matches {
             match item {
                 Match::IifName(name) => {
-                    let name = interface_name(name)?;
-                    rule.add_expr(&nft_expr!(meta iifname));
-                    rule.add_expr(&nft_expr!(cmp == &name[..]));
+                    rule.push(meta(NFT_META_IIFNAME));
+                    rule.push(cmp(NFT_CMP_EQ, &interface_name(name)?));
                 }
                 Match::OifName(name) => {
-                    let name = interface_name(name)?;
-                    rule.add_expr(&nft_expr!(meta oifname));
-                    rule.add_expr(&nft_expr!(cmp == &name[..]));
+                    rule.push(meta(NFT_META_OIFNAME));
+                    rule.push(cmp(NFT_CMP_EQ, &interface_name(name)?));
                 }
                 Match::Family(v4) => {
-                    rule.add_expr(&nft_expr!(meta nfproto));
-                    rule.add_expr(&nft_expr!(cmp == if *v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 }));
+                    rule.push(meta(NFT_META_NFPROTO));
+                    rule.push(cmp(NFT_CMP_EQ, &[if *v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 }]));
                 }
                 Match::Daddr(address) => add_address(&mut rule, *address, false, true),
                 Match::Saddr(address) => add_address(&mut rule, *address, true, true),
                 Match::SaddrNot(address) => add_address(&mut rule, *address, true, false),
                 Match::Dport(protocol, port) => {
-                    rule.add_expr(&nft_expr!(meta l4proto));
-                    rule.add_expr(&nft_expr!(cmp == *protocol));
+                    rule.push(meta(NFT_META_L4PROTO));
+                    rule.push(cmp(NFT_CMP_EQ, &[*protocol]));
                     // The same header offset for TCP and UDP (`th dport`).
-                    rule.add_expr(&nft_expr!(payload tcp dport));
-                    rule.add_expr(&nft_expr!(cmp == port.to_be()));
+                    rule.push(Expr::Payload { base: NFT_PAYLOAD_TRANSPORT_HEADER, offset: 2, len: 2, dreg: NFT_REG_1 });
+                    rule.push(cmp(NFT_CMP_EQ, &port.to_be_bytes()));
                 }
                 Match::NotEstablishedOrRelated => {
-                    rule.add_expr(&nft_expr!(ct state));
-                    rule.add_expr(&nft_expr!(cmp != CT_ESTABLISHED));
-                    rule.add_expr(&nft_expr!(cmp != CT_RELATED));
+                    rule.push(Expr::Ct { key: NFT_CT_STATE });
+                    rule.push(cmp(NFT_CMP_NEQ, &CT_ESTABLISHED.to_ne_bytes()));
+                    rule.push(cmp(NFT_CMP_NEQ, &CT_RELATED.to_ne_bytes()));
                 }
                 Match::EstablishedOrRelated => {
-                    rule.add_expr(&nft_expr!(ct state));
-                    rule.add_expr(&nft_expr!(bitwise mask CT_ESTABLISHED | CT_RELATED, xor 0u32));
-                    rule.add_expr(&nft_expr!(cmp != 0u32));
+                    rule.push(Expr::Ct { key: NFT_CT_STATE });
+                    rule.push(Expr::Bitwise { mask: (CT_ESTABLISHED | CT_RELATED).to_ne_bytes().to_vec(), xor: vec![0; 4] });
+                    rule.push(cmp(NFT_CMP_NEQ, &0u32.to_ne_bytes()));
                 }
                 Match::DaddrInSet(v4, name) => {
-                    let name = c_name(name)?;
-                    let table = chain.get_table();
-                    // Only to name the set in the lookup: the set itself is
-                    // created by `sets_messages` (nftnl cannot give it a timeout).
-                    if *v4 {
-                        rule.add_expr(&nft_expr!(payload ipv4 daddr));
-                        rule.add_expr(&Lookup::new(&Set::<Ipv4Addr>::new_named(&name, 0, table, ProtoFamily::Inet)));
-                    } else {
-                        rule.add_expr(&nft_expr!(payload ipv6 daddr));
-                        rule.add_expr(&Lookup::new(&Set::<Ipv6Addr>::new_named(&name, 0, table, ProtoFamily::Inet)));
-                    }
+                    // The set itself is created by `nftset::create_table_and_sets`.
+                    rule.push(address_payload(*v4, false));
+                    rule.push(Expr::Lookup { set: c_name(name)?.to_string() });
                 }
                 Match::DaddrInPrefix(prefix) => {
-                    let (mask, network): (Vec<u8>, Vec<u8>) = match (prefix.network(), netmask(prefix)) {
-                        (IpAddr::V4(network), IpAddr::V4(mask)) => {
-                            rule.add_expr(&nft_expr!(payload ipv4 daddr));
-                            (mask.octets().to_vec(), network.octets().to_vec())
-                        }
-                        (IpAddr::V6(network), IpAddr::V6(mask)) => {
-                            rule.add_expr(&nft_expr!(payload ipv6 daddr));
-                            (mask.octets().to_vec(), network.octets().to_vec())
-                        }
-                        _ => return Err(TopologyError::Nftables { action: format!("build rule {self}"), reason: "mixed families".into() }),
-                    };
-                    let zero = vec![0u8; mask.len()];
-                    rule.add_expr(&nft_expr!(bitwise mask &mask[..], xor &zero[..]));
-                    rule.add_expr(&nft_expr!(cmp == &network[..]));
+                    let (network, mask) = (prefix.network(), netmask(prefix));
+                    if network.is_ipv4() != mask.is_ipv4() {
+                        return Err(TopologyError::Nftables { action: format!("build rule {self}"), reason: "mixed families".into() });
+                    }
+                    rule.push(address_payload(network.is_ipv4(), false));
+                    let mask = octets(mask);
+                    rule.push(Expr::Bitwise { xor: vec![0; mask.len()], mask });
+                    rule.push(cmp(NFT_CMP_EQ, &octets(network)));
                 }
             }
         }
-        match self.action {
-            Action::Accept => rule.add_expr(&nft_expr!(verdict accept)),
-            Action::Drop => rule.add_expr(&nft_expr!(verdict drop)),
-            Action::Refuse => rule.add_expr(&NftVerdict::Goto { chain: c_name(refused::REFUSE_CHAIN)? }),
-            Action::Masquerade => rule.add_expr(&nft_expr!(masquerade)),
-        }
-        rule.set_comment(comment)
-            .map_err(|reason| TopologyError::Nftables { action: format!("build rule {self}"), reason: reason.to_string() })?;
+        rule.push(match self.action {
+            Action::Accept => Expr::Verdict(Verdict::Accept),
+            Action::Drop => Expr::Verdict(Verdict::Drop),
+            Action::Refuse => Expr::Verdict(Verdict::Goto(refused::REFUSE_CHAIN.to_string())),
+            Action::Masquerade => Expr::Masquerade,
+        });
         Ok(rule)
     }
 }
@@ -357,76 +359,66 @@ impl TableSpec {
     /// The whole table as one batch: the table, its chains and their rules;
     /// with `replacing`, an existing table of the name is deleted first in
     /// the same transaction (so no packet ever sees it half built or gone).
-    fn batch(&self, replacing: Replacing) -> Result<FinalizedBatch, TopologyError> {
+    fn batch(&self, replacing: Replacing) -> Result<Transaction, TopologyError> {
         let name = c_name(&self.name)?;
         let comment = c_name(&self.comment)?;
-        let table = Table::new(&name, ProtoFamily::Inet);
-        let mut chains = Vec::new();
-        for spec in &self.chains {
-            let mut chain = Chain::new(&c_name(spec.name)?, &table);
-            match spec.kind {
-                ChainKind::SourceNat => {
-                    chain.set_hook(Hook::PostRouting, SRCNAT_PRIORITY);
-                    chain.set_type(ChainType::Nat);
-                }
-                ChainKind::Forward => {
-                    chain.set_hook(Hook::Forward, FILTER_PRIORITY);
-                    chain.set_type(ChainType::Filter);
-                }
-            }
-            chain.set_policy(Policy::Accept);
-            chains.push(chain);
-        }
-        let mut rules = Vec::new();
-        for (spec, chain) in self.chains.iter().zip(&chains) {
-            for rule in &spec.rules {
-                rules.push(rule.build(chain, &comment)?);
-            }
-        }
+        // Flags as libnftnl set them: a table is added without NLM_F_CREATE
+        // (adding an existing one is no error either way), rules exclusively.
+        let table = codec::table(name, Some(0));
         let mut batch = Batch::new();
         if replacing == Replacing::Table {
             // Adding an existing table is no error; deleting a missing one would be.
-            batch.add(&table, MsgType::Add);
-            batch.add(&table, MsgType::Del);
+            batch.add(NFT_MSG_NEWTABLE, 0, NFPROTO_INET, &table);
+            batch.add(NFT_MSG_DELTABLE, 0, NFPROTO_INET, &table);
         }
-        batch.add(&table, MsgType::Add);
-        for chain in &chains {
+        batch.add(NFT_MSG_NEWTABLE, 0, NFPROTO_INET, &table);
+        for spec in &self.chains {
+            let base = match spec.kind {
+                ChainKind::SourceNat => BaseChain { hook: codec::NF_INET_POST_ROUTING, priority: SRCNAT_PRIORITY, kind: "nat" },
+                ChainKind::Forward => BaseChain { hook: codec::NF_INET_FORWARD, priority: FILTER_PRIORITY, kind: "filter" },
+            };
+            let chain = codec::chain(name, c_name(spec.name)?, Some(base));
             if replacing == Replacing::Chains {
                 // The same for each base chain: its rules go with it.
-                batch.add(chain, MsgType::Add);
-                batch.add(chain, MsgType::Del);
+                batch.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, NFPROTO_INET, &chain);
+                batch.add(NFT_MSG_DELCHAIN, 0, NFPROTO_INET, &chain);
             }
-            batch.add(chain, MsgType::Add);
+            batch.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, NFPROTO_INET, &chain);
         }
-        for rule in &rules {
-            batch.add(rule, MsgType::Add);
+        for spec in &self.chains {
+            for rule in &spec.rules {
+                let payload = codec::commented_rule(name, spec.name, comment, &rule.expressions()?)
+                    .map_err(|reason| TopologyError::Nftables { action: format!("build rule {rule}"), reason })?;
+                batch.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND | NLM_F_EXCL, NFPROTO_INET, &payload);
+            }
         }
-        Ok(batch.finalize())
+        Ok(batch.finish())
     }
 
     /// Installs the table in the calling thread's namespace: first the
-    /// table and its sets (raw messages, one transaction), then the chains
-    /// and rules (nftnl). Only used before the sandbox starts.
+    /// table and its sets (one transaction), then its counting chains (one
+    /// transaction), then the chains and rules (one transaction). Only used
+    /// before the sandbox starts.
     pub fn install(&self) -> Result<(), TopologyError> {
         let counting = self.counting != Counting::Off;
         if !self.sets.is_empty() || counting {
-            super::nftset::create_table_and_sets(&self.name, &self.sets, counting)?;
+            nftset::create_table_and_sets(&self.name, &self.sets, counting)?;
         }
         if counting {
-            let mut bodies = Vec::new();
+            let mut batch = Batch::new();
             for chain in refused::chains(self.counting) {
-                bodies.push((NFT_MSG_NEWCHAIN, super::nftset::NLM_F_CREATE, refused::chain_payload(&self.name, &chain)));
+                batch.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, NFPROTO_INET, &refused::chain_payload(&self.name, &chain));
                 for rule in &chain.rules {
-                    bodies.push((NFT_MSG_NEWRULE, super::nftset::NLM_F_CREATE | NLM_F_APPEND, refused::rule_payload(&self.name, rule)));
+                    batch.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, NFPROTO_INET, &refused::rule_payload(&self.name, rule));
                 }
             }
-            super::nftset::transact(bodies).map_err(|source| TopologyError::Io {
+            codec::transact(&batch.finish()).map_err(|source| TopologyError::Io {
                 action: format!("nftables: install the counting chains of inet {}", self.name),
                 source,
             })?;
         }
         let batch = self.batch(Replacing::Nothing)?;
-        super::nat::send(&batch)
+        codec::transact_detached(batch)
             .map_err(|source| TopologyError::Io { action: format!("nftables: install table inet {}", self.name), source })
     }
 
@@ -437,14 +429,14 @@ impl TableSpec {
     /// its rules in the same transaction.
     pub fn replace(&self) -> Result<(), TopologyError> {
         let batch = self.batch(if self.counting == Counting::Off { Replacing::Table } else { Replacing::Chains })?;
-        super::nat::send(&batch)
+        codec::transact_detached(batch)
             .map_err(|source| TopologyError::Io { action: format!("nftables: replace table inet {}", self.name), source })
     }
 
     /// What the kernel should hold for this table, in netlink form.
     fn expected(&self) -> Result<(Vec<DumpedChain>, Vec<DumpedRule>), TopologyError> {
         let batch = self.batch(Replacing::Nothing)?;
-        let mut messages: Vec<Message> = batch.iter().flat_map(parse_messages).collect();
+        let mut messages: Vec<Message> = parse_messages(&batch.bytes);
         for chain in refused::chains(self.counting) {
             messages.push(Message { kind: NFT_MSG_NEWCHAIN, family: NFPROTO_INET, attributes: refused::chain_payload(&self.name, &chain) });
             for rule in &chain.rules {
@@ -461,7 +453,7 @@ impl TableSpec {
     pub fn differences(&self) -> Result<Vec<String>, TopologyError> {
         let (expected_chains, expected_rules) = self.expected()?;
         let belongs = |table: &str, family: u8| table == self.name && family == NFPROTO_INET;
-        let tables = super::nat::list_tables()?;
+        let tables = codec::list_tables().map_err(|source| TopologyError::Io { action: "nftables: list tables".into(), source })?;
         let table = format!("nftables table inet {}", self.name);
         if !tables.iter().any(|t| belongs(&t.name, t.family)) {
             return Ok(vec![format!("{table} is missing")]);
@@ -473,7 +465,7 @@ impl TableSpec {
         let mut differences = Vec::new();
         if !self.sets.is_empty() || self.counting != Counting::Off {
             differences.extend(
-                super::nftset::set_differences(&self.name, &self.sets, self.counting != Counting::Off)?
+                nftset::set_differences(&self.name, &self.sets, self.counting != Counting::Off)?
                     .into_iter()
                     .map(|d| format!("{table}: {d}")),
             );
@@ -633,7 +625,7 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
         forward.push(RuleSpec { matches, action: Action::Drop });
     }
     TableSpec {
-        name: super::nat::table_name(id),
+        name: table_name(id),
         sets: Vec::new(),
         chains: vec![
             ChainSpec { name: "snat", kind: ChainKind::SourceNat, rules: masquerade },
@@ -644,75 +636,10 @@ pub(crate) fn host_table(id: SidecarId, sandbox: Ipv4Addr, sandbox6: Option<Ipv6
     }
 }
 
-// ---- netlink messages of nf_tables, parsed without trusting their lengths ----
-
-pub(super) const NFNL_SUBSYS_NFTABLES: u16 = 10;
-const NFT_MSG_NEWCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 3;
-/// `NLM_F_APPEND`: a new rule goes after the chain's others.
-const NLM_F_APPEND: u16 = 0x800;
-const NFT_MSG_GETCHAIN: u16 = NFNL_SUBSYS_NFTABLES << 8 | 4;
-const NFT_MSG_NEWRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 6;
-const NFT_MSG_GETRULE: u16 = NFNL_SUBSYS_NFTABLES << 8 | 7;
-const NLMSG_HEADER: usize = 16;
-const NFGENMSG: usize = 4;
-
-/// One netlink message: its type, the nfgenmsg family and its attributes.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Message {
-    pub kind: u16,
-    pub family: u8,
-    pub attributes: Vec<u8>,
-}
-
-/// The messages in a buffer (several may follow each other); anything
-/// malformed ends the parse.
-pub(crate) fn parse_messages(mut bytes: &[u8]) -> Vec<Message> {
-    let mut messages = Vec::new();
-    while bytes.len() >= NLMSG_HEADER {
-        let length = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]) as usize;
-        let kind = u16::from_ne_bytes([bytes[4], bytes[5]]);
-        if length < NLMSG_HEADER || length > bytes.len() {
-            break;
-        }
-        if length >= NLMSG_HEADER + NFGENMSG {
-            messages.push(Message { kind, family: bytes[NLMSG_HEADER], attributes: bytes[NLMSG_HEADER + NFGENMSG..length].to_vec() });
-        }
-        let padded = (length + 3) & !3;
-        bytes = bytes.get(padded..).unwrap_or_default();
-    }
-    messages
-}
-
-/// The attributes in `bytes` (type without the nested/byte-order flags),
-/// or `None` unless the bytes are exactly a sequence of attributes.
-pub(crate) fn attributes(mut bytes: &[u8]) -> Option<Vec<(u16, &[u8])>> {
-    let mut found = Vec::new();
-    while !bytes.is_empty() {
-        if bytes.len() < 4 {
-            return None;
-        }
-        let length = u16::from_ne_bytes([bytes[0], bytes[1]]) as usize;
-        let kind = u16::from_ne_bytes([bytes[2], bytes[3]]) & 0x3fff;
-        if length < 4 || length > bytes.len() {
-            return None;
-        }
-        found.push((kind, &bytes[4..length]));
-        let padded = ((length + 3) & !3).min(bytes.len());
-        bytes = &bytes[padded..];
-    }
-    Some(found)
-}
+// ---- the kernel's chains and rules, reduced for comparison ----
 
 fn attribute(bytes: &[u8], kind: u16) -> Option<&[u8]> {
-    attributes(bytes)?.into_iter().find(|(k, _)| *k == kind).map(|(_, v)| v)
-}
-
-fn string(value: &[u8]) -> String {
-    String::from_utf8_lossy(value.split(|b| *b == 0).next().unwrap_or_default()).to_string()
-}
-
-fn be32(value: &[u8]) -> Option<u32> {
-    Some(u32::from_be_bytes(value.get(..4)?.try_into().ok()?))
+    find(bytes, kind)
 }
 
 /// An attribute value reduced for comparison: nested attributes (in any
@@ -735,9 +662,10 @@ fn normalize(bytes: &[u8]) -> Value {
 }
 
 /// The attributes of an expression that say what it does: the kernel dumps
-/// a lookup with its flags but not the set ID nftnl sends (keep only
-/// NFTA_LOOKUP_SET and _SREG), and a bitwise with the operation nftnl
-/// leaves out (drop NFTA_BITWISE_OP, 0 = mask-and-xor either way).
+/// a lookup with its flags but not the set ID `nftcodec` sends (keep only
+/// NFTA_LOOKUP_SET and _SREG), and a bitwise with the operation `nftcodec`
+/// leaves out, as libnftnl did (drop NFTA_BITWISE_OP, 0 = mask-and-xor
+/// either way).
 fn comparable(name: &str, data: Value) -> Value {
     let keep: fn(u16) -> bool = match name {
         "lookup" => |kind| kind == 1 || kind == 2,
@@ -753,7 +681,7 @@ fn comparable(name: &str, data: Value) -> Value {
     }
 }
 
-/// A base chain as dumped (or as nftnl serializes it).
+/// A base chain as dumped (or as `nftcodec` serializes it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct DumpedChain {
     family: u8,
@@ -778,15 +706,15 @@ impl DumpedChain {
             family: message.family,
             table: string(attribute(bytes, TABLE)?),
             name: string(attribute(bytes, NAME)?),
-            hook: hook.and_then(|h| attribute(h, 1)).and_then(be32),
-            priority: hook.and_then(|h| attribute(h, 2)).and_then(be32).map(|p| p as i32),
-            policy: attribute(bytes, POLICY).and_then(be32),
+            hook: hook.and_then(|h| attribute(h, 1)).and_then(be32_value),
+            priority: hook.and_then(|h| attribute(h, 2)).and_then(be32_value).map(|p| p as i32),
+            policy: attribute(bytes, POLICY).and_then(be32_value),
             kind: attribute(bytes, TYPE).map(string),
         })
     }
 }
 
-/// A rule as dumped (or as nftnl serializes it): its chain and expressions.
+/// A rule as dumped (or as `nftcodec` serializes it): its chain and expressions.
 #[derive(Debug, Clone, PartialEq, Eq)]
 struct DumpedRule {
     family: u8,
@@ -825,33 +753,10 @@ impl DumpedRule {
 /// the calling thread's namespace; given a table, only that table's (the
 /// kernel filters rule dumps by table; callers filter again).
 fn dump(request: u16, table: Option<&str>) -> Result<Vec<Message>, TopologyError> {
-    let run = || -> io::Result<Vec<Message>> {
-        let socket = mnl::Socket::new(mnl::Bus::Netfilter)?;
-        let portid = socket.portid();
-        let sequence: u32 = 1;
-        const NLM_F_REQUEST: u16 = 1;
-        const NLM_F_DUMP: u16 = 0x300;
-        // NFTA_RULE_TABLE / NFTA_CHAIN_TABLE (both 1): the name with its NUL, padded.
-        let mut filter = Vec::new();
-        if let Some(name) = table {
-            let value = [name.as_bytes(), &[0]].concat();
-            filter.extend(((4 + value.len()) as u16).to_ne_bytes());
-            filter.extend(1u16.to_ne_bytes());
-            filter.extend(&value);
-            filter.resize((filter.len() + 3) & !3, 0);
-        }
-        let mut message = Vec::with_capacity(NLMSG_HEADER + NFGENMSG + filter.len());
-        message.extend(((NLMSG_HEADER + NFGENMSG + filter.len()) as u32).to_ne_bytes());
-        message.extend(request.to_ne_bytes());
-        message.extend((NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-        message.extend(sequence.to_ne_bytes());
-        message.extend(0u32.to_ne_bytes());
-        message.extend([NFPROTO_INET, 0, 0, 0]);
-        message.extend(filter);
-        socket.send(&message)?;
-        super::nat::receive_dump(&socket, sequence, portid, parse_messages)
-    };
-    run().map_err(|source| TopologyError::Io { action: "nftables: dump chains and rules".into(), source })
+    // NFTA_RULE_TABLE / NFTA_CHAIN_TABLE (both 1).
+    let filter = table.map(|name| codec::table(name, None)).unwrap_or_default();
+    codec::dump(request, NFPROTO_INET, &filter)
+        .map_err(|source| TopologyError::Io { action: "nftables: dump chains and rules".into(), source })
 }
 
 #[cfg(test)]
@@ -939,7 +844,7 @@ mod tests {
 
     #[test]
     fn normalization_ignores_attribute_order_and_flags() {
-        use crate::topology::nat::tests::attribute;
+        use crate::topology::nftcodec::attr as attribute;
         let a = [attribute(1, &[0, 0, 0, 1]), attribute(0x8000 | 2, &attribute(1, &[9, 9]))].concat();
         let b = [attribute(2, &attribute(1, &[9, 9])), attribute(1, &[0, 0, 0, 1])].concat();
         assert_eq!(normalize(&a), normalize(&b));
@@ -947,6 +852,43 @@ mod tests {
         // Malformed lengths are plain bytes, never a panic.
         assert_eq!(normalize(&[200, 0, 1, 0]), Value::Bytes(vec![200, 0, 1, 0]));
         assert_eq!(attributes(&[8, 0, 1, 0, 1]), None);
+    }
+
+    /// The same bytes as libnftnl (through the `nftnl` crate) sent for
+    /// these tables, up to what `testing::normalized` says may differ.
+    #[test]
+    fn batches_match_libnftnl() {
+        use crate::topology::nftcodec::fixtures;
+        use crate::topology::nftcodec::testing::{assert_same, hex};
+        let id: SidecarId = "abcdef0123".parse().expect("valid test input");
+        let host = host_table(id, Ipv4Addr::new(100, 96, 0, 4), Some("fd6c:617a:6172::6460:4".parse().expect("ip")));
+        let host4 = host_table(id, Ipv4Addr::new(100, 96, 0, 4), None);
+        let filter = sidecar_filter(&[ip("192.168.1.1"), ip("fd00::53")]);
+        let locked = locked_table(&[22].into(), &["198.51.100.0/24".parse().expect("prefix"), "2001:db8::/32".parse().expect("prefix")]);
+        for (spec, replacing, fixture, what) in [
+            (&host, Replacing::Table, fixtures::HOST_REPLACE, "host table, replace"),
+            (&host4, Replacing::Nothing, fixtures::HOST4_INSTALL, "IPv4-only host table, install"),
+            (&filter, Replacing::Chains, fixtures::FILTER_REPLACE, "sidecar filter, replace"),
+            (&locked, Replacing::Nothing, fixtures::LOCKED_INSTALL, "locked table, install"),
+        ] {
+            let batch = spec.batch(replacing).expect("serialize");
+            assert_same(&batch.bytes, &hex(fixture), what);
+        }
+    }
+
+    /// What `install` compares with the kernel's dump parses back from the
+    /// very bytes it sends: one chain message per chain, one rule message
+    /// per rule, in order.
+    #[test]
+    fn expected_is_what_is_sent() {
+        let table = locked_table(&[22].into(), &["198.51.100.0/24".parse().expect("prefix")]);
+        let sent = parse_messages(&table.batch(Replacing::Nothing).expect("batch").bytes);
+        let (chains, rules) = table.expected().expect("expected");
+        let sent_rules: Vec<DumpedRule> = sent.iter().filter(|m| m.kind == NFT_MSG_NEWRULE).filter_map(DumpedRule::parse).collect();
+        assert_eq!(sent_rules.len(), table.chains[0].rules.len());
+        assert_eq!(&rules[..sent_rules.len()], &sent_rules[..]);
+        assert_eq!(chains[0], sent.iter().filter(|m| m.kind == NFT_MSG_NEWCHAIN).find_map(DumpedChain::parse).expect("chain"));
+        assert!(rules[sent_rules.len()..].iter().all(|r| r.chain == refused::REFUSE_CHAIN));
     }
 
     #[test]

@@ -19,15 +19,18 @@
 //! resolver and the escalation listener live there). It only counts, never
 //! decides: the packet goes on to the routes, which refuse it.
 //!
-//! nftnl 0.9 has neither the `dynset` nor the `fib` expression, so these
-//! chains, rules and sets are built as raw nf_tables messages like the
-//! timed sets (`nftset`), and read back with the rest of the table.
+//! These chains, rules and sets are `nftcodec` messages like the rest of
+//! the table, and read back with it.
 
 use std::net::IpAddr;
 use std::time::Duration;
 
-use super::nft::attributes;
-use super::nftset::{NFT_MSG_GETSETELEM, NFT_MSG_NEWSETELEM, attr, dump, find, nested, strz};
+use super::nftcodec::{
+    self as codec, BaseChain, Expr, NF_INET_PRE_ROUTING, NFPROTO_INET, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_CT_STATE, NFT_DYNSET_OP_UPDATE,
+    NFT_FIB_RESULT_ADDRTYPE, NFT_FIB_RESULT_OIF, NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_MSG_GETSETELEM,
+    NFT_MSG_NEWSETELEM, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NFT_REG_2, NFT_REG32_00,
+    NFT_REJECT_ICMPX_HOST_UNREACH, NFT_REJECT_ICMPX_UNREACH, NFTA_FIB_F_DADDR, SetDesc, attributes, be64_value, find,
+};
 use super::{SIDECAR_INNER_LINK, TopologyError};
 
 /// Elements per set: the most recent distinct destinations kept.
@@ -55,37 +58,17 @@ pub(crate) enum Counting {
     RejectsAndRoutes,
 }
 
-// nf_tables numbers (linux/netfilter/nf_tables.h).
-const NFTA_LIST_ELEM: u16 = 1;
-const NFT_REG_1: u32 = 1;
-const NFT_REG_2: u32 = 2;
-const NFT_REG32_00: u32 = 8;
-const NFT_META_NFPROTO: u32 = 15;
-const NFT_META_L4PROTO: u32 = 16;
-const NFT_META_IIFNAME: u32 = 6;
-const NFT_CT_STATE: u32 = 0;
-const NFT_CMP_EQ: u32 = 0;
-const NFT_CMP_NEQ: u32 = 1;
-const NFT_PAYLOAD_NETWORK_HEADER: u32 = 1;
-const NFT_PAYLOAD_TRANSPORT_HEADER: u32 = 2;
-const NFT_FIB_RESULT_OIF: u32 = 1;
-const NFT_FIB_RESULT_ADDRTYPE: u32 = 3;
-const NFTA_FIB_F_DADDR: u32 = 2;
+// nf_tables numbers (linux/netfilter/nf_tables.h) that only this module uses.
 const RTN_LOCAL: u32 = 2;
-const NFT_DYNSET_OP_UPDATE: u32 = 1;
-const NFT_REJECT_ICMPX_UNREACH: u32 = 2;
-const NFT_REJECT_ICMPX_HOST_UNREACH: u8 = 2;
-const NF_INET_PRE_ROUTING: u32 = 0;
-const NF_ACCEPT: u32 = 1;
 const CT_ESTABLISHED: u32 = 2;
 const CT_RELATED: u32 = 4;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
-const NFPROTO_IPV4: u8 = 2;
-const NFPROTO_IPV6: u8 = 10;
+const NFPROTO_IPV4: u8 = codec::NFPROTO_IPV4;
+const NFPROTO_IPV6: u8 = codec::NFPROTO_IPV6;
 /// nft's set flags `dynamic` (`NFT_SET_EVAL`) and `timeout`.
-pub(crate) const NFT_SET_TIMEOUT: u32 = 0x10;
-pub(crate) const NFT_SET_EVAL: u32 = 0x20;
+pub(crate) const NFT_SET_TIMEOUT: u32 = codec::NFT_SET_TIMEOUT;
+pub(crate) const NFT_SET_EVAL: u32 = codec::NFT_SET_EVAL;
 /// nft's key types of `ipv4_addr . inet_proto . inet_service` and the IPv6 twin.
 pub(crate) const KEY_TYPE_V4: u32 = 7 << 12 | 12 << 6 | 13;
 pub(crate) const KEY_TYPE_V6: u32 = 8 << 12 | 12 << 6 | 13;
@@ -95,28 +78,20 @@ pub(crate) fn key_len(v4: bool) -> u32 {
     if v4 { 12 } else { 24 }
 }
 
-fn be32(value: u32) -> [u8; 4] {
-    value.to_be_bytes()
+fn meta(key: u32, dreg: u32) -> Expr {
+    Expr::Meta { key, dreg }
 }
 
-fn expr(name: &str, data: &[u8]) -> Vec<u8> {
-    nested(NFTA_LIST_ELEM, &[attr(1, &strz(name)), nested(2, data)].concat())
+fn cmp(op: u32, value: &[u8]) -> Expr {
+    Expr::Cmp { op, value: value.to_vec() }
 }
 
-fn meta(key: u32, register: u32) -> Vec<u8> {
-    expr("meta", &[attr(1, &be32(register)), attr(2, &be32(key))].concat())
+fn payload(base: u32, offset: u32, len: u32, dreg: u32) -> Expr {
+    Expr::Payload { base, offset, len, dreg }
 }
 
-fn cmp(op: u32, value: &[u8]) -> Vec<u8> {
-    expr("cmp", &[attr(1, &be32(NFT_REG_1)), attr(2, &be32(op)), nested(3, &attr(1, value))].concat())
-}
-
-fn payload(base: u32, offset: u32, len: u32, register: u32) -> Vec<u8> {
-    expr("payload", &[attr(1, &be32(register)), attr(2, &be32(base)), attr(3, &be32(offset)), attr(4, &be32(len))].concat())
-}
-
-fn fib(result: u32) -> Vec<u8> {
-    expr("fib", &[attr(1, &be32(NFT_REG_1)), attr(2, &be32(result)), attr(3, &be32(NFTA_FIB_F_DADDR))].concat())
+fn fib(result: u32) -> Expr {
+    Expr::Fib { result, flags: NFTA_FIB_F_DADDR }
 }
 
 /// One rule: its nft reading and its expressions.
@@ -124,7 +99,7 @@ fn fib(result: u32) -> Vec<u8> {
 pub(crate) struct RawRule {
     pub chain: &'static str,
     pub text: String,
-    pub expressions: Vec<u8>,
+    pub expressions: Vec<Expr>,
 }
 
 /// One chain: base (prerouting) or regular, with its rules.
@@ -137,7 +112,7 @@ pub(crate) struct RawChain {
 
 /// The key loads and the set update of one family and protocol class
 /// (`Some(p)`: TCP or UDP, with the port; `None`: any other protocol, port 0).
-fn count(v4: bool, protocol: Option<u8>) -> (Vec<u8>, String) {
+fn count(v4: bool, protocol: Option<u8>) -> (Vec<Expr>, String) {
     let (offset, len) = if v4 { (16, 4) } else { (24, 16) };
     // The 4-byte registers after the address: 9 and 10 (IPv4), 12 and 13
     // (IPv6), except that the kernel names a register that starts a 16-byte
@@ -145,38 +120,39 @@ fn count(v4: bool, protocol: Option<u8>) -> (Vec<u8>, String) {
     // what it dumps.
     let port_register = NFT_REG32_00 + len / 4 + 1;
     let proto_register = if v4 { port_register - 1 } else { NFT_REG_2 };
-    let mut out = payload(NFT_PAYLOAD_NETWORK_HEADER, offset, len, NFT_REG_1);
-    out.extend(meta(NFT_META_L4PROTO, proto_register));
+    let mut out = vec![payload(NFT_PAYLOAD_NETWORK_HEADER, offset, len, NFT_REG_1), meta(NFT_META_L4PROTO, proto_register)];
     let family = if v4 { "ip" } else { "ip6" };
     let set = refused_set_name(v4);
     let text = match protocol {
         Some(_) => {
-            out.extend(payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, port_register));
+            out.push(payload(NFT_PAYLOAD_TRANSPORT_HEADER, 2, 2, port_register));
             format!("update @{set} {{ {family} daddr . meta l4proto . th dport }}")
         }
         None => {
-            out.extend(expr("immediate", &[attr(1, &be32(port_register)), nested(2, &attr(1, &[0; 4]))].concat()));
+            out.push(Expr::Immediate { dreg: port_register, value: vec![0; 4] });
             format!("update @{set} {{ {family} daddr . meta l4proto . 0 }}")
         }
     };
-    out.extend(expr("dynset", &[attr(1, &strz(set)), attr(3, &be32(NFT_DYNSET_OP_UPDATE)), attr(4, &be32(NFT_REG_1))].concat()));
+    out.push(Expr::Dynset { set: set.to_string(), op: NFT_DYNSET_OP_UPDATE, sreg: NFT_REG_1 });
     (out, text)
 }
 
 /// `meta nfproto F` and the protocol class's match.
-fn family_and_protocol(v4: bool, protocol: Option<u8>) -> (Vec<u8>, String) {
-    let mut out = meta(NFT_META_NFPROTO, NFT_REG_1);
-    out.extend(cmp(NFT_CMP_EQ, &[if v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 }]));
-    out.extend(meta(NFT_META_L4PROTO, NFT_REG_1));
+fn family_and_protocol(v4: bool, protocol: Option<u8>) -> (Vec<Expr>, String) {
+    let mut out = vec![
+        meta(NFT_META_NFPROTO, NFT_REG_1),
+        cmp(NFT_CMP_EQ, &[if v4 { NFPROTO_IPV4 } else { NFPROTO_IPV6 }]),
+        meta(NFT_META_L4PROTO, NFT_REG_1),
+    ];
     let mut text = format!("meta nfproto {} ", if v4 { "ipv4" } else { "ipv6" });
     match protocol {
         Some(p) => {
-            out.extend(cmp(NFT_CMP_EQ, &[p]));
+            out.push(cmp(NFT_CMP_EQ, &[p]));
             text.push_str(&format!("meta l4proto {} ", if p == IPPROTO_TCP { "tcp" } else { "udp" }));
         }
         None => {
-            out.extend(cmp(NFT_CMP_NEQ, &[IPPROTO_TCP]));
-            out.extend(cmp(NFT_CMP_NEQ, &[IPPROTO_UDP]));
+            out.push(cmp(NFT_CMP_NEQ, &[IPPROTO_TCP]));
+            out.push(cmp(NFT_CMP_NEQ, &[IPPROTO_UDP]));
             text.push_str("meta l4proto != tcp meta l4proto != udp ");
         }
     }
@@ -197,8 +173,8 @@ fn refuse_chain() -> RawChain {
             rules.push(RawRule { chain: REFUSE_CHAIN, text, expressions });
         }
     }
-    let reject = expr("reject", &[attr(1, &be32(NFT_REJECT_ICMPX_UNREACH)), attr(2, &[NFT_REJECT_ICMPX_HOST_UNREACH])].concat());
-    rules.push(RawRule { chain: REFUSE_CHAIN, text: "reject with icmpx host-unreachable".into(), expressions: reject });
+    let reject = Expr::Reject { kind: NFT_REJECT_ICMPX_UNREACH, code: NFT_REJECT_ICMPX_HOST_UNREACH };
+    rules.push(RawRule { chain: REFUSE_CHAIN, text: "reject with icmpx host-unreachable".into(), expressions: vec![reject] });
     RawChain { name: REFUSE_CHAIN, prerouting: false, rules }
 }
 
@@ -209,17 +185,18 @@ fn routes_chain() -> RawChain {
     let mut rules = Vec::new();
     for v4 in [true, false] {
         for protocol in CLASSES {
-            let mut expressions = meta(NFT_META_IIFNAME, NFT_REG_1);
-            expressions.extend(cmp(NFT_CMP_EQ, &name));
+            let mut expressions = vec![meta(NFT_META_IIFNAME, NFT_REG_1), cmp(NFT_CMP_EQ, &name)];
             let (matches, matches_text) = family_and_protocol(v4, protocol);
             expressions.extend(matches);
-            expressions.extend(expr("ct", &[attr(1, &be32(NFT_REG_1)), attr(2, &be32(NFT_CT_STATE))].concat()));
-            expressions.extend(cmp(NFT_CMP_NEQ, &CT_ESTABLISHED.to_ne_bytes()));
-            expressions.extend(cmp(NFT_CMP_NEQ, &CT_RELATED.to_ne_bytes()));
-            expressions.extend(fib(NFT_FIB_RESULT_OIF));
-            expressions.extend(cmp(NFT_CMP_EQ, &0u32.to_ne_bytes()));
-            expressions.extend(fib(NFT_FIB_RESULT_ADDRTYPE));
-            expressions.extend(cmp(NFT_CMP_NEQ, &RTN_LOCAL.to_ne_bytes()));
+            expressions.extend([
+                Expr::Ct { key: NFT_CT_STATE },
+                cmp(NFT_CMP_NEQ, &CT_ESTABLISHED.to_ne_bytes()),
+                cmp(NFT_CMP_NEQ, &CT_RELATED.to_ne_bytes()),
+                fib(NFT_FIB_RESULT_OIF),
+                cmp(NFT_CMP_EQ, &0u32.to_ne_bytes()),
+                fib(NFT_FIB_RESULT_ADDRTYPE),
+                cmp(NFT_CMP_NEQ, &RTN_LOCAL.to_ne_bytes()),
+            ]);
             let (update, update_text) = count(v4, protocol);
             expressions.extend(update);
             let text = format!(
@@ -242,35 +219,28 @@ pub(crate) fn chains(counting: Counting) -> Vec<RawChain> {
 
 /// The `NFT_MSG_NEWCHAIN` attributes of `chain` in `table`.
 pub(crate) fn chain_payload(table: &str, chain: &RawChain) -> Vec<u8> {
-    let mut out = [attr(1, &strz(table)), attr(3, &strz(chain.name))].concat();
-    if chain.prerouting {
-        out.extend(nested(4, &[attr(1, &be32(NF_INET_PRE_ROUTING)), attr(2, &be32(0))].concat()));
-        out.extend(attr(5, &be32(NF_ACCEPT)));
-        out.extend(attr(7, &strz("filter")));
-    }
-    out
+    let base = chain.prerouting.then_some(BaseChain { hook: NF_INET_PRE_ROUTING, priority: 0, kind: "filter" });
+    codec::chain(table, chain.name, base)
 }
 
-/// The `NFT_MSG_NEWRULE` attributes of `rule` in `table`.
+/// The `NFT_MSG_NEWRULE` attributes of `rule` in `table` (no comment).
 pub(crate) fn rule_payload(table: &str, rule: &RawRule) -> Vec<u8> {
-    [attr(1, &strz(table)), attr(2, &strz(rule.chain)), nested(4, &rule.expressions)].concat()
+    codec::rule(table, rule.chain, &rule.expressions)
 }
 
 /// The `NFT_MSG_NEWSET` attributes of a counting set.
 pub(crate) fn set_payload(table: &str, v4: bool, id: u32) -> Vec<u8> {
-    let timeout = u64::try_from(REFUSED_TIMEOUT.as_millis()).unwrap_or(u64::MAX);
-    [
-        attr(1, &strz(table)),
-        attr(2, &strz(refused_set_name(v4))),
-        attr(3, &be32(NFT_SET_TIMEOUT | NFT_SET_EVAL)),
-        attr(4, &be32(if v4 { KEY_TYPE_V4 } else { KEY_TYPE_V6 })),
-        attr(5, &be32(key_len(v4))),
-        nested(9, &attr(1, &be32(REFUSED_SET_SIZE))),
-        attr(10, &be32(id)),
-        attr(11, &timeout.to_be_bytes()),
-        nested(17, &[attr(1, &strz("counter")), nested(2, &[])].concat()),
-    ]
-    .concat()
+    codec::set(&SetDesc {
+        table,
+        name: refused_set_name(v4),
+        flags: NFT_SET_TIMEOUT | NFT_SET_EVAL,
+        key_type: if v4 { KEY_TYPE_V4 } else { KEY_TYPE_V6 },
+        key_len: key_len(v4),
+        id,
+        size: Some(REFUSED_SET_SIZE),
+        timeout_ms: Some(u64::try_from(REFUSED_TIMEOUT.as_millis()).unwrap_or(u64::MAX)),
+        counter: true,
+    })
 }
 
 /// One destination the sidecar refused.
@@ -341,7 +311,7 @@ fn counter_packets(element: &[u8]) -> Option<u64> {
             return None;
         }
         let packets = find(find(expression, 2)?, 2)?;
-        Some(u64::from_be_bytes(packets.get(..8)?.try_into().ok()?))
+        be64_value(packets)
     };
     if let Some(found) = find(element, 7).and_then(counter) {
         return Some(found);
@@ -355,14 +325,14 @@ pub(crate) fn read_table(table: &str) -> Result<Vec<RefusedDestination>, Topolog
     let mut found = Vec::new();
     for v4 in [true, false] {
         let set = refused_set_name(v4);
-        let payload = [attr(1, &strz(table)), attr(2, &strz(set))].concat();
-        let messages = dump(NFT_MSG_GETSETELEM, &payload)
+        let payload = codec::set_element(table, set, None, None);
+        let messages = codec::dump(NFT_MSG_GETSETELEM, NFPROTO_INET, &payload)
             .map_err(|source| TopologyError::Io { action: format!("nftables: dump set {set} of inet {table}"), source })?;
         for message in messages.iter().filter(|m| m.kind == NFT_MSG_NEWSETELEM) {
             let Some(list) = find(&message.attributes, 3) else { continue };
             for (_, element) in attributes(list).unwrap_or_default() {
                 let Some((address, protocol, port)) = find(element, 1).and_then(|k| find(k, 1)).and_then(parse_key) else { continue };
-                let millis = |kind| find(element, kind).and_then(|v| Some(u64::from_be_bytes(v.get(..8)?.try_into().ok()?)));
+                let millis = |kind| find(element, kind).and_then(be64_value);
                 let timeout = millis(4).map_or(REFUSED_TIMEOUT, Duration::from_millis);
                 let expires = millis(5).map_or(timeout, Duration::from_millis);
                 found.push(RefusedDestination {
@@ -402,12 +372,29 @@ mod tests {
         assert!(chains(Counting::Off).is_empty());
         // Every rule is a well-formed attribute list whose expressions are named.
         for rule in refuse.rules.iter().chain(&routes.rules) {
-            let list = attributes(&rule.expressions).expect("expressions");
-            assert!(list.iter().all(|(kind, _)| *kind == NFTA_LIST_ELEM));
+            let encoded = codec::expressions(&rule.expressions);
+            let list = attributes(&encoded).expect("expressions");
+            assert!(list.iter().all(|(kind, _)| *kind == 1), "NFTA_LIST_ELEM");
             let last = attributes(list.last().expect("one").1).expect("expression");
             let name = String::from_utf8_lossy(last[0].1);
             assert!(name.starts_with("dynset") || name.starts_with("reject"), "{name}");
         }
+    }
+
+    /// The same bytes as the raw encoder that came before `nftcodec`
+    /// (`meta` and `ct` attributes key first, see `counting_chains_fixture`).
+    #[test]
+    fn counting_chains_match_the_raw_encoder() {
+        use crate::topology::nftcodec::testing::{assert_same, counting_chains_fixture};
+        use crate::topology::nftcodec::{Batch, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NLM_F_APPEND, NLM_F_CREATE};
+        let mut batch = Batch::new();
+        for chain in chains(Counting::RejectsAndRoutes) {
+            batch.add(NFT_MSG_NEWCHAIN, NLM_F_CREATE, NFPROTO_INET, &chain_payload("lazaret-filter", &chain));
+            for rule in &chain.rules {
+                batch.add(NFT_MSG_NEWRULE, NLM_F_CREATE | NLM_F_APPEND, NFPROTO_INET, &rule_payload("lazaret-filter", rule));
+            }
+        }
+        assert_same(&batch.finish().bytes, &counting_chains_fixture(), "counting chains");
     }
 
     #[test]
