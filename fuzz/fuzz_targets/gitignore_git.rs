@@ -9,7 +9,6 @@
 //! ignored directory is ignored, as git reports it.
 #![no_main]
 
-use std::io::Write;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -104,20 +103,24 @@ fuzz_target!(|data: &[u8]| {
     if paths.is_empty() {
         return;
     }
-    let mut child = git(work)
+    // git reads the paths from a file, not a pipe: a git that exits before
+    // reading them (it refuses the input) would otherwise get the fuzzer
+    // killed by SIGPIPE, which libFuzzer's main leaves at its default (CI
+    // saw it once on a loaded machine).
+    let mut input = Vec::new();
+    for (path, _) in &paths {
+        input.extend_from_slice(path);
+        input.push(0);
+    }
+    let input_file = work.parent().expect("the repository's parent").join("check-ignore-input");
+    std::fs::write(&input_file, &input).expect("write the paths");
+    let output = git(work)
         .args(["check-ignore", "--no-index", "-v", "-n", "-z", "--stdin"])
-        .stdin(Stdio::piped())
+        .stdin(std::fs::File::open(&input_file).expect("open the paths"))
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
-        .spawn()
+        .output()
         .expect("git check-ignore");
-    let mut stdin = child.stdin.take().expect("stdin");
-    for (path, _) in &paths {
-        stdin.write_all(path).expect("write");
-        stdin.write_all(b"\0").expect("write");
-    }
-    drop(stdin);
-    let output = child.wait_with_output().expect("git check-ignore");
     // 0: some path ignored, 1: none; anything else is git refusing the input.
     if !matches!(output.status.code(), Some(0 | 1)) {
         return;
