@@ -1477,6 +1477,16 @@ fn the_developers_config_is_writable_inside_and_the_host_reads_only_what_the_gua
                 swept.neutralised
             );
             assert_eq!(std::fs::read_to_string(&config).expect("read"), DEVELOPERS);
+
+            // Made a directory in the sandbox (git cannot read the config
+            // then): moved aside, and the developer's version put back.
+            sb.run(&["rm", s(&config)]);
+            sb.run(&["mkdir", s(&config.join("sub"))]);
+            fx.settle();
+            let swept = fx.guard.as_ref().expect("guard").sweep_now().expect("sweep");
+            let restored = swept.neutralised.iter().find(|n| n.action == Action::RestoredDeveloperConfig).expect("restored");
+            assert!(restored.reason.contains("a directory the sandbox made (moved aside to config.lazaret-aside-"), "{restored:?}");
+            assert_eq!(std::fs::read_to_string(&config).expect("read"), DEVELOPERS);
         },
     );
 }

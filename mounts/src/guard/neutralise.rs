@@ -398,8 +398,10 @@ impl Engine {
 
     /// Puts the developer's version back where a gated repository config
     /// is missing (the sandbox removed it or moved it away; no event says
-    /// so, so sweeps look): as the guard's sealed copy, which the gate lets
-    /// the host read.
+    /// so, so sweeps look) or is a directory the sandbox made (moved aside
+    /// first: git would fail on it, and the guard takes no directory into
+    /// the quarantine): as the guard's sealed copy, which the gate lets the
+    /// host read. (A symlink there is quarantined by the walk before.)
     pub(crate) fn restore_missing_developer_configs(&self, out: &mut Out) {
         for root in (0..self.roots.len()).filter(|&r| self.roots[r].kind == RootKind::Workspace) {
             for config in &self.config.developer_configs {
@@ -407,15 +409,30 @@ impl Engine {
                 let Some(name) = rel.file_name() else { continue };
                 // Its git dir is pinned (a mount point): it is there.
                 let Ok(parent) = self.open_dir(root, rel.parent().unwrap_or(Path::new(""))) else { continue };
-                if nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) != Err(Errno::ENOENT) {
-                    continue;
-                }
+                let reason = match nix::sys::stat::fstatat(&parent, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
+                    Err(Errno::ENOENT) => "the developer's git config was missing (removed or moved away in the sandbox)".to_owned(),
+                    Ok(st) if safe_path::kind_of(&st) == FileKind::Directory => {
+                        let aside = format!("{}.lazaret-aside-{}", name.to_string_lossy(), &temp_name()[TEMP_PREFIX.len()..]);
+                        match nix::fcntl::renameat2(&parent, name, &parent, aside.as_str(), nix::fcntl::RenameFlags::RENAME_NOREPLACE) {
+                            Ok(()) => format!("the developer's git config was a directory the sandbox made (moved aside to {aside})"),
+                            Err(errno) => {
+                                self.error(
+                                    root,
+                                    rel,
+                                    format!("moving aside the directory made at the developer's git config: {errno}"),
+                                    out,
+                                );
+                                continue;
+                            }
+                        }
+                    }
+                    _ => continue,
+                };
                 match replace_with(self.replacement(), rel, parent.as_fd(), name, &temp_name(), &config.developer, None) {
                     Ok(Replaced::Placed(placed)) => {
                         if let Some(seals) = &self.seals {
                             seals.insert(placed, root, rel);
                         }
-                        let reason = "the developer's git config was missing (removed or moved away in the sandbox)";
                         self.record(
                             root,
                             rel,
