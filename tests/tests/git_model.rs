@@ -267,14 +267,19 @@ fn places_the_agent_names_are_never_read_or_contacted_by_the_developers_git() {
     let ws = env.workspace.clone();
     let (private, secret) = private_repository(&env);
     let p = private.display();
+    // Files the guard takes away at once are renamed into place: created
+    // there, the guard could take one away between the host's create and
+    // gVisor's next look at it, and the agent's write then fails with
+    // ENOENT (CI: "cannot create .git/branches/origin: Directory
+    // nonexistent", the file quarantined all the same).
     let script = format!(
         "set -u; W={w}; P={p}; S={secret}; \
          (set -e; git init -q -b main $W/p1; cd $W/p1; git config core.repositoryformatversion 1; git config extensions.partialclone origin; \
           git config remote.origin.url $P; git config remote.origin.promisor true; echo $S > .git/refs/heads/main; echo 'route promisor=ok'); \
          (set -e; git init -q -b main $W/p2; cd $W/p2; echo x > x; git add x; git commit -qm x; git remote add origin file://$P; echo 'route file-url=ok'); \
          (set -e; git init -q -b main $W/p3; cd $W/p3; echo y > y; git add y; git commit -qm y; git config branch.main.remote $P; git config branch.main.merge refs/heads/main; echo 'route branch-remote=ok'); \
-         (set -e; git init -q -b main $W/p4; cd $W/p4; echo $P/.git/objects > .git/objects/info/alternates; echo $S > .git/refs/heads/main; echo 'route alternates=ok'); \
-         (set -e; git init -q -b main $W/p6; cd $W/p6; echo y > y; git add y; git commit -qm y; mkdir -p .git/branches; echo \"$P#main\" > .git/branches/origin; \
+         (set -e; git init -q -b main $W/p4; cd $W/p4; echo $P/.git/objects > .git/alt.new; mv .git/alt.new .git/objects/info/alternates; echo $S > .git/refs/heads/main; echo 'route alternates=ok'); \
+         (set -e; git init -q -b main $W/p6; cd $W/p6; echo y > y; git add y; git commit -qm y; mkdir -p .git/branches; echo \"$P#main\" > .git/origin.new; mv .git/origin.new .git/branches/origin; \
           git config branch.main.remote origin; git config branch.main.merge refs/heads/main; echo 'route branches-file=ok'); \
          (set -e; git init -q -b main $W/p7; cd $W/p7; echo z > z; git add z; git commit -qm z; mkdir sub; ln -s $P/.git/refs sub/l; \
           git remote add origin $W/p7/sub/l/../..; echo 'route dotdot-through-symlink=ok'); \
