@@ -26,10 +26,10 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::nftcodec::{
-    self as codec, BaseChain, Batch, Expr, Message, NFPROTO_INET, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_CT_STATE, NFT_META_IIFNAME,
-    NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_META_OIFNAME, NFT_MSG_DELCHAIN, NFT_MSG_DELTABLE, NFT_MSG_GETCHAIN, NFT_MSG_GETRULE,
-    NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER, NFT_REG_1, NLM_F_APPEND,
-    NLM_F_CREATE, NLM_F_EXCL, Transaction, Verdict, attributes, be32_value, find, parse_messages, string,
+    self as codec, BaseChain, Batch, Expr, Message, NFPROTO_INET, NFPROTO_IPV4, NFPROTO_IPV6, NFT_CMP_EQ, NFT_CMP_NEQ, NFT_CT_STATE,
+    NFT_META_IIFNAME, NFT_META_L4PROTO, NFT_META_NFPROTO, NFT_META_OIFNAME, NFT_MSG_DELCHAIN, NFT_MSG_DELTABLE, NFT_MSG_GETCHAIN,
+    NFT_MSG_GETRULE, NFT_MSG_NEWCHAIN, NFT_MSG_NEWRULE, NFT_MSG_NEWTABLE, NFT_PAYLOAD_NETWORK_HEADER, NFT_PAYLOAD_TRANSPORT_HEADER,
+    NFT_REG_1, NLM_F_APPEND, NLM_F_CREATE, NLM_F_EXCL, Transaction, Verdict, attributes, be32_value, find, parse_messages, string,
 };
 use super::nftset::{self, SetSpec};
 use super::refused::{self, Counting, REFUSED_SET_SIZE, REFUSED_TIMEOUT, refused_set_name};
@@ -56,8 +56,6 @@ enum Replacing {
 
 /// The sidecar's filter table (family inet).
 pub const SIDECAR_FILTER_TABLE: &str = "lazaret-filter";
-const NFPROTO_IPV4: u8 = codec::NFPROTO_IPV4;
-const NFPROTO_IPV6: u8 = codec::NFPROTO_IPV6;
 /// Standard `srcnat` and `filter` priorities.
 const SRCNAT_PRIORITY: i32 = 100;
 const FILTER_PRIORITY: i32 = 0;
